@@ -1,0 +1,321 @@
+package gatetest
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/polygate/polygate/gate"
+)
+
+func runBreaker(t *testing.T, factory Factory) {
+	t.Run("ConsecutiveThresholdIsInclusive", func(t *testing.T) {
+		e := newEnv(t, factory)
+		src := Src("a")
+		e.attempt(src, gate.VerdictFailure)
+		e.attempt(src, gate.VerdictFailure)
+		e.attempt(src, gate.VerdictSuccess) // resets the streak
+		e.attempt(src, gate.VerdictFailure)
+		s := e.attempt(src, gate.VerdictFailure)
+		if s.Breaker.State != gate.Closed {
+			t.Fatalf("after 2 consecutive failures (threshold 3) state = %v", s.Breaker.State)
+		}
+		s = e.attempt(src, gate.VerdictFailure)
+		if s.Breaker.State != gate.Open || s.Breaker.RetryAfter != time.Second {
+			t.Fatalf("third consecutive failure: state %v retry_after %v, want open 1s", s.Breaker.State, s.Breaker.RetryAfter)
+		}
+		if len(s.Events) != 1 || s.Events[0].Kind != gate.EventTransition || s.Events[0].Cause != gate.CauseConsecutiveFailures ||
+			s.Events[0].From != gate.Closed || s.Events[0].To != gate.Open || s.Events[0].Cooldown != time.Second {
+			t.Fatalf("events = %+v, want one closed→open transition by consecutive_failures", s.Events)
+		}
+	})
+
+	rate := func(s *gate.Source) {
+		s.Breaker.FailThreshold = 100
+		s.Breaker.MinCalls = 4
+		s.Breaker.FailRate = 0.5
+		s.Breaker.Window = time.Second
+	}
+	tests := []struct {
+		name     string
+		verdicts []gate.Verdict
+		want     gate.State
+	}{
+		{"RateBelowMinCallsStaysClosed", []gate.Verdict{gate.VerdictFailure, gate.VerdictFailure, gate.VerdictFailure}, gate.Closed},
+		{"RateJustBelowStaysClosed", []gate.Verdict{gate.VerdictSuccess, gate.VerdictSuccess, gate.VerdictFailure, gate.VerdictSuccess, gate.VerdictFailure}, gate.Closed},
+		{"RateAtThresholdOpens", []gate.Verdict{gate.VerdictSuccess, gate.VerdictFailure, gate.VerdictSuccess, gate.VerdictFailure}, gate.Open},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, factory)
+			src := Src("a", rate)
+			for _, v := range tc.verdicts {
+				e.attempt(src, v)
+			}
+			e.wantState(src, tc.want)
+		})
+	}
+
+	t.Run("FailuresAgeOutOfTheWindow", func(t *testing.T) {
+		// Window 1s in ten 100ms buckets; the clock starts on a bucket edge.
+		for _, tc := range []struct {
+			gap  time.Duration
+			want gate.State
+		}{
+			{999 * time.Millisecond, gate.Open},    // still in the last bucket of the window
+			{1000 * time.Millisecond, gate.Closed}, // aged out: only 2 calls remain, below min_calls
+		} {
+			t.Run(tc.gap.String(), func(t *testing.T) {
+				e := newEnv(t, factory)
+				src := Src("a", rate)
+				e.attempt(src, gate.VerdictFailure)
+				e.attempt(src, gate.VerdictFailure)
+				e.clock.Advance(tc.gap)
+				e.attempt(src, gate.VerdictSuccess)
+				e.attempt(src, gate.VerdictFailure)
+				e.wantState(src, tc.want)
+			})
+		}
+	})
+
+	t.Run("EscalatingCooldownsAreCapped", func(t *testing.T) {
+		e := newEnv(t, factory)
+		src := Src("a") // cooldown 1s, max 8s
+		e.open(src)
+		for i, want := range []time.Duration{2, 4, 8, 8, 8} {
+			e.clock.Advance(e.view(src).Breaker.RetryAfter)
+			probe := e.grant(src)
+			if !probe.Probe {
+				t.Fatalf("round %d: entrant after the cooldown got no probe", i)
+			}
+			s := e.settle(src, probe, gate.VerdictFailure)
+			if s.Breaker.State != gate.Open || s.Breaker.RetryAfter != want*time.Second || s.Breaker.Reopens != i+2 {
+				t.Fatalf("round %d: %v retry_after %v reopens %d, want open %v reopens %d",
+					i, s.Breaker.State, s.Breaker.RetryAfter, s.Breaker.Reopens, want*time.Second, i+2)
+			}
+		}
+	})
+
+	t.Run("CooldownBoundary", func(t *testing.T) {
+		e := newEnv(t, factory)
+		src := Src("a")
+		e.open(src)
+		e.clock.Advance(999 * time.Millisecond)
+		if r := e.refuse(src); r.Reason != gate.ReasonCircuitOpen || r.RetryAfter != time.Millisecond {
+			t.Fatalf("1ms before the end: %+v, want circuit_open 1ms", r)
+		}
+		e.clock.Advance(time.Millisecond)
+		a := e.admit(0, src)
+		if !a.Granted || !a.Permit.Probe {
+			t.Fatalf("at the end of the cooldown: %+v, want the probe", a)
+		}
+		if !hasEvent(a.Events, gate.EventTransition) || !hasEvent(a.Events, gate.EventProbeLeased) {
+			t.Fatalf("events = %+v, want open→half_open and probe_leased", a.Events)
+		}
+	})
+
+	t.Run("OneProbeAmongConcurrentEntrants", func(t *testing.T) {
+		e := newEnv(t, factory)
+		src := Src("a")
+		e.open(src)
+		e.clock.Advance(time.Second)
+		const n = 16
+		var (
+			wg       sync.WaitGroup
+			mu       sync.Mutex
+			probes   int
+			refusals []gate.Rejection
+		)
+		for range n {
+			wg.Go(func() {
+				a := e.admit(0, src)
+				mu.Lock()
+				defer mu.Unlock()
+				if a.Granted && a.Permit.Probe {
+					probes++
+				}
+				refusals = append(refusals, a.Rejections...)
+			})
+		}
+		wg.Wait()
+		if probes != 1 || len(refusals) != n-1 {
+			t.Fatalf("probes = %d, refusals = %d; want 1 and %d", probes, len(refusals), n-1)
+		}
+		for _, r := range refusals {
+			if r.Reason != gate.ReasonProbeInFlight || r.RetryAfter != 0 {
+				t.Fatalf("refusal %+v, want probe_in_flight with retry_after 0", r)
+			}
+		}
+	})
+
+	t.Run("ProbeSuccessCloses", func(t *testing.T) {
+		e := newEnv(t, factory)
+		src := Src("a", rate)
+		// Open through the rate channel so the window holds failures.
+		for range 4 {
+			e.attempt(src, gate.VerdictFailure)
+		}
+		e.clock.Advance(time.Second)
+		s := e.settle(src, e.grant(src), gate.VerdictSuccess)
+		if s.Breaker.State != gate.Closed || s.Breaker.Reopens != 0 || s.Breaker.Calls != 0 || s.Breaker.Consecutive != 0 {
+			t.Fatalf("after probe success: %+v, want closed with a clean window", s.Breaker)
+		}
+		if len(s.Events) != 1 || s.Events[0].Cause != gate.CauseProbeSucceeded || s.Events[0].To != gate.Closed {
+			t.Fatalf("events = %+v", s.Events)
+		}
+	})
+
+	t.Run("ExpiredProbeLeaseLetsOneNewProbe", func(t *testing.T) {
+		e := newEnv(t, factory)
+		src := Src("a") // probe_ttl 5s
+		e.open(src)
+		e.clock.Advance(time.Second)
+		old := e.grant(src)
+		e.clock.Advance(5*time.Second - time.Millisecond)
+		if r := e.refuse(src); r.Reason != gate.ReasonProbeInFlight {
+			t.Fatalf("before the lease ends: %+v", r)
+		}
+		e.clock.Advance(time.Millisecond)
+		a := e.admit(0, src)
+		if !a.Granted || !a.Permit.Probe || a.Permit.Epoch != old.Epoch+1 {
+			t.Fatalf("after the lease: %+v, want a probe at epoch %d", a, old.Epoch+1)
+		}
+		if !hasEvent(a.Events, gate.EventProbeExpired) {
+			t.Fatalf("events = %+v, want probe_expired", a.Events)
+		}
+		if r := e.refuse(src); r.Reason != gate.ReasonProbeInFlight {
+			t.Fatalf("second entrant after the lease: %+v, want probe_in_flight", r)
+		}
+		s := e.settle(src, old, gate.VerdictSuccess)
+		if s.Effect != gate.EffectStale || s.Breaker.State != gate.HalfOpen || !s.Breaker.ProbeOut {
+			t.Fatalf("late outcome of the expired probe: %+v, want stale, half_open, new probe still out", s)
+		}
+		if !hasEvent(s.Events, gate.EventStaleOutcome) {
+			t.Fatalf("events = %+v, want stale_outcome", s.Events)
+		}
+	})
+
+	t.Run("ProbeWithoutVerdictReleasesTheLease", func(t *testing.T) {
+		e := newEnv(t, factory)
+		src := Src("a")
+		e.open(src)
+		e.clock.Advance(time.Second)
+		p := e.grant(src)
+		s := e.settle(src, p, gate.VerdictNone)
+		if s.Effect != gate.EffectNoVerdict || s.Breaker.State != gate.HalfOpen || s.Breaker.ProbeOut {
+			t.Fatalf("cancelled probe: %+v, want no_verdict, half_open, no probe out", s)
+		}
+		next := e.admit(0, src)
+		if !next.Granted || !next.Permit.Probe || next.Permit.Epoch != p.Epoch+1 {
+			t.Fatalf("next entrant: %+v, want the probe at once at epoch %d", next, p.Epoch+1)
+		}
+	})
+
+	t.Run("ClosedEraOutcomesDuringOpenChangeNothing", func(t *testing.T) {
+		e := newEnv(t, factory)
+		src := Src("a")
+		late := []gate.Permit{e.grant(src), e.grant(src)}
+		e.open(src)
+		before := e.view(src).Breaker
+		e.clock.Advance(100 * time.Millisecond)
+		for i, v := range []gate.Verdict{gate.VerdictFailure, gate.VerdictSuccess} {
+			s := e.settle(src, late[i], v)
+			if s.Effect != gate.EffectStale {
+				t.Fatalf("closed-era %v during OPEN: effect %v, want stale", v, s.Effect)
+			}
+			if s.Breaker.Reopens != before.Reopens || s.Breaker.RetryAfter != before.RetryAfter-100*time.Millisecond || s.Breaker.State != gate.Open {
+				t.Fatalf("closed-era %v changed the opening: %+v (before %+v)", v, s.Breaker, before)
+			}
+		}
+	})
+
+	t.Run("ClosedEraSuccessDuringHalfOpenChangesNothing", func(t *testing.T) {
+		e := newEnv(t, factory)
+		src := Src("a")
+		late := e.grant(src)
+		e.open(src)
+		e.clock.Advance(time.Second)
+		e.grant(src) // the probe
+		s := e.settle(src, late, gate.VerdictSuccess)
+		if s.Effect != gate.EffectStale || s.Breaker.State != gate.HalfOpen || !s.Breaker.ProbeOut {
+			t.Fatalf("closed-era success during HALF_OPEN: %+v, want stale and the probe still out", s)
+		}
+	})
+
+	t.Run("SourceDeadOpensFromEveryState", func(t *testing.T) {
+		dead := func(e *env, src *gate.Source, p gate.Permit, floor time.Duration) gate.Settlement {
+			return e.settleReq(gate.SettleRequest{Source: src, PermitID: p.ID, Epoch: p.Epoch, Probe: p.Probe, Verdict: gate.VerdictForceOpen, Floor: floor, ActualTokens: -1})
+		}
+		t.Run("Closed", func(t *testing.T) {
+			e := newEnv(t, factory)
+			src := Src("a")
+			s := dead(e, src, e.grant(src), 0)
+			if s.Breaker.State != gate.Open || s.Breaker.RetryAfter != time.Second || s.Events[0].Cause != gate.CauseSourceDead {
+				t.Fatalf("%+v", s)
+			}
+		})
+		t.Run("ClosedWithRetryAfterFloor", func(t *testing.T) {
+			e := newEnv(t, factory)
+			src := Src("a")
+			s := dead(e, src, e.grant(src), 7*time.Second)
+			if s.Breaker.RetryAfter != 7*time.Second {
+				t.Fatalf("retry_after = %v, want the upstream's 7s", s.Breaker.RetryAfter)
+			}
+		})
+		t.Run("OpenExtendsNeverShortens", func(t *testing.T) {
+			e := newEnv(t, factory)
+			src := Src("a")
+			late := []gate.Permit{e.grant(src), e.grant(src)}
+			e.open(src)
+			e.clock.Advance(500 * time.Millisecond)
+			s := dead(e, src, late[0], 0) // now+1s ends later than the 500ms left
+			if s.Effect != gate.EffectApplied || s.Breaker.RetryAfter != time.Second || s.Breaker.Reopens != 1 {
+				t.Fatalf("dead during OPEN: %+v, want applied, 1s left, reopens unchanged", s)
+			}
+			s = dead(e, src, late[1], 0) // same deadline: nothing to extend
+			if s.Breaker.RetryAfter != time.Second || len(s.Events) != 0 {
+				t.Fatalf("second dead during OPEN: %+v", s)
+			}
+		})
+		t.Run("HalfOpenProbe", func(t *testing.T) {
+			e := newEnv(t, factory)
+			src := Src("a")
+			e.open(src)
+			e.clock.Advance(time.Second)
+			s := dead(e, src, e.grant(src), 0)
+			if s.Breaker.State != gate.Open || s.Breaker.RetryAfter != 2*time.Second || s.Breaker.Reopens != 2 {
+				t.Fatalf("dead probe: %+v, want open for the next cooldown", s)
+			}
+		})
+	})
+
+	t.Run("SettleIsIdempotent", func(t *testing.T) {
+		e := newEnv(t, factory)
+		src := Src("a")
+		p := e.grant(src)
+		first := e.settle(src, p, gate.VerdictFailure)
+		second := e.settle(src, p, gate.VerdictFailure)
+		if !first.Released || first.Effect != gate.EffectApplied || second.Released || second.Effect != gate.EffectStale {
+			t.Fatalf("first %+v second %+v", first, second)
+		}
+		if c := second.Breaker.Consecutive; c != 1 {
+			t.Fatalf("consecutive failures = %d after one failure reported twice", c)
+		}
+	})
+
+	t.Run("PeekNeverTakesTheProbe", func(t *testing.T) {
+		e := newEnv(t, factory)
+		src := Src("a")
+		e.open(src)
+		e.clock.Advance(time.Second)
+		for range 3 {
+			v := e.view(src).Breaker
+			if v.State != gate.HalfOpen || v.ProbeOut || v.Reason != gate.ReasonNone || v.RetryAfter != 0 {
+				t.Fatalf("peek after the cooldown: %+v, want half_open, no probe out, admissible", v)
+			}
+		}
+		if p := e.grant(src); !p.Probe {
+			t.Fatalf("first entrant after peeks got no probe: %+v", p)
+		}
+	})
+}
