@@ -96,4 +96,3 @@ func runRetryAfter(t *testing.T, factory Factory) {
 		}
 	})
 }
-

@@ -1,0 +1,219 @@
+package config_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/polygate/polygate/config"
+)
+
+const base = `
+scopes:
+  chat:
+    sources:
+      - name: primary
+      - name: backup
+        priority: 1
+`
+
+func TestDemoIsValid(t *testing.T) {
+	cfg, err := config.Load(config.Options{}, nil)
+	if err != nil {
+		t.Fatalf("embedded demo: %v", err)
+	}
+	if cfg.Listen != config.DefaultListen || cfg.Backend.Kind != "memory" || cfg.Scopes["demo"] == nil {
+		t.Fatalf("demo config %+v", cfg)
+	}
+}
+
+func TestDefaultsAndDerivedValues(t *testing.T) {
+	cfg, err := config.Parse([]byte(base), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := cfg.Scopes["chat"]
+	if s.CircuitOpen != config.FailFast || s.QuotaFull != config.Wait || s.MaxAttempts != 3 ||
+		s.StallWindow != 300*time.Second || s.PollInterval != 50*time.Millisecond {
+		t.Fatalf("scope defaults %+v", s)
+	}
+	p := s.Sources[0]
+	if p.Weight != 1 || p.MaxConcurrency != 8 || p.Timeout != 300*time.Second || p.Breaker.FailThreshold != 5 ||
+		p.Breaker.MinCalls != 10 || p.Breaker.FailRate != 0.5 || p.Breaker.Cooldown != 60*time.Second {
+		t.Fatalf("source defaults %+v", p)
+	}
+	// probe_ttl = max(2 × slowest timeout, cooldown, timeout + 5s) = 600s.
+	if p.Breaker.ProbeTTL != 600*time.Second || !p.ProbeTTLDerived {
+		t.Fatalf("derived probe_ttl %v (derived %v)", p.Breaker.ProbeTTL, p.ProbeTTLDerived)
+	}
+}
+
+func TestSourceBreakerOverridesKeyByKey(t *testing.T) {
+	cfg, err := config.Parse([]byte(`
+scopes:
+  chat:
+    breaker: {fail_threshold: 7, cooldown: 30s}
+    sources:
+      - {name: a, breaker: {cooldown: 5s, probe_ttl: 20s}}
+      - {name: b}
+`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := cfg.Scopes["chat"].Sources[0].Breaker, cfg.Scopes["chat"].Sources[1].Breaker
+	if a.FailThreshold != 7 || a.Cooldown != 5*time.Second || a.ProbeTTL != 20*time.Second {
+		t.Fatalf("a %+v", a)
+	}
+	if b.FailThreshold != 7 || b.Cooldown != 30*time.Second || b.ProbeTTL != 600*time.Second {
+		t.Fatalf("b %+v", b)
+	}
+}
+
+// Every bad value of every key is refused with an error naming the key, the
+// value and what is allowed.
+func TestBadValues(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml, key, allowed string
+	}{
+		{"listen", "listen: nowhere", "listen", "host:port"},
+		{"listen unix without path", "listen: 'unix://'", "listen", "unix socket needs a path"},
+		{"metrics_listen", "metrics_listen: x", "metrics_listen", "host:port"},
+		{"backend.kind", "backend: {kind: etcd}", "backend.kind", "memory, redis"},
+		{"redis addrs", "backend: {kind: redis}", "backend.redis.addrs", "at least one"},
+		{"redis addr", "backend: {kind: redis, redis: {addrs: [nohost]}}", "backend.redis.addrs[0]", "host:port"},
+		{"redis timeout", "backend: {kind: redis, redis: {addrs: ['a:1'], timeout: 0s}}", "backend.redis.timeout", "at least 1ms"},
+		{"redis on_unavailable", "backend: {kind: redis, redis: {addrs: ['a:1'], on_unavailable: open}}", "backend.redis.on_unavailable", "fail_closed, local"},
+		{"redis replicas", "backend: {kind: redis, redis: {addrs: ['a:1'], replicas: 0}}", "backend.redis.replicas", "at least 1"},
+		{"redis db", "backend: {kind: redis, redis: {addrs: ['a:1'], db: -1}}", "backend.redis.db", "at least 0"},
+		{"log.format", "log: {format: xml}", "log.format", "text, json"},
+		{"log.level", "log: {level: loud}", "log.level", "debug, info, warn, error"},
+		{"calls.max_live", "calls: {max_live: 0}", "calls.max_live", "at least 1"},
+		{"calls.idle_timeout", "calls: {idle_timeout: 10ms}", "calls.idle_timeout", "at least 1s"},
+		{"telemetry.retention", "telemetry: {retention: 1s}", "telemetry.retention", "at least 1m"},
+		{"scope name", "scopes: {Chat: {sources: [{name: a}]}}", "scopes.Chat", "lowercase"},
+		{"circuit_open", "scopes: {chat: {circuit_open: maybe, sources: [{name: a}]}}", "scopes.chat.circuit_open", "fail_fast, wait"},
+		{"quota_full", "scopes: {chat: {quota_full: never, sources: [{name: a}]}}", "scopes.chat.quota_full", "wait, fail_fast"},
+		{"max_attempts", "scopes: {chat: {max_attempts: 0, sources: [{name: a}]}}", "scopes.chat.max_attempts", "at least 1"},
+		{"backoff.base", "scopes: {chat: {backoff: {base: 0s}, sources: [{name: a}]}}", "scopes.chat.backoff.base", "at least 1ms"},
+		{"backoff.max below base", "scopes: {chat: {backoff: {base: 2s, max: 1s}, sources: [{name: a}]}}", "scopes.chat.backoff.max", "at least backoff.base"},
+		{"stall_window", "scopes: {chat: {backpressure: {stall_window: 0s}, sources: [{name: a}]}}", "scopes.chat.backpressure.stall_window", "at least 1ms"},
+		{"poll_interval", "scopes: {chat: {backpressure: {poll_interval: 1500us}, sources: [{name: a}]}}", "scopes.chat.backpressure.poll_interval", "whole milliseconds"},
+		{"poll above stall", "scopes: {chat: {backpressure: {stall_window: 1s, poll_interval: 2s}, sources: [{name: a}]}}", "scopes.chat.backpressure.poll_interval", "at most stall_window"},
+		{"lease_grace", "scopes: {chat: {lease_grace: -1s, sources: [{name: a}]}}", "scopes.chat.lease_grace", "at least 0s"},
+		{"fail_threshold", "scopes: {chat: {breaker: {fail_threshold: 0}, sources: [{name: a}]}}", "scopes.chat.breaker.fail_threshold", "at least 1"},
+		{"min_calls", "scopes: {chat: {breaker: {min_calls: 0}, sources: [{name: a}]}}", "scopes.chat.breaker.min_calls", "at least 1"},
+		{"fail_rate zero", "scopes: {chat: {breaker: {fail_rate: 0}, sources: [{name: a}]}}", "scopes.chat.breaker.fail_rate", "(0, 1]"},
+		{"fail_rate above one", "scopes: {chat: {breaker: {fail_rate: 1.5}, sources: [{name: a}]}}", "scopes.chat.breaker.fail_rate", "(0, 1]"},
+		{"window", "scopes: {chat: {breaker: {window: 5ms}, sources: [{name: a}]}}", "scopes.chat.breaker.window", "at least 10ms"},
+		{"cooldown", "scopes: {chat: {breaker: {cooldown: 0s}, sources: [{name: a}]}}", "scopes.chat.breaker.cooldown", "at least 1ms"},
+		{"max_cooldown", "scopes: {chat: {breaker: {cooldown: 60s, max_cooldown: 30s}, sources: [{name: a}]}}", "scopes.chat.breaker.max_cooldown", "at least cooldown"},
+		{"probe_ttl", "scopes: {chat: {breaker: {probe_ttl: 0s}, sources: [{name: a}]}}", "scopes.chat.breaker.probe_ttl", "at least 1ms"},
+		{"source breaker key named", "scopes: {chat: {sources: [{name: a, breaker: {fail_rate: 2}}]}}", "scopes.chat.sources.a.breaker.fail_rate", "(0, 1]"},
+		{"no sources", "scopes: {chat: {}}", "scopes.chat.sources", "at least one source"},
+		{"source name", "scopes: {chat: {sources: [{name: 'A b'}]}}", "scopes.chat.sources[0].name", "lowercase"},
+		{"duplicate source", "scopes: {chat: {sources: [{name: a}, {name: a}]}}", "scopes.chat.sources[1].name", "unique"},
+		{"priority", "scopes: {chat: {sources: [{name: a, priority: -1}]}}", "scopes.chat.sources.a.priority", "at least 0"},
+		{"weight", "scopes: {chat: {sources: [{name: a, weight: 0}]}}", "scopes.chat.sources.a.weight", "at least 1"},
+		{"max_concurrency", "scopes: {chat: {sources: [{name: a, max_concurrency: 0}]}}", "scopes.chat.sources.a.max_concurrency", "at least 1"},
+		{"rpm", "scopes: {chat: {sources: [{name: a, rpm: -5}]}}", "scopes.chat.sources.a.rpm", "at least 0"},
+		{"tpm", "scopes: {chat: {sources: [{name: a, tpm: -5}]}}", "scopes.chat.sources.a.tpm", "at least 0"},
+		{"timeout", "scopes: {chat: {sources: [{name: a, timeout: 0s}]}}", "scopes.chat.sources.a.timeout", "at least 1ms"},
+		{"no scopes", "scopes: {}", "scopes", "at least one scope"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			y := tc.yaml
+			if !strings.Contains(y, "scopes") {
+				y += "\n" + base
+			}
+			_, err := config.Parse([]byte(y), nil)
+			var fe *config.FieldError
+			if !errors.As(err, &fe) {
+				t.Fatalf("error %v, want a FieldError", err)
+			}
+			if fe.Key != tc.key || !strings.Contains(fe.Allowed, tc.allowed) {
+				t.Fatalf("error %q names key %q allowing %q; want key %q allowing %q", err, fe.Key, fe.Allowed, tc.key, tc.allowed)
+			}
+			if !strings.Contains(err.Error(), tc.key+": ") || !strings.Contains(err.Error(), "is not allowed") {
+				t.Fatalf("message %q does not name the key and value", err)
+			}
+		})
+	}
+}
+
+func TestDecodeErrorsNameTheKey(t *testing.T) {
+	for _, tc := range []struct{ name, yaml, want string }{
+		{"unknown key", "scopes: {chat: {breaker: {fail_treshold: 3}, sources: [{name: a}]}}", "fail_treshold"},
+		{"duration without unit", "scopes: {chat: {breaker: {cooldown: 60}, sources: [{name: a}]}}", "cooldown"},
+		{"not a duration", "scopes: {chat: {breaker: {cooldown: soon}, sources: [{name: a}]}}", "soon"},
+		{"not a number", "scopes: {chat: {max_attempts: many, sources: [{name: a}]}}", "max_attempts"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := config.Parse([]byte(tc.yaml), nil)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one naming %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestManyErrorsAtOnce(t *testing.T) {
+	_, err := config.Parse([]byte("scopes: {chat: {max_attempts: 0, sources: [{name: a, weight: 0}]}}"), nil)
+	if err == nil || !strings.Contains(err.Error(), "max_attempts") || !strings.Contains(err.Error(), "weight") {
+		t.Fatalf("error %v, want both problems reported", err)
+	}
+}
+
+func TestEnvironmentOverridesFileAndFlagsOverrideEnvironment(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "polygate.yaml")
+	if err := os.WriteFile(file, []byte("listen: 127.0.0.1:7000\n"+base), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	environ := []string{
+		"POLYGATE_CONFIG=" + file,
+		"POLYGATE_LISTEN=127.0.0.1:7001",
+		"POLYGATE_SCOPES__CHAT__CIRCUIT_OPEN=wait",
+		"POLYGATE_SCOPES__CHAT__BREAKER__COOLDOWN=5s",
+		"POLYGATE_SCOPES__CHAT__SOURCES__BACKUP__RPM=120",
+		"POLYGATE_SCOPES__CHAT__SOURCES__BACKUP__BREAKER__FAIL_RATE=0.9",
+		"POLYGATE_BACKEND__REDIS__ADDRS=a:1,b:2",
+		"OTHER_VAR=ignored",
+	}
+	o, err := config.ParseFlags([]string{"--metrics-listen", "127.0.0.1:9090"}, environ, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.File != file {
+		t.Fatalf("POLYGATE_CONFIG not used: %q", o.File)
+	}
+	cfg, err := config.Load(o, environ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := cfg.Scopes["chat"]
+	if cfg.Listen != "127.0.0.1:7001" || cfg.MetricsListen != "127.0.0.1:9090" || s.CircuitOpen != config.Wait ||
+		s.Sources[0].Breaker.Cooldown != 5*time.Second || s.Sources[1].RPM != 120 || s.Sources[1].Breaker.FailRate != 0.9 ||
+		s.Sources[0].RPM != 0 || len(cfg.Backend.Redis.Addrs) != 2 {
+		t.Fatalf("overrides not applied: listen %s metrics %s scope %+v redis %v", cfg.Listen, cfg.MetricsListen, s, cfg.Backend.Redis.Addrs)
+	}
+	o, _ = config.ParseFlags([]string{"--listen", "unix:///tmp/pg.sock"}, environ, os.Stderr)
+	if cfg, err = config.Load(o, environ); err != nil || cfg.Listen != "unix:///tmp/pg.sock" {
+		t.Fatalf("flag over env: %v %v", cfg, err)
+	}
+}
+
+func TestEnvironmentErrors(t *testing.T) {
+	for _, tc := range []struct{ env, want string }{
+		{"POLYGATE_SCOPES__DEMO__SOURCES__NOPE__RPM=1", `POLYGATE_SCOPES__DEMO__SOURCES__NOPE__RPM: scope "demo" has no source named "nope"`},
+		{"POLYGATE_SCOPES__DEMO__MAX_ATTEMPTS=0", "scopes.demo.max_attempts: 0 is not allowed"},
+		{"POLYGATE_LOG__LEVEL=chatty", `log.level: "chatty" is not allowed`},
+	} {
+		_, err := config.Load(config.Options{}, []string{tc.env})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want %q", tc.env, err, tc.want)
+		}
+	}
+}

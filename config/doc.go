@@ -1,0 +1,4 @@
+// Package config loads the sidecar's configuration (YAML file, POLYGATE_
+// environment variables, flags; koanf is used only here) and turns it into
+// typed, validated values with every default and derived value filled in.
+package config

@@ -1,0 +1,204 @@
+package config
+
+import (
+	_ "embed"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/go-viper/mapstructure/v2"
+	"github.com/knadh/koanf/parsers/yaml"
+	"github.com/knadh/koanf/providers/env/v2"
+	"github.com/knadh/koanf/providers/file"
+	"github.com/knadh/koanf/providers/rawbytes"
+	"github.com/knadh/koanf/v2"
+)
+
+//go:embed demo.yaml
+var demo []byte
+
+// Demo returns the embedded default configuration's YAML.
+func Demo() []byte { return demo }
+
+// EnvPrefix starts every environment variable the sidecar reads.
+const EnvPrefix = "POLYGATE_"
+
+// Options are the command line's view of the configuration.
+type Options struct {
+	// File is the YAML file (--config or POLYGATE_CONFIG); empty serves the
+	// embedded demo.
+	File string
+	// Check: validate, print the effective configuration and exit.
+	Check bool
+	// flags set on the command line, as configuration keys.
+	flags map[string]string
+}
+
+// ParseFlags reads the command line. environ supplies POLYGATE_CONFIG.
+func ParseFlags(args []string, environ []string, stderr io.Writer) (Options, error) {
+	fs := flag.NewFlagSet("polygate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o Options
+	fs.StringVar(&o.File, "config", lookup(environ, EnvPrefix+"CONFIG"), "YAML configuration `file` (env POLYGATE_CONFIG); none serves the embedded demo scope")
+	fs.BoolVar(&o.Check, "check", false, "validate the configuration, print it and exit")
+	listen := fs.String("listen", "", "gRPC listen `address`, host:port or unix:///path (env POLYGATE_LISTEN)")
+	metrics := fs.String("metrics-listen", "", "Prometheus listen `address` host:port (env POLYGATE_METRICS_LISTEN)")
+	level := fs.String("log-level", "", "log `level`: debug, info, warn, error (env POLYGATE_LOG__LEVEL)")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q: polygate takes flags only", fs.Args())
+	}
+	o.flags = map[string]string{}
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "listen":
+			o.flags["listen"] = *listen
+		case "metrics-listen":
+			o.flags["metrics_listen"] = *metrics
+		case "log-level":
+			o.flags["log.level"] = *level
+		}
+	})
+	return o, nil
+}
+
+func lookup(environ []string, name string) string {
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == name {
+			return v
+		}
+	}
+	return ""
+}
+
+// Load builds the configuration from, in increasing precedence, the YAML file
+// (or the embedded demo), POLYGATE_ environment variables (__ between levels;
+// a source is addressed by its name: POLYGATE_SCOPES__CHAT__SOURCES__PRIMARY__RPM)
+// and flags, and validates it.
+func Load(o Options, environ []string) (*Config, error) {
+	k := koanf.New(".")
+	var err error
+	if o.File == "" {
+		err = k.Load(rawbytes.Provider(demo), yaml.Parser())
+	} else {
+		err = k.Load(file.Provider(o.File), yaml.Parser())
+	}
+	if err != nil {
+		name := o.File
+		if name == "" {
+			name = "embedded demo"
+		}
+		return nil, fmt.Errorf("config %s: %w", name, err)
+	}
+	return load(k, o.flags, environ)
+}
+
+// Parse validates a YAML configuration, with environ's POLYGATE_ variables over it.
+func Parse(data []byte, environ []string) (*Config, error) {
+	k := koanf.New(".")
+	if err := k.Load(rawbytes.Provider(data), yaml.Parser()); err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return load(k, nil, environ)
+}
+
+func load(k *koanf.Koanf, flags map[string]string, environ []string) (*Config, error) {
+
+	ek := koanf.New(".")
+	if err := ek.Load(env.Provider(".", env.Opt{
+		Prefix:      EnvPrefix,
+		EnvironFunc: func() []string { return environ },
+		TransformFunc: func(key, value string) (string, any) {
+			key = strings.ToLower(strings.TrimPrefix(key, EnvPrefix))
+			if key == "config" {
+				return "", nil
+			}
+			return strings.ReplaceAll(key, "__", "."), value
+		},
+	}), nil); err != nil {
+		return nil, fmt.Errorf("config environment: %w", err)
+	}
+	var errs []error
+	for key, value := range ek.All() {
+		if err := set(k, key, value); err != nil {
+			errs = append(errs, fmt.Errorf("%s%s: %w", EnvPrefix, strings.ToUpper(strings.ReplaceAll(key, ".", "__")), err))
+		}
+	}
+	for key, value := range flags {
+		if err := set(k, key, value); err != nil {
+			errs = append(errs, fmt.Errorf("flag for %s: %w", key, err))
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+
+	var f fileConfig
+	if err := k.UnmarshalWithConf("", &f, koanf.UnmarshalConf{DecoderConfig: &mapstructure.DecoderConfig{
+		DecodeHook:       mapstructure.ComposeDecodeHookFunc(durationHook, mapstructure.StringToSliceHookFunc(",")),
+		Metadata:         nil,
+		Result:           &f,
+		WeaklyTypedInput: true,
+		ErrorUnused:      true,
+		TagName:          "koanf",
+	}}); err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return resolve(&f)
+}
+
+// set writes one overriding key. A key inside a scope's source list names the
+// source: scopes.<scope>.sources.<source>.<key...>.
+func set(k *koanf.Koanf, key string, value any) error {
+	parts := strings.Split(key, ".")
+	if len(parts) < 5 || parts[0] != "scopes" || parts[2] != "sources" {
+		return k.Set(key, value)
+	}
+	listKey := strings.Join(parts[:3], ".")
+	list, _ := k.Get(listKey).([]any)
+	for i, item := range list {
+		m, ok := item.(map[string]any)
+		if !ok || m["name"] != parts[3] {
+			continue
+		}
+		for _, p := range parts[4 : len(parts)-1] {
+			next, ok := m[p].(map[string]any)
+			if !ok {
+				next = map[string]any{}
+				m[p] = next
+			}
+			m = next
+		}
+		m[parts[len(parts)-1]] = value
+		list[i] = item
+		return k.Set(listKey, list)
+	}
+	return fmt.Errorf("scope %q has no source named %q to override", parts[1], parts[3])
+}
+
+var durationType = reflect.TypeOf(time.Duration(0))
+
+// durationHook decodes Go duration strings and refuses bare numbers, which
+// would otherwise silently mean nanoseconds.
+func durationHook(from, to reflect.Type, data any) (any, error) {
+	if to != durationType {
+		return data, nil
+	}
+	switch from.Kind() {
+	case reflect.String:
+		d, err := time.ParseDuration(data.(string))
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a duration; write a Go duration with a unit, e.g. 60s or 250ms", data)
+		}
+		return d, nil
+	case reflect.Int, reflect.Int64, reflect.Int32, reflect.Float64, reflect.Float32, reflect.Uint, reflect.Uint64:
+		return nil, fmt.Errorf("%v has no unit; write a Go duration with a unit, e.g. 60s or 250ms", data)
+	}
+	return data, nil
+}

@@ -1,0 +1,356 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/polygate/polygate/gate"
+)
+
+// The file shape: what YAML, environment and flags may say. Pointers tell an
+// absent key (the default applies) from an explicit value (used as given,
+// or rejected).
+
+type fileConfig struct {
+	Listen        *string              `koanf:"listen"`
+	MetricsListen *string              `koanf:"metrics_listen"`
+	Backend       fileBackend          `koanf:"backend"`
+	Telemetry     fileTelemetry        `koanf:"telemetry"`
+	Log           fileLog              `koanf:"log"`
+	Calls         fileCalls            `koanf:"calls"`
+	Scopes        map[string]fileScope `koanf:"scopes"`
+}
+
+type fileBackend struct {
+	Kind  *string   `koanf:"kind"`
+	Redis fileRedis `koanf:"redis"`
+}
+
+type fileRedis struct {
+	Addrs         []string       `koanf:"addrs"`
+	MasterName    *string        `koanf:"master_name"`
+	Username      *string        `koanf:"username"`
+	Password      *string        `koanf:"password"`
+	DB            *int           `koanf:"db"`
+	KeyPrefix     *string        `koanf:"key_prefix"`
+	Timeout       *time.Duration `koanf:"timeout"`
+	TLS           *bool          `koanf:"tls"`
+	OnUnavailable *string        `koanf:"on_unavailable"`
+	Replicas      *int           `koanf:"replicas"`
+}
+
+type fileTelemetry struct {
+	Path      *string        `koanf:"path"`
+	Retention *time.Duration `koanf:"retention"`
+}
+
+type fileLog struct {
+	Format *string `koanf:"format"`
+	Level  *string `koanf:"level"`
+}
+
+type fileCalls struct {
+	MaxLive     *int           `koanf:"max_live"`
+	IdleTimeout *time.Duration `koanf:"idle_timeout"`
+}
+
+type fileScope struct {
+	CircuitOpen  *string          `koanf:"circuit_open"`
+	QuotaFull    *string          `koanf:"quota_full"`
+	MaxAttempts  *int             `koanf:"max_attempts"`
+	Backoff      fileBackoff      `koanf:"backoff"`
+	Backpressure fileBackpressure `koanf:"backpressure"`
+	LeaseGrace   *time.Duration   `koanf:"lease_grace"`
+	Breaker      fileBreaker      `koanf:"breaker"`
+	Sources      []fileSource     `koanf:"sources"`
+}
+
+type fileBackoff struct {
+	Base *time.Duration `koanf:"base"`
+	Max  *time.Duration `koanf:"max"`
+}
+
+type fileBackpressure struct {
+	StallWindow  *time.Duration `koanf:"stall_window"`
+	PollInterval *time.Duration `koanf:"poll_interval"`
+}
+
+type fileBreaker struct {
+	FailThreshold *int           `koanf:"fail_threshold"`
+	MinCalls      *int           `koanf:"min_calls"`
+	FailRate      *float64       `koanf:"fail_rate"`
+	Window        *time.Duration `koanf:"window"`
+	Cooldown      *time.Duration `koanf:"cooldown"`
+	MaxCooldown   *time.Duration `koanf:"max_cooldown"`
+	ProbeTTL      *time.Duration `koanf:"probe_ttl"`
+}
+
+type fileSource struct {
+	Name           *string           `koanf:"name"`
+	Priority       *int              `koanf:"priority"`
+	Weight         *int              `koanf:"weight"`
+	MaxConcurrency *int              `koanf:"max_concurrency"`
+	RPM            *int64            `koanf:"rpm"`
+	TPM            *int64            `koanf:"tpm"`
+	Timeout        *time.Duration    `koanf:"timeout"`
+	Attributes     map[string]string `koanf:"attributes"`
+	Breaker        fileBreaker       `koanf:"breaker"`
+}
+
+// Defaults, as documented in docs/configuration.md.
+const (
+	DefaultListen         = "127.0.0.1:50051"
+	DefaultMaxAttempts    = 3
+	DefaultBackoffBase    = time.Second
+	DefaultBackoffMax     = 60 * time.Second
+	DefaultStallWindow    = 300 * time.Second
+	DefaultPollInterval   = 50 * time.Millisecond
+	DefaultLeaseGrace     = 5 * time.Second
+	DefaultFailThreshold  = 5
+	DefaultMinCalls       = 10
+	DefaultFailRate       = 0.5
+	DefaultWindow         = 60 * time.Second
+	DefaultCooldown       = 60 * time.Second
+	DefaultMaxCooldown    = 300 * time.Second
+	DefaultWeight         = 1
+	DefaultMaxConcurrency = 8
+	DefaultTimeout        = 300 * time.Second
+	DefaultMaxLiveCalls   = 10000
+	DefaultCallIdle       = 10 * time.Minute
+	DefaultRedisTimeout   = 500 * time.Millisecond
+	DefaultRetention      = 30 * 24 * time.Hour
+)
+
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+
+const nameAllowed = "a name is 1 to 63 lowercase letters, digits, '_' or '-', starting with a letter or digit"
+
+// checker collects every problem of a configuration, so that one start
+// reports all of them.
+type checker struct{ errs []error }
+
+func (c *checker) fail(key string, value any, allowed string) {
+	c.errs = append(c.errs, &FieldError{Key: key, Value: value, Allowed: allowed})
+}
+
+func (c *checker) oneOf(key, value string, allowed ...string) {
+	if !slices.Contains(allowed, value) {
+		c.fail(key, value, "allowed: "+strings.Join(allowed, ", "))
+	}
+}
+
+func (c *checker) atLeast(key string, value, least int64) {
+	if value < least {
+		c.fail(key, value, fmt.Sprintf("must be at least %d", least))
+	}
+}
+
+// duration checks a duration is a whole number of milliseconds of at least least.
+func (c *checker) duration(key string, d, least time.Duration) {
+	switch {
+	case d%time.Millisecond != 0:
+		c.fail(key, d, "durations are whole milliseconds (a Go duration with a unit, e.g. 60s or 250ms)")
+	case d < least:
+		c.fail(key, d, fmt.Sprintf("must be at least %v", least))
+	}
+}
+
+func (c *checker) address(key, addr string, unix bool) {
+	if unix && strings.HasPrefix(addr, "unix://") {
+		if strings.TrimPrefix(addr, "unix://") == "" {
+			c.fail(key, addr, "a unix socket needs a path: unix:///run/polygate.sock")
+		}
+		return
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		allowed := "expected host:port"
+		if unix {
+			allowed += " or unix:///path"
+		}
+		c.fail(key, addr, allowed)
+	}
+}
+
+func or[T any](p *T, def T) T {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+// resolve validates a file configuration and fills in defaults and derived values.
+func resolve(f *fileConfig) (*Config, error) {
+	c := &checker{}
+	cfg := &Config{
+		Listen:        or(f.Listen, DefaultListen),
+		MetricsListen: or(f.MetricsListen, ""),
+		Backend: Backend{
+			Kind: or(f.Backend.Kind, "memory"),
+			Redis: Redis{
+				Addrs:         f.Backend.Redis.Addrs,
+				MasterName:    or(f.Backend.Redis.MasterName, ""),
+				Username:      or(f.Backend.Redis.Username, ""),
+				Password:      or(f.Backend.Redis.Password, ""),
+				DB:            or(f.Backend.Redis.DB, 0),
+				KeyPrefix:     or(f.Backend.Redis.KeyPrefix, "polygate:"),
+				Timeout:       or(f.Backend.Redis.Timeout, DefaultRedisTimeout),
+				TLS:           or(f.Backend.Redis.TLS, false),
+				OnUnavailable: or(f.Backend.Redis.OnUnavailable, "fail_closed"),
+				Replicas:      or(f.Backend.Redis.Replicas, 1),
+			},
+		},
+		Telemetry: Telemetry{Path: or(f.Telemetry.Path, ""), Retention: or(f.Telemetry.Retention, DefaultRetention)},
+		Log:       Log{Format: or(f.Log.Format, "text"), Level: or(f.Log.Level, "info")},
+		Calls:     Calls{MaxLive: or(f.Calls.MaxLive, DefaultMaxLiveCalls), IdleTimeout: or(f.Calls.IdleTimeout, DefaultCallIdle)},
+		Scopes:    make(map[string]*Scope, len(f.Scopes)),
+	}
+	c.address("listen", cfg.Listen, true)
+	if cfg.MetricsListen != "" {
+		c.address("metrics_listen", cfg.MetricsListen, false)
+	}
+	c.oneOf("backend.kind", cfg.Backend.Kind, "memory", "redis")
+	if r := &cfg.Backend.Redis; cfg.Backend.Kind == "redis" {
+		if len(r.Addrs) == 0 {
+			c.fail("backend.redis.addrs", r.Addrs, "the redis backend needs at least one host:port")
+		}
+		for i, a := range r.Addrs {
+			c.address(fmt.Sprintf("backend.redis.addrs[%d]", i), a, false)
+		}
+		c.atLeast("backend.redis.db", int64(r.DB), 0)
+		c.duration("backend.redis.timeout", r.Timeout, time.Millisecond)
+		c.oneOf("backend.redis.on_unavailable", r.OnUnavailable, "fail_closed", "local")
+		c.atLeast("backend.redis.replicas", int64(r.Replicas), 1)
+	}
+	c.duration("telemetry.retention", cfg.Telemetry.Retention, time.Minute)
+	c.oneOf("log.format", cfg.Log.Format, "text", "json")
+	c.oneOf("log.level", cfg.Log.Level, "debug", "info", "warn", "error")
+	c.atLeast("calls.max_live", int64(cfg.Calls.MaxLive), 1)
+	c.duration("calls.idle_timeout", cfg.Calls.IdleTimeout, time.Second)
+
+	if len(f.Scopes) == 0 {
+		c.fail("scopes", nil, "configure at least one scope")
+	}
+	for name, fs := range f.Scopes {
+		if !nameRE.MatchString(name) {
+			c.fail("scopes."+name, name, nameAllowed)
+			continue
+		}
+		cfg.Scopes[name] = resolveScope(c, name, &fs)
+	}
+	if len(c.errs) > 0 {
+		return nil, errors.Join(c.errs...)
+	}
+	return cfg, nil
+}
+
+func resolveScope(c *checker, name string, f *fileScope) *Scope {
+	key := "scopes." + name
+	s := &Scope{
+		Name:         name,
+		CircuitOpen:  OnRefusal(or(f.CircuitOpen, string(FailFast))),
+		QuotaFull:    OnRefusal(or(f.QuotaFull, string(Wait))),
+		MaxAttempts:  or(f.MaxAttempts, DefaultMaxAttempts),
+		BackoffBase:  or(f.Backoff.Base, DefaultBackoffBase),
+		BackoffMax:   or(f.Backoff.Max, DefaultBackoffMax),
+		StallWindow:  or(f.Backpressure.StallWindow, DefaultStallWindow),
+		PollInterval: or(f.Backpressure.PollInterval, DefaultPollInterval),
+		LeaseGrace:   or(f.LeaseGrace, DefaultLeaseGrace),
+	}
+	c.oneOf(key+".circuit_open", string(s.CircuitOpen), string(FailFast), string(Wait))
+	c.oneOf(key+".quota_full", string(s.QuotaFull), string(Wait), string(FailFast))
+	c.atLeast(key+".max_attempts", int64(s.MaxAttempts), 1)
+	c.duration(key+".backoff.base", s.BackoffBase, time.Millisecond)
+	c.duration(key+".backoff.max", s.BackoffMax, time.Millisecond)
+	if s.BackoffMax < s.BackoffBase {
+		c.fail(key+".backoff.max", s.BackoffMax, fmt.Sprintf("must be at least backoff.base (%v)", s.BackoffBase))
+	}
+	c.duration(key+".backpressure.stall_window", s.StallWindow, time.Millisecond)
+	c.duration(key+".backpressure.poll_interval", s.PollInterval, time.Millisecond)
+	if s.PollInterval > s.StallWindow {
+		c.fail(key+".backpressure.poll_interval", s.PollInterval, fmt.Sprintf("must be at most stall_window (%v)", s.StallWindow))
+	}
+	c.duration(key+".lease_grace", s.LeaseGrace, 0)
+
+	if len(f.Sources) == 0 {
+		c.fail(key+".sources", nil, "a scope needs at least one source")
+	}
+	var slowest time.Duration
+	for i := range f.Sources {
+		slowest = max(slowest, or(f.Sources[i].Timeout, DefaultTimeout))
+	}
+	seen := map[string]bool{}
+	for i := range f.Sources {
+		fs := &f.Sources[i]
+		src := Source{
+			Name:           or(fs.Name, ""),
+			Priority:       or(fs.Priority, 0),
+			Weight:         or(fs.Weight, DefaultWeight),
+			MaxConcurrency: or(fs.MaxConcurrency, DefaultMaxConcurrency),
+			RPM:            or(fs.RPM, 0),
+			TPM:            or(fs.TPM, 0),
+			Timeout:        or(fs.Timeout, DefaultTimeout),
+			Attributes:     fs.Attributes,
+		}
+		skey := fmt.Sprintf("%s.sources[%d]", key, i)
+		switch {
+		case !nameRE.MatchString(src.Name):
+			c.fail(skey+".name", src.Name, nameAllowed)
+		case seen[src.Name]:
+			c.fail(skey+".name", src.Name, "source names are unique within a scope")
+		default:
+			skey = key + ".sources." + src.Name
+		}
+		seen[src.Name] = true
+		c.atLeast(skey+".priority", int64(src.Priority), 0)
+		c.atLeast(skey+".weight", int64(src.Weight), 1)
+		c.atLeast(skey+".max_concurrency", int64(src.MaxConcurrency), 1)
+		c.atLeast(skey+".rpm", src.RPM, 0)
+		c.atLeast(skey+".tpm", src.TPM, 0)
+		c.duration(skey+".timeout", src.Timeout, time.Millisecond)
+		src.Breaker, src.ProbeTTLDerived = resolveBreaker(c, key, skey, &f.Breaker, &fs.Breaker, src.Timeout, slowest)
+		s.Sources = append(s.Sources, src)
+	}
+	return s
+}
+
+// resolveBreaker merges a source's breaker keys over its scope's, key by key,
+// and derives probe_ttl when neither sets it.
+func resolveBreaker(c *checker, scopeKey, sourceKey string, scope, src *fileBreaker, timeout, slowest time.Duration) (p gate.BreakerPolicy, derived bool) {
+	// Errors name the key that set the value: the source's, else the scope's.
+	pick := func(bySource bool, name string) string {
+		if bySource {
+			return sourceKey + ".breaker." + name
+		}
+		return scopeKey + ".breaker." + name
+	}
+	p.FailThreshold = or(src.FailThreshold, or(scope.FailThreshold, DefaultFailThreshold))
+	p.MinCalls = or(src.MinCalls, or(scope.MinCalls, DefaultMinCalls))
+	p.FailRate = or(src.FailRate, or(scope.FailRate, DefaultFailRate))
+	p.Window = or(src.Window, or(scope.Window, DefaultWindow))
+	p.Cooldown = or(src.Cooldown, or(scope.Cooldown, DefaultCooldown))
+	p.MaxCooldown = or(src.MaxCooldown, or(scope.MaxCooldown, DefaultMaxCooldown))
+	c.atLeast(pick(src.FailThreshold != nil, "fail_threshold"), int64(p.FailThreshold), 1)
+	c.atLeast(pick(src.MinCalls != nil, "min_calls"), int64(p.MinCalls), 1)
+	if !(p.FailRate > 0 && p.FailRate <= 1) {
+		c.fail(pick(src.FailRate != nil, "fail_rate"), p.FailRate, "must be in (0, 1]")
+	}
+	c.duration(pick(src.Window != nil, "window"), p.Window, gate.WindowBuckets*time.Millisecond)
+	c.duration(pick(src.Cooldown != nil, "cooldown"), p.Cooldown, time.Millisecond)
+	c.duration(pick(src.MaxCooldown != nil, "max_cooldown"), p.MaxCooldown, time.Millisecond)
+	if p.MaxCooldown < p.Cooldown {
+		c.fail(pick(src.MaxCooldown != nil, "max_cooldown"), p.MaxCooldown, fmt.Sprintf("must be at least cooldown (%v)", p.Cooldown))
+	}
+	if ttl := or(src.ProbeTTL, or(scope.ProbeTTL, 0)); src.ProbeTTL != nil || scope.ProbeTTL != nil {
+		p.ProbeTTL = ttl
+		c.duration(pick(src.ProbeTTL != nil, "probe_ttl"), ttl, time.Millisecond)
+		return p, false
+	}
+	// DESIGN: probe_ttl = max(2 × slowest timeout, cooldown, timeout + 5 s).
+	p.ProbeTTL = max(2*slowest, p.Cooldown, timeout+5*time.Second)
+	return p, true
+}

@@ -1,0 +1,77 @@
+package config
+
+import (
+	"time"
+
+	"github.com/polygate/polygate/gate"
+)
+
+// OnRefusal is what a call does when every source refused it for one kind of
+// reason: fail at once, or wait and ask again.
+type OnRefusal string
+
+const (
+	FailFast OnRefusal = "fail_fast"
+	Wait     OnRefusal = "wait"
+)
+
+// Scope is one logical upstream service and its policies, validated.
+type Scope struct {
+	Name string
+	// CircuitOpen decides when every source is refused by its breaker (or the
+	// cooldown memo); QuotaFull when at least one is refused by quota or pacer.
+	CircuitOpen OnRefusal
+	QuotaFull   OnRefusal
+	// MaxAttempts is the retry budget: real attempts, 429s excluded.
+	MaxAttempts int
+	// BackoffBase and BackoffMax bound the exponential backoff after a failed attempt.
+	BackoffBase time.Duration
+	BackoffMax  time.Duration
+	// StallWindow is the stall budget: non-productive time a call may spend
+	// while the scope makes no progress; PollInterval paces re-asking when
+	// there is no certain time to wait for.
+	StallWindow  time.Duration
+	PollInterval time.Duration
+	// LeaseGrace is added to a source's timeout to make a permit's lease.
+	LeaseGrace time.Duration
+	Sources    []Source
+}
+
+// Source is one interchangeable endpoint of a scope, validated, with its
+// effective breaker (the scope's, overridden key by key).
+type Source struct {
+	Name           string
+	Priority       int
+	Weight         int
+	MaxConcurrency int
+	RPM            int64
+	TPM            int64
+	Timeout        time.Duration
+	Attributes     map[string]string
+	Breaker        gate.BreakerPolicy
+	// ProbeTTLDerived: Breaker.ProbeTTL was derived, not configured.
+	ProbeTTLDerived bool
+}
+
+// Lease is how long a permit of this source holds its slot without an outcome.
+func (s *Source) Lease(grace time.Duration) time.Duration { return s.Timeout + grace }
+
+// Gate returns what the backends need to know of the source.
+func (sc *Scope) Gate(i int) gate.Source {
+	s := &sc.Sources[i]
+	return gate.Source{
+		Name:    s.Name,
+		Limits:  gate.Limits{MaxConcurrency: s.MaxConcurrency, RPM: s.RPM, TPM: s.TPM, Lease: s.Lease(sc.LeaseGrace)},
+		Breaker: s.Breaker,
+	}
+}
+
+// Source returns the named source, or nil.
+func (sc *Scope) Source(name string) *Source {
+	for i := range sc.Sources {
+		if sc.Sources[i].Name == name {
+			return &sc.Sources[i]
+		}
+	}
+	return nil
+}

@@ -1,0 +1,109 @@
+package policy
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/polygate/polygate/gate"
+)
+
+var (
+	idBase = func() string {
+		var b [6]byte
+		_, _ = rand.Read(b[:])
+		return hex.EncodeToString(b[:])
+	}()
+	idSeq atomic.Uint64
+)
+
+// NewID returns an id unique across processes: kind, a random per-process
+// part and a sequence number.
+func NewID(kind string) string {
+	return fmt.Sprintf("%s-%s-%d", kind, idBase, idSeq.Add(1))
+}
+
+// Call is one logical request of the application: the accounting of its two
+// budgets, its attempts, and the permit it holds. Each call has its own clock
+// readings; calls never share them.
+type Call struct {
+	ID       string
+	Scope    string
+	Started  time.Time
+	Deadline time.Time // zero: none
+	// Tokens is the estimate charged to TPM for each attempt.
+	Tokens int64
+
+	mu         sync.Mutex
+	productive time.Duration
+	attempts   int // attempts granted
+	charged    int // attempts charged to max_attempts
+	failures   int // failed attempts, the backoff exponent
+	failedIn   map[string]int
+	permit     *gate.Permit
+	permitSrc  gate.Source // the source's spec at grant time
+	grantedAt  time.Time
+	last       *NoRunnable // the last refusal, for OnNoRunnable
+	waiting    bool        // refused since the last grant
+	end        *Action
+	answers    map[string]Recorded // by permit, so RecordOutcome is idempotent
+}
+
+// NewCall opens a call at now.
+func NewCall(id, scope string, tokens int64, deadline, now time.Time) *Call {
+	return &Call{
+		ID: id, Scope: scope, Tokens: tokens, Deadline: deadline, Started: now,
+		failedIn: make(map[string]int), answers: make(map[string]Recorded),
+	}
+}
+
+// stalledFor is the call's non-productive time so far.
+func (c *Call) stalledFor(now time.Time) time.Duration {
+	return now.Sub(c.Started) - c.productive
+}
+
+// Stats is the call's accounting at one moment.
+type Stats struct {
+	Attempts int
+	// Charged attempts count against max_attempts (429s do not).
+	Charged    int
+	Productive time.Duration
+	// Waiting is the non-productive time: waits, backoffs, 429 attempts.
+	Waiting time.Duration
+	// Ended is the call's last action when it has ended.
+	Ended *Action
+	// Holding is the permit the call holds, if any.
+	Holding *gate.Permit
+}
+
+// Stats reads the call's accounting at now.
+func (c *Call) Stats(now time.Time) Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := Stats{Attempts: c.attempts, Charged: c.charged, Productive: c.productive, Ended: c.end, Holding: c.permit}
+	st.Waiting = c.stalledFor(now)
+	if c.permit != nil {
+		st.Waiting -= now.Sub(c.grantedAt)
+	}
+	return st
+}
+
+// finish ends the call with a.
+func (c *Call) finish(a Action) {
+	if a.Retry == nil {
+		c.end = &a
+	}
+}
+
+// lastSources are the per-source reasons of the call's last refusal.
+func (c *Call) lastSources() []gate.Rejection {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.last == nil {
+		return nil
+	}
+	return c.last.Sources
+}

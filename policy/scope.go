@@ -1,0 +1,699 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/polygate/polygate/config"
+	"github.com/polygate/polygate/gate"
+)
+
+// Errors of misuse; the server maps each to a gRPC status.
+var (
+	// ErrCallEnded: the call already ended (Done or Failure).
+	ErrCallEnded = errors.New("policy: call has ended")
+	// ErrPermitOutstanding: Pick while the call's permit is not settled.
+	ErrPermitOutstanding = errors.New("policy: the call holds a permit that is not settled")
+	// ErrPermitNotOfCall: RecordOutcome for a permit the call does not hold.
+	ErrPermitNotOfCall = errors.New("policy: permit is not held by this call")
+	// ErrNoRefusal: OnNoRunnable without a NoRunnable Pick before it.
+	ErrNoRefusal = errors.New("policy: the call's last Pick was not refused")
+	// ErrEstimateTooLarge: the token estimate exceeds every source's TPM.
+	ErrEstimateTooLarge = errors.New("policy: estimated tokens exceed the tpm of every source")
+	// ErrUnknownSource: a named source is not in the scope.
+	ErrUnknownSource = errors.New("policy: unknown source")
+	// ErrUnknownOutcome: an outcome outside the table.
+	ErrUnknownOutcome = errors.New("policy: unknown outcome")
+)
+
+// Observer is told what the scope decides. Calls happen outside every lock,
+// after the decision; an observer must not block.
+type Observer interface {
+	// Breaker reports an event of one of the scope's breakers.
+	Breaker(scope string, e gate.Event)
+	// Waiting reports that a call starts waiting: the first Wait after a
+	// grant (or after the call opened), not every poll.
+	Waiting(c *Call, sleep time.Duration, sources []gate.Rejection)
+	// Picked reports a Pick's result.
+	Picked(c *Call, p Pick)
+	// Settled reports an attempt's outcome and the next action.
+	Settled(c *Call, a Attempt, r Recorded)
+	// Decided reports an OnNoRunnable decision (after any server-side sleep).
+	Decided(c *Call, d Decision)
+}
+
+// NopObserver observes nothing; embed it to observe only some things.
+type NopObserver struct{}
+
+func (NopObserver) Breaker(string, gate.Event)                     {}
+func (NopObserver) Waiting(*Call, time.Duration, []gate.Rejection) {}
+func (NopObserver) Picked(*Call, Pick)                             {}
+func (NopObserver) Settled(*Call, Attempt, Recorded)               {}
+func (NopObserver) Decided(*Call, Decision)                        {}
+
+// Options tunes a Scope; zero values take time.Now, math/rand and no observer.
+type Options struct {
+	Now      func() time.Time
+	Rand     func() float64
+	Observer Observer
+}
+
+// source is a configured source with its local state.
+type source struct {
+	cfg   *config.Source
+	gate  gate.Source
+	pacer *Pacer
+
+	mu         sync.Mutex
+	lastFailed time.Time
+}
+
+func (s *source) markFailed(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lastFailed = now
+}
+
+func (s *source) failedRecently(now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.lastFailed.IsZero() && now.Sub(s.lastFailed) < s.cfg.Breaker.Window
+}
+
+// Scope decides for one configured scope.
+type Scope struct {
+	name     string
+	backend  gate.Backend
+	observer Observer
+	now      func() time.Time
+	rand     func() float64
+
+	mu   sync.RWMutex
+	cfg  *config.Scope
+	srcs []*source
+
+	sel  *selector
+	memo *Memo
+	// breakers fires when a breaker of the scope changes in a way a waiting
+	// caller cares about; capacity when a permit of the scope is released.
+	breakers *signal
+	capacity *signal
+}
+
+// NewScope returns the decisions of one scope over a backend.
+func NewScope(cfg *config.Scope, b gate.Backend, o Options) *Scope {
+	s := &Scope{
+		name: cfg.Name, backend: b, observer: o.Observer, now: o.Now, rand: o.Rand,
+		sel: newSelector(), memo: newMemo(), breakers: newSignal(), capacity: newSignal(),
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.rand == nil {
+		s.rand = rand.Float64
+	}
+	if s.observer == nil {
+		s.observer = NopObserver{}
+	}
+	s.Update(cfg)
+	return s
+}
+
+// Name is the scope's name.
+func (s *Scope) Name() string { return s.name }
+
+// Update applies a reloaded configuration. Breaker and quota state live in
+// the backend under the sources' names and are kept; so are the pacers and
+// failure marks of sources that stay. Waiting callers are woken to re-ask.
+func (s *Scope) Update(cfg *config.Scope) {
+	s.mu.Lock()
+	old := make(map[string]*source, len(s.srcs))
+	for _, src := range s.srcs {
+		old[src.cfg.Name] = src
+	}
+	srcs := make([]*source, len(cfg.Sources))
+	for i := range cfg.Sources {
+		c := &cfg.Sources[i]
+		n := &source{cfg: c, gate: cfg.Gate(i)}
+		if prev, ok := old[c.Name]; ok {
+			prev.pacer.resize(c.MaxConcurrency)
+			n.pacer, n.lastFailed = prev.pacer, prev.lastFailed
+		} else {
+			n.pacer = NewPacer(c.MaxConcurrency)
+		}
+		srcs[i] = n
+	}
+	s.cfg, s.srcs = cfg, srcs
+	s.mu.Unlock()
+	s.breakers.fire()
+	s.capacity.fire()
+}
+
+// Config is the scope's current configuration.
+func (s *Scope) Config() *config.Scope {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.cfg
+}
+
+func (s *Scope) snapshot() (*config.Scope, []*source) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.cfg, s.srcs
+}
+
+func (s *Scope) specs(srcs []*source) []*gate.Source {
+	out := make([]*gate.Source, len(srcs))
+	for i, src := range srcs {
+		out[i] = &src.gate
+	}
+	return out
+}
+
+// absorb reports a decision's breaker events and wakes waiting callers when
+// one of them may now do better.
+func (s *Scope) absorb(events []gate.Event) {
+	wake := false
+	for _, e := range events {
+		s.observer.Breaker(s.name, e)
+		switch e.Kind {
+		case gate.EventTransition:
+			// The entrant that turned the breaker HALF_OPEN took the probe.
+			wake = wake || e.Cause != gate.CauseCooldownElapsed
+		case gate.EventProbeReleased, gate.EventOverride:
+			wake = true
+		}
+	}
+	if wake {
+		s.breakers.fire()
+	}
+}
+
+// remember keeps the memo in step with what a backend said of a breaker: an
+// OPEN deadline is stored, anything else forgets the source.
+func (s *Scope) remember(name string, v gate.BreakerView, now time.Time) {
+	if v.Reason == gate.ReasonCircuitOpen {
+		s.memo.Set(name, now.Add(v.RetryAfter))
+	} else {
+		s.memo.Forget(name)
+	}
+}
+
+// Announce applies a breaker event that another replica caused (the Redis
+// backend's broadcast): a breaker that closed, was reset or overridden is
+// forgotten by the memo at once, and waiting callers re-ask.
+func (s *Scope) Announce(e gate.Event) {
+	if e.Kind == gate.EventOverride || (e.Kind == gate.EventTransition && e.To == gate.Closed) {
+		s.memo.Forget(e.Source)
+	}
+	s.breakers.fire()
+}
+
+// Pick is the result of one Pick: exactly one field is set.
+type Pick struct {
+	Grant      *Grant
+	NoRunnable *NoRunnable
+	// Failure: the call ended before anything could be tried (its deadline passed).
+	Failure *Failure
+}
+
+// Grant is a permit to make one attempt now.
+type Grant struct {
+	Permit gate.Permit
+	Source *config.Source
+	// Attempt is the attempt's number in the call, from 1.
+	Attempt int
+	// Skipped are the sources refused before the granted one, in walk order.
+	Skipped []gate.Rejection
+}
+
+// NoRunnable is a refusal of every source.
+type NoRunnable struct {
+	// GateRejections counts sources refused by breaker or cooldown memo.
+	GateRejections int
+	// Sources is every source's reason, in walk order.
+	Sources []gate.Rejection
+}
+
+// Pick walks the sources in the selector's order through the cooldown memo,
+// then (in one backend decision) the pacer, the quota and the breaker.
+func (s *Scope) Pick(ctx context.Context, c *Call) (Pick, error) {
+	p, events, err := s.pick(ctx, c)
+	if err != nil {
+		return p, err
+	}
+	s.absorb(events)
+	s.observer.Picked(c, p)
+	return p, nil
+}
+
+func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.end != nil {
+		return Pick{}, nil, ErrCallEnded
+	}
+	if c.permit != nil {
+		return Pick{}, nil, fmt.Errorf("%w: %s", ErrPermitOutstanding, c.permit.ID)
+	}
+	cfg, srcs := s.snapshot()
+	now := s.now()
+	if !c.Deadline.IsZero() && !now.Before(c.Deadline) {
+		f := &Failure{Reason: FailDeadlineExceeded}
+		c.finish(Action{Failure: f})
+		return Pick{Failure: f}, nil, nil
+	}
+
+	order := s.sel.order(srcs, c.failedIn, now)
+	refused := make(map[string]gate.Rejection, len(order))
+	cands := make([]gate.Candidate, 0, len(order))
+	fits := false
+	for _, src := range order {
+		name := src.cfg.Name
+		if src.cfg.TPM > 0 && c.Tokens > src.cfg.TPM {
+			refused[name] = gate.Rejection{Source: name, Reason: gate.ReasonRateLimited}
+			continue
+		}
+		fits = true
+		if wait := s.memo.Remaining(name, now); wait > 0 {
+			refused[name] = gate.Rejection{Source: name, Reason: gate.ReasonCooldown, RetryAfter: wait}
+			continue
+		}
+		cands = append(cands, gate.Candidate{Source: &src.gate, Ceiling: src.pacer.Ceiling()})
+	}
+	if !fits {
+		return Pick{}, nil, fmt.Errorf("%w: %d tokens in scope %s", ErrEstimateTooLarge, c.Tokens, cfg.Name)
+	}
+
+	var adm gate.Admission
+	if len(cands) > 0 {
+		var err error
+		adm, err = s.backend.Admit(ctx, gate.AdmitRequest{Scope: s.name, PermitID: NewID("p"), Tokens: c.Tokens, Candidates: cands})
+		if err != nil {
+			return Pick{}, nil, err
+		}
+		now = s.now()
+		for _, r := range adm.Rejections {
+			refused[r.Source] = r
+			if r.Reason == gate.ReasonCircuitOpen {
+				s.memo.Set(r.Source, now.Add(r.RetryAfter))
+			}
+		}
+	}
+	var (
+		reasons []gate.Rejection
+		gateN   int
+		granted *source
+	)
+	for _, src := range order {
+		if adm.Granted && src.cfg.Name == adm.Permit.Source {
+			granted = src
+			break
+		}
+		if r, ok := refused[src.cfg.Name]; ok {
+			reasons = append(reasons, r)
+			if r.Reason.Gate() {
+				gateN++
+			}
+		}
+	}
+
+	var p Pick
+	if granted != nil {
+		c.permit, c.permitSrc, c.grantedAt = &adm.Permit, granted.gate, now
+		c.attempts++
+		c.waiting, c.last = false, nil
+		p.Grant = &Grant{Permit: adm.Permit, Source: granted.cfg, Attempt: c.attempts, Skipped: reasons}
+	} else {
+		c.last = &NoRunnable{GateRejections: gateN, Sources: reasons}
+		p.NoRunnable = c.last
+	}
+	return p, adm.Events, nil
+}
+
+// Decision is OnNoRunnable's answer: wait Sleep more (after the sleep the
+// sidecar already did), or fail.
+type Decision struct {
+	Sleep   time.Duration
+	Failure *Failure
+	// Slept is how long the sidecar waited before answering; Woken says a
+	// change of the scope ended that wait early.
+	Slept time.Duration
+	Woken bool
+}
+
+// OnNoRunnable decides, after a NoRunnable Pick, whether the call waits or
+// fails (DESIGN's formula, dispatched by the reason of the refusal). A Wait is
+// slept here, inside the sidecar, and ends early when a breaker of the scope
+// changes or (when a quota or pacer refused) a permit of the scope is
+// released; it also ends before ctx's deadline, with the rest of the sleep
+// left to the caller.
+func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
+	// Take the wake-ups before reading the backend, so that no change between
+	// the read and the sleep can be missed.
+	changed, freed := s.breakers.wait(), s.capacity.wait()
+	d, circuit, first, err := s.decide(ctx, c)
+	if err != nil {
+		return Decision{}, err
+	}
+	if first {
+		s.observer.Waiting(c, d.Sleep, c.lastSources())
+	}
+	if d.Failure == nil {
+		if circuit {
+			freed = nil // a released permit does not help a call every breaker refuses
+		}
+		nap := d.Sleep
+		if deadline, ok := ctx.Deadline(); ok {
+			// Answer before the caller's RPC deadline, leaving it the rest.
+			left := time.Until(deadline)
+			nap = min(nap, max(0, left-min(left/10, 50*time.Millisecond)))
+		}
+		start := s.now()
+		timer := time.NewTimer(nap)
+		select {
+		case <-timer.C:
+		case <-changed:
+			d.Woken = true
+		case <-freed:
+			d.Woken = true
+		case <-ctx.Done():
+			timer.Stop()
+			return Decision{}, ctx.Err()
+		}
+		timer.Stop()
+		d.Slept = s.now().Sub(start)
+		if d.Woken || d.Slept >= d.Sleep {
+			d.Sleep = 0
+		} else {
+			d.Sleep = ceilMs(d.Sleep - d.Slept)
+		}
+	}
+	s.observer.Decided(c, d)
+	return d, nil
+}
+
+// decide is OnNoRunnable without the sleep. circuit reports that every
+// source was refused by its breaker or the cooldown memo.
+func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first bool, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.end != nil {
+		return d, false, false, ErrCallEnded
+	}
+	nr := c.last
+	if nr == nil {
+		return d, false, false, ErrNoRefusal
+	}
+	cfg, srcs := s.snapshot()
+	snap, err := s.backend.Peek(ctx, gate.PeekRequest{Scope: s.name, Sources: s.specs(srcs)})
+	if err != nil {
+		return d, false, false, err
+	}
+	now := s.now()
+	hint := time.Duration(-1)
+	for _, v := range snap.Sources {
+		s.remember(v.Source, v.Breaker, now)
+		if hint < 0 || v.Breaker.RetryAfter < hint {
+			hint = v.Breaker.RetryAfter
+		}
+	}
+	circuit = nr.GateRejections == len(srcs)
+	fail := func(reason FailureReason, retryAfter time.Duration) (Decision, bool, bool, error) {
+		f := &Failure{Reason: reason, RetryAfter: max(retryAfter, 0), Sources: nr.Sources}
+		c.finish(Action{Failure: f})
+		return Decision{Failure: f}, circuit, false, nil
+	}
+
+	var left time.Duration
+	if !c.Deadline.IsZero() {
+		if left = c.Deadline.Sub(now); left <= 0 {
+			return fail(FailDeadlineExceeded, 0)
+		}
+	}
+	if circuit {
+		if cfg.CircuitOpen == config.FailFast {
+			return fail(FailCircuitOpen, hint)
+		}
+	} else {
+		if cfg.QuotaFull == config.FailFast {
+			return fail(FailQuotaExhausted, minRetryAfter(nr.Sources))
+		}
+		hint = 0
+	}
+	stalled := c.stalledFor(now)
+	if stalled > cfg.StallWindow && snap.ProgressAge > cfg.StallWindow {
+		return fail(FailStalled, hint)
+	}
+	if left > 0 && hint > left {
+		// The earliest certain moment is past the deadline: fail now, not then.
+		return fail(FailDeadlineExceeded, hint)
+	}
+	jitter := time.Duration(float64(cfg.PollInterval) * (0.5 + 0.5*s.rand()))
+	sleep := jitter
+	if hint > 0 {
+		sleep = hint + jitter
+	}
+	sleep = max(jitter, min(sleep, cfg.StallWindow-stalled+cfg.PollInterval))
+	if left > 0 {
+		sleep = min(sleep, left)
+	}
+	first = !c.waiting
+	c.waiting = true
+	return Decision{Sleep: ceilMs(sleep)}, circuit, first, nil
+}
+
+func minRetryAfter(rs []gate.Rejection) time.Duration {
+	var least time.Duration = -1
+	for _, r := range rs {
+		if least < 0 || r.RetryAfter < least {
+			least = r.RetryAfter
+		}
+	}
+	return max(least, 0)
+}
+
+// Attempt is an attempt's report.
+type Attempt struct {
+	PermitID string
+	Source   string
+	Outcome  Outcome
+	// RetryAfter is the upstream's Retry-After (0 if none): a floor of the
+	// backoff, and of the OPEN a dead source causes.
+	RetryAfter time.Duration
+	// ActualTokens settles the TPM charge; < 0 keeps the estimate.
+	ActualTokens int64
+	HTTPStatus   int
+	Detail       string
+	// Latency is the attempt's time from grant to report (filled in by RecordOutcome).
+	Latency time.Duration
+}
+
+// Recorded is RecordOutcome's answer.
+type Recorded struct {
+	Next Action
+	// Effect says what the outcome did to the breaker (stale outcomes change nothing).
+	Effect  gate.Effect
+	Breaker gate.BreakerView
+	// Released: the permit still held its slot.
+	Released bool
+}
+
+// RecordOutcome settles the call's permit with the attempt's outcome, feeds
+// the breaker, pacer and the call's budgets, and returns the next action. It
+// is idempotent per permit: reporting the same permit again returns the first
+// answer.
+func (s *Scope) RecordOutcome(ctx context.Context, c *Call, a Attempt) (Recorded, error) {
+	rec, a, st, err := s.record(ctx, c, a)
+	if err != nil || st == nil {
+		return rec, err // an error, or a repeated report
+	}
+	s.absorb(st.Events)
+	if st.Released {
+		s.capacity.fire()
+	}
+	s.observer.Settled(c, a, rec)
+	return rec, nil
+}
+
+func (s *Scope) record(ctx context.Context, c *Call, a Attempt) (Recorded, Attempt, *gate.Settlement, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if prev, ok := c.answers[a.PermitID]; ok {
+		return prev, a, nil, nil
+	}
+	if c.permit == nil || c.permit.ID != a.PermitID {
+		return Recorded{}, a, nil, fmt.Errorf("%w: %s", ErrPermitNotOfCall, a.PermitID)
+	}
+	r, ok := outcomes[a.Outcome]
+	if !ok {
+		return Recorded{}, a, nil, fmt.Errorf("%w: %d", ErrUnknownOutcome, a.Outcome)
+	}
+	var floor time.Duration
+	if a.Outcome == SourceDead {
+		floor = a.RetryAfter
+	}
+	p := c.permit
+	st, err := s.backend.Settle(ctx, gate.SettleRequest{
+		Scope: s.name, Source: &c.permitSrc, PermitID: p.ID, Epoch: p.Epoch, Probe: p.Probe,
+		Verdict: r.verdict, Floor: floor, ActualTokens: a.ActualTokens, Progress: a.Outcome == Success,
+	})
+	if err != nil {
+		return Recorded{}, a, nil, err // the permit stays the call's; the report may be retried
+	}
+	now := s.now()
+	cfg, _ := s.snapshot()
+	a.Source, a.Latency = p.Source, now.Sub(c.grantedAt)
+	s.remember(p.Source, st.Breaker, now)
+	if src := s.source(p.Source); src != nil {
+		switch a.Outcome {
+		case Success:
+			src.pacer.Success()
+		case RateLimited:
+			src.pacer.RateLimited()
+		}
+		if r.failed {
+			src.markFailed(now)
+		}
+	}
+	if !r.refunded {
+		c.productive += a.Latency
+	}
+	if r.charged {
+		c.charged++
+	}
+	if r.failed {
+		c.failures++
+		c.failedIn[p.Source]++
+	}
+	c.permit = nil
+
+	rec := Recorded{Next: s.next(c, cfg, r, a, st.ProgressAge, now), Effect: st.Effect, Breaker: st.Breaker, Released: st.Released}
+	c.answers[a.PermitID] = rec
+	c.finish(rec.Next)
+	return rec, a, &st, nil
+}
+
+func (s *Scope) source(name string) *source {
+	_, srcs := s.snapshot()
+	for _, src := range srcs {
+		if src.cfg.Name == name {
+			return src
+		}
+	}
+	return nil
+}
+
+// next is the outcome table's last column. Both budgets are checked at every
+// failed attempt, so a call ends with whichever runs out first; a backoff is
+// clamped to the rest of the stall budget (plus one poll interval), but never
+// below an upstream Retry-After.
+func (s *Scope) next(c *Call, cfg *config.Scope, r rule, a Attempt, progressAge time.Duration, now time.Time) Action {
+	switch r.then {
+	case thenDone:
+		return Action{Done: true}
+	case thenFailNonRetryable:
+		return Action{Failure: &Failure{Reason: FailNonRetryable}}
+	case thenClose:
+		return Action{Failure: &Failure{Reason: FailCancelled}}
+	case thenRetry:
+		if c.charged >= cfg.MaxAttempts {
+			return Action{Failure: &Failure{Reason: FailRetryExhausted}}
+		}
+	}
+	stalled := c.stalledFor(now)
+	if stalled > cfg.StallWindow && progressAge > cfg.StallWindow {
+		return Action{Failure: &Failure{Reason: FailStalled, RetryAfter: ceilMs(a.RetryAfter)}}
+	}
+	backoff := Backoff(cfg.BackoffBase, cfg.BackoffMax, c.failures, 0, s.rand)
+	backoff = max(min(backoff, cfg.StallWindow-stalled+cfg.PollInterval), ceilMs(a.RetryAfter))
+	if !c.Deadline.IsZero() && now.Add(backoff).After(c.Deadline) {
+		return Action{Failure: &Failure{Reason: FailDeadlineExceeded, RetryAfter: backoff}}
+	}
+	return Action{Retry: &backoff}
+}
+
+// RetryAfter is the earliest certain retry moment over the named sources (all
+// when none are named), with each source's state.
+func (s *Scope) RetryAfter(ctx context.Context, names []string) (time.Duration, []gate.SourceView, error) {
+	_, srcs := s.snapshot()
+	if len(names) > 0 {
+		picked := make([]*source, 0, len(names))
+		for _, n := range names {
+			i := slices.IndexFunc(srcs, func(src *source) bool { return src.cfg.Name == n })
+			if i < 0 {
+				return 0, nil, fmt.Errorf("%w: %q in scope %s", ErrUnknownSource, n, s.name)
+			}
+			picked = append(picked, srcs[i])
+		}
+		srcs = picked
+	}
+	snap, err := s.backend.Peek(ctx, gate.PeekRequest{Scope: s.name, Sources: s.specs(srcs)})
+	if err != nil {
+		return 0, nil, err
+	}
+	now := s.now()
+	least := time.Duration(-1)
+	for _, v := range snap.Sources {
+		s.remember(v.Source, v.Breaker, now)
+		if least < 0 || v.Breaker.RetryAfter < least {
+			least = v.Breaker.RetryAfter
+		}
+	}
+	return max(least, 0), snap.Sources, nil
+}
+
+// SourceState is one source as DescribeScope shows it.
+type SourceState struct {
+	Config *config.Source
+	View   gate.SourceView
+	// Ceiling is the pacer's ceiling; Memo the cooldown memo's remaining time.
+	Ceiling        int
+	Memo           time.Duration
+	FailedRecently bool
+}
+
+// Description is a scope's live state and effective configuration.
+type Description struct {
+	Config      *config.Scope
+	Sources     []SourceState
+	ProgressAge time.Duration
+}
+
+// Describe reads the scope; it never takes a probe.
+func (s *Scope) Describe(ctx context.Context) (Description, error) {
+	cfg, srcs := s.snapshot()
+	snap, err := s.backend.Peek(ctx, gate.PeekRequest{Scope: s.name, Sources: s.specs(srcs)})
+	if err != nil {
+		return Description{}, err
+	}
+	now := s.now()
+	d := Description{Config: cfg, ProgressAge: snap.ProgressAge}
+	for i, src := range srcs {
+		d.Sources = append(d.Sources, SourceState{
+			Config: src.cfg, View: snap.Sources[i], Ceiling: src.pacer.Ceiling(),
+			Memo: s.memo.Remaining(src.cfg.Name, now), FailedRecently: src.failedRecently(now),
+		})
+	}
+	return d, nil
+}
+
+// Override carries out an operator's action on a source's breaker.
+func (s *Scope) Override(ctx context.Context, name string, a gate.Action, actor, why string) (gate.SourceView, error) {
+	src := s.source(name)
+	if src == nil {
+		return gate.SourceView{}, fmt.Errorf("%w: %q in scope %s", ErrUnknownSource, name, s.name)
+	}
+	r, err := s.backend.Override(ctx, gate.OverrideRequest{Scope: s.name, Source: &src.gate, Action: a, Actor: actor, Why: why})
+	if err != nil {
+		return gate.SourceView{}, err
+	}
+	s.remember(name, r.View.Breaker, s.now())
+	s.absorb(r.Events)
+	return r.View, nil
+}

@@ -1,0 +1,379 @@
+package policy_test
+
+import (
+	"errors"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/polygate/polygate/gate"
+	"github.com/polygate/polygate/policy"
+)
+
+// The reference's incident, as a regression test: a HALF_OPEN refusal must
+// not write the probe lease into the cooldown memo.
+func TestMemoIsNeverPolluted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, _ := newScope(t, `
+circuit_open: fail_fast
+breaker: {fail_threshold: 1, cooldown: 60s, max_cooldown: 300s, probe_ttl: 600s}
+sources:
+  - {name: only, timeout: 300s}
+`)
+		fail(t, s, policy.Transient) // opens
+		time.Sleep(60 * time.Second)
+
+		a, b := newCall(s), newCall(s)
+		probe := grant(t, s, a)
+		if !probe.Permit.Probe {
+			t.Fatalf("A did not get the probe: %+v", probe)
+		}
+		refused := pick(t, s, b).NoRunnable
+		if refused == nil || len(refused.Sources) != 1 || refused.Sources[0].Reason != gate.ReasonProbeInFlight ||
+			refused.Sources[0].RetryAfter != 0 || refused.GateRejections != 1 {
+			t.Fatalf("B's refusal: %+v, want probe_in_flight with retry_after 0", refused)
+		}
+		if r := record(t, s, a, probe, policy.Success); !r.Next.Done || r.Breaker.State != gate.Closed {
+			t.Fatalf("probe success: %+v", r)
+		}
+		if g := pick(t, s, b).Grant; g == nil {
+			t.Fatal("B's next Pick was refused after the probe closed the breaker: the memo kept the probe lease")
+		}
+		d, err := s.Describe(ctx(t))
+		if err != nil || d.Sources[0].Memo != 0 {
+			t.Fatalf("memo after the close: %+v %v", d.Sources[0], err)
+		}
+	})
+}
+
+// The OnNoRunnable matrix: policies × kinds of refusal.
+func TestOnNoRunnableMatrix(t *testing.T) {
+	const poll = 100 * time.Millisecond // jitter = 75ms with rand 0.5
+	states := []struct {
+		name  string
+		setup func(t *testing.T, s *policy.Scope)
+		// circuit: every source refused by its breaker; hint is then the
+		// minimum retry_after over the sources.
+		circuit bool
+		hint    time.Duration
+		want    []gate.Reason
+		// slots is each source's max_concurrency: a probe holds a slot, so a
+		// full pool would refuse by quota before the breaker is asked.
+		slots string
+	}{
+		{"AllOpen", func(t *testing.T, s *policy.Scope) {
+			fail(t, s, policy.SourceDead) // a: 10s
+			fail(t, s, policy.SourceDead) // b: 20s
+			time.Sleep(time.Second)
+		}, true, 9 * time.Second, []gate.Reason{gate.ReasonCooldown, gate.ReasonCooldown}, "1"},
+		{"AllHalfOpen", func(t *testing.T, s *policy.Scope) {
+			fail(t, s, policy.SourceDead)
+			fail(t, s, policy.SourceDead)
+			time.Sleep(20 * time.Second)
+			grant(t, s, newCall(s)) // a's probe
+			grant(t, s, newCall(s)) // b's probe
+		}, true, 0, []gate.Reason{gate.ReasonProbeInFlight, gate.ReasonProbeInFlight}, "2"},
+		{"MixedBreakerAndQuota", func(t *testing.T, s *policy.Scope) {
+			fail(t, s, policy.SourceDead) // a opens
+			grant(t, s, newCall(s))       // b's only slot, held
+		}, false, 0, []gate.Reason{gate.ReasonCooldown, gate.ReasonRateLimited}, "1"},
+		{"QuotaOnly", func(t *testing.T, s *policy.Scope) {
+			grant(t, s, newCall(s))
+			grant(t, s, newCall(s))
+		}, false, 0, []gate.Reason{gate.ReasonRateLimited, gate.ReasonRateLimited}, "1"},
+	}
+	policies := []struct{ circuitOpen, quotaFull string }{
+		{"fail_fast", "wait"}, {"fail_fast", "fail_fast"}, {"wait", "wait"}, {"wait", "fail_fast"},
+	}
+	for _, st := range states {
+		for _, pol := range policies {
+			t.Run(st.name+"/circuit_open="+pol.circuitOpen+"/quota_full="+pol.quotaFull, func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					s, _ := newScope(t, `
+circuit_open: `+pol.circuitOpen+`
+quota_full: `+pol.quotaFull+`
+backpressure: {stall_window: 300s, poll_interval: 100ms}
+breaker: {fail_threshold: 1}
+sources:
+  - {name: a, priority: 0, max_concurrency: `+st.slots+`, breaker: {cooldown: 10s, max_cooldown: 10s}}
+  - {name: b, priority: 1, max_concurrency: `+st.slots+`, breaker: {cooldown: 20s, max_cooldown: 20s}}
+`)
+					st.setup(t, s)
+					c := newCall(s)
+					nr := pick(t, s, c).NoRunnable
+					if nr == nil || len(nr.Sources) != 2 {
+						t.Fatalf("want a refusal of both sources, got %+v", nr)
+					}
+					for i, r := range nr.Sources {
+						if r.Reason != st.want[i] {
+							t.Fatalf("reasons %s, want %v", reasons(nr.Sources), st.want)
+						}
+					}
+					if wantGate := map[bool]int{true: 2, false: 1}[st.circuit]; st.name == "QuotaOnly" && nr.GateRejections != 0 ||
+						st.name != "QuotaOnly" && nr.GateRejections != wantGate {
+						t.Fatalf("gate_rejections = %d", nr.GateRejections)
+					}
+					d, err := s.OnNoRunnable(ctx(t), c)
+					if err != nil {
+						t.Fatal(err)
+					}
+					switch {
+					case st.circuit && pol.circuitOpen == "fail_fast":
+						if d.Failure == nil || d.Failure.Reason != policy.FailCircuitOpen || d.Failure.RetryAfter != st.hint {
+							t.Fatalf("decision %+v, want circuit_open with retry_after %v", d, st.hint)
+						}
+					case !st.circuit && pol.quotaFull == "fail_fast":
+						if d.Failure == nil || d.Failure.Reason != policy.FailQuotaExhausted || len(d.Failure.Sources) != 2 {
+							t.Fatalf("decision %+v, want quota_exhausted with both reasons", d)
+						}
+					default:
+						// A wait, never a quota_exhausted for a breaker wait.
+						want := 75 * time.Millisecond
+						if st.circuit && st.hint > 0 {
+							want = st.hint + 75*time.Millisecond // until the cooldown ends, plus jitter
+						}
+						if d.Failure != nil || d.Slept != want || d.Sleep != 0 {
+							t.Fatalf("decision %+v, want a wait of %v", d, want)
+						}
+					}
+				})
+			})
+		}
+	}
+}
+
+func TestWaitIsClampedToTheStallBudget(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, _ := newScope(t, `
+circuit_open: wait
+backpressure: {stall_window: 5s, poll_interval: 100ms}
+breaker: {fail_threshold: 1, cooldown: 60s}
+sources: [{name: only}]
+`)
+		fail(t, s, policy.Transient)
+		c := newCall(s)
+		time.Sleep(2 * time.Second) // the call has been waiting 2s
+		pick(t, s, c)
+		d, err := s.OnNoRunnable(ctx(t), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := 3*time.Second + 100*time.Millisecond; d.Failure != nil || d.Slept != want {
+			t.Fatalf("decision %+v, want a wait of the 3s left plus one poll interval (%v)", d, want)
+		}
+		pick(t, s, c)
+		d, _ = s.OnNoRunnable(ctx(t), c)
+		f := wantFailure(t, policy.Action{Failure: d.Failure}, policy.FailStalled)
+		if len(f.Sources) != 1 || f.Sources[0].Reason != gate.ReasonCooldown {
+			t.Fatalf("stalled failure reasons %s", reasons(f.Sources))
+		}
+	})
+}
+
+func TestCircuitWaitSleepsThroughTheCooldownThenProbes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, _ := newScope(t, `
+circuit_open: wait
+backpressure: {stall_window: 300s, poll_interval: 50ms}
+breaker: {fail_threshold: 1, cooldown: 60s}
+sources: [{name: only}]
+`)
+		fail(t, s, policy.Transient)
+		res := drive(t, s, newCall(s), always(policy.Success))
+		if !res.action.Done || len(res.attempts) != 1 {
+			t.Fatalf("call ended %v after %v attempts", res.action, res.attempts)
+		}
+		// One wait until the cooldown ends plus jitter: no polling through it.
+		if want := 60*time.Second + 38*time.Millisecond; res.elapsed != want {
+			t.Fatalf("elapsed %v, want %v", res.elapsed, want)
+		}
+	})
+}
+
+func TestForceOpenUnderWaitEndsWithTheFirstBudgetToRunOut(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		maxAttempts string
+		want        policy.FailureReason
+	}{
+		{"RetryBudgetFirst", "3", policy.FailRetryExhausted},
+		{"StallBudgetFirst", "100", policy.FailStalled},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				s, _ := newScope(t, `
+circuit_open: wait
+max_attempts: `+tc.maxAttempts+`
+backoff: {base: 1s, max: 4s}
+backpressure: {stall_window: 60s, poll_interval: 50ms}
+breaker: {cooldown: 5s, max_cooldown: 20s}
+sources: [{name: only}]
+`)
+				res := drive(t, s, newCall(s), always(policy.SourceDead))
+				wantFailure(t, res.action, tc.want)
+				if tc.want == policy.FailRetryExhausted && len(res.attempts) != 3 {
+					t.Fatalf("attempts = %d, want 3 (a probe is a real attempt)", len(res.attempts))
+				}
+				// Attempts take no time here, so the call's wall time is its
+				// waiting: never more than stall_window + poll_interval.
+				if limit := 60*time.Second + 50*time.Millisecond; res.elapsed > limit {
+					t.Fatalf("wall time %v exceeds stall_window + poll_interval (%v)", res.elapsed, limit)
+				}
+			})
+		})
+	}
+}
+
+func TestBudgets(t *testing.T) {
+	t.Run("OneLongAttemptIsNotStalling", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s, _ := newScope(t, `
+backpressure: {stall_window: 10s}
+backoff: {base: 1s, max: 1s}
+sources: [{name: only}]
+`)
+			n := 0
+			res := drive(t, s, newCall(s), func(*policy.Grant) reply {
+				n++
+				if n == 1 {
+					return reply{outcome: policy.Transient, latency: 30 * time.Second}
+				}
+				return reply{outcome: policy.Success}
+			})
+			if !res.action.Done || len(res.attempts) != 2 {
+				t.Fatalf("%v after %d attempts; the retry budget must stay usable", res.action, len(res.attempts))
+			}
+		})
+	})
+
+	t.Run("RateLimitStormEndsStalledWithoutChargingAttempts", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s, _ := newScope(t, `
+max_attempts: 2
+backoff: {base: 100ms, max: 100ms}
+backpressure: {stall_window: 10s}
+sources: [{name: only}]
+`)
+			c := newCall(s)
+			res := drive(t, s, c, func(*policy.Grant) reply {
+				return reply{outcome: policy.RateLimited, latency: 2 * time.Second, retryAfter: time.Second}
+			})
+			wantFailure(t, res.action, policy.FailStalled)
+			st := c.Stats(time.Now())
+			if st.Charged != 0 || len(res.attempts) < 3 {
+				t.Fatalf("charged %d of max_attempts over %d attempts", st.Charged, len(res.attempts))
+			}
+			for _, r := range res.retries {
+				if r < time.Second {
+					t.Fatalf("retried after %v, before the upstream's Retry-After", r)
+				}
+			}
+			// 429 attempts are refunded to the stall budget: the call stalled
+			// on its first check past 10s of 429 attempts and backoffs.
+			if st.Productive != 0 || st.Waiting <= 10*time.Second || st.Waiting > 13*time.Second {
+				t.Fatalf("stats %+v", st)
+			}
+		})
+	})
+
+	t.Run("PureWaitingAccumulatesToStalled", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s, _ := newScope(t, `
+backpressure: {stall_window: 10s, poll_interval: 200ms}
+sources: [{name: only, max_concurrency: 1, timeout: 1h}]
+`)
+			grant(t, s, newCall(s)) // holds the only slot
+			c := newCall(s)
+			res := drive(t, s, c, always(policy.Success))
+			f := wantFailure(t, res.action, policy.FailStalled)
+			if len(f.Sources) != 1 || f.Sources[0].Reason != gate.ReasonRateLimited {
+				t.Fatalf("reasons %s", reasons(f.Sources))
+			}
+			if res.elapsed <= 10*time.Second || res.elapsed > 10*time.Second+200*time.Millisecond {
+				t.Fatalf("stalled after %v, want just past the 10s stall window", res.elapsed)
+			}
+		})
+	})
+
+	t.Run("ConcurrentCallsKeepTheirOwnClocks", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s, _ := newScope(t, `
+backpressure: {stall_window: 300s}
+backoff: {base: 1s, max: 1s}
+sources: [{name: only, max_concurrency: 10}]
+`)
+			slow, quick := newCall(s), newCall(s)
+			var wg sync.WaitGroup
+			wg.Go(func() {
+				drive(t, s, slow, func(*policy.Grant) reply { return reply{outcome: policy.Success, latency: 20 * time.Second} })
+			})
+			wg.Go(func() {
+				time.Sleep(5 * time.Second)
+				drive(t, s, quick, func(*policy.Grant) reply { return reply{outcome: policy.RateLimited, latency: time.Second} })
+			})
+			wg.Wait()
+			now := time.Now()
+			a, b := slow.Stats(now), quick.Stats(now)
+			if a.Productive != 20*time.Second || a.Waiting != now.Sub(slow.Started)-20*time.Second {
+				t.Fatalf("slow call %+v", a)
+			}
+			if b.Productive != 0 || b.Charged != 0 {
+				t.Fatalf("quick call %+v: its 429s must not be productive", b)
+			}
+		})
+	})
+}
+
+func TestMisuse(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, _ := newScope(t, `sources: [{name: only, tpm: 100}]`)
+		c := newCall(s)
+		if _, err := s.OnNoRunnable(ctx(t), c); !errors.Is(err, policy.ErrNoRefusal) {
+			t.Fatalf("OnNoRunnable before a refusal: %v", err)
+		}
+		g := grant(t, s, c)
+		if _, err := s.Pick(ctx(t), c); !errors.Is(err, policy.ErrPermitOutstanding) {
+			t.Fatalf("Pick while holding a permit: %v", err)
+		}
+		if _, err := s.RecordOutcome(ctx(t), c, policy.Attempt{PermitID: "nope", Outcome: policy.Success}); !errors.Is(err, policy.ErrPermitNotOfCall) {
+			t.Fatalf("foreign permit: %v", err)
+		}
+		first := record(t, s, c, g, policy.Success)
+		again := record(t, s, c, g, policy.Transient)
+		if !again.Next.Done || again.Effect != first.Effect {
+			t.Fatalf("repeated report answered %+v, want the first answer %+v", again, first)
+		}
+		if _, err := s.Pick(ctx(t), c); !errors.Is(err, policy.ErrCallEnded) {
+			t.Fatalf("Pick after Done: %v", err)
+		}
+		big := policy.NewCall("big", "s", 101, time.Time{}, time.Now())
+		if _, err := s.Pick(ctx(t), big); !errors.Is(err, policy.ErrEstimateTooLarge) {
+			t.Fatalf("estimate above every tpm: %v", err)
+		}
+		if _, err := s.Override(ctx(t), "nope", gate.ActionForceOpen, "me", "test"); !errors.Is(err, policy.ErrUnknownSource) {
+			t.Fatalf("unknown source: %v", err)
+		}
+	})
+}
+
+func TestDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, _ := newScope(t, `
+circuit_open: wait
+breaker: {fail_threshold: 1, cooldown: 60s}
+sources: [{name: only}]
+`)
+		fail(t, s, policy.Transient)
+		c := policy.NewCall("c", "s", 0, time.Now().Add(10*time.Second), time.Now())
+		pick(t, s, c)
+		d, err := s.OnNoRunnable(ctx(t), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The cooldown ends after the deadline: fail now, with the certain time.
+		if d.Failure == nil || d.Failure.Reason != policy.FailDeadlineExceeded || d.Failure.RetryAfter != 60*time.Second || d.Slept != 0 {
+			t.Fatalf("decision %+v", d)
+		}
+	})
+}

@@ -1,0 +1,119 @@
+package policy_test
+
+import (
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/polygate/polygate/policy"
+)
+
+// A waiting caller is woken as soon as what it waits for changes, and never
+// later than the computed sleep.
+func TestWaitersWakeOnChange(t *testing.T) {
+	t.Run("PermitReleased", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s, _ := newScope(t, `
+backpressure: {poll_interval: 10s, stall_window: 300s}
+sources: [{name: only, max_concurrency: 1}]
+`)
+			holder := newCall(s)
+			g := grant(t, s, holder)
+			waiter := newCall(s)
+			pick(t, s, waiter)
+			var wg sync.WaitGroup
+			var d policy.Decision
+			wg.Go(func() {
+				var err error
+				if d, err = s.OnNoRunnable(ctx(t), waiter); err != nil {
+					t.Error(err)
+				}
+			})
+			time.Sleep(time.Second)
+			record(t, s, holder, g, policy.Success)
+			wg.Wait()
+			if !d.Woken || d.Slept != time.Second || d.Sleep != 0 {
+				t.Fatalf("decision %+v, want woken after 1s of a 7.5s sleep", d)
+			}
+			if pick(t, s, waiter).Grant == nil {
+				t.Fatal("the woken caller was refused")
+			}
+		})
+	})
+
+	t.Run("ProbeSucceeded", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s, _ := newScope(t, `
+circuit_open: wait
+backpressure: {poll_interval: 10s, stall_window: 300s}
+breaker: {fail_threshold: 1, cooldown: 5s}
+sources: [{name: only}]
+`)
+			fail(t, s, policy.Transient)
+			time.Sleep(5 * time.Second)
+			prober := newCall(s)
+			probe := grant(t, s, prober)
+			waiter := newCall(s)
+			pick(t, s, waiter) // probe_in_flight: no certain time, so a poll-sized sleep
+			var wg sync.WaitGroup
+			var d policy.Decision
+			wg.Go(func() { d, _ = s.OnNoRunnable(ctx(t), waiter) })
+			time.Sleep(2 * time.Second)
+			record(t, s, prober, probe, policy.Success)
+			wg.Wait()
+			if !d.Woken || d.Slept != 2*time.Second {
+				t.Fatalf("decision %+v, want woken when the probe closed the breaker", d)
+			}
+		})
+	})
+
+	t.Run("ReleaseDoesNotWakeABreakerWait", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s, _ := newScope(t, `
+circuit_open: wait
+backpressure: {poll_interval: 100ms, stall_window: 300s}
+breaker: {fail_threshold: 1, cooldown: 60s}
+sources: [{name: only, max_concurrency: 5}]
+`)
+			held := newCall(s)
+			g := grant(t, s, held) // admitted before the breaker opens
+			fail(t, s, policy.Transient)
+			waiter := newCall(s)
+			pick(t, s, waiter)
+			var wg sync.WaitGroup
+			var d policy.Decision
+			wg.Go(func() { d, _ = s.OnNoRunnable(ctx(t), waiter) })
+			time.Sleep(time.Second)
+			record(t, s, held, g, policy.Success) // stale for the breaker, frees a slot
+			wg.Wait()
+			if d.Woken || d.Slept != 60*time.Second+75*time.Millisecond {
+				t.Fatalf("decision %+v, want the whole cooldown slept", d)
+			}
+		})
+	})
+
+	t.Run("CallerDeadlineLeavesTheRest", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s, _ := newScope(t, `
+circuit_open: wait
+breaker: {fail_threshold: 1, cooldown: 60s}
+sources: [{name: only}]
+`)
+			fail(t, s, policy.Transient)
+			c := newCall(s)
+			pick(t, s, c)
+			rpc, cancel := contextWithTimeout(t, 10*time.Second)
+			defer cancel()
+			d, err := s.OnNoRunnable(rpc, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The RPC deadline cuts the server-side sleep (answering 50ms
+			// early); the caller sleeps the rest itself.
+			if d.Slept != 10*time.Second-50*time.Millisecond || d.Sleep != 60*time.Second+38*time.Millisecond-d.Slept {
+				t.Fatalf("decision %+v", d)
+			}
+		})
+	})
+}
