@@ -15,6 +15,7 @@ type Config struct {
 	Telemetry     Telemetry
 	Log           Log
 	Calls         Calls
+	Auth          Auth
 	// Scopes by name.
 	Scopes map[string]*Scope
 }
@@ -58,6 +59,13 @@ type Log struct {
 	// Format is "text" or "json"; Level is "debug", "info", "warn" or "error".
 	Format string
 	Level  string
+}
+
+// Auth guards the admission service.
+type Auth struct {
+	// Token, when set, must come with every call of the admission service as
+	// "authorization: Bearer <token>" (health and reflection stay open).
+	Token string
 }
 
 // Calls bounds the sidecar's memory of calls.

@@ -23,6 +23,7 @@ type fileConfig struct {
 	Telemetry     fileTelemetry        `koanf:"telemetry"`
 	Log           fileLog              `koanf:"log"`
 	Calls         fileCalls            `koanf:"calls"`
+	Auth          fileAuth             `koanf:"auth"`
 	Scopes        map[string]fileScope `koanf:"scopes"`
 }
 
@@ -52,6 +53,10 @@ type fileTelemetry struct {
 type fileLog struct {
 	Format *string `koanf:"format"`
 	Level  *string `koanf:"level"`
+}
+
+type fileAuth struct {
+	Token *string `koanf:"token"`
 }
 
 type fileCalls struct {
@@ -207,6 +212,7 @@ func resolve(f *fileConfig) (*Config, error) {
 		Telemetry: Telemetry{Path: or(f.Telemetry.Path, ""), Retention: or(f.Telemetry.Retention, DefaultRetention)},
 		Log:       Log{Format: or(f.Log.Format, "text"), Level: or(f.Log.Level, "info")},
 		Calls:     Calls{MaxLive: or(f.Calls.MaxLive, DefaultMaxLiveCalls), IdleTimeout: or(f.Calls.IdleTimeout, DefaultCallIdle)},
+		Auth:      Auth{Token: or(f.Auth.Token, "")},
 		Scopes:    make(map[string]*Scope, len(f.Scopes)),
 	}
 	c.address("listen", cfg.Listen, true)
@@ -231,6 +237,9 @@ func resolve(f *fileConfig) (*Config, error) {
 	c.oneOf("log.level", cfg.Log.Level, "debug", "info", "warn", "error")
 	c.atLeast("calls.max_live", int64(cfg.Calls.MaxLive), 1)
 	c.duration("calls.idle_timeout", cfg.Calls.IdleTimeout, time.Second)
+	if f.Auth.Token != nil && strings.TrimSpace(cfg.Auth.Token) == "" {
+		c.fail("auth.token", "(blank)", "a token must not be blank; remove the key to turn auth off")
+	}
 
 	if len(f.Scopes) == 0 {
 		c.fail("scopes", nil, "configure at least one scope")

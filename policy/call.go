@@ -107,3 +107,10 @@ func (c *Call) lastSources() []gate.Rejection {
 	}
 	return c.last.Sources
 }
+
+// Ended reports whether the call has ended (Done or Failure).
+func (c *Call) Ended() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.end != nil
+}

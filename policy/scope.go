@@ -103,6 +103,9 @@ type Scope struct {
 	// caller cares about; capacity when a permit of the scope is released.
 	breakers *signal
 	capacity *signal
+	// closing ends every server-side wait (shutdown, or the scope removed).
+	closing   chan struct{}
+	closeOnce sync.Once
 }
 
 // NewScope returns the decisions of one scope over a backend.
@@ -110,6 +113,7 @@ func NewScope(cfg *config.Scope, b gate.Backend, o Options) *Scope {
 	s := &Scope{
 		name: cfg.Name, backend: b, observer: o.Observer, now: o.Now, rand: o.Rand,
 		sel: newSelector(), memo: newMemo(), breakers: newSignal(), capacity: newSignal(),
+		closing: make(chan struct{}),
 	}
 	if s.now == nil {
 		s.now = time.Now
@@ -123,6 +127,10 @@ func NewScope(cfg *config.Scope, b gate.Backend, o Options) *Scope {
 	s.Update(cfg)
 	return s
 }
+
+// Close ends every server-side wait of the scope, now and later: a waiting
+// caller is answered at once with the rest of its sleep.
+func (s *Scope) Close() { s.closeOnce.Do(func() { close(s.closing) }) }
 
 // Name is the scope's name.
 func (s *Scope) Name() string { return s.name }
@@ -382,6 +390,7 @@ func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 			d.Woken = true
 		case <-freed:
 			d.Woken = true
+		case <-s.closing:
 		case <-ctx.Done():
 			timer.Stop()
 			return Decision{}, ctx.Err()

@@ -1,0 +1,21 @@
+// Command sidecar runs polygate: go run ./cmd/sidecar [--config FILE].
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/polygate/polygate/server"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := server.Run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "polygate:", err)
+		os.Exit(1)
+	}
+}

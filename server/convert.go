@@ -1,0 +1,183 @@
+package server
+
+import (
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/polygate/polygate/config"
+	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/gate"
+	"github.com/polygate/polygate/policy"
+)
+
+func dur(d time.Duration) *durationpb.Duration { return durationpb.New(d) }
+
+var reasons = map[gate.Reason]admissionv1.Reason{
+	gate.ReasonCooldown:      admissionv1.Reason_REASON_COOLDOWN,
+	gate.ReasonCircuitOpen:   admissionv1.Reason_REASON_CIRCUIT_OPEN,
+	gate.ReasonProbeInFlight: admissionv1.Reason_REASON_PROBE_IN_FLIGHT,
+	gate.ReasonForcedOpen:    admissionv1.Reason_REASON_FORCED_OPEN,
+	gate.ReasonAdaptivePaced: admissionv1.Reason_REASON_ADAPTIVE_PACED,
+	gate.ReasonRateLimited:   admissionv1.Reason_REASON_RATE_LIMITED,
+}
+
+var failureReasons = map[policy.FailureReason]admissionv1.FailureReason{
+	policy.FailCircuitOpen:      admissionv1.FailureReason_FAILURE_REASON_CIRCUIT_OPEN,
+	policy.FailQuotaExhausted:   admissionv1.FailureReason_FAILURE_REASON_QUOTA_EXHAUSTED,
+	policy.FailStalled:          admissionv1.FailureReason_FAILURE_REASON_STALLED,
+	policy.FailRetryExhausted:   admissionv1.FailureReason_FAILURE_REASON_RETRY_EXHAUSTED,
+	policy.FailNonRetryable:     admissionv1.FailureReason_FAILURE_REASON_NON_RETRYABLE,
+	policy.FailDeadlineExceeded: admissionv1.FailureReason_FAILURE_REASON_DEADLINE_EXCEEDED,
+	policy.FailCancelled:        admissionv1.FailureReason_FAILURE_REASON_CANCELLED,
+}
+
+var states = map[gate.State]admissionv1.BreakerState{
+	gate.Closed:   admissionv1.BreakerState_BREAKER_STATE_CLOSED,
+	gate.Open:     admissionv1.BreakerState_BREAKER_STATE_OPEN,
+	gate.HalfOpen: admissionv1.BreakerState_BREAKER_STATE_HALF_OPEN,
+}
+
+var overrides = map[gate.Override]admissionv1.Override{
+	gate.NoOverride:   admissionv1.Override_OVERRIDE_UNSPECIFIED,
+	gate.ForcedOpen:   admissionv1.Override_OVERRIDE_FORCED_OPEN,
+	gate.ForcedClosed: admissionv1.Override_OVERRIDE_FORCED_CLOSED,
+	gate.Disabled:     admissionv1.Override_OVERRIDE_DISABLED,
+}
+
+var effects = map[gate.Effect]admissionv1.OutcomeEffect{
+	gate.EffectApplied:   admissionv1.OutcomeEffect_OUTCOME_EFFECT_APPLIED,
+	gate.EffectNoVerdict: admissionv1.OutcomeEffect_OUTCOME_EFFECT_NO_VERDICT,
+	gate.EffectStale:     admissionv1.OutcomeEffect_OUTCOME_EFFECT_STALE,
+	gate.EffectIgnored:   admissionv1.OutcomeEffect_OUTCOME_EFFECT_IGNORED,
+}
+
+var outcomes = map[admissionv1.Outcome]policy.Outcome{
+	admissionv1.Outcome_OUTCOME_SUCCESS:      policy.Success,
+	admissionv1.Outcome_OUTCOME_TRANSIENT:    policy.Transient,
+	admissionv1.Outcome_OUTCOME_RATE_LIMITED: policy.RateLimited,
+	admissionv1.Outcome_OUTCOME_SOURCE_DEAD:  policy.SourceDead,
+	admissionv1.Outcome_OUTCOME_CLIENT_ERROR: policy.ClientError,
+	admissionv1.Outcome_OUTCOME_CANCELLED:    policy.Cancelled,
+}
+
+var actions = map[admissionv1.OverrideAction]gate.Action{
+	admissionv1.OverrideAction_OVERRIDE_ACTION_FORCE_OPEN:   gate.ActionForceOpen,
+	admissionv1.OverrideAction_OVERRIDE_ACTION_FORCE_CLOSED: gate.ActionForceClosed,
+	admissionv1.OverrideAction_OVERRIDE_ACTION_DISABLE:      gate.ActionDisable,
+	admissionv1.OverrideAction_OVERRIDE_ACTION_CLEAR:        gate.ActionClear,
+	admissionv1.OverrideAction_OVERRIDE_ACTION_RESET:        gate.ActionReset,
+}
+
+var onRefusal = map[config.OnRefusal]admissionv1.OnRefusal{
+	config.FailFast: admissionv1.OnRefusal_ON_REFUSAL_FAIL_FAST,
+	config.Wait:     admissionv1.OnRefusal_ON_REFUSAL_WAIT,
+}
+
+func sourceReasons(rs []gate.Rejection) []*admissionv1.SourceReason {
+	out := make([]*admissionv1.SourceReason, len(rs))
+	for i, r := range rs {
+		out[i] = &admissionv1.SourceReason{Source: r.Source, Reason: reasons[r.Reason], RetryAfter: dur(r.RetryAfter)}
+	}
+	return out
+}
+
+func failure(f *policy.Failure) *admissionv1.Failure {
+	return &admissionv1.Failure{Reason: failureReasons[f.Reason], RetryAfter: dur(f.RetryAfter), PerSourceReasons: sourceReasons(f.Sources)}
+}
+
+func pickResponse(callID string, p policy.Pick) *admissionv1.PickResponse {
+	resp := &admissionv1.PickResponse{CallId: callID}
+	switch {
+	case p.Grant != nil:
+		g := p.Grant
+		resp.Result = &admissionv1.PickResponse_Grant{Grant: &admissionv1.Grant{
+			Source: g.Source.Name, Attributes: g.Source.Attributes, PermitId: g.Permit.ID,
+			Lease: dur(g.Permit.Lease), Timeout: dur(g.Source.Timeout), Probe: g.Permit.Probe,
+			Epoch: g.Permit.Epoch, Attempt: int32(g.Attempt), Skipped: sourceReasons(g.Skipped),
+		}}
+	case p.NoRunnable != nil:
+		resp.Result = &admissionv1.PickResponse_NoRunnable{NoRunnable: &admissionv1.NoRunnable{
+			GateRejections: int32(p.NoRunnable.GateRejections), PerSourceReasons: sourceReasons(p.NoRunnable.Sources),
+		}}
+	default:
+		resp.Result = &admissionv1.PickResponse_Failure{Failure: failure(p.Failure)}
+	}
+	return resp
+}
+
+func decisionResponse(d policy.Decision) *admissionv1.OnNoRunnableResponse {
+	if d.Failure != nil {
+		return &admissionv1.OnNoRunnableResponse{Decision: &admissionv1.OnNoRunnableResponse_Failure{Failure: failure(d.Failure)}}
+	}
+	return &admissionv1.OnNoRunnableResponse{Decision: &admissionv1.OnNoRunnableResponse_Wait{Wait: &admissionv1.Wait{
+		Sleep: dur(d.Sleep), Slept: dur(d.Slept), Woken: d.Woken,
+	}}}
+}
+
+func recordResponse(r policy.Recorded) *admissionv1.RecordOutcomeResponse {
+	resp := &admissionv1.RecordOutcomeResponse{Effect: effects[r.Effect], BreakerState: states[r.Breaker.State]}
+	switch {
+	case r.Next.Done:
+		resp.Next = &admissionv1.RecordOutcomeResponse_Done{Done: &admissionv1.Done{}}
+	case r.Next.Retry != nil:
+		resp.Next = &admissionv1.RecordOutcomeResponse_Retry{Retry: &admissionv1.Retry{Backoff: dur(*r.Next.Retry)}}
+	default:
+		resp.Next = &admissionv1.RecordOutcomeResponse_Failure{Failure: failure(r.Next.Failure)}
+	}
+	return resp
+}
+
+// sourceState converts a backend's view of a source; local is what this
+// sidecar knows besides (nil when only the backend's view is at hand).
+func sourceState(v gate.SourceView, local *policy.SourceState, cfg *config.Scope) *admissionv1.SourceState {
+	b := v.Breaker
+	out := &admissionv1.SourceState{
+		Name: v.Source, State: states[b.State], Reason: reasons[b.Reason], RetryAfter: dur(b.RetryAfter),
+		Epoch: b.Epoch, Reopens: int32(b.Reopens), ProbeOut: b.ProbeOut, ProbeLeft: dur(b.ProbeLeft),
+		WindowCalls: b.Calls, WindowFailures: b.Fails, ConsecutiveFailures: int32(b.Consecutive),
+		Override: overrides[b.Override], OverrideActor: b.Actor, OverrideReason: b.Why,
+		InFlight: int32(v.Quota.InFlight), RequestsLastMinute: v.Quota.Requests, TokensLastMinute: v.Quota.Tokens,
+	}
+	if local != nil {
+		out.PacerCeiling = int32(local.Ceiling)
+		out.CooldownMemo = dur(local.Memo)
+		out.FailedRecently = local.FailedRecently
+	}
+	if src := cfg.Source(v.Source); src != nil {
+		out.Config = sourceConfig(src, cfg.LeaseGrace)
+	}
+	return out
+}
+
+func sourceConfig(s *config.Source, grace time.Duration) *admissionv1.SourceConfig {
+	b := s.Breaker
+	return &admissionv1.SourceConfig{
+		Priority: int32(s.Priority), Weight: int32(s.Weight), MaxConcurrency: int32(s.MaxConcurrency),
+		Rpm: s.RPM, Tpm: s.TPM, Timeout: dur(s.Timeout), Lease: dur(s.Lease(grace)), Attributes: s.Attributes,
+		Breaker: &admissionv1.BreakerConfig{
+			FailThreshold: int32(b.FailThreshold), MinCalls: int32(b.MinCalls), FailRate: b.FailRate,
+			Window: dur(b.Window), Cooldown: dur(b.Cooldown), MaxCooldown: dur(b.MaxCooldown),
+			ProbeTtl: dur(b.ProbeTTL), ProbeTtlDerived: s.ProbeTTLDerived,
+		},
+	}
+}
+
+func scopeConfig(c *config.Scope) *admissionv1.ScopeConfig {
+	return &admissionv1.ScopeConfig{
+		Name: c.Name, CircuitOpen: onRefusal[c.CircuitOpen], QuotaFull: onRefusal[c.QuotaFull],
+		MaxAttempts: int32(c.MaxAttempts), BackoffBase: dur(c.BackoffBase), BackoffMax: dur(c.BackoffMax),
+		StallWindow: dur(c.StallWindow), PollInterval: dur(c.PollInterval), LeaseGrace: dur(c.LeaseGrace),
+	}
+}
+
+func scopeDescription(d policy.Description, live int, backend string) *admissionv1.ScopeDescription {
+	out := &admissionv1.ScopeDescription{Config: scopeConfig(d.Config), LiveCalls: int32(live), Backend: backend}
+	if d.ProgressAge != gate.Never {
+		out.ProgressAge = dur(d.ProgressAge)
+	}
+	for i := range d.Sources {
+		out.Sources = append(out.Sources, sourceState(d.Sources[i].View, &d.Sources[i], d.Config))
+	}
+	return out
+}

@@ -1,0 +1,111 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
+
+	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/gate"
+	"github.com/polygate/polygate/policy"
+)
+
+// ErrorDomain is the domain of every google.rpc.ErrorInfo the sidecar sends.
+const ErrorDomain = "polygate.dev"
+
+// Errors of this package; policy and gate errors are mapped beside them.
+var (
+	errUnknownScope   = errors.New("unknown scope")
+	errUnknownCall    = errors.New("unknown or expired call")
+	errTooManyCalls   = errors.New("too many live calls")
+	errUnauthenticated = errors.New("missing or wrong bearer token")
+)
+
+// fieldError is a request field that is not allowed.
+type fieldError struct {
+	field string
+	msg   string
+}
+
+func (e *fieldError) Error() string { return e.field + ": " + e.msg }
+
+func badField(field, format string, args ...any) error {
+	return &fieldError{field: field, msg: fmt.Sprintf(format, args...)}
+}
+
+// toStatus is the one place where errors become gRPC statuses. Clients branch
+// on the ErrorInfo reason, never on the message. Context errors pass through
+// as their codes; anything unexpected is logged and becomes a generic INTERNAL.
+func toStatus(ctx context.Context, log *slog.Logger, err error) error {
+	if err == nil {
+		return nil
+	}
+	var (
+		code   codes.Code
+		reason admissionv1.ErrorReason
+		fe     *fieldError
+		meta   map[string]string
+	)
+	if _, ok := err.(interface{ GRPCStatus() *status.Status }); ok {
+		return err // already a status (a recovered panic)
+	}
+	switch {
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return status.FromContextError(err).Err()
+	case errors.As(err, &fe):
+		code, reason, meta = codes.InvalidArgument, admissionv1.ErrorReason_ERROR_REASON_INVALID_FIELD, map[string]string{"field": fe.field}
+	case errors.Is(err, errUnknownScope):
+		code, reason = codes.NotFound, admissionv1.ErrorReason_ERROR_REASON_UNKNOWN_SCOPE
+	case errors.Is(err, errUnknownCall):
+		code, reason = codes.NotFound, admissionv1.ErrorReason_ERROR_REASON_UNKNOWN_CALL
+	case errors.Is(err, errTooManyCalls):
+		code, reason = codes.ResourceExhausted, admissionv1.ErrorReason_ERROR_REASON_TOO_MANY_CALLS
+	case errors.Is(err, errUnauthenticated):
+		code, reason = codes.Unauthenticated, admissionv1.ErrorReason_ERROR_REASON_UNAUTHENTICATED
+	case errors.Is(err, policy.ErrUnknownSource):
+		code, reason = codes.InvalidArgument, admissionv1.ErrorReason_ERROR_REASON_UNKNOWN_SOURCE
+	case errors.Is(err, policy.ErrEstimateTooLarge):
+		code, reason, meta = codes.InvalidArgument, admissionv1.ErrorReason_ERROR_REASON_ESTIMATE_TOO_LARGE, map[string]string{"field": "estimated_tokens"}
+	case errors.Is(err, policy.ErrCallEnded):
+		code, reason = codes.FailedPrecondition, admissionv1.ErrorReason_ERROR_REASON_CALL_ENDED
+	case errors.Is(err, policy.ErrPermitOutstanding):
+		code, reason = codes.FailedPrecondition, admissionv1.ErrorReason_ERROR_REASON_PERMIT_OUTSTANDING
+	case errors.Is(err, policy.ErrPermitNotOfCall):
+		code, reason, meta = codes.FailedPrecondition, admissionv1.ErrorReason_ERROR_REASON_PERMIT_NOT_OF_CALL, map[string]string{"field": "permit_id"}
+	case errors.Is(err, policy.ErrNoRefusal):
+		code, reason = codes.FailedPrecondition, admissionv1.ErrorReason_ERROR_REASON_NO_REFUSAL
+	case errors.Is(err, gate.ErrUnavailable):
+		log.WarnContext(ctx, "backend unavailable", "err", err)
+		code, reason = codes.Unavailable, admissionv1.ErrorReason_ERROR_REASON_BACKEND_UNAVAILABLE
+	default:
+		log.ErrorContext(ctx, "internal error", "err", err)
+		return withInfo(status.New(codes.Internal, "internal error"), admissionv1.ErrorReason_ERROR_REASON_INTERNAL, nil)
+	}
+	st := status.New(code, err.Error())
+	if fe != nil {
+		st = withDetails(st, &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: fe.field, Description: fe.msg}}})
+	}
+	return withInfo(st, reason, meta)
+}
+
+func withInfo(st *status.Status, reason admissionv1.ErrorReason, meta map[string]string) error {
+	return withDetails(st, &errdetails.ErrorInfo{Reason: reason.String(), Domain: ErrorDomain, Metadata: meta}).Err()
+}
+
+func withDetails(st *status.Status, d ...protoadapt.MessageV1) *status.Status {
+	out, err := st.WithDetails(d...)
+	if err != nil {
+		return st
+	}
+	return out
+}
+
+func errorf(sentinel error, format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{sentinel}, args...)...)
+}

@@ -1,0 +1,267 @@
+package server
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/polygate/polygate/config"
+	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/gate"
+	"github.com/polygate/polygate/policy"
+)
+
+// Server implements admissionv1.AdmissionServiceServer over a set of scopes
+// sharing one backend.
+type Server struct {
+	admissionv1.UnimplementedAdmissionServiceServer
+
+	backend     gate.Backend
+	backendName func() string
+	log         *slog.Logger
+	now         func() time.Time
+	observer    policy.Observer
+	calls       *sessions
+
+	mu     sync.RWMutex
+	scopes map[string]*policy.Scope
+}
+
+// Options tunes a Server; zero values take time.Now and a backend named "memory".
+type Options struct {
+	Now func() time.Time
+	// BackendName describes the backend for DescribeScope.
+	BackendName func() string
+	// Observers are told every decision, after the built-in log observer.
+	Observers []policy.Observer
+}
+
+// New returns a server for cfg's scopes over backend.
+func New(cfg *config.Config, backend gate.Backend, log *slog.Logger, o Options) *Server {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.BackendName == nil {
+		o.BackendName = func() string { return "memory" }
+	}
+	s := &Server{
+		backend: backend, backendName: o.BackendName, log: log, now: o.Now,
+		observer: append(observers{logObserver{log: log}}, o.Observers...),
+		calls:    newSessions(cfg.Calls.MaxLive, cfg.Calls.IdleTimeout, o.Now),
+		scopes:   make(map[string]*policy.Scope),
+	}
+	s.Apply(cfg)
+	return s
+}
+
+// Apply makes cfg's scopes the served ones: existing scopes take their new
+// limits and keep their breaker and quota state, new ones start, removed ones
+// stop being served (their calls answer NOT_FOUND).
+func (s *Server) Apply(cfg *config.Config) {
+	s.calls.configure(cfg.Calls.MaxLive, cfg.Calls.IdleTimeout)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next := make(map[string]*policy.Scope, len(cfg.Scopes))
+	for name, sc := range cfg.Scopes {
+		if cur, ok := s.scopes[name]; ok {
+			cur.Update(sc)
+			next[name] = cur
+			continue
+		}
+		next[name] = policy.NewScope(sc, s.backend, policy.Options{Now: s.now, Observer: s.observer})
+	}
+	for name, sc := range s.scopes {
+		if _, ok := next[name]; !ok {
+			sc.Close()
+		}
+	}
+	s.scopes = next
+}
+
+// Close ends every server-side wait, answering with the rest of its sleep,
+// so that a graceful stop does not wait for sleeping callers.
+func (s *Server) Close() {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for _, sc := range s.scopes {
+		sc.Close()
+	}
+}
+
+// Scope returns the named scope.
+func (s *Server) Scope(name string) (*policy.Scope, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	sc, ok := s.scopes[name]
+	if !ok {
+		return nil, errorf(errUnknownScope, "%q", name)
+	}
+	return sc, nil
+}
+
+// Scopes returns the served scopes' names, sorted.
+func (s *Server) Scopes() []string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return sortedKeys(s.scopes)
+}
+
+// sweep forgets idle calls; Run calls it periodically.
+func (s *Server) sweep() {
+	for _, c := range s.calls.sweep() {
+		st := c.Stats(s.now())
+		if st.Holding != nil {
+			s.log.Warn("call expired while holding a permit; its lease frees the slot",
+				"scope", c.Scope, "call", c.ID, "permit", st.Holding.ID, "source", st.Holding.Source)
+		} else {
+			s.log.Info("call expired idle", "scope", c.Scope, "call", c.ID, "attempts", st.Attempts)
+		}
+	}
+}
+
+// Pick implements admissionv1.AdmissionServiceServer.
+func (s *Server) Pick(ctx context.Context, req *admissionv1.PickRequest) (*admissionv1.PickResponse, error) {
+	sc, err := s.Scope(req.GetScope())
+	if err != nil {
+		return nil, err
+	}
+	var sess *session
+	if req.GetCallId() == "" {
+		sess, err = s.calls.open(sc.Name(), req.GetEstimatedTokens(), req.GetDeadline().AsDuration())
+	} else {
+		sess, err = s.calls.acquire(req.GetCallId(), sc.Name())
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer s.calls.release(sess)
+	p, err := sc.Pick(ctx, sess.call)
+	if err != nil {
+		return nil, err
+	}
+	return pickResponse(sess.call.ID, p), nil
+}
+
+// OnNoRunnable implements admissionv1.AdmissionServiceServer.
+func (s *Server) OnNoRunnable(ctx context.Context, req *admissionv1.OnNoRunnableRequest) (*admissionv1.OnNoRunnableResponse, error) {
+	sc, sess, err := s.call(req.GetScope(), req.GetCallId())
+	if err != nil {
+		return nil, err
+	}
+	defer s.calls.release(sess)
+	d, err := sc.OnNoRunnable(ctx, sess.call)
+	if err != nil {
+		return nil, err
+	}
+	return decisionResponse(d), nil
+}
+
+// RecordOutcome implements admissionv1.AdmissionServiceServer.
+func (s *Server) RecordOutcome(ctx context.Context, req *admissionv1.RecordOutcomeRequest) (*admissionv1.RecordOutcomeResponse, error) {
+	sc, sess, err := s.call(req.GetScope(), req.GetCallId())
+	if err != nil {
+		return nil, err
+	}
+	defer s.calls.release(sess)
+	actual := int64(-1)
+	if req.ActualTokens != nil {
+		actual = req.GetActualTokens()
+	}
+	r, err := sc.RecordOutcome(ctx, sess.call, policy.Attempt{
+		PermitID: req.GetPermitId(), Outcome: outcomes[req.GetOutcome()], RetryAfter: req.GetRetryAfterHint().AsDuration(),
+		ActualTokens: actual, HTTPStatus: int(req.GetHttpStatus()), Detail: req.GetDetail(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return recordResponse(r), nil
+}
+
+func (s *Server) call(scope, id string) (*policy.Scope, *session, error) {
+	sc, err := s.Scope(scope)
+	if err != nil {
+		return nil, nil, err
+	}
+	sess, err := s.calls.acquire(id, sc.Name())
+	return sc, sess, err
+}
+
+// RetryAfter implements admissionv1.AdmissionServiceServer.
+func (s *Server) RetryAfter(ctx context.Context, req *admissionv1.RetryAfterRequest) (*admissionv1.RetryAfterResponse, error) {
+	sc, err := s.Scope(req.GetScope())
+	if err != nil {
+		return nil, err
+	}
+	least, views, err := sc.RetryAfter(ctx, req.GetSources())
+	if err != nil {
+		return nil, err
+	}
+	resp := &admissionv1.RetryAfterResponse{RetryAfter: dur(least)}
+	cfg := sc.Config()
+	for _, v := range views {
+		resp.Sources = append(resp.Sources, sourceState(v, nil, cfg))
+	}
+	return resp, nil
+}
+
+// DescribeScope implements admissionv1.AdmissionServiceServer.
+func (s *Server) DescribeScope(ctx context.Context, req *admissionv1.DescribeScopeRequest) (*admissionv1.DescribeScopeResponse, error) {
+	sc, err := s.Scope(req.GetScope())
+	if err != nil {
+		return nil, err
+	}
+	d, err := s.describe(ctx, sc)
+	if err != nil {
+		return nil, err
+	}
+	return &admissionv1.DescribeScopeResponse{Scope: d}, nil
+}
+
+func (s *Server) describe(ctx context.Context, sc *policy.Scope) (*admissionv1.ScopeDescription, error) {
+	d, err := sc.Describe(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return scopeDescription(d, s.calls.liveIn(sc.Name()), s.backendName()), nil
+}
+
+// ListScopes implements admissionv1.AdmissionServiceServer.
+func (s *Server) ListScopes(ctx context.Context, _ *admissionv1.ListScopesRequest) (*admissionv1.ListScopesResponse, error) {
+	resp := &admissionv1.ListScopesResponse{}
+	for _, name := range s.Scopes() {
+		sc, err := s.Scope(name)
+		if err != nil {
+			continue // removed by a reload meanwhile
+		}
+		d, err := s.describe(ctx, sc)
+		if err != nil {
+			return nil, err
+		}
+		resp.Scopes = append(resp.Scopes, d)
+	}
+	return resp, nil
+}
+
+// OverrideBreaker implements admissionv1.AdmissionServiceServer.
+func (s *Server) OverrideBreaker(ctx context.Context, req *admissionv1.OverrideBreakerRequest) (*admissionv1.OverrideBreakerResponse, error) {
+	sc, err := s.Scope(req.GetScope())
+	if err != nil {
+		return nil, err
+	}
+	v, err := sc.Override(ctx, req.GetSource(), actions[req.GetAction()], req.GetActor(), req.GetReason())
+	if err != nil {
+		return nil, err
+	}
+	return &admissionv1.OverrideBreakerResponse{Source: sourceState(v, nil, sc.Config())}, nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
