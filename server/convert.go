@@ -6,8 +6,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/polygate/polygate/config"
-	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 	"github.com/polygate/polygate/gate"
+	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 	"github.com/polygate/polygate/policy"
 )
 

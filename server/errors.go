@@ -11,8 +11,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/protoadapt"
 
-	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 	"github.com/polygate/polygate/gate"
+	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 	"github.com/polygate/polygate/policy"
 )
 
@@ -21,9 +21,9 @@ const ErrorDomain = "polygate.dev"
 
 // Errors of this package; policy and gate errors are mapped beside them.
 var (
-	errUnknownScope   = errors.New("unknown scope")
-	errUnknownCall    = errors.New("unknown or expired call")
-	errTooManyCalls   = errors.New("too many live calls")
+	errUnknownScope    = errors.New("unknown scope")
+	errUnknownCall     = errors.New("unknown or expired call")
+	errTooManyCalls    = errors.New("too many live calls")
 	errUnauthenticated = errors.New("missing or wrong bearer token")
 )
 

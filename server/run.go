@@ -21,9 +21,9 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/polygate/polygate/config"
-	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 	"github.com/polygate/polygate/gate"
 	"github.com/polygate/polygate/gate/inmem"
+	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 )
 
 // stopGrace bounds a graceful stop; RPCs still running after it are cut.

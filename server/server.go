@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/polygate/polygate/config"
-	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 	"github.com/polygate/polygate/gate"
+	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 	"github.com/polygate/polygate/policy"
 )
 
