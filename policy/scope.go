@@ -501,6 +501,11 @@ type Attempt struct {
 	Detail       string
 	// Latency is the attempt's time from grant to report (filled in by RecordOutcome).
 	Latency time.Duration
+	// Number is the attempt's number in the call, from 1; Probe and Epoch
+	// are its permit's (filled in by RecordOutcome, for observers).
+	Number int
+	Probe  bool
+	Epoch  uint64
 }
 
 // Recorded is RecordOutcome's answer.
@@ -558,6 +563,7 @@ func (s *Scope) record(ctx context.Context, c *Call, a Attempt) (Recorded, Attem
 	now := s.now()
 	cfg, _ := s.snapshot()
 	a.Source, a.Latency = p.Source, now.Sub(c.grantedAt)
+	a.Number, a.Probe, a.Epoch = c.attempts, p.Probe, p.Epoch
 	s.remember(p.Source, st.Breaker, now)
 	if src := s.source(p.Source); src != nil {
 		switch a.Outcome {
