@@ -10,6 +10,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -602,6 +603,138 @@ func (x ErrorReason) Number() protoreflect.EnumNumber {
 // Deprecated: Use ErrorReason.Descriptor instead.
 func (ErrorReason) EnumDescriptor() ([]byte, []int) {
 	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{8}
+}
+
+// TransitionCause says why a breaker changed state.
+type TransitionCause int32
+
+const (
+	TransitionCause_TRANSITION_CAUSE_UNSPECIFIED TransitionCause = 0
+	// fail_threshold consecutive failures while CLOSED.
+	TransitionCause_TRANSITION_CAUSE_CONSECUTIVE_FAILURES TransitionCause = 1
+	// At least min_calls attempts in the window failed at fail_rate or more.
+	TransitionCause_TRANSITION_CAUSE_FAILURE_RATE TransitionCause = 2
+	// A SOURCE_DEAD outcome (it may also extend an OPEN: OPEN -> OPEN).
+	TransitionCause_TRANSITION_CAUSE_SOURCE_DEAD TransitionCause = 3
+	// The cooldown ended and an entrant took the probe (OPEN -> HALF_OPEN).
+	TransitionCause_TRANSITION_CAUSE_COOLDOWN_ELAPSED TransitionCause = 4
+	TransitionCause_TRANSITION_CAUSE_PROBE_SUCCEEDED  TransitionCause = 5
+	TransitionCause_TRANSITION_CAUSE_PROBE_FAILED     TransitionCause = 6
+	// An operator reset the breaker.
+	TransitionCause_TRANSITION_CAUSE_RESET TransitionCause = 7
+)
+
+// Enum value maps for TransitionCause.
+var (
+	TransitionCause_name = map[int32]string{
+		0: "TRANSITION_CAUSE_UNSPECIFIED",
+		1: "TRANSITION_CAUSE_CONSECUTIVE_FAILURES",
+		2: "TRANSITION_CAUSE_FAILURE_RATE",
+		3: "TRANSITION_CAUSE_SOURCE_DEAD",
+		4: "TRANSITION_CAUSE_COOLDOWN_ELAPSED",
+		5: "TRANSITION_CAUSE_PROBE_SUCCEEDED",
+		6: "TRANSITION_CAUSE_PROBE_FAILED",
+		7: "TRANSITION_CAUSE_RESET",
+	}
+	TransitionCause_value = map[string]int32{
+		"TRANSITION_CAUSE_UNSPECIFIED":          0,
+		"TRANSITION_CAUSE_CONSECUTIVE_FAILURES": 1,
+		"TRANSITION_CAUSE_FAILURE_RATE":         2,
+		"TRANSITION_CAUSE_SOURCE_DEAD":          3,
+		"TRANSITION_CAUSE_COOLDOWN_ELAPSED":     4,
+		"TRANSITION_CAUSE_PROBE_SUCCEEDED":      5,
+		"TRANSITION_CAUSE_PROBE_FAILED":         6,
+		"TRANSITION_CAUSE_RESET":                7,
+	}
+)
+
+func (x TransitionCause) Enum() *TransitionCause {
+	p := new(TransitionCause)
+	*p = x
+	return p
+}
+
+func (x TransitionCause) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TransitionCause) Descriptor() protoreflect.EnumDescriptor {
+	return file_polygate_admission_v1_admission_proto_enumTypes[9].Descriptor()
+}
+
+func (TransitionCause) Type() protoreflect.EnumType {
+	return &file_polygate_admission_v1_admission_proto_enumTypes[9]
+}
+
+func (x TransitionCause) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TransitionCause.Descriptor instead.
+func (TransitionCause) EnumDescriptor() ([]byte, []int) {
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{9}
+}
+
+// ProbeEventKind is what happened to a HALF_OPEN breaker's probe.
+type ProbeEventKind int32
+
+const (
+	ProbeEventKind_PROBE_EVENT_KIND_UNSPECIFIED ProbeEventKind = 0
+	// An entrant got the probe under a new epoch.
+	ProbeEventKind_PROBE_EVENT_KIND_LEASED ProbeEventKind = 1
+	// The probe's outcome carried a verdict, which closed or reopened the
+	// breaker (published after that transition).
+	ProbeEventKind_PROBE_EVENT_KIND_SETTLED ProbeEventKind = 2
+	// The probe's lease ran out without an outcome; the next entrant probes.
+	ProbeEventKind_PROBE_EVENT_KIND_EXPIRED ProbeEventKind = 3
+	// The probe ended without a verdict (rate limited, client error,
+	// cancelled); the next entrant may probe at once.
+	ProbeEventKind_PROBE_EVENT_KIND_RELEASED ProbeEventKind = 4
+)
+
+// Enum value maps for ProbeEventKind.
+var (
+	ProbeEventKind_name = map[int32]string{
+		0: "PROBE_EVENT_KIND_UNSPECIFIED",
+		1: "PROBE_EVENT_KIND_LEASED",
+		2: "PROBE_EVENT_KIND_SETTLED",
+		3: "PROBE_EVENT_KIND_EXPIRED",
+		4: "PROBE_EVENT_KIND_RELEASED",
+	}
+	ProbeEventKind_value = map[string]int32{
+		"PROBE_EVENT_KIND_UNSPECIFIED": 0,
+		"PROBE_EVENT_KIND_LEASED":      1,
+		"PROBE_EVENT_KIND_SETTLED":     2,
+		"PROBE_EVENT_KIND_EXPIRED":     3,
+		"PROBE_EVENT_KIND_RELEASED":    4,
+	}
+)
+
+func (x ProbeEventKind) Enum() *ProbeEventKind {
+	p := new(ProbeEventKind)
+	*p = x
+	return p
+}
+
+func (x ProbeEventKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ProbeEventKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_polygate_admission_v1_admission_proto_enumTypes[10].Descriptor()
+}
+
+func (ProbeEventKind) Type() protoreflect.EnumType {
+	return &file_polygate_admission_v1_admission_proto_enumTypes[10]
+}
+
+func (x ProbeEventKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ProbeEventKind.Descriptor instead.
+func (ProbeEventKind) EnumDescriptor() ([]byte, []int) {
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{10}
 }
 
 // SourceReason is one source's refusal.
@@ -2597,11 +2730,747 @@ func (x *BreakerConfig) GetProbeTtlDerived() bool {
 	return false
 }
 
+type WatchEventsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The scope to watch; empty: every scope. Backend events that concern
+	// every scope reach every watcher.
+	Scope         string `protobuf:"bytes,1,opt,name=scope,proto3" json:"scope,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchEventsRequest) Reset() {
+	*x = WatchEventsRequest{}
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchEventsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchEventsRequest) ProtoMessage() {}
+
+func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchEventsRequest.ProtoReflect.Descriptor instead.
+func (*WatchEventsRequest) Descriptor() ([]byte, []int) {
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *WatchEventsRequest) GetScope() string {
+	if x != nil {
+		return x.Scope
+	}
+	return ""
+}
+
+// WatchEventsResponse is one event.
+type WatchEventsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The event's number in this sidecar, from 1, in the order events were
+	// published; events are numbered only while at least one watcher is
+	// connected. A gap is events of other scopes, or events this watcher lost.
+	// Events of one source are published in the order its breaker went through
+	// them (use epoch to order events of different replicas).
+	Sequence uint64 `protobuf:"varint,1,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	// When the sidecar published the event.
+	Time *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
+	// The event's scope; empty for a backend event that concerns every scope.
+	Scope string `protobuf:"bytes,3,opt,name=scope,proto3" json:"scope,omitempty"`
+	// Events this watcher lost to its full buffer between the previous event
+	// it received and this one.
+	Dropped uint64 `protobuf:"varint,4,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	// Types that are valid to be assigned to Event:
+	//
+	//	*WatchEventsResponse_BreakerTransition
+	//	*WatchEventsResponse_Probe
+	//	*WatchEventsResponse_StaleOutcome
+	//	*WatchEventsResponse_OverrideChanged
+	//	*WatchEventsResponse_WaitStarted
+	//	*WatchEventsResponse_BackendHealth
+	Event         isWatchEventsResponse_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchEventsResponse) Reset() {
+	*x = WatchEventsResponse{}
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchEventsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchEventsResponse) ProtoMessage() {}
+
+func (x *WatchEventsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchEventsResponse.ProtoReflect.Descriptor instead.
+func (*WatchEventsResponse) Descriptor() ([]byte, []int) {
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *WatchEventsResponse) GetSequence() uint64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
+func (x *WatchEventsResponse) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *WatchEventsResponse) GetScope() string {
+	if x != nil {
+		return x.Scope
+	}
+	return ""
+}
+
+func (x *WatchEventsResponse) GetDropped() uint64 {
+	if x != nil {
+		return x.Dropped
+	}
+	return 0
+}
+
+func (x *WatchEventsResponse) GetEvent() isWatchEventsResponse_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *WatchEventsResponse) GetBreakerTransition() *BreakerTransition {
+	if x != nil {
+		if x, ok := x.Event.(*WatchEventsResponse_BreakerTransition); ok {
+			return x.BreakerTransition
+		}
+	}
+	return nil
+}
+
+func (x *WatchEventsResponse) GetProbe() *ProbeEvent {
+	if x != nil {
+		if x, ok := x.Event.(*WatchEventsResponse_Probe); ok {
+			return x.Probe
+		}
+	}
+	return nil
+}
+
+func (x *WatchEventsResponse) GetStaleOutcome() *StaleOutcome {
+	if x != nil {
+		if x, ok := x.Event.(*WatchEventsResponse_StaleOutcome); ok {
+			return x.StaleOutcome
+		}
+	}
+	return nil
+}
+
+func (x *WatchEventsResponse) GetOverrideChanged() *OverrideChanged {
+	if x != nil {
+		if x, ok := x.Event.(*WatchEventsResponse_OverrideChanged); ok {
+			return x.OverrideChanged
+		}
+	}
+	return nil
+}
+
+func (x *WatchEventsResponse) GetWaitStarted() *WaitStarted {
+	if x != nil {
+		if x, ok := x.Event.(*WatchEventsResponse_WaitStarted); ok {
+			return x.WaitStarted
+		}
+	}
+	return nil
+}
+
+func (x *WatchEventsResponse) GetBackendHealth() *BackendHealth {
+	if x != nil {
+		if x, ok := x.Event.(*WatchEventsResponse_BackendHealth); ok {
+			return x.BackendHealth
+		}
+	}
+	return nil
+}
+
+type isWatchEventsResponse_Event interface {
+	isWatchEventsResponse_Event()
+}
+
+type WatchEventsResponse_BreakerTransition struct {
+	BreakerTransition *BreakerTransition `protobuf:"bytes,5,opt,name=breaker_transition,json=breakerTransition,proto3,oneof"`
+}
+
+type WatchEventsResponse_Probe struct {
+	Probe *ProbeEvent `protobuf:"bytes,6,opt,name=probe,proto3,oneof"`
+}
+
+type WatchEventsResponse_StaleOutcome struct {
+	StaleOutcome *StaleOutcome `protobuf:"bytes,7,opt,name=stale_outcome,json=staleOutcome,proto3,oneof"`
+}
+
+type WatchEventsResponse_OverrideChanged struct {
+	OverrideChanged *OverrideChanged `protobuf:"bytes,8,opt,name=override_changed,json=overrideChanged,proto3,oneof"`
+}
+
+type WatchEventsResponse_WaitStarted struct {
+	WaitStarted *WaitStarted `protobuf:"bytes,9,opt,name=wait_started,json=waitStarted,proto3,oneof"`
+}
+
+type WatchEventsResponse_BackendHealth struct {
+	BackendHealth *BackendHealth `protobuf:"bytes,10,opt,name=backend_health,json=backendHealth,proto3,oneof"`
+}
+
+func (*WatchEventsResponse_BreakerTransition) isWatchEventsResponse_Event() {}
+
+func (*WatchEventsResponse_Probe) isWatchEventsResponse_Event() {}
+
+func (*WatchEventsResponse_StaleOutcome) isWatchEventsResponse_Event() {}
+
+func (*WatchEventsResponse_OverrideChanged) isWatchEventsResponse_Event() {}
+
+func (*WatchEventsResponse_WaitStarted) isWatchEventsResponse_Event() {}
+
+func (*WatchEventsResponse_BackendHealth) isWatchEventsResponse_Event() {}
+
+// BreakerTransition: a source's breaker changed state.
+type BreakerTransition struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Source string                 `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	From   BreakerState           `protobuf:"varint,2,opt,name=from,proto3,enum=polygate.admission.v1.BreakerState" json:"from,omitempty"`
+	To     BreakerState           `protobuf:"varint,3,opt,name=to,proto3,enum=polygate.admission.v1.BreakerState" json:"to,omitempty"`
+	Cause  TransitionCause        `protobuf:"varint,4,opt,name=cause,proto3,enum=polygate.admission.v1.TransitionCause" json:"cause,omitempty"`
+	// The breaker's epoch after the transition.
+	Epoch uint64 `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// Consecutive openings without a successful probe.
+	Reopens int32 `protobuf:"varint,6,opt,name=reopens,proto3" json:"reopens,omitempty"`
+	// How long the breaker stays OPEN, for a transition to OPEN.
+	Cooldown      *durationpb.Duration `protobuf:"bytes,7,opt,name=cooldown,proto3" json:"cooldown,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BreakerTransition) Reset() {
+	*x = BreakerTransition{}
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BreakerTransition) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BreakerTransition) ProtoMessage() {}
+
+func (x *BreakerTransition) ProtoReflect() protoreflect.Message {
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BreakerTransition.ProtoReflect.Descriptor instead.
+func (*BreakerTransition) Descriptor() ([]byte, []int) {
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *BreakerTransition) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *BreakerTransition) GetFrom() BreakerState {
+	if x != nil {
+		return x.From
+	}
+	return BreakerState_BREAKER_STATE_UNSPECIFIED
+}
+
+func (x *BreakerTransition) GetTo() BreakerState {
+	if x != nil {
+		return x.To
+	}
+	return BreakerState_BREAKER_STATE_UNSPECIFIED
+}
+
+func (x *BreakerTransition) GetCause() TransitionCause {
+	if x != nil {
+		return x.Cause
+	}
+	return TransitionCause_TRANSITION_CAUSE_UNSPECIFIED
+}
+
+func (x *BreakerTransition) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *BreakerTransition) GetReopens() int32 {
+	if x != nil {
+		return x.Reopens
+	}
+	return 0
+}
+
+func (x *BreakerTransition) GetCooldown() *durationpb.Duration {
+	if x != nil {
+		return x.Cooldown
+	}
+	return nil
+}
+
+// ProbeEvent: something happened to a source's probe.
+type ProbeEvent struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Source string                 `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	Kind   ProbeEventKind         `protobuf:"varint,2,opt,name=kind,proto3,enum=polygate.admission.v1.ProbeEventKind" json:"kind,omitempty"`
+	// The probe's permit.
+	PermitId string `protobuf:"bytes,3,opt,name=permit_id,json=permitId,proto3" json:"permit_id,omitempty"`
+	// The breaker's epoch after the event (the probe's own epoch for LEASED
+	// and SETTLED).
+	Epoch uint64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// SETTLED only: the call that made the probe, its outcome and the
+	// breaker's state after it.
+	CallId        string       `protobuf:"bytes,5,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	Outcome       Outcome      `protobuf:"varint,6,opt,name=outcome,proto3,enum=polygate.admission.v1.Outcome" json:"outcome,omitempty"`
+	State         BreakerState `protobuf:"varint,7,opt,name=state,proto3,enum=polygate.admission.v1.BreakerState" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProbeEvent) Reset() {
+	*x = ProbeEvent{}
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProbeEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProbeEvent) ProtoMessage() {}
+
+func (x *ProbeEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProbeEvent.ProtoReflect.Descriptor instead.
+func (*ProbeEvent) Descriptor() ([]byte, []int) {
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ProbeEvent) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *ProbeEvent) GetKind() ProbeEventKind {
+	if x != nil {
+		return x.Kind
+	}
+	return ProbeEventKind_PROBE_EVENT_KIND_UNSPECIFIED
+}
+
+func (x *ProbeEvent) GetPermitId() string {
+	if x != nil {
+		return x.PermitId
+	}
+	return ""
+}
+
+func (x *ProbeEvent) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ProbeEvent) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+func (x *ProbeEvent) GetOutcome() Outcome {
+	if x != nil {
+		return x.Outcome
+	}
+	return Outcome_OUTCOME_UNSPECIFIED
+}
+
+func (x *ProbeEvent) GetState() BreakerState {
+	if x != nil {
+		return x.State
+	}
+	return BreakerState_BREAKER_STATE_UNSPECIFIED
+}
+
+// StaleOutcome: an outcome of an ended round of the breaker arrived and
+// changed nothing.
+type StaleOutcome struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Source   string                 `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	PermitId string                 `protobuf:"bytes,2,opt,name=permit_id,json=permitId,proto3" json:"permit_id,omitempty"`
+	// The breaker's epoch and state when the outcome arrived.
+	Epoch         uint64       `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	State         BreakerState `protobuf:"varint,4,opt,name=state,proto3,enum=polygate.admission.v1.BreakerState" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StaleOutcome) Reset() {
+	*x = StaleOutcome{}
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StaleOutcome) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StaleOutcome) ProtoMessage() {}
+
+func (x *StaleOutcome) ProtoReflect() protoreflect.Message {
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StaleOutcome.ProtoReflect.Descriptor instead.
+func (*StaleOutcome) Descriptor() ([]byte, []int) {
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *StaleOutcome) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *StaleOutcome) GetPermitId() string {
+	if x != nil {
+		return x.PermitId
+	}
+	return ""
+}
+
+func (x *StaleOutcome) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *StaleOutcome) GetState() BreakerState {
+	if x != nil {
+		return x.State
+	}
+	return BreakerState_BREAKER_STATE_UNSPECIFIED
+}
+
+// OverrideChanged: an operator set or cleared an override, or reset the
+// breaker (a reset of a breaker that was not CLOSED also publishes its
+// transition).
+type OverrideChanged struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Source string                 `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	// The override in force now; UNSPECIFIED when cleared or reset.
+	Override Override `protobuf:"varint,2,opt,name=override,proto3,enum=polygate.admission.v1.Override" json:"override,omitempty"`
+	// Who asked, and why.
+	Actor  string `protobuf:"bytes,3,opt,name=actor,proto3" json:"actor,omitempty"`
+	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The breaker's automatic state and epoch after the action.
+	State         BreakerState `protobuf:"varint,5,opt,name=state,proto3,enum=polygate.admission.v1.BreakerState" json:"state,omitempty"`
+	Epoch         uint64       `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OverrideChanged) Reset() {
+	*x = OverrideChanged{}
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OverrideChanged) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OverrideChanged) ProtoMessage() {}
+
+func (x *OverrideChanged) ProtoReflect() protoreflect.Message {
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OverrideChanged.ProtoReflect.Descriptor instead.
+func (*OverrideChanged) Descriptor() ([]byte, []int) {
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *OverrideChanged) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *OverrideChanged) GetOverride() Override {
+	if x != nil {
+		return x.Override
+	}
+	return Override_OVERRIDE_UNSPECIFIED
+}
+
+func (x *OverrideChanged) GetActor() string {
+	if x != nil {
+		return x.Actor
+	}
+	return ""
+}
+
+func (x *OverrideChanged) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *OverrideChanged) GetState() BreakerState {
+	if x != nil {
+		return x.State
+	}
+	return BreakerState_BREAKER_STATE_UNSPECIFIED
+}
+
+func (x *OverrideChanged) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+// WaitStarted: a call was refused by every source and starts waiting (the
+// first Wait after the call opened or after a grant; the polls that follow
+// are not published).
+type WaitStarted struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	CallId string                 `protobuf:"bytes,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	// The sleep OnNoRunnable decided, before any early wake-up.
+	Sleep *durationpb.Duration `protobuf:"bytes,2,opt,name=sleep,proto3" json:"sleep,omitempty"`
+	// Sources refused by breaker or cooldown memo.
+	GateRejections   int32           `protobuf:"varint,3,opt,name=gate_rejections,json=gateRejections,proto3" json:"gate_rejections,omitempty"`
+	PerSourceReasons []*SourceReason `protobuf:"bytes,4,rep,name=per_source_reasons,json=perSourceReasons,proto3" json:"per_source_reasons,omitempty"`
+	// Attempts the call made so far.
+	Attempts      int32 `protobuf:"varint,5,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitStarted) Reset() {
+	*x = WaitStarted{}
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitStarted) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitStarted) ProtoMessage() {}
+
+func (x *WaitStarted) ProtoReflect() protoreflect.Message {
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitStarted.ProtoReflect.Descriptor instead.
+func (*WaitStarted) Descriptor() ([]byte, []int) {
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *WaitStarted) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+func (x *WaitStarted) GetSleep() *durationpb.Duration {
+	if x != nil {
+		return x.Sleep
+	}
+	return nil
+}
+
+func (x *WaitStarted) GetGateRejections() int32 {
+	if x != nil {
+		return x.GateRejections
+	}
+	return 0
+}
+
+func (x *WaitStarted) GetPerSourceReasons() []*SourceReason {
+	if x != nil {
+		return x.PerSourceReasons
+	}
+	return nil
+}
+
+func (x *WaitStarted) GetAttempts() int32 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+// BackendHealth: the shared backend became unreachable or came back.
+type BackendHealth struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The backend, e.g. "redis".
+	Backend string `protobuf:"bytes,1,opt,name=backend,proto3" json:"backend,omitempty"`
+	// true: degraded (scopes fail closed, or a local gate serves); false:
+	// recovered.
+	Degraded bool `protobuf:"varint,2,opt,name=degraded,proto3" json:"degraded,omitempty"`
+	// What happened, e.g. the error, and what serves meanwhile.
+	Detail        string `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackendHealth) Reset() {
+	*x = BackendHealth{}
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackendHealth) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackendHealth) ProtoMessage() {}
+
+func (x *BackendHealth) ProtoReflect() protoreflect.Message {
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackendHealth.ProtoReflect.Descriptor instead.
+func (*BackendHealth) Descriptor() ([]byte, []int) {
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *BackendHealth) GetBackend() string {
+	if x != nil {
+		return x.Backend
+	}
+	return ""
+}
+
+func (x *BackendHealth) GetDegraded() bool {
+	if x != nil {
+		return x.Degraded
+	}
+	return false
+}
+
+func (x *BackendHealth) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
 var File_polygate_admission_v1_admission_proto protoreflect.FileDescriptor
 
 const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\n" +
-	"%polygate/admission/v1/admission.proto\x12\x15polygate.admission.v1\x1a\x1egoogle/protobuf/duration.proto\"\x99\x01\n" +
+	"%polygate/admission/v1/admission.proto\x12\x15polygate.admission.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x99\x01\n" +
 	"\fSourceReason\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x125\n" +
 	"\x06reason\x18\x02 \x01(\x0e2\x1d.polygate.admission.v1.ReasonR\x06reason\x12:\n" +
@@ -2766,7 +3635,61 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\bcooldown\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\bcooldown\x12<\n" +
 	"\fmax_cooldown\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\vmaxCooldown\x126\n" +
 	"\tprobe_ttl\x18\a \x01(\v2\x19.google.protobuf.DurationR\bprobeTtl\x12*\n" +
-	"\x11probe_ttl_derived\x18\b \x01(\bR\x0fprobeTtlDerived*\xb2\x01\n" +
+	"\x11probe_ttl_derived\x18\b \x01(\bR\x0fprobeTtlDerived\"*\n" +
+	"\x12WatchEventsRequest\x12\x14\n" +
+	"\x05scope\x18\x01 \x01(\tR\x05scope\"\xe9\x04\n" +
+	"\x13WatchEventsResponse\x12\x1a\n" +
+	"\bsequence\x18\x01 \x01(\x04R\bsequence\x12.\n" +
+	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x14\n" +
+	"\x05scope\x18\x03 \x01(\tR\x05scope\x12\x18\n" +
+	"\adropped\x18\x04 \x01(\x04R\adropped\x12Y\n" +
+	"\x12breaker_transition\x18\x05 \x01(\v2(.polygate.admission.v1.BreakerTransitionH\x00R\x11breakerTransition\x129\n" +
+	"\x05probe\x18\x06 \x01(\v2!.polygate.admission.v1.ProbeEventH\x00R\x05probe\x12J\n" +
+	"\rstale_outcome\x18\a \x01(\v2#.polygate.admission.v1.StaleOutcomeH\x00R\fstaleOutcome\x12S\n" +
+	"\x10override_changed\x18\b \x01(\v2&.polygate.admission.v1.OverrideChangedH\x00R\x0foverrideChanged\x12G\n" +
+	"\fwait_started\x18\t \x01(\v2\".polygate.admission.v1.WaitStartedH\x00R\vwaitStarted\x12M\n" +
+	"\x0ebackend_health\x18\n" +
+	" \x01(\v2$.polygate.admission.v1.BackendHealthH\x00R\rbackendHealthB\a\n" +
+	"\x05event\"\xbe\x02\n" +
+	"\x11BreakerTransition\x12\x16\n" +
+	"\x06source\x18\x01 \x01(\tR\x06source\x127\n" +
+	"\x04from\x18\x02 \x01(\x0e2#.polygate.admission.v1.BreakerStateR\x04from\x123\n" +
+	"\x02to\x18\x03 \x01(\x0e2#.polygate.admission.v1.BreakerStateR\x02to\x12<\n" +
+	"\x05cause\x18\x04 \x01(\x0e2&.polygate.admission.v1.TransitionCauseR\x05cause\x12\x14\n" +
+	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\x12\x18\n" +
+	"\areopens\x18\x06 \x01(\x05R\areopens\x125\n" +
+	"\bcooldown\x18\a \x01(\v2\x19.google.protobuf.DurationR\bcooldown\"\xa0\x02\n" +
+	"\n" +
+	"ProbeEvent\x12\x16\n" +
+	"\x06source\x18\x01 \x01(\tR\x06source\x129\n" +
+	"\x04kind\x18\x02 \x01(\x0e2%.polygate.admission.v1.ProbeEventKindR\x04kind\x12\x1b\n" +
+	"\tpermit_id\x18\x03 \x01(\tR\bpermitId\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12\x17\n" +
+	"\acall_id\x18\x05 \x01(\tR\x06callId\x128\n" +
+	"\aoutcome\x18\x06 \x01(\x0e2\x1e.polygate.admission.v1.OutcomeR\aoutcome\x129\n" +
+	"\x05state\x18\a \x01(\x0e2#.polygate.admission.v1.BreakerStateR\x05state\"\x94\x01\n" +
+	"\fStaleOutcome\x12\x16\n" +
+	"\x06source\x18\x01 \x01(\tR\x06source\x12\x1b\n" +
+	"\tpermit_id\x18\x02 \x01(\tR\bpermitId\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x129\n" +
+	"\x05state\x18\x04 \x01(\x0e2#.polygate.admission.v1.BreakerStateR\x05state\"\xe5\x01\n" +
+	"\x0fOverrideChanged\x12\x16\n" +
+	"\x06source\x18\x01 \x01(\tR\x06source\x12;\n" +
+	"\boverride\x18\x02 \x01(\x0e2\x1f.polygate.admission.v1.OverrideR\boverride\x12\x14\n" +
+	"\x05actor\x18\x03 \x01(\tR\x05actor\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x129\n" +
+	"\x05state\x18\x05 \x01(\x0e2#.polygate.admission.v1.BreakerStateR\x05state\x12\x14\n" +
+	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\"\xef\x01\n" +
+	"\vWaitStarted\x12\x17\n" +
+	"\acall_id\x18\x01 \x01(\tR\x06callId\x12/\n" +
+	"\x05sleep\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05sleep\x12'\n" +
+	"\x0fgate_rejections\x18\x03 \x01(\x05R\x0egateRejections\x12Q\n" +
+	"\x12per_source_reasons\x18\x04 \x03(\v2#.polygate.admission.v1.SourceReasonR\x10perSourceReasons\x12\x1a\n" +
+	"\battempts\x18\x05 \x01(\x05R\battempts\"]\n" +
+	"\rBackendHealth\x12\x18\n" +
+	"\abackend\x18\x01 \x01(\tR\abackend\x12\x1a\n" +
+	"\bdegraded\x18\x02 \x01(\bR\bdegraded\x12\x16\n" +
+	"\x06detail\x18\x03 \x01(\tR\x06detail*\xb2\x01\n" +
 	"\aOutcome\x12\x17\n" +
 	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fOUTCOME_SUCCESS\x10\x01\x12\x15\n" +
@@ -2834,7 +3757,22 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\x12$\n" +
 	" ERROR_REASON_BACKEND_UNAVAILABLE\x10\v\x12 \n" +
 	"\x1cERROR_REASON_UNAUTHENTICATED\x10\f\x12\x19\n" +
-	"\x15ERROR_REASON_INTERNAL\x10\r2\xdc\x05\n" +
+	"\x15ERROR_REASON_INTERNAL\x10\r*\xaf\x02\n" +
+	"\x0fTransitionCause\x12 \n" +
+	"\x1cTRANSITION_CAUSE_UNSPECIFIED\x10\x00\x12)\n" +
+	"%TRANSITION_CAUSE_CONSECUTIVE_FAILURES\x10\x01\x12!\n" +
+	"\x1dTRANSITION_CAUSE_FAILURE_RATE\x10\x02\x12 \n" +
+	"\x1cTRANSITION_CAUSE_SOURCE_DEAD\x10\x03\x12%\n" +
+	"!TRANSITION_CAUSE_COOLDOWN_ELAPSED\x10\x04\x12$\n" +
+	" TRANSITION_CAUSE_PROBE_SUCCEEDED\x10\x05\x12!\n" +
+	"\x1dTRANSITION_CAUSE_PROBE_FAILED\x10\x06\x12\x1a\n" +
+	"\x16TRANSITION_CAUSE_RESET\x10\a*\xaa\x01\n" +
+	"\x0eProbeEventKind\x12 \n" +
+	"\x1cPROBE_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17PROBE_EVENT_KIND_LEASED\x10\x01\x12\x1c\n" +
+	"\x18PROBE_EVENT_KIND_SETTLED\x10\x02\x12\x1c\n" +
+	"\x18PROBE_EVENT_KIND_EXPIRED\x10\x03\x12\x1d\n" +
+	"\x19PROBE_EVENT_KIND_RELEASED\x10\x042\xc4\x06\n" +
 	"\x10AdmissionService\x12O\n" +
 	"\x04Pick\x12\".polygate.admission.v1.PickRequest\x1a#.polygate.admission.v1.PickResponse\x12g\n" +
 	"\fOnNoRunnable\x12*.polygate.admission.v1.OnNoRunnableRequest\x1a+.polygate.admission.v1.OnNoRunnableResponse\x12j\n" +
@@ -2844,7 +3782,8 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\rDescribeScope\x12+.polygate.admission.v1.DescribeScopeRequest\x1a,.polygate.admission.v1.DescribeScopeResponse\x12a\n" +
 	"\n" +
 	"ListScopes\x12(.polygate.admission.v1.ListScopesRequest\x1a).polygate.admission.v1.ListScopesResponse\x12p\n" +
-	"\x0fOverrideBreaker\x12-.polygate.admission.v1.OverrideBreakerRequest\x1a..polygate.admission.v1.OverrideBreakerResponseBDZBgithub.com/polygate/polygate/gen/polygate/admission/v1;admissionv1b\x06proto3"
+	"\x0fOverrideBreaker\x12-.polygate.admission.v1.OverrideBreakerRequest\x1a..polygate.admission.v1.OverrideBreakerResponse\x12f\n" +
+	"\vWatchEvents\x12).polygate.admission.v1.WatchEventsRequest\x1a*.polygate.admission.v1.WatchEventsResponse0\x01BDZBgithub.com/polygate/polygate/gen/polygate/admission/v1;admissionv1b\x06proto3"
 
 var (
 	file_polygate_admission_v1_admission_proto_rawDescOnce sync.Once
@@ -2858,8 +3797,8 @@ func file_polygate_admission_v1_admission_proto_rawDescGZIP() []byte {
 	return file_polygate_admission_v1_admission_proto_rawDescData
 }
 
-var file_polygate_admission_v1_admission_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_polygate_admission_v1_admission_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_polygate_admission_v1_admission_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
+var file_polygate_admission_v1_admission_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_polygate_admission_v1_admission_proto_goTypes = []any{
 	(Outcome)(0),                    // 0: polygate.admission.v1.Outcome
 	(Reason)(0),                     // 1: polygate.admission.v1.Reason
@@ -2870,113 +3809,145 @@ var file_polygate_admission_v1_admission_proto_goTypes = []any{
 	(OutcomeEffect)(0),              // 6: polygate.admission.v1.OutcomeEffect
 	(OnRefusal)(0),                  // 7: polygate.admission.v1.OnRefusal
 	(ErrorReason)(0),                // 8: polygate.admission.v1.ErrorReason
-	(*SourceReason)(nil),            // 9: polygate.admission.v1.SourceReason
-	(*PickRequest)(nil),             // 10: polygate.admission.v1.PickRequest
-	(*PickResponse)(nil),            // 11: polygate.admission.v1.PickResponse
-	(*Grant)(nil),                   // 12: polygate.admission.v1.Grant
-	(*NoRunnable)(nil),              // 13: polygate.admission.v1.NoRunnable
-	(*Failure)(nil),                 // 14: polygate.admission.v1.Failure
-	(*OnNoRunnableRequest)(nil),     // 15: polygate.admission.v1.OnNoRunnableRequest
-	(*OnNoRunnableResponse)(nil),    // 16: polygate.admission.v1.OnNoRunnableResponse
-	(*Wait)(nil),                    // 17: polygate.admission.v1.Wait
-	(*RecordOutcomeRequest)(nil),    // 18: polygate.admission.v1.RecordOutcomeRequest
-	(*RecordOutcomeResponse)(nil),   // 19: polygate.admission.v1.RecordOutcomeResponse
-	(*Done)(nil),                    // 20: polygate.admission.v1.Done
-	(*Retry)(nil),                   // 21: polygate.admission.v1.Retry
-	(*RetryAfterRequest)(nil),       // 22: polygate.admission.v1.RetryAfterRequest
-	(*RetryAfterResponse)(nil),      // 23: polygate.admission.v1.RetryAfterResponse
-	(*DescribeScopeRequest)(nil),    // 24: polygate.admission.v1.DescribeScopeRequest
-	(*DescribeScopeResponse)(nil),   // 25: polygate.admission.v1.DescribeScopeResponse
-	(*ListScopesRequest)(nil),       // 26: polygate.admission.v1.ListScopesRequest
-	(*ListScopesResponse)(nil),      // 27: polygate.admission.v1.ListScopesResponse
-	(*OverrideBreakerRequest)(nil),  // 28: polygate.admission.v1.OverrideBreakerRequest
-	(*OverrideBreakerResponse)(nil), // 29: polygate.admission.v1.OverrideBreakerResponse
-	(*ScopeDescription)(nil),        // 30: polygate.admission.v1.ScopeDescription
-	(*SourceState)(nil),             // 31: polygate.admission.v1.SourceState
-	(*ScopeConfig)(nil),             // 32: polygate.admission.v1.ScopeConfig
-	(*SourceConfig)(nil),            // 33: polygate.admission.v1.SourceConfig
-	(*BreakerConfig)(nil),           // 34: polygate.admission.v1.BreakerConfig
-	nil,                             // 35: polygate.admission.v1.Grant.AttributesEntry
-	nil,                             // 36: polygate.admission.v1.SourceConfig.AttributesEntry
-	(*durationpb.Duration)(nil),     // 37: google.protobuf.Duration
+	(TransitionCause)(0),            // 9: polygate.admission.v1.TransitionCause
+	(ProbeEventKind)(0),             // 10: polygate.admission.v1.ProbeEventKind
+	(*SourceReason)(nil),            // 11: polygate.admission.v1.SourceReason
+	(*PickRequest)(nil),             // 12: polygate.admission.v1.PickRequest
+	(*PickResponse)(nil),            // 13: polygate.admission.v1.PickResponse
+	(*Grant)(nil),                   // 14: polygate.admission.v1.Grant
+	(*NoRunnable)(nil),              // 15: polygate.admission.v1.NoRunnable
+	(*Failure)(nil),                 // 16: polygate.admission.v1.Failure
+	(*OnNoRunnableRequest)(nil),     // 17: polygate.admission.v1.OnNoRunnableRequest
+	(*OnNoRunnableResponse)(nil),    // 18: polygate.admission.v1.OnNoRunnableResponse
+	(*Wait)(nil),                    // 19: polygate.admission.v1.Wait
+	(*RecordOutcomeRequest)(nil),    // 20: polygate.admission.v1.RecordOutcomeRequest
+	(*RecordOutcomeResponse)(nil),   // 21: polygate.admission.v1.RecordOutcomeResponse
+	(*Done)(nil),                    // 22: polygate.admission.v1.Done
+	(*Retry)(nil),                   // 23: polygate.admission.v1.Retry
+	(*RetryAfterRequest)(nil),       // 24: polygate.admission.v1.RetryAfterRequest
+	(*RetryAfterResponse)(nil),      // 25: polygate.admission.v1.RetryAfterResponse
+	(*DescribeScopeRequest)(nil),    // 26: polygate.admission.v1.DescribeScopeRequest
+	(*DescribeScopeResponse)(nil),   // 27: polygate.admission.v1.DescribeScopeResponse
+	(*ListScopesRequest)(nil),       // 28: polygate.admission.v1.ListScopesRequest
+	(*ListScopesResponse)(nil),      // 29: polygate.admission.v1.ListScopesResponse
+	(*OverrideBreakerRequest)(nil),  // 30: polygate.admission.v1.OverrideBreakerRequest
+	(*OverrideBreakerResponse)(nil), // 31: polygate.admission.v1.OverrideBreakerResponse
+	(*ScopeDescription)(nil),        // 32: polygate.admission.v1.ScopeDescription
+	(*SourceState)(nil),             // 33: polygate.admission.v1.SourceState
+	(*ScopeConfig)(nil),             // 34: polygate.admission.v1.ScopeConfig
+	(*SourceConfig)(nil),            // 35: polygate.admission.v1.SourceConfig
+	(*BreakerConfig)(nil),           // 36: polygate.admission.v1.BreakerConfig
+	(*WatchEventsRequest)(nil),      // 37: polygate.admission.v1.WatchEventsRequest
+	(*WatchEventsResponse)(nil),     // 38: polygate.admission.v1.WatchEventsResponse
+	(*BreakerTransition)(nil),       // 39: polygate.admission.v1.BreakerTransition
+	(*ProbeEvent)(nil),              // 40: polygate.admission.v1.ProbeEvent
+	(*StaleOutcome)(nil),            // 41: polygate.admission.v1.StaleOutcome
+	(*OverrideChanged)(nil),         // 42: polygate.admission.v1.OverrideChanged
+	(*WaitStarted)(nil),             // 43: polygate.admission.v1.WaitStarted
+	(*BackendHealth)(nil),           // 44: polygate.admission.v1.BackendHealth
+	nil,                             // 45: polygate.admission.v1.Grant.AttributesEntry
+	nil,                             // 46: polygate.admission.v1.SourceConfig.AttributesEntry
+	(*durationpb.Duration)(nil),     // 47: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 48: google.protobuf.Timestamp
 }
 var file_polygate_admission_v1_admission_proto_depIdxs = []int32{
 	1,  // 0: polygate.admission.v1.SourceReason.reason:type_name -> polygate.admission.v1.Reason
-	37, // 1: polygate.admission.v1.SourceReason.retry_after:type_name -> google.protobuf.Duration
-	37, // 2: polygate.admission.v1.PickRequest.deadline:type_name -> google.protobuf.Duration
-	12, // 3: polygate.admission.v1.PickResponse.grant:type_name -> polygate.admission.v1.Grant
-	13, // 4: polygate.admission.v1.PickResponse.no_runnable:type_name -> polygate.admission.v1.NoRunnable
-	14, // 5: polygate.admission.v1.PickResponse.failure:type_name -> polygate.admission.v1.Failure
-	35, // 6: polygate.admission.v1.Grant.attributes:type_name -> polygate.admission.v1.Grant.AttributesEntry
-	37, // 7: polygate.admission.v1.Grant.lease:type_name -> google.protobuf.Duration
-	37, // 8: polygate.admission.v1.Grant.timeout:type_name -> google.protobuf.Duration
-	9,  // 9: polygate.admission.v1.Grant.skipped:type_name -> polygate.admission.v1.SourceReason
-	9,  // 10: polygate.admission.v1.NoRunnable.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
+	47, // 1: polygate.admission.v1.SourceReason.retry_after:type_name -> google.protobuf.Duration
+	47, // 2: polygate.admission.v1.PickRequest.deadline:type_name -> google.protobuf.Duration
+	14, // 3: polygate.admission.v1.PickResponse.grant:type_name -> polygate.admission.v1.Grant
+	15, // 4: polygate.admission.v1.PickResponse.no_runnable:type_name -> polygate.admission.v1.NoRunnable
+	16, // 5: polygate.admission.v1.PickResponse.failure:type_name -> polygate.admission.v1.Failure
+	45, // 6: polygate.admission.v1.Grant.attributes:type_name -> polygate.admission.v1.Grant.AttributesEntry
+	47, // 7: polygate.admission.v1.Grant.lease:type_name -> google.protobuf.Duration
+	47, // 8: polygate.admission.v1.Grant.timeout:type_name -> google.protobuf.Duration
+	11, // 9: polygate.admission.v1.Grant.skipped:type_name -> polygate.admission.v1.SourceReason
+	11, // 10: polygate.admission.v1.NoRunnable.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
 	2,  // 11: polygate.admission.v1.Failure.reason:type_name -> polygate.admission.v1.FailureReason
-	37, // 12: polygate.admission.v1.Failure.retry_after:type_name -> google.protobuf.Duration
-	9,  // 13: polygate.admission.v1.Failure.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
-	17, // 14: polygate.admission.v1.OnNoRunnableResponse.wait:type_name -> polygate.admission.v1.Wait
-	14, // 15: polygate.admission.v1.OnNoRunnableResponse.failure:type_name -> polygate.admission.v1.Failure
-	37, // 16: polygate.admission.v1.Wait.sleep:type_name -> google.protobuf.Duration
-	37, // 17: polygate.admission.v1.Wait.slept:type_name -> google.protobuf.Duration
+	47, // 12: polygate.admission.v1.Failure.retry_after:type_name -> google.protobuf.Duration
+	11, // 13: polygate.admission.v1.Failure.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
+	19, // 14: polygate.admission.v1.OnNoRunnableResponse.wait:type_name -> polygate.admission.v1.Wait
+	16, // 15: polygate.admission.v1.OnNoRunnableResponse.failure:type_name -> polygate.admission.v1.Failure
+	47, // 16: polygate.admission.v1.Wait.sleep:type_name -> google.protobuf.Duration
+	47, // 17: polygate.admission.v1.Wait.slept:type_name -> google.protobuf.Duration
 	0,  // 18: polygate.admission.v1.RecordOutcomeRequest.outcome:type_name -> polygate.admission.v1.Outcome
-	37, // 19: polygate.admission.v1.RecordOutcomeRequest.retry_after_hint:type_name -> google.protobuf.Duration
-	20, // 20: polygate.admission.v1.RecordOutcomeResponse.done:type_name -> polygate.admission.v1.Done
-	21, // 21: polygate.admission.v1.RecordOutcomeResponse.retry:type_name -> polygate.admission.v1.Retry
-	14, // 22: polygate.admission.v1.RecordOutcomeResponse.failure:type_name -> polygate.admission.v1.Failure
+	47, // 19: polygate.admission.v1.RecordOutcomeRequest.retry_after_hint:type_name -> google.protobuf.Duration
+	22, // 20: polygate.admission.v1.RecordOutcomeResponse.done:type_name -> polygate.admission.v1.Done
+	23, // 21: polygate.admission.v1.RecordOutcomeResponse.retry:type_name -> polygate.admission.v1.Retry
+	16, // 22: polygate.admission.v1.RecordOutcomeResponse.failure:type_name -> polygate.admission.v1.Failure
 	6,  // 23: polygate.admission.v1.RecordOutcomeResponse.effect:type_name -> polygate.admission.v1.OutcomeEffect
 	3,  // 24: polygate.admission.v1.RecordOutcomeResponse.breaker_state:type_name -> polygate.admission.v1.BreakerState
-	37, // 25: polygate.admission.v1.Retry.backoff:type_name -> google.protobuf.Duration
-	37, // 26: polygate.admission.v1.RetryAfterResponse.retry_after:type_name -> google.protobuf.Duration
-	31, // 27: polygate.admission.v1.RetryAfterResponse.sources:type_name -> polygate.admission.v1.SourceState
-	30, // 28: polygate.admission.v1.DescribeScopeResponse.scope:type_name -> polygate.admission.v1.ScopeDescription
-	30, // 29: polygate.admission.v1.ListScopesResponse.scopes:type_name -> polygate.admission.v1.ScopeDescription
+	47, // 25: polygate.admission.v1.Retry.backoff:type_name -> google.protobuf.Duration
+	47, // 26: polygate.admission.v1.RetryAfterResponse.retry_after:type_name -> google.protobuf.Duration
+	33, // 27: polygate.admission.v1.RetryAfterResponse.sources:type_name -> polygate.admission.v1.SourceState
+	32, // 28: polygate.admission.v1.DescribeScopeResponse.scope:type_name -> polygate.admission.v1.ScopeDescription
+	32, // 29: polygate.admission.v1.ListScopesResponse.scopes:type_name -> polygate.admission.v1.ScopeDescription
 	5,  // 30: polygate.admission.v1.OverrideBreakerRequest.action:type_name -> polygate.admission.v1.OverrideAction
-	31, // 31: polygate.admission.v1.OverrideBreakerResponse.source:type_name -> polygate.admission.v1.SourceState
-	32, // 32: polygate.admission.v1.ScopeDescription.config:type_name -> polygate.admission.v1.ScopeConfig
-	31, // 33: polygate.admission.v1.ScopeDescription.sources:type_name -> polygate.admission.v1.SourceState
-	37, // 34: polygate.admission.v1.ScopeDescription.progress_age:type_name -> google.protobuf.Duration
+	33, // 31: polygate.admission.v1.OverrideBreakerResponse.source:type_name -> polygate.admission.v1.SourceState
+	34, // 32: polygate.admission.v1.ScopeDescription.config:type_name -> polygate.admission.v1.ScopeConfig
+	33, // 33: polygate.admission.v1.ScopeDescription.sources:type_name -> polygate.admission.v1.SourceState
+	47, // 34: polygate.admission.v1.ScopeDescription.progress_age:type_name -> google.protobuf.Duration
 	3,  // 35: polygate.admission.v1.SourceState.state:type_name -> polygate.admission.v1.BreakerState
 	1,  // 36: polygate.admission.v1.SourceState.reason:type_name -> polygate.admission.v1.Reason
-	37, // 37: polygate.admission.v1.SourceState.retry_after:type_name -> google.protobuf.Duration
-	37, // 38: polygate.admission.v1.SourceState.probe_left:type_name -> google.protobuf.Duration
+	47, // 37: polygate.admission.v1.SourceState.retry_after:type_name -> google.protobuf.Duration
+	47, // 38: polygate.admission.v1.SourceState.probe_left:type_name -> google.protobuf.Duration
 	4,  // 39: polygate.admission.v1.SourceState.override:type_name -> polygate.admission.v1.Override
-	37, // 40: polygate.admission.v1.SourceState.cooldown_memo:type_name -> google.protobuf.Duration
-	33, // 41: polygate.admission.v1.SourceState.config:type_name -> polygate.admission.v1.SourceConfig
+	47, // 40: polygate.admission.v1.SourceState.cooldown_memo:type_name -> google.protobuf.Duration
+	35, // 41: polygate.admission.v1.SourceState.config:type_name -> polygate.admission.v1.SourceConfig
 	7,  // 42: polygate.admission.v1.ScopeConfig.circuit_open:type_name -> polygate.admission.v1.OnRefusal
 	7,  // 43: polygate.admission.v1.ScopeConfig.quota_full:type_name -> polygate.admission.v1.OnRefusal
-	37, // 44: polygate.admission.v1.ScopeConfig.backoff_base:type_name -> google.protobuf.Duration
-	37, // 45: polygate.admission.v1.ScopeConfig.backoff_max:type_name -> google.protobuf.Duration
-	37, // 46: polygate.admission.v1.ScopeConfig.stall_window:type_name -> google.protobuf.Duration
-	37, // 47: polygate.admission.v1.ScopeConfig.poll_interval:type_name -> google.protobuf.Duration
-	37, // 48: polygate.admission.v1.ScopeConfig.lease_grace:type_name -> google.protobuf.Duration
-	37, // 49: polygate.admission.v1.SourceConfig.timeout:type_name -> google.protobuf.Duration
-	37, // 50: polygate.admission.v1.SourceConfig.lease:type_name -> google.protobuf.Duration
-	36, // 51: polygate.admission.v1.SourceConfig.attributes:type_name -> polygate.admission.v1.SourceConfig.AttributesEntry
-	34, // 52: polygate.admission.v1.SourceConfig.breaker:type_name -> polygate.admission.v1.BreakerConfig
-	37, // 53: polygate.admission.v1.BreakerConfig.window:type_name -> google.protobuf.Duration
-	37, // 54: polygate.admission.v1.BreakerConfig.cooldown:type_name -> google.protobuf.Duration
-	37, // 55: polygate.admission.v1.BreakerConfig.max_cooldown:type_name -> google.protobuf.Duration
-	37, // 56: polygate.admission.v1.BreakerConfig.probe_ttl:type_name -> google.protobuf.Duration
-	10, // 57: polygate.admission.v1.AdmissionService.Pick:input_type -> polygate.admission.v1.PickRequest
-	15, // 58: polygate.admission.v1.AdmissionService.OnNoRunnable:input_type -> polygate.admission.v1.OnNoRunnableRequest
-	18, // 59: polygate.admission.v1.AdmissionService.RecordOutcome:input_type -> polygate.admission.v1.RecordOutcomeRequest
-	22, // 60: polygate.admission.v1.AdmissionService.RetryAfter:input_type -> polygate.admission.v1.RetryAfterRequest
-	24, // 61: polygate.admission.v1.AdmissionService.DescribeScope:input_type -> polygate.admission.v1.DescribeScopeRequest
-	26, // 62: polygate.admission.v1.AdmissionService.ListScopes:input_type -> polygate.admission.v1.ListScopesRequest
-	28, // 63: polygate.admission.v1.AdmissionService.OverrideBreaker:input_type -> polygate.admission.v1.OverrideBreakerRequest
-	11, // 64: polygate.admission.v1.AdmissionService.Pick:output_type -> polygate.admission.v1.PickResponse
-	16, // 65: polygate.admission.v1.AdmissionService.OnNoRunnable:output_type -> polygate.admission.v1.OnNoRunnableResponse
-	19, // 66: polygate.admission.v1.AdmissionService.RecordOutcome:output_type -> polygate.admission.v1.RecordOutcomeResponse
-	23, // 67: polygate.admission.v1.AdmissionService.RetryAfter:output_type -> polygate.admission.v1.RetryAfterResponse
-	25, // 68: polygate.admission.v1.AdmissionService.DescribeScope:output_type -> polygate.admission.v1.DescribeScopeResponse
-	27, // 69: polygate.admission.v1.AdmissionService.ListScopes:output_type -> polygate.admission.v1.ListScopesResponse
-	29, // 70: polygate.admission.v1.AdmissionService.OverrideBreaker:output_type -> polygate.admission.v1.OverrideBreakerResponse
-	64, // [64:71] is the sub-list for method output_type
-	57, // [57:64] is the sub-list for method input_type
-	57, // [57:57] is the sub-list for extension type_name
-	57, // [57:57] is the sub-list for extension extendee
-	0,  // [0:57] is the sub-list for field type_name
+	47, // 44: polygate.admission.v1.ScopeConfig.backoff_base:type_name -> google.protobuf.Duration
+	47, // 45: polygate.admission.v1.ScopeConfig.backoff_max:type_name -> google.protobuf.Duration
+	47, // 46: polygate.admission.v1.ScopeConfig.stall_window:type_name -> google.protobuf.Duration
+	47, // 47: polygate.admission.v1.ScopeConfig.poll_interval:type_name -> google.protobuf.Duration
+	47, // 48: polygate.admission.v1.ScopeConfig.lease_grace:type_name -> google.protobuf.Duration
+	47, // 49: polygate.admission.v1.SourceConfig.timeout:type_name -> google.protobuf.Duration
+	47, // 50: polygate.admission.v1.SourceConfig.lease:type_name -> google.protobuf.Duration
+	46, // 51: polygate.admission.v1.SourceConfig.attributes:type_name -> polygate.admission.v1.SourceConfig.AttributesEntry
+	36, // 52: polygate.admission.v1.SourceConfig.breaker:type_name -> polygate.admission.v1.BreakerConfig
+	47, // 53: polygate.admission.v1.BreakerConfig.window:type_name -> google.protobuf.Duration
+	47, // 54: polygate.admission.v1.BreakerConfig.cooldown:type_name -> google.protobuf.Duration
+	47, // 55: polygate.admission.v1.BreakerConfig.max_cooldown:type_name -> google.protobuf.Duration
+	47, // 56: polygate.admission.v1.BreakerConfig.probe_ttl:type_name -> google.protobuf.Duration
+	48, // 57: polygate.admission.v1.WatchEventsResponse.time:type_name -> google.protobuf.Timestamp
+	39, // 58: polygate.admission.v1.WatchEventsResponse.breaker_transition:type_name -> polygate.admission.v1.BreakerTransition
+	40, // 59: polygate.admission.v1.WatchEventsResponse.probe:type_name -> polygate.admission.v1.ProbeEvent
+	41, // 60: polygate.admission.v1.WatchEventsResponse.stale_outcome:type_name -> polygate.admission.v1.StaleOutcome
+	42, // 61: polygate.admission.v1.WatchEventsResponse.override_changed:type_name -> polygate.admission.v1.OverrideChanged
+	43, // 62: polygate.admission.v1.WatchEventsResponse.wait_started:type_name -> polygate.admission.v1.WaitStarted
+	44, // 63: polygate.admission.v1.WatchEventsResponse.backend_health:type_name -> polygate.admission.v1.BackendHealth
+	3,  // 64: polygate.admission.v1.BreakerTransition.from:type_name -> polygate.admission.v1.BreakerState
+	3,  // 65: polygate.admission.v1.BreakerTransition.to:type_name -> polygate.admission.v1.BreakerState
+	9,  // 66: polygate.admission.v1.BreakerTransition.cause:type_name -> polygate.admission.v1.TransitionCause
+	47, // 67: polygate.admission.v1.BreakerTransition.cooldown:type_name -> google.protobuf.Duration
+	10, // 68: polygate.admission.v1.ProbeEvent.kind:type_name -> polygate.admission.v1.ProbeEventKind
+	0,  // 69: polygate.admission.v1.ProbeEvent.outcome:type_name -> polygate.admission.v1.Outcome
+	3,  // 70: polygate.admission.v1.ProbeEvent.state:type_name -> polygate.admission.v1.BreakerState
+	3,  // 71: polygate.admission.v1.StaleOutcome.state:type_name -> polygate.admission.v1.BreakerState
+	4,  // 72: polygate.admission.v1.OverrideChanged.override:type_name -> polygate.admission.v1.Override
+	3,  // 73: polygate.admission.v1.OverrideChanged.state:type_name -> polygate.admission.v1.BreakerState
+	47, // 74: polygate.admission.v1.WaitStarted.sleep:type_name -> google.protobuf.Duration
+	11, // 75: polygate.admission.v1.WaitStarted.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
+	12, // 76: polygate.admission.v1.AdmissionService.Pick:input_type -> polygate.admission.v1.PickRequest
+	17, // 77: polygate.admission.v1.AdmissionService.OnNoRunnable:input_type -> polygate.admission.v1.OnNoRunnableRequest
+	20, // 78: polygate.admission.v1.AdmissionService.RecordOutcome:input_type -> polygate.admission.v1.RecordOutcomeRequest
+	24, // 79: polygate.admission.v1.AdmissionService.RetryAfter:input_type -> polygate.admission.v1.RetryAfterRequest
+	26, // 80: polygate.admission.v1.AdmissionService.DescribeScope:input_type -> polygate.admission.v1.DescribeScopeRequest
+	28, // 81: polygate.admission.v1.AdmissionService.ListScopes:input_type -> polygate.admission.v1.ListScopesRequest
+	30, // 82: polygate.admission.v1.AdmissionService.OverrideBreaker:input_type -> polygate.admission.v1.OverrideBreakerRequest
+	37, // 83: polygate.admission.v1.AdmissionService.WatchEvents:input_type -> polygate.admission.v1.WatchEventsRequest
+	13, // 84: polygate.admission.v1.AdmissionService.Pick:output_type -> polygate.admission.v1.PickResponse
+	18, // 85: polygate.admission.v1.AdmissionService.OnNoRunnable:output_type -> polygate.admission.v1.OnNoRunnableResponse
+	21, // 86: polygate.admission.v1.AdmissionService.RecordOutcome:output_type -> polygate.admission.v1.RecordOutcomeResponse
+	25, // 87: polygate.admission.v1.AdmissionService.RetryAfter:output_type -> polygate.admission.v1.RetryAfterResponse
+	27, // 88: polygate.admission.v1.AdmissionService.DescribeScope:output_type -> polygate.admission.v1.DescribeScopeResponse
+	29, // 89: polygate.admission.v1.AdmissionService.ListScopes:output_type -> polygate.admission.v1.ListScopesResponse
+	31, // 90: polygate.admission.v1.AdmissionService.OverrideBreaker:output_type -> polygate.admission.v1.OverrideBreakerResponse
+	38, // 91: polygate.admission.v1.AdmissionService.WatchEvents:output_type -> polygate.admission.v1.WatchEventsResponse
+	84, // [84:92] is the sub-list for method output_type
+	76, // [76:84] is the sub-list for method input_type
+	76, // [76:76] is the sub-list for extension type_name
+	76, // [76:76] is the sub-list for extension extendee
+	0,  // [0:76] is the sub-list for field type_name
 }
 
 func init() { file_polygate_admission_v1_admission_proto_init() }
@@ -2999,13 +3970,21 @@ func file_polygate_admission_v1_admission_proto_init() {
 		(*RecordOutcomeResponse_Retry)(nil),
 		(*RecordOutcomeResponse_Failure)(nil),
 	}
+	file_polygate_admission_v1_admission_proto_msgTypes[27].OneofWrappers = []any{
+		(*WatchEventsResponse_BreakerTransition)(nil),
+		(*WatchEventsResponse_Probe)(nil),
+		(*WatchEventsResponse_StaleOutcome)(nil),
+		(*WatchEventsResponse_OverrideChanged)(nil),
+		(*WatchEventsResponse_WaitStarted)(nil),
+		(*WatchEventsResponse_BackendHealth)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_polygate_admission_v1_admission_proto_rawDesc), len(file_polygate_admission_v1_admission_proto_rawDesc)),
-			NumEnums:      9,
-			NumMessages:   28,
+			NumEnums:      11,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -26,6 +26,7 @@ const (
 	AdmissionService_DescribeScope_FullMethodName   = "/polygate.admission.v1.AdmissionService/DescribeScope"
 	AdmissionService_ListScopes_FullMethodName      = "/polygate.admission.v1.AdmissionService/ListScopes"
 	AdmissionService_OverrideBreaker_FullMethodName = "/polygate.admission.v1.AdmissionService/OverrideBreaker"
+	AdmissionService_WatchEvents_FullMethodName     = "/polygate.admission.v1.AdmissionService/WatchEvents"
 )
 
 // AdmissionServiceClient is the client API for AdmissionService service.
@@ -83,6 +84,14 @@ type AdmissionServiceClient interface {
 	// clears the override or resets the breaker. An override stays until it is
 	// cleared and records who set it and why.
 	OverrideBreaker(ctx context.Context, in *OverrideBreakerRequest, opts ...grpc.CallOption) (*OverrideBreakerResponse, error)
+	// WatchEvents streams what happens in the sidecar as typed events, for one
+	// scope or all: breaker transitions, probes, stale outcomes, overrides,
+	// calls that start waiting, and the backend's health. The stream starts
+	// with the response headers, once the watch is registered, and lasts until
+	// the client cancels it or the sidecar stops. Each watcher has a bounded
+	// buffer: a watcher that reads too slowly loses events, and the next event
+	// it receives says how many (dropped). Decisions never wait for a watcher.
+	WatchEvents(ctx context.Context, in *WatchEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEventsResponse], error)
 }
 
 type admissionServiceClient struct {
@@ -163,6 +172,25 @@ func (c *admissionServiceClient) OverrideBreaker(ctx context.Context, in *Overri
 	return out, nil
 }
 
+func (c *admissionServiceClient) WatchEvents(ctx context.Context, in *WatchEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEventsResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AdmissionService_ServiceDesc.Streams[0], AdmissionService_WatchEvents_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchEventsRequest, WatchEventsResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AdmissionService_WatchEventsClient = grpc.ServerStreamingClient[WatchEventsResponse]
+
 // AdmissionServiceServer is the server API for AdmissionService service.
 // All implementations must embed UnimplementedAdmissionServiceServer
 // for forward compatibility.
@@ -218,6 +246,14 @@ type AdmissionServiceServer interface {
 	// clears the override or resets the breaker. An override stays until it is
 	// cleared and records who set it and why.
 	OverrideBreaker(context.Context, *OverrideBreakerRequest) (*OverrideBreakerResponse, error)
+	// WatchEvents streams what happens in the sidecar as typed events, for one
+	// scope or all: breaker transitions, probes, stale outcomes, overrides,
+	// calls that start waiting, and the backend's health. The stream starts
+	// with the response headers, once the watch is registered, and lasts until
+	// the client cancels it or the sidecar stops. Each watcher has a bounded
+	// buffer: a watcher that reads too slowly loses events, and the next event
+	// it receives says how many (dropped). Decisions never wait for a watcher.
+	WatchEvents(*WatchEventsRequest, grpc.ServerStreamingServer[WatchEventsResponse]) error
 	mustEmbedUnimplementedAdmissionServiceServer()
 }
 
@@ -248,6 +284,9 @@ func (UnimplementedAdmissionServiceServer) ListScopes(context.Context, *ListScop
 }
 func (UnimplementedAdmissionServiceServer) OverrideBreaker(context.Context, *OverrideBreakerRequest) (*OverrideBreakerResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method OverrideBreaker not implemented")
+}
+func (UnimplementedAdmissionServiceServer) WatchEvents(*WatchEventsRequest, grpc.ServerStreamingServer[WatchEventsResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchEvents not implemented")
 }
 func (UnimplementedAdmissionServiceServer) mustEmbedUnimplementedAdmissionServiceServer() {}
 func (UnimplementedAdmissionServiceServer) testEmbeddedByValue()                          {}
@@ -396,6 +435,17 @@ func _AdmissionService_OverrideBreaker_Handler(srv interface{}, ctx context.Cont
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdmissionService_WatchEvents_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchEventsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AdmissionServiceServer).WatchEvents(m, &grpc.GenericServerStream[WatchEventsRequest, WatchEventsResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AdmissionService_WatchEventsServer = grpc.ServerStreamingServer[WatchEventsResponse]
+
 // AdmissionService_ServiceDesc is the grpc.ServiceDesc for AdmissionService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -432,6 +482,12 @@ var AdmissionService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _AdmissionService_OverrideBreaker_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchEvents",
+			Handler:       _AdmissionService_WatchEvents_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "polygate/admission/v1/admission.proto",
 }
