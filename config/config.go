@@ -13,6 +13,7 @@ type Config struct {
 	MetricsListen string
 	Backend       Backend
 	Telemetry     Telemetry
+	Events        Events
 	Log           Log
 	Calls         Calls
 	Auth          Auth
@@ -52,6 +53,16 @@ type Telemetry struct {
 	// Path of the SQLite database; empty turns telemetry off.
 	Path      string
 	Retention time.Duration
+	// QueueSize bounds the records waiting to be written; when it is full,
+	// records are dropped (and counted), never decisions slowed.
+	QueueSize int
+}
+
+// Events configures WatchEvents.
+type Events struct {
+	// WatchBuffer is how many events each watcher may have waiting; a
+	// watcher that falls further behind loses events (and is told how many).
+	WatchBuffer int
 }
 
 // Log configures log/slog.

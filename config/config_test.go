@@ -93,6 +93,10 @@ func TestBadValues(t *testing.T) {
 		{"calls.max_live", "calls: {max_live: 0}", "calls.max_live", "at least 1"},
 		{"calls.idle_timeout", "calls: {idle_timeout: 10ms}", "calls.idle_timeout", "at least 1s"},
 		{"telemetry.retention", "telemetry: {retention: 1s}", "telemetry.retention", "at least 1m"},
+		{"telemetry.path blank", "telemetry: {path: '  '}", "telemetry.path", "must not be blank"},
+		{"telemetry.path query", "telemetry: {path: '/var/x.db?mode=ro'}", "telemetry.path", "without '?'"},
+		{"telemetry.queue_size", "telemetry: {queue_size: 0}", "telemetry.queue_size", "at least 1"},
+		{"events.watch_buffer", "events: {watch_buffer: 0}", "events.watch_buffer", "at least 1"},
 		{"scope name", "scopes: {Chat: {sources: [{name: a}]}}", "scopes.Chat", "lowercase"},
 		{"circuit_open", "scopes: {chat: {circuit_open: maybe, sources: [{name: a}]}}", "scopes.chat.circuit_open", "fail_fast, wait"},
 		{"quota_full", "scopes: {chat: {quota_full: never, sources: [{name: a}]}}", "scopes.chat.quota_full", "wait, fail_fast"},
@@ -215,5 +219,25 @@ func TestEnvironmentErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: error %v, want %q", tc.env, err, tc.want)
 		}
+	}
+}
+
+func TestOperationsKeys(t *testing.T) {
+	cfg, err := config.Parse([]byte(base), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Telemetry.Path != "" || cfg.Telemetry.Retention != config.DefaultRetention ||
+		cfg.Telemetry.QueueSize != config.DefaultTelemetryQueue || cfg.Events.WatchBuffer != config.DefaultWatchBuffer {
+		t.Fatalf("defaults: telemetry %+v events %+v", cfg.Telemetry, cfg.Events)
+	}
+	cfg, err = config.Parse([]byte("telemetry: {path: /var/lib/polygate/t.db, retention: 24h, queue_size: 100}\nevents: {watch_buffer: 16}\n"+base),
+		[]string{"POLYGATE_TELEMETRY__QUEUE_SIZE=200"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Telemetry.Path != "/var/lib/polygate/t.db" || cfg.Telemetry.Retention != 24*time.Hour ||
+		cfg.Telemetry.QueueSize != 200 || cfg.Events.WatchBuffer != 16 {
+		t.Fatalf("set: telemetry %+v events %+v", cfg.Telemetry, cfg.Events)
 	}
 }

@@ -21,6 +21,7 @@ type fileConfig struct {
 	MetricsListen *string              `koanf:"metrics_listen"`
 	Backend       fileBackend          `koanf:"backend"`
 	Telemetry     fileTelemetry        `koanf:"telemetry"`
+	Events        fileEvents           `koanf:"events"`
 	Log           fileLog              `koanf:"log"`
 	Calls         fileCalls            `koanf:"calls"`
 	Auth          fileAuth             `koanf:"auth"`
@@ -48,6 +49,11 @@ type fileRedis struct {
 type fileTelemetry struct {
 	Path      *string        `koanf:"path"`
 	Retention *time.Duration `koanf:"retention"`
+	QueueSize *int           `koanf:"queue_size"`
+}
+
+type fileEvents struct {
+	WatchBuffer *int `koanf:"watch_buffer"`
 }
 
 type fileLog struct {
@@ -129,6 +135,8 @@ const (
 	DefaultCallIdle       = 10 * time.Minute
 	DefaultRedisTimeout   = 500 * time.Millisecond
 	DefaultRetention      = 30 * 24 * time.Hour
+	DefaultTelemetryQueue = 8192
+	DefaultWatchBuffer    = 1024
 )
 
 var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
@@ -209,11 +217,15 @@ func resolve(f *fileConfig) (*Config, error) {
 				Replicas:      or(f.Backend.Redis.Replicas, 1),
 			},
 		},
-		Telemetry: Telemetry{Path: or(f.Telemetry.Path, ""), Retention: or(f.Telemetry.Retention, DefaultRetention)},
-		Log:       Log{Format: or(f.Log.Format, "text"), Level: or(f.Log.Level, "info")},
-		Calls:     Calls{MaxLive: or(f.Calls.MaxLive, DefaultMaxLiveCalls), IdleTimeout: or(f.Calls.IdleTimeout, DefaultCallIdle)},
-		Auth:      Auth{Token: or(f.Auth.Token, "")},
-		Scopes:    make(map[string]*Scope, len(f.Scopes)),
+		Telemetry: Telemetry{
+			Path: or(f.Telemetry.Path, ""), Retention: or(f.Telemetry.Retention, DefaultRetention),
+			QueueSize: or(f.Telemetry.QueueSize, DefaultTelemetryQueue),
+		},
+		Events: Events{WatchBuffer: or(f.Events.WatchBuffer, DefaultWatchBuffer)},
+		Log:    Log{Format: or(f.Log.Format, "text"), Level: or(f.Log.Level, "info")},
+		Calls:  Calls{MaxLive: or(f.Calls.MaxLive, DefaultMaxLiveCalls), IdleTimeout: or(f.Calls.IdleTimeout, DefaultCallIdle)},
+		Auth:   Auth{Token: or(f.Auth.Token, "")},
+		Scopes: make(map[string]*Scope, len(f.Scopes)),
 	}
 	c.address("listen", cfg.Listen, true)
 	if cfg.MetricsListen != "" {
@@ -233,6 +245,14 @@ func resolve(f *fileConfig) (*Config, error) {
 		c.atLeast("backend.redis.replicas", int64(r.Replicas), 1)
 	}
 	c.duration("telemetry.retention", cfg.Telemetry.Retention, time.Minute)
+	if cfg.Telemetry.Path != "" && strings.TrimSpace(cfg.Telemetry.Path) == "" {
+		c.fail("telemetry.path", "(blank)", "a path must not be blank; leave it empty to turn telemetry off")
+	}
+	if strings.Contains(cfg.Telemetry.Path, "?") {
+		c.fail("telemetry.path", cfg.Telemetry.Path, "a file path without '?'")
+	}
+	c.atLeast("telemetry.queue_size", int64(cfg.Telemetry.QueueSize), 1)
+	c.atLeast("events.watch_buffer", int64(cfg.Events.WatchBuffer), 1)
 	c.oneOf("log.format", cfg.Log.Format, "text", "json")
 	c.oneOf("log.level", cfg.Log.Level, "debug", "info", "warn", "error")
 	c.atLeast("calls.max_live", int64(cfg.Calls.MaxLive), 1)
