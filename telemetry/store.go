@@ -1,0 +1,207 @@
+package telemetry
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+
+	_ "modernc.org/sqlite" // the pure-Go "sqlite" driver
+)
+
+// schemaVersion is stored in PRAGMA user_version.
+const schemaVersion = 1
+
+// Schema is the database's layout. Times are Unix nanoseconds and durations
+// nanoseconds, so that for every call that ended with a decision
+// ended_ns − started_ns = productive_ns + waiting_ns holds exactly, and
+// productive_ns is the sum of latency_ns over its attempts that were not
+// rate limited. The views give the same in seconds.
+const Schema = `
+CREATE TABLE IF NOT EXISTS calls (
+	call_id          TEXT PRIMARY KEY,
+	scope            TEXT NOT NULL,
+	started_ns       INTEGER NOT NULL, -- the call's first Pick (Unix ns)
+	ended_ns         INTEGER NOT NULL, -- its last decision, or when it was abandoned
+	result           TEXT NOT NULL,    -- done | failure | expired | interrupted
+	failure_reason   TEXT,             -- result = failure: circuit_open, quota_exhausted, stalled, retry_exhausted, non_retryable, deadline_exceeded, cancelled
+	attempts         INTEGER NOT NULL, -- attempts granted
+	charged_attempts INTEGER NOT NULL, -- attempts charged to max_attempts (429s are not)
+	productive_ns    INTEGER NOT NULL, -- attempts from grant to outcome, 429s excluded
+	waiting_ns       INTEGER NOT NULL, -- the rest: waits, backoffs, 429 attempts
+	estimated_tokens INTEGER NOT NULL  -- the estimate charged to TPM per attempt
+);
+CREATE INDEX IF NOT EXISTS calls_ended ON calls (ended_ns);
+
+CREATE TABLE IF NOT EXISTS attempts (
+	call_id             TEXT NOT NULL,
+	attempt             INTEGER NOT NULL, -- from 1, in the call
+	scope               TEXT NOT NULL,
+	source              TEXT NOT NULL,
+	permit_id           TEXT NOT NULL,
+	probe               INTEGER NOT NULL, -- 1: the breaker's HALF_OPEN probe
+	epoch               INTEGER NOT NULL, -- the breaker epoch that fenced the outcome
+	settled_ns          INTEGER NOT NULL, -- when the outcome was recorded (Unix ns)
+	latency_ns          INTEGER NOT NULL, -- from grant to outcome
+	outcome             TEXT NOT NULL,    -- success | transient | rate_limited | source_dead | client_error | cancelled
+	http_status         INTEGER,          -- NULL: none reported
+	estimated_tokens    INTEGER NOT NULL,
+	actual_tokens       INTEGER,          -- NULL: not reported
+	retry_after_hint_ns INTEGER NOT NULL, -- the upstream's Retry-After, 0: none
+	breaker_effect      TEXT NOT NULL,    -- applied | no_verdict | stale | ignored
+	breaker_state       TEXT NOT NULL,    -- after the outcome: closed | open | half_open
+	next_action         TEXT NOT NULL,    -- done | retry | failure
+	backoff_ns          INTEGER,          -- next_action = retry: the backoff
+	failure_reason      TEXT,             -- next_action = failure: why
+	detail              TEXT,
+	PRIMARY KEY (call_id, attempt)
+);
+CREATE INDEX IF NOT EXISTS attempts_settled ON attempts (settled_ns);
+
+CREATE VIEW IF NOT EXISTS call_summary AS
+SELECT call_id, scope, result, failure_reason, attempts, charged_attempts,
+       strftime('%Y-%m-%dT%H:%M:%fZ', started_ns / 1e9, 'unixepoch') AS started,
+       (ended_ns - started_ns) / 1e9 AS wall_s,
+       productive_ns / 1e9 AS productive_s,
+       waiting_ns / 1e9 AS waiting_s
+FROM calls;
+`
+
+const (
+	insertCall = `INSERT INTO calls (call_id, scope, started_ns, ended_ns, result, failure_reason, attempts,
+	charged_attempts, productive_ns, waiting_ns, estimated_tokens) VALUES (?,?,?,?,?,?,?,?,?,?,?)
+	ON CONFLICT (call_id) DO NOTHING`
+	insertAttempt = `INSERT INTO attempts (call_id, attempt, scope, source, permit_id, probe, epoch, settled_ns,
+	latency_ns, outcome, http_status, estimated_tokens, actual_tokens, retry_after_hint_ns, breaker_effect,
+	breaker_state, next_action, backoff_ns, failure_reason, detail) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+	ON CONFLICT (call_id, attempt) DO NOTHING`
+)
+
+// store is where batches go; the SQLite store in production, a failing one
+// in tests.
+type store interface {
+	write(ctx context.Context, batch []record) error
+	// prune deletes rows that ended before cutoff (Unix ns) and returns how many.
+	prune(ctx context.Context, cutoff int64) (int64, error)
+	close() error
+}
+
+// sqliteStore writes to one SQLite database over one connection.
+type sqliteStore struct {
+	db             *sql.DB
+	call, attempt  *sql.Stmt
+	pruneChunkRows int
+}
+
+// openSQLite opens (creating if needed) the database at path, in WAL mode
+// so that readers never block the writer.
+func openSQLite(ctx context.Context, path string, pragmas ...string) (*sqliteStore, error) {
+	if strings.ContainsRune(path, '?') {
+		return nil, fmt.Errorf("telemetry database path %q: must not contain '?'", path)
+	}
+	dsn := path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
+	for _, p := range pragmas {
+		dsn += "&_pragma=" + p
+	}
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(1)
+	s := &sqliteStore{db: db, pruneChunkRows: 5000}
+	if err := s.init(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("telemetry database %s: %w", path, err)
+	}
+	return s, nil
+}
+
+func (s *sqliteStore) init(ctx context.Context) error {
+	var version int
+	if err := s.db.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
+		return err
+	}
+	if version > schemaVersion {
+		return fmt.Errorf("schema version %d is newer than this sidecar's %d", version, schemaVersion)
+	}
+	if _, err := s.db.ExecContext(ctx, Schema); err != nil {
+		return err
+	}
+	if _, err := s.db.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", schemaVersion)); err != nil {
+		return err
+	}
+	var err error
+	if s.call, err = s.db.PrepareContext(ctx, insertCall); err != nil {
+		return err
+	}
+	s.attempt, err = s.db.PrepareContext(ctx, insertAttempt)
+	return err
+}
+
+// nullable maps "no value" to NULL.
+func nullable[T comparable](v, none T) any {
+	if v == none {
+		return nil
+	}
+	return v
+}
+
+// write inserts a batch in one transaction: all of it or none of it.
+func (s *sqliteStore) write(ctx context.Context, batch []record) (err error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, tx.Rollback())
+		}
+	}()
+	call, attempt := tx.StmtContext(ctx, s.call), tx.StmtContext(ctx, s.attempt)
+	for i := range batch {
+		r := &batch[i]
+		switch r.kind {
+		case kindCall:
+			_, err = call.ExecContext(ctx, r.callID, r.scope, r.started, r.ended, r.result, nullable(r.failure, ""),
+				r.attempts, r.charged, r.productive, r.waiting, r.tokens)
+		case kindAttempt:
+			_, err = attempt.ExecContext(ctx, r.callID, r.number, r.scope, r.source, r.permit, r.probe, int64(r.epoch),
+				r.settled, r.latency, r.outcome, nullable(r.httpStatus, 0), r.tokens, nullable(r.actual, -1),
+				r.retryAfter, r.effect, r.state, r.next, nullable(r.backoff, -1), nullable(r.failure, ""),
+				nullable(r.detail, ""))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
+}
+
+// prune deletes, in chunks so that no transaction grows large, the attempts
+// settled and the calls ended before cutoff.
+func (s *sqliteStore) prune(ctx context.Context, cutoff int64) (int64, error) {
+	var total int64
+	for _, q := range []string{
+		`DELETE FROM attempts WHERE rowid IN (SELECT rowid FROM attempts WHERE settled_ns < ? LIMIT ?)`,
+		`DELETE FROM calls WHERE rowid IN (SELECT rowid FROM calls WHERE ended_ns < ? LIMIT ?)`,
+	} {
+		for {
+			res, err := s.db.ExecContext(ctx, q, cutoff, s.pruneChunkRows)
+			if err != nil {
+				return total, err
+			}
+			n, err := res.RowsAffected()
+			if err != nil {
+				return total, err
+			}
+			total += n
+			if n < int64(s.pruneChunkRows) {
+				break
+			}
+		}
+	}
+	return total, nil
+}
+
+func (s *sqliteStore) close() error { return s.db.Close() }
