@@ -48,6 +48,7 @@ func (o observers) Decided(c *policy.Call, d policy.Decision) {
 type logObserver struct {
 	policy.NopObserver
 	log *slog.Logger
+	now func() time.Time
 }
 
 func (l logObserver) Breaker(scope string, e gate.Event) {
@@ -81,10 +82,17 @@ func (l logObserver) Breaker(scope string, e gate.Event) {
 	l.log.Log(context.Background(), level, msg, attrs...)
 }
 
+// Waiting logs the start of a wait: the scope and call, the sleep decided,
+// each source's reason and retry_after, and what the call did so far.
 func (l logObserver) Waiting(c *policy.Call, sleep time.Duration, rs []gate.Rejection) {
+	if !l.log.Enabled(context.Background(), slog.LevelInfo) {
+		return
+	}
 	reasons := make([]any, 0, len(rs))
 	for _, r := range rs {
 		reasons = append(reasons, slog.Group(r.Source, "reason", r.Reason.String(), "retry_after", r.RetryAfter))
 	}
-	l.log.Info("call waiting", "scope", c.Scope, "call", c.ID, "sleep", sleep, slog.Group("sources", reasons...))
+	st := c.Stats(l.now())
+	l.log.Info("call waiting", "scope", c.Scope, "call", c.ID, "sleep", sleep, slog.Group("sources", reasons...),
+		"attempts", st.Attempts, "waited", st.Waiting)
 }

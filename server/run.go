@@ -8,12 +8,18 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -24,6 +30,9 @@ import (
 	"github.com/polygate/polygate/gate"
 	"github.com/polygate/polygate/gate/inmem"
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/metrics"
+	"github.com/polygate/polygate/policy"
+	"github.com/polygate/polygate/telemetry"
 )
 
 // stopGrace bounds a graceful stop; RPCs still running after it are cut.
@@ -54,22 +63,16 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return err
 	}
-	srv := New(cfg, backend, log, Options{BackendName: backendName})
-	gs := grpc.NewServer(ServerOptions(log, cfg.Auth.Token, Interceptors{})...)
-	admissionv1.RegisterAdmissionServiceServer(gs, srv)
-	hs := health.NewServer()
-	healthpb.RegisterHealthServer(gs, hs)
-	reflection.Register(gs)
-
-	lis, err := listen(cfg.Listen)
+	sc, err := startSidecar(cfg, log, sidecarDeps{backend: backend, backendName: backendName})
 	if err != nil {
 		return err
 	}
-	served := make(chan error, 1)
-	go func() { served <- gs.Serve(lis) }()
-	hs.SetServingStatus(admissionv1.AdmissionService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	log.Info("polygate started", "listen", cfg.Listen, "backend", backendName(), "scopes", srv.Scopes(), "config", configName(opts))
-	fmt.Fprintf(stdout, "polygate listening on %s\n", address(lis))
+	log.Info("polygate started", "listen", cfg.Listen, "backend", backendName(), "scopes", sc.srv.Scopes(),
+		"config", configName(opts), "metrics_listen", cfg.MetricsListen, "telemetry", cfg.Telemetry.Path)
+	fmt.Fprintf(stdout, "polygate listening on %s\n", address(sc.lis))
+	if sc.metricsLis != nil {
+		fmt.Fprintf(stdout, "polygate metrics on http://%s/metrics\n", sc.metricsLis.Addr())
+	}
 
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -80,24 +83,177 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		select {
 		case <-ctx.Done():
 			log.Info("polygate stopping: health NOT_SERVING, waits answered, in-flight RPCs drained")
-			hs.Shutdown()
-			srv.Close()
+			sc.stop()
+			return nil
+		case err := <-sc.served:
+			sc.stop()
+			return err
+		case <-hup:
+			reload(log, sc.srv, cfg, opts, environ)
+		case <-sweep.C:
+			sc.srv.sweep()
+		}
+	}
+}
+
+// sidecar is a started sidecar: the gRPC server with health and reflection,
+// the metrics listener, the event hub and the telemetry sink.
+type sidecar struct {
+	log        *slog.Logger
+	srv        *Server
+	gs         *grpc.Server
+	health     *health.Server
+	sink       *telemetry.Sink // nil when telemetry is off
+	lis        net.Listener
+	metrics    *http.Server // nil when metrics_listen is empty
+	metricsLis net.Listener
+	// served reports the first listener that fails.
+	served   chan error
+	stopOnce sync.Once
+}
+
+// sidecarDeps are what startSidecar takes besides the configuration; tests
+// replace the clock, the backend, the gRPC listener and add interceptors.
+type sidecarDeps struct {
+	now          func() time.Time
+	backend      gate.Backend
+	backendName  func() string
+	lis          net.Listener // nil: listen on cfg.Listen
+	interceptors Interceptors // extra, outermost
+	watchBuffer  int
+}
+
+// startSidecar wires the sidecar and starts serving: telemetry (when
+// telemetry.path is set), the metrics registry, observer and listener (when
+// metrics_listen is set), the admission service with health and reflection.
+func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidecar, err error) {
+	if d.now == nil {
+		d.now = time.Now
+	}
+	if d.watchBuffer == 0 {
+		d.watchBuffer = cfg.Events.WatchBuffer
+	}
+	sc := &sidecar{log: log, served: make(chan error, 2)}
+	defer func() {
+		if err != nil {
+			sc.stop()
+		}
+	}()
+	var observers []policy.Observer
+	if cfg.Telemetry.Path != "" {
+		sc.sink, err = telemetry.Open(telemetry.Options{
+			Path: cfg.Telemetry.Path, Retention: cfg.Telemetry.Retention, QueueSize: cfg.Telemetry.QueueSize, Log: log, Now: d.now,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("telemetry.path: %w", err)
+		}
+		observers = append(observers, sc.sink)
+	}
+	reg := prometheus.NewRegistry()
+	extra := d.interceptors
+	if cfg.MetricsListen != "" {
+		observers = append(observers, metrics.New(reg, d.now))
+		rpc := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(grpcprom.WithHistogramBuckets(metrics.AttemptBuckets)))
+		reg.MustRegister(rpc, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		if sc.sink != nil {
+			reg.MustRegister(sc.sink)
+		}
+		extra.Unary = append([]grpc.UnaryServerInterceptor{rpc.UnaryServerInterceptor()}, extra.Unary...)
+		extra.Stream = append([]grpc.StreamServerInterceptor{rpc.StreamServerInterceptor()}, extra.Stream...)
+		defer func() {
+			if err == nil {
+				rpc.InitializeMetrics(sc.gs)
+			}
+		}()
+	}
+	sc.srv = New(cfg, d.backend, log, Options{Now: d.now, BackendName: d.backendName, Observers: observers, WatchBuffer: d.watchBuffer})
+	if cfg.MetricsListen != "" {
+		reg.MustRegister(sc.srv.Collector(), metrics.NewStateCollector(sc.srv.scopeStates, 10*time.Second))
+	}
+	sc.gs = grpc.NewServer(ServerOptions(log, cfg.Auth.Token, extra)...)
+	admissionv1.RegisterAdmissionServiceServer(sc.gs, sc.srv)
+	sc.health = health.NewServer()
+	healthpb.RegisterHealthServer(sc.gs, sc.health)
+	reflection.Register(sc.gs)
+
+	if cfg.MetricsListen != "" {
+		if sc.metricsLis, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
+			return nil, fmt.Errorf("metrics_listen %s: %w", cfg.MetricsListen, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError)}))
+		sc.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			if err := sc.metrics.Serve(sc.metricsLis); !errors.Is(err, http.ErrServerClosed) {
+				sc.served <- fmt.Errorf("serving metrics on %s: %w", cfg.MetricsListen, err)
+			}
+		}()
+	}
+	sc.lis = d.lis
+	if sc.lis == nil {
+		if sc.lis, err = listen(cfg.Listen); err != nil {
+			return nil, err
+		}
+	}
+	go func() {
+		if err := sc.gs.Serve(sc.lis); err != nil {
+			sc.served <- fmt.Errorf("serving %s: %w", cfg.Listen, err)
+		}
+	}()
+	sc.health.SetServingStatus(admissionv1.AdmissionService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	return sc, nil
+}
+
+// stop flips health to NOT_SERVING, answers waiting callers and ends watch
+// streams, drains in-flight RPCs (cutting them after stopGrace), records the
+// calls still open as interrupted, then closes telemetry (writing what is
+// queued) and the metrics listener.
+func (sc *sidecar) stop() {
+	sc.stopOnce.Do(func() {
+		if sc.health != nil {
+			sc.health.Shutdown()
+		}
+		if sc.srv != nil {
+			sc.srv.Close()
+		}
+		if sc.gs != nil {
 			stopped := make(chan struct{})
-			go func() { gs.GracefulStop(); close(stopped) }()
+			go func() { sc.gs.GracefulStop(); close(stopped) }()
 			select {
 			case <-stopped:
 			case <-time.After(stopGrace):
-				gs.Stop()
+				sc.gs.Stop()
+				<-stopped
 			}
-			return nil
-		case err := <-served:
-			return fmt.Errorf("serving %s: %w", cfg.Listen, err)
-		case <-hup:
-			reload(log, srv, cfg, opts, environ)
-		case <-sweep.C:
-			srv.sweep()
 		}
+		if sc.srv != nil {
+			sc.srv.Interrupt()
+		}
+		if sc.sink != nil {
+			if err := sc.sink.Close(); err != nil {
+				sc.log.Warn("telemetry: closing the database failed", "err", err)
+			}
+		}
+		if sc.metrics != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = sc.metrics.Shutdown(ctx)
+			cancel()
+		}
+	})
+}
+
+// scopeStates reads every scope's live state for the metrics collector.
+func (s *Server) scopeStates(ctx context.Context) []metrics.ScopeState {
+	var out []metrics.ScopeState
+	for _, name := range s.Scopes() {
+		sc, err := s.Scope(name)
+		if err != nil {
+			continue // removed by a reload meanwhile
+		}
+		d, err := sc.Describe(ctx)
+		out = append(out, metrics.ScopeState{Name: name, Description: d, LiveCalls: s.calls.liveIn(name), Err: err})
 	}
+	return out
 }
 
 // reload applies the configuration file again. A bad file changes nothing.
@@ -109,8 +265,9 @@ func reload(log *slog.Logger, srv *Server, running *config.Config, opts config.O
 		log.Error("configuration reload rejected; the running configuration stays", "config", configName(opts), "err", err)
 		return
 	}
-	if next.Listen != running.Listen || next.MetricsListen != running.MetricsListen || fmt.Sprint(next.Backend) != fmt.Sprint(running.Backend) {
-		log.Warn("configuration reload: listen, metrics_listen and backend changes need a restart and were not applied")
+	if next.Listen != running.Listen || next.MetricsListen != running.MetricsListen || fmt.Sprint(next.Backend) != fmt.Sprint(running.Backend) ||
+		next.Telemetry != running.Telemetry || next.Events != running.Events {
+		log.Warn("configuration reload: listen, metrics_listen, backend, telemetry and events changes need a restart and were not applied")
 	}
 	srv.Apply(next)
 	log.Info("configuration reloaded", "config", configName(opts), "scopes", srv.Scopes())

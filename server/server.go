@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/polygate/polygate/config"
 	"github.com/polygate/polygate/gate"
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
@@ -22,7 +24,8 @@ type Server struct {
 	backendName func() string
 	log         *slog.Logger
 	now         func() time.Time
-	observer    policy.Observer
+	observer    observers
+	events      *hub
 	calls       *sessions
 
 	mu     sync.RWMutex
@@ -34,8 +37,14 @@ type Options struct {
 	Now func() time.Time
 	// BackendName describes the backend for DescribeScope.
 	BackendName func() string
-	// Observers are told every decision, after the built-in log observer.
+	// Observers are told every decision, after the built-in log observer
+	// and event hub. An observer that also implements Abandoned(*policy.Call,
+	// string) is told of calls that end without a decision (expired idle,
+	// or open at shutdown); one that implements BackendChanged(bool) of the
+	// backend's health.
 	Observers []policy.Observer
+	// WatchBuffer is each WatchEvents stream's buffer (DefaultWatchBuffer if 0).
+	WatchBuffer int
 }
 
 // New returns a server for cfg's scopes over backend.
@@ -46,9 +55,11 @@ func New(cfg *config.Config, backend gate.Backend, log *slog.Logger, o Options) 
 	if o.BackendName == nil {
 		o.BackendName = func() string { return "memory" }
 	}
+	events := newHub(o.Now, o.WatchBuffer)
 	s := &Server{
 		backend: backend, backendName: o.BackendName, log: log, now: o.Now,
-		observer: append(observers{logObserver{log: log}}, o.Observers...),
+		observer: append(observers{logObserver{log: log, now: o.Now}, events}, o.Observers...),
+		events:   events,
 		calls:    newSessions(cfg.Calls.MaxLive, cfg.Calls.IdleTimeout, o.Now),
 		scopes:   make(map[string]*policy.Scope),
 	}
@@ -81,13 +92,48 @@ func (s *Server) Apply(cfg *config.Config) {
 }
 
 // Close ends every server-side wait, answering with the rest of its sleep,
-// so that a graceful stop does not wait for sleeping callers.
+// and every WatchEvents stream, so that a graceful stop does not wait for
+// sleeping callers or watchers.
 func (s *Server) Close() {
+	s.events.close()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	for _, sc := range s.scopes {
 		sc.Close()
 	}
+}
+
+// Collector exports the event hub's watchers and dropped events to Prometheus.
+func (s *Server) Collector() prometheus.Collector { return s.events }
+
+// abandon tells the observers that care of calls that end without a decision.
+func (s *Server) abandon(calls []*policy.Call, why string) {
+	for _, o := range s.observer {
+		if a, ok := o.(abandonObserver); ok {
+			for _, c := range calls {
+				a.Abandoned(c, why)
+			}
+		}
+	}
+}
+
+// abandonObserver is an observer that records calls ending without a decision.
+type abandonObserver interface {
+	Abandoned(c *policy.Call, why string)
+}
+
+// Why a call ended without a decision, for Abandoned.
+const (
+	// AbandonExpired: the call was idle for calls.idle_timeout.
+	AbandonExpired = "expired"
+	// AbandonShutdown: the call was still open when the sidecar stopped.
+	AbandonShutdown = "interrupted"
+)
+
+// Interrupt reports every call still open as ended by the shutdown; Run
+// calls it once no RPC runs any more.
+func (s *Server) Interrupt() {
+	s.abandon(s.calls.liveCalls(), AbandonShutdown)
 }
 
 // Scope returns the named scope.
@@ -110,7 +156,9 @@ func (s *Server) Scopes() []string {
 
 // sweep forgets idle calls; Run calls it periodically.
 func (s *Server) sweep() {
-	for _, c := range s.calls.sweep() {
+	dropped := s.calls.sweep()
+	s.abandon(dropped, AbandonExpired)
+	for _, c := range dropped {
 		st := c.Stats(s.now())
 		if st.Holding != nil {
 			s.log.Warn("call expired while holding a permit; its lease frees the slot",

@@ -124,3 +124,16 @@ func (s *sessions) liveIn(scope string) int {
 	defer s.mu.Unlock()
 	return s.live[scope]
 }
+
+// liveCalls returns the calls that have not ended.
+func (s *sessions) liveCalls() []*policy.Call {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*policy.Call
+	for _, sess := range s.calls {
+		if sess.ended.IsZero() && !sess.call.Ended() {
+			out = append(out, sess.call)
+		}
+	}
+	return out
+}

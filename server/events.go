@@ -1,0 +1,327 @@
+package server
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/polygate/polygate/gate"
+	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/policy"
+)
+
+// DefaultWatchBuffer is how many events a watcher may have waiting before
+// it loses the next ones.
+const DefaultWatchBuffer = 1024
+
+// hub publishes typed events to the watchers of WatchEvents. It is a
+// policy.Observer: it is told of decisions outside every lock of the
+// decision, converts the event once, and offers it to each watcher's
+// bounded buffer without ever waiting; a watcher whose buffer is full loses
+// the event, and the next event it gets carries the count. With no watcher,
+// publishing costs one atomic load.
+type hub struct {
+	policy.NopObserver
+	now    func() time.Time
+	buffer int
+
+	watching atomic.Int32
+	mu       sync.Mutex
+	seq      uint64
+	watchers map[*watcher]struct{}
+	closed   chan struct{}
+
+	published atomic.Uint64
+	dropped   atomic.Uint64
+}
+
+// watcher is one WatchEvents stream.
+type watcher struct {
+	scope string
+	ch    chan *admissionv1.WatchEventsResponse
+	lost  uint64 // lost since the last event queued; guarded by hub.mu
+}
+
+func newHub(now func() time.Time, buffer int) *hub {
+	if buffer <= 0 {
+		buffer = DefaultWatchBuffer
+	}
+	return &hub{now: now, buffer: buffer, watchers: make(map[*watcher]struct{}), closed: make(chan struct{})}
+}
+
+func (h *hub) subscribe(scope string) *watcher {
+	w := &watcher{scope: scope, ch: make(chan *admissionv1.WatchEventsResponse, h.buffer)}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.watchers[w] = struct{}{}
+	h.watching.Add(1)
+	return w
+}
+
+func (h *hub) unsubscribe(w *watcher) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.watchers[w]; ok {
+		delete(h.watchers, w)
+		h.watching.Add(-1)
+	}
+}
+
+// close ends every watch stream, now and later.
+func (h *hub) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	select {
+	case <-h.closed:
+	default:
+		close(h.closed)
+	}
+}
+
+// active reports whether anybody watches; observers check it before they
+// build an event.
+func (h *hub) active() bool { return h.watching.Load() > 0 }
+
+// publish offers one event to every watcher of its scope (all watchers when
+// scope is empty). It never blocks.
+func (h *hub) publish(scope string, ev eventBody) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.watchers) == 0 {
+		return
+	}
+	h.seq++
+	h.published.Add(1)
+	at := timestamppb.New(h.now())
+	for w := range h.watchers {
+		if w.scope != "" && scope != "" && w.scope != scope {
+			continue
+		}
+		msg := &admissionv1.WatchEventsResponse{Sequence: h.seq, Time: at, Scope: scope, Dropped: w.lost}
+		ev.set(msg)
+		select {
+		case w.ch <- msg:
+			w.lost = 0
+		default:
+			w.lost++
+			h.dropped.Add(1)
+		}
+	}
+}
+
+// eventBody sets the oneof of a response; the event messages are shared,
+// read-only, by the responses of every watcher.
+type eventBody interface {
+	set(*admissionv1.WatchEventsResponse)
+}
+
+type transitionBody struct{ *admissionv1.BreakerTransition }
+type probeBody struct{ *admissionv1.ProbeEvent }
+type staleBody struct{ *admissionv1.StaleOutcome }
+type overrideBody struct{ *admissionv1.OverrideChanged }
+type waitBody struct{ *admissionv1.WaitStarted }
+type backendBody struct{ *admissionv1.BackendHealth }
+
+func (b transitionBody) set(m *admissionv1.WatchEventsResponse) {
+	m.Event = &admissionv1.WatchEventsResponse_BreakerTransition{BreakerTransition: b.BreakerTransition}
+}
+func (b probeBody) set(m *admissionv1.WatchEventsResponse) {
+	m.Event = &admissionv1.WatchEventsResponse_Probe{Probe: b.ProbeEvent}
+}
+func (b staleBody) set(m *admissionv1.WatchEventsResponse) {
+	m.Event = &admissionv1.WatchEventsResponse_StaleOutcome{StaleOutcome: b.StaleOutcome}
+}
+func (b overrideBody) set(m *admissionv1.WatchEventsResponse) {
+	m.Event = &admissionv1.WatchEventsResponse_OverrideChanged{OverrideChanged: b.OverrideChanged}
+}
+func (b waitBody) set(m *admissionv1.WatchEventsResponse) {
+	m.Event = &admissionv1.WatchEventsResponse_WaitStarted{WaitStarted: b.WaitStarted}
+}
+func (b backendBody) set(m *admissionv1.WatchEventsResponse) {
+	m.Event = &admissionv1.WatchEventsResponse_BackendHealth{BackendHealth: b.BackendHealth}
+}
+
+var causes = map[gate.Cause]admissionv1.TransitionCause{
+	gate.CauseConsecutiveFailures: admissionv1.TransitionCause_TRANSITION_CAUSE_CONSECUTIVE_FAILURES,
+	gate.CauseFailureRate:         admissionv1.TransitionCause_TRANSITION_CAUSE_FAILURE_RATE,
+	gate.CauseSourceDead:          admissionv1.TransitionCause_TRANSITION_CAUSE_SOURCE_DEAD,
+	gate.CauseCooldownElapsed:     admissionv1.TransitionCause_TRANSITION_CAUSE_COOLDOWN_ELAPSED,
+	gate.CauseProbeSucceeded:      admissionv1.TransitionCause_TRANSITION_CAUSE_PROBE_SUCCEEDED,
+	gate.CauseProbeFailed:         admissionv1.TransitionCause_TRANSITION_CAUSE_PROBE_FAILED,
+	gate.CauseReset:               admissionv1.TransitionCause_TRANSITION_CAUSE_RESET,
+}
+
+var probeKinds = map[gate.EventKind]admissionv1.ProbeEventKind{
+	gate.EventProbeLeased:   admissionv1.ProbeEventKind_PROBE_EVENT_KIND_LEASED,
+	gate.EventProbeExpired:  admissionv1.ProbeEventKind_PROBE_EVENT_KIND_EXPIRED,
+	gate.EventProbeReleased: admissionv1.ProbeEventKind_PROBE_EVENT_KIND_RELEASED,
+}
+
+var outcomeNames = map[policy.Outcome]admissionv1.Outcome{}
+
+func init() {
+	for k, v := range outcomes {
+		outcomeNames[v] = k
+	}
+}
+
+// Breaker implements policy.Observer.
+func (h *hub) Breaker(scope string, e gate.Event) {
+	if !h.active() {
+		return
+	}
+	var body eventBody
+	switch e.Kind {
+	case gate.EventTransition:
+		t := &admissionv1.BreakerTransition{
+			Source: e.Source, From: states[e.From], To: states[e.To], Cause: causes[e.Cause],
+			Epoch: e.Epoch, Reopens: int32(e.Reopens),
+		}
+		if e.To == gate.Open {
+			t.Cooldown = dur(e.Cooldown)
+		}
+		body = transitionBody{t}
+	case gate.EventProbeLeased, gate.EventProbeExpired, gate.EventProbeReleased:
+		body = probeBody{&admissionv1.ProbeEvent{Source: e.Source, Kind: probeKinds[e.Kind], PermitId: e.PermitID, Epoch: e.Epoch}}
+	case gate.EventStaleOutcome:
+		body = staleBody{&admissionv1.StaleOutcome{Source: e.Source, PermitId: e.PermitID, Epoch: e.Epoch, State: states[e.To]}}
+	case gate.EventOverride:
+		body = overrideBody{&admissionv1.OverrideChanged{
+			Source: e.Source, Override: overrides[e.Override], Actor: e.Actor, Reason: e.Why, State: states[e.To], Epoch: e.Epoch,
+		}}
+	default:
+		return
+	}
+	h.publish(scope, body)
+}
+
+// Settled implements policy.Observer: a probe whose outcome carried a
+// verdict is published as settled, after the transition it caused.
+func (h *hub) Settled(c *policy.Call, a policy.Attempt, r policy.Recorded) {
+	if !a.Probe || r.Effect != gate.EffectApplied || !h.active() {
+		return
+	}
+	h.publish(c.Scope, probeBody{&admissionv1.ProbeEvent{
+		Source: a.Source, Kind: admissionv1.ProbeEventKind_PROBE_EVENT_KIND_SETTLED, PermitId: a.PermitID,
+		Epoch: a.Epoch, CallId: c.ID, Outcome: outcomeNames[a.Outcome], State: states[r.Breaker.State],
+	}})
+}
+
+// Waiting implements policy.Observer.
+func (h *hub) Waiting(c *policy.Call, sleep time.Duration, rs []gate.Rejection) {
+	if !h.active() {
+		return
+	}
+	gateN := 0
+	for _, r := range rs {
+		if r.Reason.Gate() {
+			gateN++
+		}
+	}
+	h.publish(c.Scope, waitBody{&admissionv1.WaitStarted{
+		CallId: c.ID, Sleep: dur(sleep), GateRejections: int32(gateN), PerSourceReasons: sourceReasons(rs),
+		Attempts: int32(c.Stats(h.now()).Attempts),
+	}})
+}
+
+// backend publishes a change of the backend's health.
+func (h *hub) backend(c BackendChange) {
+	if !h.active() {
+		return
+	}
+	h.publish(c.Scope, backendBody{&admissionv1.BackendHealth{Backend: c.Backend, Degraded: c.Degraded, Detail: c.Detail}})
+}
+
+var (
+	watchersDesc  = prometheus.NewDesc("polygate_event_watchers", "WatchEvents streams connected now.", nil, nil)
+	publishedDesc = prometheus.NewDesc("polygate_events_published_total", "Events published while at least one watcher was connected.", nil, nil)
+	droppedDesc   = prometheus.NewDesc("polygate_events_dropped_total", "Events lost by watchers whose buffer was full, summed over watchers.", nil, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (h *hub) Describe(ch chan<- *prometheus.Desc) {
+	ch <- watchersDesc
+	ch <- publishedDesc
+	ch <- droppedDesc
+}
+
+// Collect implements prometheus.Collector.
+func (h *hub) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(watchersDesc, prometheus.GaugeValue, float64(h.watching.Load()))
+	ch <- prometheus.MustNewConstMetric(publishedDesc, prometheus.CounterValue, float64(h.published.Load()))
+	ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(h.dropped.Load()))
+}
+
+// WatchEvents implements admissionv1.AdmissionServiceServer.
+func (s *Server) WatchEvents(req *admissionv1.WatchEventsRequest, stream grpc.ServerStreamingServer[admissionv1.WatchEventsResponse]) error {
+	if scope := req.GetScope(); scope != "" {
+		if _, err := s.Scope(scope); err != nil {
+			return err
+		}
+	}
+	w := s.events.subscribe(req.GetScope())
+	defer s.events.unsubscribe(w)
+	// The headers tell the client that the watch is registered: every event
+	// published from now on reaches it (or is counted as dropped).
+	if err := stream.SendHeader(metadata.MD{}); err != nil {
+		return err
+	}
+	ctx := stream.Context()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.events.closed:
+			return nil
+		case msg := <-w.ch:
+			if err := stream.Send(msg); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// BackendChange is a change of the backend's health, reported by the
+// backend (the Redis backend when it loses or regains its server).
+type BackendChange struct {
+	// Scope concerned; empty: every scope.
+	Scope string
+	// Backend names it, e.g. "redis".
+	Backend string
+	// Degraded: unreachable (scopes fail closed, or a local gate serves);
+	// false: recovered.
+	Degraded bool
+	// Detail says what happened and what serves meanwhile.
+	Detail string
+}
+
+// backendObserver is an observer that also counts backend health changes.
+type backendObserver interface {
+	BackendChanged(degraded bool)
+}
+
+// BackendChanged is the hook a backend reports its health through: it logs
+// the change, publishes it to event watchers and tells the observers that
+// count it. It never blocks; call it outside the backend's own locks.
+func (s *Server) BackendChanged(c BackendChange) {
+	attrs := []any{"backend", c.Backend, "detail", c.Detail}
+	if c.Scope != "" {
+		attrs = append(attrs, "scope", c.Scope)
+	}
+	if c.Degraded {
+		s.log.Warn("backend degraded", attrs...)
+	} else {
+		s.log.Info("backend recovered", attrs...)
+	}
+	s.events.backend(c)
+	for _, o := range s.observer {
+		if b, ok := o.(backendObserver); ok {
+			b.BackendChanged(c.Degraded)
+		}
+	}
+}
