@@ -276,6 +276,7 @@ type fakeStore struct {
 	fail    bool
 	block   chan struct{} // a write waits for it when set
 	written int
+	batches int
 }
 
 func (f *fakeStore) write(ctx context.Context, batch []record) error {
@@ -294,6 +295,7 @@ func (f *fakeStore) write(ctx context.Context, batch []record) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.batches++
 	for _, r := range batch {
 		if r.kind != kindFlush {
 			f.written++
@@ -328,7 +330,8 @@ func TestFullQueueDropsAndCounts(t *testing.T) {
 		s := start(Options{QueueSize: 4, Log: log, Retention: time.Hour}, st)
 		defer s.Close()
 		first, _, _ := endedCall("first")
-		s.Abandoned(first, "expired") // one record: the writer takes it and blocks
+		s.Abandoned(first, "expired") // one record: the writer takes it, lingers, writes it and blocks
+		time.Sleep(linger)
 		synctest.Wait()
 		for i := range 5 { // 10 records: 4 fit, 6 are dropped
 			s.Settled(endedCall("c" + itoa(int64(i))))
@@ -354,7 +357,7 @@ func TestFullQueueDropsAndCounts(t *testing.T) {
 		// whole interval without: recovered.
 		time.Sleep(2 * warnEvery)
 		synctest.Wait()
-		if s.degraded.Load() || logs.count("telemetry recovered") != 1 || !strings.Contains(logs.String(), "dropped_queue_full=6 dropped_write_failed=0 degraded_for=2m0s") {
+		if s.degraded.Load() || logs.count("telemetry recovered") != 1 || !strings.Contains(logs.String(), "dropped_queue_full=6 dropped_write_failed=0 degraded_for=1m59.9s") {
 			t.Fatalf("log:\n%s", logs)
 		}
 		if err := s.Close(); err != nil {
@@ -391,14 +394,15 @@ func TestFailingWritesLogAtMostOncePerInterval(t *testing.T) {
 		if s.failedWrites.Load() != 30 || s.calls.Load() != 1 || s.attempts.Load() != 1 {
 			t.Fatalf("failed %d, calls %d, attempts %d", s.failedWrites.Load(), s.calls.Load(), s.attempts.Load())
 		}
-		// Degraded at 5s; reminders at 65s, 125s, 185s, 245s; recovered at 360s.
+		// Each record is written a linger after it arrives: degraded at 5.1s;
+		// reminders at 65.1s, 125.1s, 185.1s, 245.1s; recovered at 360s.
 		if logs.count("telemetry degraded") != 1 || logs.count("telemetry still degraded") != 4 || logs.count("telemetry recovered") != 1 {
 			t.Fatalf("log:\n%s", logs)
 		}
 		for _, want := range []string{
 			`err="disk I/O error: no space left on device"`,
 			"dropped_queue_full=0 dropped_write_failed=6 queue_size=8192", // the reminders: six losses a minute
-			"dropped_queue_full=0 dropped_write_failed=30 degraded_for=5m55s",
+			"dropped_queue_full=0 dropped_write_failed=30 degraded_for=5m54.9s",
 		} {
 			if !strings.Contains(logs.String(), want) {
 				t.Errorf("log lacks %q:\n%s", want, logs)
@@ -425,7 +429,8 @@ func TestFullDatabaseDegrades(t *testing.T) {
 		if err := st.db.QueryRow("PRAGMA page_count").Scan(&pages); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := st.db.Exec("PRAGMA max_page_count = " + itoa(int64(pages))); err != nil {
+		// max_page_count is the connection's: set it on the writer's.
+		if _, err := st.conn.ExecContext(ctx(t), "PRAGMA max_page_count = "+itoa(int64(pages))); err != nil {
 			t.Fatal(err)
 		}
 		log, logs := testLog()
@@ -441,7 +446,7 @@ func TestFullDatabaseDegrades(t *testing.T) {
 			!strings.Contains(logs.String(), "database or disk is full") || logs.count("telemetry degraded") != 1 {
 			t.Fatalf("dropped %d, failed writes %d, degraded %v\n%s", s.writeDropped.Load(), s.failedWrites.Load(), s.degraded.Load(), logs)
 		}
-		if _, err := st.db.Exec("PRAGMA max_page_count = 1000000"); err != nil {
+		if _, err := st.conn.ExecContext(ctx(t), "PRAGMA max_page_count = 1000000"); err != nil {
 			t.Fatal(err)
 		}
 		before := s.calls.Load()
@@ -487,6 +492,33 @@ func TestRetentionPrunes(t *testing.T) {
 		}
 		if err := sink.Close(); err != nil {
 			t.Fatal(err)
+		}
+	})
+}
+
+// TestRecordsShareTransactions: records that arrive within a linger of the
+// first are written in one transaction; a flush does not wait.
+func TestRecordsShareTransactions(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &fakeStore{}
+		s := start(Options{Retention: time.Hour}, st)
+		defer s.Close()
+		for range 50 { // 100 records over 49ms
+			s.Settled(endedCall("c"))
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(linger)
+		synctest.Wait()
+		if st.batches != 1 || st.written != 100 {
+			t.Fatalf("%d records in %d transactions, want 100 in 1", st.written, st.batches)
+		}
+		s.Settled(endedCall("d"))
+		start := time.Now()
+		if err := s.Flush(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+		if time.Since(start) != 0 || st.batches != 2 || st.written != 102 {
+			t.Fatalf("flush took %v; %d records in %d transactions", time.Since(start), st.written, st.batches)
 		}
 	})
 }

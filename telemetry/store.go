@@ -3,6 +3,7 @@ package telemetry
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strings"
@@ -68,15 +69,25 @@ SELECT call_id, scope, result, failure_reason, attempts, charged_attempts,
 FROM calls;
 `
 
-const (
-	insertCall = `INSERT INTO calls (call_id, scope, started_ns, ended_ns, result, failure_reason, attempts,
-	charged_attempts, productive_ns, waiting_ns, estimated_tokens) VALUES (?,?,?,?,?,?,?,?,?,?,?)
-	ON CONFLICT (call_id) DO NOTHING`
-	insertAttempt = `INSERT INTO attempts (call_id, attempt, scope, source, permit_id, probe, epoch, settled_ns,
-	latency_ns, outcome, http_status, estimated_tokens, actual_tokens, retry_after_hint_ns, breaker_effect,
-	breaker_state, next_action, backoff_ns, failure_reason, detail) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
-	ON CONFLICT (call_id, attempt) DO NOTHING`
+// Columns of the two tables, in the order write binds them.
+var (
+	callColumns = []string{"call_id", "scope", "started_ns", "ended_ns", "result", "failure_reason", "attempts",
+		"charged_attempts", "productive_ns", "waiting_ns", "estimated_tokens"}
+	attemptColumns = []string{"call_id", "attempt", "scope", "source", "permit_id", "probe", "epoch", "settled_ns",
+		"latency_ns", "outcome", "http_status", "estimated_tokens", "actual_tokens", "retry_after_hint_ns", "breaker_effect",
+		"breaker_state", "next_action", "backoff_ns", "failure_reason", "detail"}
 )
+
+// rowsPerInsert is how many rows one INSERT statement writes when a batch
+// has that many of a table; statements cost more than rows.
+const rowsPerInsert = 32
+
+// insert is an INSERT of n rows into table, ignoring rows already there.
+func insert(table string, columns []string, n int) string {
+	row := "(" + strings.TrimSuffix(strings.Repeat("?,", len(columns)), ",") + ")"
+	return "INSERT INTO " + table + " (" + strings.Join(columns, ", ") + ") VALUES " +
+		strings.TrimSuffix(strings.Repeat(row+",", n), ",") + " ON CONFLICT DO NOTHING"
+}
 
 // store is where batches go; the SQLite store in production, a failing one
 // in tests.
@@ -87,10 +98,15 @@ type store interface {
 	close() error
 }
 
-// sqliteStore writes to one SQLite database over one connection.
+// sqliteStore writes to one SQLite database. Batches go through the driver
+// directly, on a connection of their own: database/sql's per-statement
+// argument conversion is most of the garbage a busy writer makes, and the
+// driver watches a cancellable context with a goroutine per statement, so
+// statements run without one (busy_timeout bounds every wait).
 type sqliteStore struct {
 	db             *sql.DB
-	call, attempt  *sql.Stmt
+	conn           *sql.Conn // the writer's
+	args           []driver.NamedValue
 	pruneChunkRows int
 }
 
@@ -108,8 +124,8 @@ func openSQLite(ctx context.Context, path string, pragmas ...string) (*sqliteSto
 	if err != nil {
 		return nil, err
 	}
-	db.SetMaxOpenConns(1)
-	s := &sqliteStore{db: db, pruneChunkRows: 5000}
+	db.SetMaxOpenConns(2) // the writer's, and one for pruning and tests
+	s := &sqliteStore{db: db, pruneChunkRows: 5000, args: make([]driver.NamedValue, 0, rowsPerInsert*len(attemptColumns))}
 	if err := s.init(ctx); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("telemetry database %s: %w", path, err)
@@ -132,15 +148,12 @@ func (s *sqliteStore) init(ctx context.Context) error {
 		return err
 	}
 	var err error
-	if s.call, err = s.db.PrepareContext(ctx, insertCall); err != nil {
-		return err
-	}
-	s.attempt, err = s.db.PrepareContext(ctx, insertAttempt)
+	s.conn, err = s.db.Conn(ctx)
 	return err
 }
 
 // nullable maps "no value" to NULL.
-func nullable[T comparable](v, none T) any {
+func nullable[T comparable](v, none T) driver.Value {
 	if v == none {
 		return nil
 	}
@@ -148,34 +161,116 @@ func nullable[T comparable](v, none T) any {
 }
 
 // write inserts a batch in one transaction: all of it or none of it.
-func (s *sqliteStore) write(ctx context.Context, batch []record) (err error) {
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			err = errors.Join(err, tx.Rollback())
+func (s *sqliteStore) write(ctx context.Context, batch []record) error {
+	return s.conn.Raw(func(dc any) (err error) {
+		c, ok := dc.(interface {
+			driver.ConnBeginTx
+			driver.ConnPrepareContext
+		})
+		if !ok {
+			return fmt.Errorf("the sqlite driver's connection is a %T", dc)
 		}
-	}()
-	call, attempt := tx.StmtContext(ctx, s.call), tx.StmtContext(ctx, s.attempt)
-	for i := range batch {
-		r := &batch[i]
-		switch r.kind {
-		case kindCall:
-			_, err = call.ExecContext(ctx, r.callID, r.scope, r.started, r.ended, r.result, nullable(r.failure, ""),
-				r.attempts, r.charged, r.productive, r.waiting, r.tokens)
-		case kindAttempt:
-			_, err = attempt.ExecContext(ctx, r.callID, r.number, r.scope, r.source, r.permit, r.probe, int64(r.epoch),
-				r.settled, r.latency, r.outcome, nullable(r.httpStatus, 0), r.tokens, nullable(r.actual, -1),
-				r.retryAfter, r.effect, r.state, r.next, nullable(r.backoff, -1), nullable(r.failure, ""),
-				nullable(r.detail, ""))
-		}
+		bg := context.Background() // see sqliteStore
+		tx, err := c.BeginTx(bg, driver.TxOptions{})
 		if err != nil {
 			return err
 		}
+		var stmts []driver.Stmt
+		defer func() {
+			for _, st := range stmts {
+				err = errors.Join(err, st.Close())
+			}
+			if err != nil {
+				err = errors.Join(err, tx.Rollback())
+			}
+		}()
+		prepared := map[string]driver.StmtExecContext{}
+		exec := func(q string, args []driver.NamedValue) error {
+			st, ok := prepared[q]
+			if !ok {
+				ds, err := c.PrepareContext(bg, q)
+				if err != nil {
+					return err
+				}
+				stmts = append(stmts, ds)
+				if st, ok = ds.(driver.StmtExecContext); !ok {
+					return fmt.Errorf("the sqlite driver's statement is a %T", ds)
+				}
+				prepared[q] = st
+			}
+			_, err := st.ExecContext(bg, args)
+			return err
+		}
+		// Rows of one table are bound into s.args and written rowsPerInsert
+		// at a time; what is left over is written row by row.
+		for _, t := range []struct {
+			kind    kind
+			table   string
+			columns []string
+		}{{kindCall, "calls", callColumns}, {kindAttempt, "attempts", attemptColumns}} {
+			width, n := len(t.columns), 0
+			args := s.args[:0]
+			flush := func(rows int) error {
+				q := insert(t.table, t.columns, rows)
+				if rows == rowsPerInsert {
+					return exec(q, args)
+				}
+				one, row := insert(t.table, t.columns, 1), make([]driver.NamedValue, width)
+				for i := 0; i < len(args); i += width {
+					for j := range row {
+						row[j] = driver.NamedValue{Ordinal: j + 1, Value: args[i+j].Value}
+					}
+					if err := exec(one, row); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			for i := range batch {
+				r := &batch[i]
+				if r.kind != t.kind {
+					continue
+				}
+				args = r.bind(args)
+				if n++; n == rowsPerInsert {
+					if err := flush(n); err != nil {
+						return err
+					}
+					args, n = args[:0], 0
+				}
+			}
+			if n > 0 {
+				if err := flush(n); err != nil {
+					return err
+				}
+			}
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		clear(s.args[:cap(s.args)])
+		return tx.Commit()
+	})
+}
+
+// bind appends the record's values, in the order of its table's columns.
+func (r *record) bind(args []driver.NamedValue) []driver.NamedValue {
+	add := func(vs ...driver.Value) {
+		for _, v := range vs {
+			args = append(args, driver.NamedValue{Ordinal: len(args) + 1, Value: v})
+		}
 	}
-	return tx.Commit()
+	switch r.kind {
+	case kindCall:
+		add(r.callID, r.scope, r.started, r.ended, r.result, nullable(r.failure, ""),
+			int64(r.attempts), int64(r.charged), r.productive, r.waiting, r.tokens)
+	case kindAttempt:
+		add(r.callID, int64(r.number), r.scope, r.source, r.permit, r.probe, int64(r.epoch),
+			r.settled, r.latency, r.outcome, nullable(int64(r.httpStatus), 0), r.tokens, nullable(r.actual, -1),
+			r.retryAfter, r.effect, r.state, r.next, nullable(r.backoff, -1), nullable(r.failure, ""),
+			nullable(r.detail, ""))
+	}
+	return args
 }
 
 // prune deletes, in chunks so that no transaction grows large, the attempts
@@ -204,4 +299,6 @@ func (s *sqliteStore) prune(ctx context.Context, cutoff int64) (int64, error) {
 	return total, nil
 }
 
-func (s *sqliteStore) close() error { return s.db.Close() }
+func (s *sqliteStore) close() error {
+	return errors.Join(s.conn.Close(), s.db.Close())
+}
