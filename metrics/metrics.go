@@ -108,6 +108,9 @@ func New(reg prometheus.Registerer, now func() time.Time) *Metrics {
 			Help: "1 while the shared backend reports itself degraded."}),
 		backendFlips: counter("backend_health_changes_total", "Backend health changes, by state (degraded, recovered).", "state"),
 	}
+	for _, state := range []string{"degraded", "recovered"} {
+		m.backendFlips.WithLabelValues(state) // exported at 0 before the first change
+	}
 	reg.MustRegister(m.decisions, m.refusals, m.grants, m.attempts, m.attemptSecs, m.transitions, m.probes,
 		m.stale, m.overrides, m.waits, m.waitSleep, m.callWaiting, m.callAttempts, m.backend, m.backendFlips)
 	return m
