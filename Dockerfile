@@ -1,0 +1,32 @@
+# syntax=docker/dockerfile:1
+# polygate sidecar: a static binary on a distroless base, running as non-root.
+#   docker build -t polygate:dev .
+#   docker run --rm -v $PWD/polygate.yaml:/etc/polygate/polygate.yaml:ro -p 50051:50051 -p 9090:9090 \
+#     polygate:dev --config /etc/polygate/polygate.yaml
+# The telemetry driver is pure Go (modernc.org/sqlite), so CGO stays off.
+
+FROM golang:1.26 AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN --mount=type=cache,target=/go/pkg/mod go mod download
+COPY . .
+RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
+    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/polygate ./cmd/sidecar \
+ && mkdir -p /out/var/lib/polygate /out/run/polygate
+
+FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=build /out/polygate /usr/local/bin/polygate
+# Writable places for the telemetry database and a unix socket; in Kubernetes
+# mount volumes there (the root filesystem can then be read-only).
+COPY --from=build --chown=65532:65532 /out/var/lib/polygate /var/lib/polygate
+COPY --from=build --chown=65532:65532 /out/run/polygate /run/polygate
+USER 65532:65532
+# Nothing is baked in as environment or flags: both override the YAML file.
+# Say listen: 0.0.0.0:50051 in the configuration (127.0.0.1 is the
+# container's own loopback; in a pod it is shared with the application, but
+# kubelet's probes dial the pod IP), or run
+#   docker run --rm -e POLYGATE_LISTEN=0.0.0.0:50051 -p 50051:50051 polygate:dev
+# and set auth.token (POLYGATE_AUTH__TOKEN) whenever the port is reachable by
+# anything but your application.
+EXPOSE 50051 9090
+ENTRYPOINT ["/usr/local/bin/polygate"]
