@@ -2782,8 +2782,9 @@ type WatchEventsResponse struct {
 	// The event's number in this sidecar, from 1, in the order events were
 	// published; events are numbered only while at least one watcher is
 	// connected. A gap is events of other scopes, or events this watcher lost.
-	// Events of one source are published in the order its breaker went through
-	// them (use epoch to order events of different replicas).
+	// The events of one decision are published in order; those of concurrent
+	// decisions are published as each decision returns, so two of them may
+	// interleave — a breaker's epoch orders its probes and rounds.
 	Sequence uint64 `protobuf:"varint,1,opt,name=sequence,proto3" json:"sequence,omitempty"`
 	// When the sidecar published the event.
 	Time *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
