@@ -12,6 +12,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/polygate/polygate/config"
+	"github.com/polygate/polygate/gate/gatetest"
+	"github.com/polygate/polygate/gate/inmem"
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 )
 
@@ -307,5 +310,50 @@ func TestWatchEventsEnds(t *testing.T) {
 	e.sc.stop()
 	if _, err := w.Recv(); !errors.Is(err, io.EOF) {
 		t.Fatalf("after stop: %v, want the stream to end", err)
+	}
+}
+
+// reportingBackend is a memory backend that reports its health, as the
+// Redis backend does.
+type reportingBackend struct {
+	*inmem.Backend
+	report func(degraded bool, detail string)
+}
+
+func (b *reportingBackend) OnHealth(report func(degraded bool, detail string)) { b.report = report }
+
+// TestBackendHealthHook: a backend that reports its health reaches the
+// watchers, the log and the metrics through the hook startSidecar installs.
+func TestBackendHealthHook(t *testing.T) {
+	cfg, err := config.Parse([]byte("metrics_listen: 127.0.0.1:0\n"+eventsConfig), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := gatetest.NewClock()
+	b := &reportingBackend{Backend: inmem.New(clock.Now)}
+	e := startOpsWith(t, cfg, sidecarDeps{now: clock.Now, backend: b}, clock)
+	if b.report == nil {
+		t.Fatal("startSidecar did not install the health hook")
+	}
+	w := e.watch(t, "chat")
+	b.report(true, "redis 10.0.0.7:6379: connection refused; a local gate serves")
+	ev := next(t, w)
+	if h := ev.GetBackendHealth(); ev.GetScope() != "" || h.GetBackend() != "memory" || !h.GetDegraded() ||
+		h.GetDetail() != "redis 10.0.0.7:6379: connection refused; a local gate serves" {
+		t.Fatalf("event %v", ev)
+	}
+	m := e.scrape(t)
+	if m.value("polygate_backend_degraded") != 1 || m.value("polygate_backend_health_changes_total", "state=degraded") != 1 {
+		t.Fatalf("backend gauge %v, changes %v", m.value("polygate_backend_degraded"), m.value("polygate_backend_health_changes_total", "state=degraded"))
+	}
+	b.report(false, "redis is back")
+	if ev := next(t, w); ev.GetBackendHealth().GetDegraded() {
+		t.Fatalf("event %v", ev)
+	}
+	if m := e.scrape(t); m.value("polygate_backend_degraded") != 0 || m.value("polygate_backend_health_changes_total", "state=recovered") != 1 {
+		t.Fatal("recovery not counted")
+	}
+	if logs := e.logs.String(); !strings.Contains(logs, `level=WARN msg="backend degraded" backend=memory`) || !strings.Contains(logs, `level=INFO msg="backend recovered"`) {
+		t.Fatalf("log:\n%s", logs)
 	}
 }

@@ -68,12 +68,19 @@ func startOps(t *testing.T, o opsOpts) *opsEnv {
 		t.Fatal(err)
 	}
 	clock := gatetest.NewClock()
+	return startOpsWith(t, cfg, sidecarDeps{
+		now: clock.Now, backend: inmem.New(clock.Now), interceptors: o.interceptors, watchBuffer: o.watchBuffer,
+	}, clock)
+}
+
+// startOpsWith starts a sidecar with the given dependencies over bufconn.
+func startOpsWith(t *testing.T, cfg *config.Config, deps sidecarDeps, clock *gatetest.Clock) *opsEnv {
+	t.Helper()
 	logs := &lockedBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	lis := bufconn.Listen(1 << 20)
-	sc, err := startSidecar(cfg, log, sidecarDeps{
-		now: clock.Now, backend: inmem.New(clock.Now), lis: lis, interceptors: o.interceptors, watchBuffer: o.watchBuffer,
-	})
+	deps.lis = lis
+	sc, err := startSidecar(cfg, log, deps)
 	if err != nil {
 		t.Fatal(err)
 	}

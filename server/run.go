@@ -123,6 +123,13 @@ type sidecarDeps struct {
 	watchBuffer  int
 }
 
+// healthReporter is a backend that reports its own health: the Redis
+// backend, when it loses or regains its server. report must not block, and
+// is called outside the backend's locks.
+type healthReporter interface {
+	OnHealth(report func(degraded bool, detail string))
+}
+
 // startSidecar wires the sidecar and starts serving: telemetry (when
 // telemetry.path is set), the metrics registry, observer and listener (when
 // metrics_listen is set), the admission service with health and reflection.
@@ -167,6 +174,12 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 		}()
 	}
 	sc.srv = New(cfg, d.backend, log, Options{Now: d.now, BackendName: d.backendName, Observers: observers, WatchBuffer: d.watchBuffer})
+	if hr, ok := d.backend.(healthReporter); ok {
+		srv, kind := sc.srv, cfg.Backend.Kind
+		hr.OnHealth(func(degraded bool, detail string) {
+			srv.BackendChanged(BackendChange{Backend: kind, Degraded: degraded, Detail: detail})
+		})
+	}
 	if cfg.MetricsListen != "" {
 		reg.MustRegister(sc.srv.Collector(), metrics.NewStateCollector(sc.srv.scopeStates, 10*time.Second))
 	}
