@@ -352,7 +352,11 @@ func resolveBreaker(c *checker, scopeKey, sourceKey string, scope, src *fileBrea
 	c.duration(pick(src.Cooldown != nil, "cooldown"), p.Cooldown, time.Millisecond)
 	c.duration(pick(src.MaxCooldown != nil, "max_cooldown"), p.MaxCooldown, time.Millisecond)
 	if p.MaxCooldown < p.Cooldown {
-		c.fail(pick(src.MaxCooldown != nil, "max_cooldown"), p.MaxCooldown, fmt.Sprintf("must be at least cooldown (%v)", p.Cooldown))
+		allowed := fmt.Sprintf("must be at least cooldown (%v)", p.Cooldown)
+		if src.MaxCooldown == nil && scope.MaxCooldown == nil {
+			allowed += fmt.Sprintf("; it is the default %v here, so set breaker.max_cooldown too", DefaultMaxCooldown)
+		}
+		c.fail(pick(src.MaxCooldown != nil, "max_cooldown"), p.MaxCooldown, allowed)
 	}
 	if ttl := or(src.ProbeTTL, or(scope.ProbeTTL, 0)); src.ProbeTTL != nil || scope.ProbeTTL != nil {
 		p.ProbeTTL = ttl
