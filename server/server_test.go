@@ -23,10 +23,10 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/polygate/polygate/config"
-	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 	"github.com/polygate/polygate/gate"
 	"github.com/polygate/polygate/gate/gatetest"
 	"github.com/polygate/polygate/gate/inmem"
+	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
