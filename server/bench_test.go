@@ -11,8 +11,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/polygate/polygate/config"
-	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 	"github.com/polygate/polygate/gate/inmem"
+	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 )
 
 // BenchmarkRoundPair measures one attempt over real loopback gRPC — Pick
