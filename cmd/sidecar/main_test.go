@@ -178,3 +178,5 @@ scopes:
 		t.Fatalf("waiter got %v, want a Wait with the rest of its sleep", d)
 	}
 }
+
+func TestMain(m *testing.M) { sidecartest.Main(m) }

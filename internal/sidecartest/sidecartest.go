@@ -25,6 +25,16 @@ var (
 	buildErr  error
 )
 
+// Main runs a package's tests and then removes the binary Binary built; call
+// it from TestMain.
+func Main(m *testing.M) {
+	code := m.Run()
+	if binary != "" {
+		_ = os.RemoveAll(filepath.Dir(binary))
+	}
+	os.Exit(code)
+}
+
 // Binary builds ./cmd/sidecar (once per test process) and returns its path.
 func Binary(t testing.TB) string {
 	t.Helper()
