@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -81,7 +82,7 @@ func TestBadConfigurationStopsTheStart(t *testing.T) {
 		t.Fatalf("--check accepted a bad file: %s", out)
 	}
 	out, err = exec.Command(sidecartest.Binary(t), "--check").CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "configuration OK") || !strings.Contains(string(out), `"probeTtlDerived": true`) {
+	if err != nil || !strings.Contains(string(out), "configuration OK") || !regexp.MustCompile(`"probeTtlDerived":\s+true`).Match(out) {
 		t.Fatalf("--check of the demo: %v %s", err, out)
 	}
 }
