@@ -70,54 +70,103 @@ local function cooldown_ms(base, max, reopens)
   return base * 2 ^ shift
 end
 
--- The breaker hash: one field per field of gate.Breaker; buckets are
--- bi<n> (Index), bc<n> (Calls), bf<n> (Fails). A missing hash is the zero
--- Breaker: CLOSED at epoch 0.
+-- The breaker hash has one field per scalar field of gate.Breaker, and one
+-- field k<n> per window bucket n ("index:calls:fails", absent when zero). A
+-- missing hash is the zero Breaker: CLOSED at epoch 0. A script reads the
+-- scalars at once and the buckets only when it counts (Admit never does),
+-- and writes back only the fields that changed.
+local SCALAR_FIELDS = { 'st', 'ep', 'ro', 'oa', 'ou', 'pr', 'pu', 'co', 'w', 'ov', 'ac', 'wy', 'oat' }
+local SCALAR_NAMES = {
+  'state', 'epoch', 'reopens', 'opened_at', 'open_until', 'probe', 'probe_until', 'consecutive', 'width',
+  'override', 'actor', 'why', 'override_at',
+}
+local STRINGS = { probe = true, actor = true, why = true }
+local BUCKET_FIELDS = { 'k0', 'k1', 'k2', 'k3', 'k4', 'k5', 'k6', 'k7', 'k8', 'k9' }
+
 local function b_load(key)
-  local raw = redis.call('HGETALL', key)
-  local h = {}
-  for i = 1, #raw, 2 do
-    h[raw[i]] = raw[i + 1]
-  end
-  local b = {
-    key = key, dirty = false,
-    state = tonumber(h.st or 0), epoch = tonumber(h.ep or 0), reopens = tonumber(h.ro or 0),
-    opened_at = tonumber(h.oa or 0), open_until = tonumber(h.ou or 0),
-    probe = h.pr or '', probe_until = tonumber(h.pu or 0),
-    consecutive = tonumber(h.co or 0), width = tonumber(h.w or 0),
-    override = tonumber(h.ov or 0), actor = h.ac or '', why = h.wy or '', override_at = tonumber(h.oat or 0),
-    bi = {}, bc = {}, bf = {},
-  }
-  for n = 0, BUCKETS - 1 do
-    b.bi[n] = tonumber(h['bi' .. n] or 0)
-    b.bc[n] = tonumber(h['bc' .. n] or 0)
-    b.bf[n] = tonumber(h['bf' .. n] or 0)
+  local vals = redis.call('HMGET', key, unpack(SCALAR_FIELDS))
+  local b = { key = key, old = {} }
+  for i, name in ipairs(SCALAR_NAMES) do
+    local v = vals[i]
+    if STRINGS[name] then
+      v = v or ''
+    else
+      v = tonumber(v or 0)
+    end
+    b[name], b.old[i] = v, v
   end
   return b
 end
 
--- b_save writes a changed breaker back. A CLOSED breaker without an override
+-- b_buckets makes b.bi, b.bc, b.bf (Index, Calls, Fails, from 0) readable.
+local function b_buckets(b)
+  if b.bi then
+    return
+  end
+  b.bi, b.bc, b.bf, b.bold = {}, {}, {}, {}
+  local vals = redis.call('HMGET', b.key, unpack(BUCKET_FIELDS))
+  for n = 0, BUCKETS - 1 do
+    local v = vals[n + 1]
+    b.bold[n] = v
+    local i, c, f = 0, 0, 0
+    if v then
+      i, c, f = string.match(v, '^(-?%d+):(%d+):(%d+)$')
+    end
+    b.bi[n], b.bc[n], b.bf[n] = tonumber(i), tonumber(c), tonumber(f)
+  end
+end
+
+-- b_clear_buckets zeroes every bucket, without reading them first.
+local function b_clear_buckets(b)
+  b.bi, b.bc, b.bf, b.bold = {}, {}, {}, {}
+  for n = 0, BUCKETS - 1 do
+    b.bi[n], b.bc[n], b.bf[n] = 0, 0, 0
+    b.bold[n] = true -- unknown: written (deleted) whatever it was
+  end
+end
+
+-- b_save writes back what changed. A CLOSED breaker without an override
 -- gets the idle TTL (garbage collection of abandoned sources); an OPEN or
 -- HALF_OPEN one, or one an operator set, is PERSISTed: its state must never
 -- expire into a fresh CLOSED breaker.
 local function b_save(b, idle_ttl)
-  if not b.dirty then
+  local set, del = {}, {}
+  for i, name in ipairs(SCALAR_NAMES) do
+    local v = b[name]
+    if v ~= b.old[i] then
+      set[#set + 1] = SCALAR_FIELDS[i]
+      if STRINGS[name] then
+        set[#set + 1] = v
+      else
+        set[#set + 1] = I(v)
+      end
+    end
+  end
+  if b.bi then
+    for n = 0, BUCKETS - 1 do
+      local v = false
+      if b.bi[n] ~= 0 or b.bc[n] ~= 0 or b.bf[n] ~= 0 then
+        v = I(b.bi[n]) .. ':' .. I(b.bc[n]) .. ':' .. I(b.bf[n])
+      end
+      if v ~= b.bold[n] then
+        if v then
+          set[#set + 1] = BUCKET_FIELDS[n + 1]
+          set[#set + 1] = v
+        else
+          del[#del + 1] = BUCKET_FIELDS[n + 1]
+        end
+      end
+    end
+  end
+  if #set == 0 and #del == 0 then
     return
   end
-  local f = {
-    'st', I(b.state), 'ep', I(b.epoch), 'ro', I(b.reopens), 'oa', I(b.opened_at), 'ou', I(b.open_until),
-    'pr', b.probe, 'pu', I(b.probe_until), 'co', I(b.consecutive), 'w', I(b.width),
-    'ov', I(b.override), 'ac', b.actor, 'wy', b.why, 'oat', I(b.override_at),
-  }
-  for n = 0, BUCKETS - 1 do
-    f[#f + 1] = 'bi' .. n
-    f[#f + 1] = I(b.bi[n])
-    f[#f + 1] = 'bc' .. n
-    f[#f + 1] = I(b.bc[n])
-    f[#f + 1] = 'bf' .. n
-    f[#f + 1] = I(b.bf[n])
+  if #del > 0 then
+    redis.call('HDEL', b.key, unpack(del))
   end
-  redis.call('HSET', b.key, unpack(f))
+  if #set > 0 then
+    redis.call('HSET', b.key, unpack(set))
+  end
   if b.state == CLOSED and b.override == NO_OVERRIDE then
     redis.call('PEXPIRE', b.key, I(idle_ttl))
   else
@@ -177,7 +226,6 @@ local function b_enter(b, p, permit, now)
   local e = b_event(b, E_PROBE_LEASED, HALF_OPEN, C_NONE)
   e.permit = permit
   events[#events + 1] = e
-  b.dirty = true
   return { allowed = true, probe = true, epoch = b.epoch, reason = R_NONE, wait = 0 }, events
 end
 
@@ -185,9 +233,7 @@ end
 local function b_reset_round(b)
   b.probe, b.probe_until = '', 0
   b.consecutive = 0
-  for n = 0, BUCKETS - 1 do
-    b.bi[n], b.bc[n], b.bf[n] = 0, 0, 0
-  end
+  b_clear_buckets(b)
 end
 
 -- bucketWidth
@@ -199,11 +245,10 @@ end
 local function b_record(b, p, now, fail)
   local w = bucket_width(p)
   if b.width ~= w then
-    for n = 0, BUCKETS - 1 do
-      b.bi[n], b.bc[n], b.bf[n] = 0, 0, 0
-    end
+    b_clear_buckets(b)
     b.width = w
   end
+  b_buckets(b)
   local idx = idiv(now, w)
   local slot = idx - idiv(idx, BUCKETS) * BUCKETS
   if b.bi[slot] ~= idx then
@@ -221,6 +266,7 @@ local function b_counts(b, p, now)
   if b.width ~= w then
     return 0, 0
   end
+  b_buckets(b)
   local idx = idiv(now, w)
   local calls, fails = 0, 0
   for n = 0, BUCKETS - 1 do
@@ -240,7 +286,6 @@ local function b_open(b, p, now, floor, cause)
   b.state = OPEN
   b.opened_at = now
   b.open_until = now + gmax(cooldown_ms(p.cooldown, p.max_cooldown, b.reopens), floor)
-  b.dirty = true
   local e = b_event(b, E_TRANSITION, from, cause)
   e.cooldown = b.open_until - now
   return e
@@ -258,7 +303,6 @@ local function b_settle(b, p, o, now)
   if b.override == DISABLED then
     if o.probe and b.probe == o.permit and o.epoch == b.epoch then
       b.probe, b.probe_until = '', 0
-      b.dirty = true
     end
     return F_IGNORED, {}
   end
@@ -271,7 +315,6 @@ local function b_settle(b, p, o, now)
       b_reset_round(b)
       b.reopens = 0
       b.state = CLOSED
-      b.dirty = true
       return F_APPLIED, { b_event(b, E_TRANSITION, HALF_OPEN, C_PROBE_SUCCEEDED) }
     elseif o.verdict == V_FAILURE or o.verdict == V_FORCE_OPEN then
       local cause = C_PROBE_FAILED
@@ -281,7 +324,6 @@ local function b_settle(b, p, o, now)
       return F_APPLIED, { b_open(b, p, now, floor, cause) }
     end
     b.probe, b.probe_until = '', 0
-    b.dirty = true
     local e = b_event(b, E_PROBE_RELEASED, HALF_OPEN, C_NONE)
     e.permit = o.permit
     return F_NO_VERDICT, { e }
@@ -290,12 +332,10 @@ local function b_settle(b, p, o, now)
     if o.verdict == V_SUCCESS then
       b_record(b, p, now, false)
       b.consecutive = 0
-      b.dirty = true
       return F_APPLIED, {}
     elseif o.verdict == V_FAILURE then
       b_record(b, p, now, true)
       b.consecutive = b.consecutive + 1
-      b.dirty = true
       if b.consecutive >= p.fail_threshold then
         return F_APPLIED, { b_open(b, p, now, floor, C_CONSECUTIVE_FAILURES) }
       end
@@ -315,7 +355,6 @@ local function b_settle(b, p, o, now)
       local untl = gmax(now + cooldown_ms(p.cooldown, p.max_cooldown, b.reopens), now + floor)
       if untl > b.open_until then
         b.open_until = untl
-        b.dirty = true
         local e = b_event(b, E_TRANSITION, OPEN, C_SOURCE_DEAD)
         e.cooldown = untl - now
         return F_APPLIED, { e }
@@ -369,7 +408,6 @@ local function b_apply(b, action, actor, why, now)
   if b.override == NO_OVERRIDE then
     b.actor, b.why = '', ''
   end
-  b.dirty = true
   local e = b_event(b, E_OVERRIDE, b.state, C_NONE)
   e.override, e.actor, e.why = b.override, actor, why
   table.insert(events, 1, e)
@@ -512,8 +550,11 @@ end
 -- Quota.take
 local function q_take(q, l, permit, tokens, now)
   redis.call('ZADD', q.leases, I(now + l.lease), permit)
-  local last = redis.call('ZRANGE', q.leases, -1, -1, 'WITHSCORES')
-  redis.call('PEXPIRE', q.leases, I(gmax(tonumber(last[2]) - now, 0) + SLACK))
+  -- The key lives as long as its longest lease: extend, never shorten.
+  local ttl = I(gmax(l.lease, 0) + SLACK)
+  if redis.call('PEXPIRE', q.leases, ttl, 'GT') == 0 then
+    redis.call('PEXPIRE', q.leases, ttl, 'NX')
+  end
   if l.rpm == 0 and l.tpm == 0 then
     return
   end

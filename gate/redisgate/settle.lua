@@ -30,11 +30,14 @@ for _, e in ipairs(evs) do
   announce(channel, scope, source, e)
 end
 local view = b_view(b, p, now)
+local progress = now
 if ARGV[12] == '1' then
   redis.call('SET', KEYS[1], I(now), 'PX', I(idle_ttl))
+else
+  progress = tonumber(redis.call('GET', KEYS[1]) or 0)
 end
 local rel = 0
 if released then
   rel = 1
 end
-return { rel, effect, events, view, tonumber(redis.call('GET', KEYS[1]) or 0), now }
+return { rel, effect, events, view, progress, now }
