@@ -13,35 +13,6 @@ import (
 	"github.com/polygate/polygate/gate"
 )
 
-// Time: every script reads the Redis server's own clock (TIME, in whole
-// milliseconds), so that replicas whose clocks disagree still take the same
-// decisions, and every decision of one breaker is measured on one clock.
-//
-// Tests need exact boundaries instead ("1ms before the end of the cooldown"),
-// which an offset added to a moving TIME cannot give: the script runs some
-// microseconds after the offset was computed. So each script takes a now_ms
-// argument instead: 0 in production, where the script uses TIME, and the
-// test clock's time when Options.Clock is set. Options.Clock is for tests
-// only; a production Backend must leave it nil.
-//
-// TTL: every key expires when it is no longer needed, so that abandoned
-// scopes and sources do not hold memory forever: the quota keys a little
-// after the last lease or the minute they count, the scope's progress and a
-// CLOSED breaker after Options.IdleTTL without a write. The exception is a
-// breaker that is OPEN or HALF_OPEN, or that an operator overrode: its hash
-// is PERSISTed, because an expired OPEN breaker would come back as a fresh
-// CLOSED one and skip its cooldown and its probe (and an expired override
-// would silently end an operator's decision). Such a hash lives until the
-// breaker closes (probe success, reset) and goes idle. The keys only hold
-// correct state under a maxmemory-policy that never evicts them
-// (noeviction); an evicted lease gives its slot back early.
-//
-// Announcements: a script that opens or closes a breaker, or carries out an
-// operator's action, PUBLISHes the event on the scope's channel in the same
-// round trip; Subscribe hears every scope with one pattern subscription.
-// Delivery is at most once: a replica that misses an announcement (it was
-// reconnecting) keeps a cooldown memo until the memo's own deadline.
-
 // Options configure a Backend. The zero value is the production setting.
 type Options struct {
 	// Prefix starts every key and channel name; default "polygate:". It may
@@ -102,8 +73,8 @@ func (b *Backend) tag(scope string) string {
 
 func (b *Backend) progressKey(scope string) string { return b.tag(scope) + ":progress" }
 
-// Channel is the name of the scope's announcement channel.
-func (b *Backend) Channel(scope string) string { return b.tag(scope) + ":events" }
+// channel is the name of the scope's announcement channel.
+func (b *Backend) channel(scope string) string { return b.tag(scope) + ":events" }
 
 // sourceKeys appends the source's breaker, leases, log and data keys.
 func (b *Backend) sourceKeys(keys []string, scope, source string) []string {
@@ -137,7 +108,7 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 	keys := make([]string, 0, 1+4*len(req.Candidates))
 	keys = append(keys, b.progressKey(req.Scope))
 	args := make([]any, 0, 7+13*len(req.Candidates))
-	args = append(args, b.nowArg(), b.idleTTL, b.Channel(req.Scope), req.Scope, req.PermitID, req.Tokens, len(req.Candidates))
+	args = append(args, b.nowArg(), b.idleTTL, b.channel(req.Scope), req.Scope, req.PermitID, req.Tokens, len(req.Candidates))
 	for i, c := range req.Candidates {
 		if c.Source == nil {
 			return gate.Admission{}, fmt.Errorf("redisgate: %s: candidate %d has no source", op, i)
@@ -194,7 +165,7 @@ func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 	}
 	keys := b.sourceKeys([]string{b.progressKey(req.Scope)}, req.Scope, req.Source.Name)
 	args := []any{
-		b.nowArg(), b.idleTTL, b.Channel(req.Scope), req.Scope, req.Source.Name, req.PermitID,
+		b.nowArg(), b.idleTTL, b.channel(req.Scope), req.Scope, req.Source.Name, req.PermitID,
 		strconv.FormatUint(req.Epoch, 10), flag(req.Probe), int(req.Verdict), req.Floor.Milliseconds(),
 		req.ActualTokens, flag(req.Progress),
 	}
@@ -264,7 +235,7 @@ func (b *Backend) Override(ctx context.Context, req gate.OverrideRequest) (gate.
 	}
 	keys := b.sourceKeys(nil, req.Scope, req.Source.Name)
 	args := []any{
-		b.nowArg(), b.idleTTL, b.Channel(req.Scope), req.Scope, req.Source.Name, int(req.Action), req.Actor, req.Why,
+		b.nowArg(), b.idleTTL, b.channel(req.Scope), req.Scope, req.Source.Name, int(req.Action), req.Actor, req.Why,
 		req.Source.Breaker.Window.Milliseconds(),
 	}
 	v, err := b.run(ctx, op, overrideScript, keys, args)
