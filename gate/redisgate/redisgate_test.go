@@ -2,6 +2,7 @@ package redisgate_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -112,7 +113,7 @@ func (h *argHook) take() (names []string, args [][]any) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, a := range h.cmds {
-		names = append(names, strings.ToLower(a[0].(string)))
+		names = append(names, strings.ToLower(fmt.Sprint(a[0])))
 	}
 	args, h.cmds = h.cmds, nil
 	return names, args
