@@ -34,6 +34,7 @@ type fileBackend struct {
 
 type fileRedis struct {
 	Addrs         []string       `koanf:"addrs"`
+	Cluster       *bool          `koanf:"cluster"`
 	MasterName    *string        `koanf:"master_name"`
 	Username      *string        `koanf:"username"`
 	Password      *string        `koanf:"password"`
@@ -198,6 +199,7 @@ func resolve(f *fileConfig) (*Config, error) {
 			Kind: or(f.Backend.Kind, "memory"),
 			Redis: Redis{
 				Addrs:         f.Backend.Redis.Addrs,
+				Cluster:       or(f.Backend.Redis.Cluster, false),
 				MasterName:    or(f.Backend.Redis.MasterName, ""),
 				Username:      or(f.Backend.Redis.Username, ""),
 				Password:      or(f.Backend.Redis.Password, ""),

@@ -21,8 +21,6 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/polygate/polygate/config"
-	"github.com/polygate/polygate/gate"
-	"github.com/polygate/polygate/gate/inmem"
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 )
 
@@ -50,16 +48,20 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 	log := newLogger(cfg.Log, stderr)
 
-	backend, backendName, err := openBackend(cfg)
+	hs := health.NewServer()
+	b, err := openBackend(cfg, log, func(degraded bool, _ error) { backendHealth(hs, cfg, degraded) })
 	if err != nil {
 		return err
 	}
-	srv := New(cfg, backend, log, Options{BackendName: backendName})
+	defer b.close()
+	srv := New(cfg, b, log, Options{BackendName: b.describe})
 	gs := grpc.NewServer(ServerOptions(log, cfg.Auth.Token, Interceptors{})...)
 	admissionv1.RegisterAdmissionServiceServer(gs, srv)
-	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
+	subCtx, stopSub := context.WithCancel(context.Background())
+	defer stopSub()
+	go announcements(subCtx, b, srv, log)
 
 	lis, err := listen(cfg.Listen)
 	if err != nil {
@@ -67,8 +69,8 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(lis) }()
-	hs.SetServingStatus(admissionv1.AdmissionService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	log.Info("polygate started", "listen", cfg.Listen, "backend", backendName(), "scopes", srv.Scopes(), "config", configName(opts))
+	backendHealth(hs, cfg, false)
+	log.Info("polygate started", "listen", cfg.Listen, "backend", b.describe(), "scopes", srv.Scopes(), "config", configName(opts))
 	fmt.Fprintf(stdout, "polygate listening on %s\n", address(lis))
 
 	hup := make(chan os.Signal, 1)
@@ -123,13 +125,23 @@ func configName(o config.Options) string {
 	return o.File
 }
 
-// openBackend returns the configured backend and a description of it.
-func openBackend(cfg *config.Config) (gate.Backend, func() string, error) {
-	switch cfg.Backend.Kind {
-	case "memory":
-		return inmem.New(nil), func() string { return "memory" }, nil
+// BackendHealthService is the health service name that reports the backend:
+// NOT_SERVING while a shared backend is unavailable (whatever on_unavailable
+// says). The admission service itself turns NOT_SERVING only when it cannot
+// decide: an unavailable backend under on_unavailable: fail_closed.
+const BackendHealthService = "polygate.backend"
+
+func backendHealth(hs *health.Server, cfg *config.Config, degraded bool) {
+	st := healthpb.HealthCheckResponse_SERVING
+	if degraded {
+		st = healthpb.HealthCheckResponse_NOT_SERVING
 	}
-	return nil, nil, fmt.Errorf("backend.kind %q is not available in this build", cfg.Backend.Kind)
+	hs.SetServingStatus(BackendHealthService, st)
+	admission := healthpb.HealthCheckResponse_SERVING
+	if degraded && cfg.Backend.Redis.OnUnavailable == "fail_closed" {
+		admission = healthpb.HealthCheckResponse_NOT_SERVING
+	}
+	hs.SetServingStatus(admissionv1.AdmissionService_ServiceDesc.ServiceName, admission)
 }
 
 func listen(addr string) (net.Listener, error) {
