@@ -56,9 +56,11 @@ type harnessOpts struct {
 	yaml    string
 	backend gate.Backend
 	token   string
+	// loopback serves on a real TCP port instead of bufconn (benchmarks).
+	loopback bool
 }
 
-func start(t *testing.T, o harnessOpts) *harness {
+func start(t testing.TB, o harnessOpts) *harness {
 	t.Helper()
 	if o.yaml == "" {
 		o.yaml = testConfig
@@ -77,13 +79,26 @@ func start(t *testing.T, o harnessOpts) *harness {
 	admissionv1.RegisterAdmissionServiceServer(gs, srv)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
-	lis := bufconn.Listen(1 << 20)
-	go func() { _ = gs.Serve(lis) }()
-	conn, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
+	var conn *grpc.ClientConn
+	if o.loopback {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() { _ = gs.Serve(lis) }()
+		conn, err = grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		lis := bufconn.Listen(1 << 20)
+		go func() { _ = gs.Serve(lis) }()
+		conn, err = grpc.NewClient("passthrough:///bufnet",
+			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+			grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(func() {
