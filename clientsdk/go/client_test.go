@@ -410,7 +410,9 @@ func TestDo_DeadlineIsSentFromContextOrOption(t *testing.T) {
 	}
 	defer conn.Close()
 	c := polygate.New(conn)
-	ok := func(context.Context, polygate.Grant) polygate.Result { return polygate.Result{Outcome: polygate.Success} }
+	ok := func(context.Context, polygate.Grant) polygate.Result {
+		return polygate.Result{Outcome: polygate.Success}
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
