@@ -51,7 +51,7 @@ _REFUSALS = {
 
 
 def _seconds(d: Any) -> float:
-    return float(d.seconds) + d.nanos / 1e9
+    return float(d.seconds) + float(d.nanos) / 1e9
 
 
 def _truncate(s: str, n: int) -> str:
@@ -267,7 +267,7 @@ class AsyncClient:
     async def close(self) -> None:
         """Closes the channel the client opened."""
         if self._own:
-            await self._channel.close()
+            await self._channel.close(None)
 
     async def __aenter__(self) -> AsyncClient:
         return self
