@@ -13,7 +13,7 @@ PY := $(VENV)/bin/python
 PYSDK := clientsdk/python
 PYGEN := $(PYSDK)/src/polygate/_gen
 
-.PHONY: all run test ci generate check-generated lint pylint gotest pytest redis-server tools venv
+.PHONY: all run test ci generate check-generated lint pytypes gotest pytest redis-server tools venv
 
 all: test
 
@@ -22,7 +22,7 @@ run:
 	go run ./cmd/sidecar
 
 ## test: everything CI runs
-test: tools redis-server check-generated lint pylint gotest pytest
+test: tools redis-server check-generated lint pytypes gotest pytest
 
 ci: test
 
@@ -71,8 +71,8 @@ lint: tools
 	$(BIN)/buf lint
 	@if git rev-parse --verify -q main >/dev/null; then $(BIN)/buf breaking --against '$(BUF_AGAINST)'; else echo "no main branch: buf breaking skipped"; fi
 
-## pylint: mypy --strict on the Python SDK's hand-written code (the generated stubs are excluded)
-pylint: venv
+## pytypes: mypy --strict on the Python SDK's hand-written code (the generated stubs are excluded)
+pytypes: venv
 	cd $(PYSDK) && $(PY) -m mypy --config-file pyproject.toml src/polygate
 
 gotest:
