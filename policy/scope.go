@@ -491,7 +491,14 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 	// wait (see OnNoRunnable).
 	jitter := time.Duration(float64(cfg.PollInterval) * (0.5 + 0.5*s.rand()))
 	budget := cfg.StallWindow - stalled + cfg.PollInterval
-	sleep := max(jitter, budget)
+	first = !c.waiting
+	c.waiting = true
+	if hint == 0 && s.admissible(srcs, snap, c.Tokens) {
+		// Something changed between the Pick and this read (a permit released,
+		// a breaker closed), before the wake-ups were taken: that is a wake-up.
+		return Decision{Woken: true}, circuit, first, nil
+	}
+	sleep, uncertain := budget, hint == 0
 	if hint > 0 {
 		sleep = hint + jitter
 	}
@@ -499,9 +506,7 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 	if left > 0 {
 		sleep = min(sleep, left)
 	}
-	first = !c.waiting
-	c.waiting = true
-	return Decision{Sleep: ceilMs(sleep), Uncertain: hint == 0}, circuit, first, nil
+	return Decision{Sleep: ceilMs(sleep), Uncertain: uncertain}, circuit, first, nil
 }
 
 // watch registers a caller held without a certain time; the scope's poller
@@ -552,7 +557,7 @@ func (s *Scope) poll() {
 		ctx, cancel := context.WithTimeout(context.Background(), max(cfg.PollInterval, time.Second))
 		snap, err := s.backend.Peek(ctx, gate.PeekRequest{Scope: s.name, Sources: s.specs(srcs)})
 		cancel()
-		if err == nil && s.admissible(srcs, snap) {
+		if err == nil && s.admissible(srcs, snap, 0) {
 			s.breakers.fire()
 		}
 	}
@@ -567,8 +572,10 @@ func isClosed(ch <-chan struct{}) bool {
 	}
 }
 
-// admissible reports whether some source would likely admit an attempt now.
-func (s *Scope) admissible(srcs []*source, snap gate.Snapshot) bool {
+// admissible reports whether some source would admit an attempt of tokens
+// now, by the same rules as the backend's Admit (pacer ceiling, quota,
+// breaker) and the cooldown memo, which it refreshes from the snapshot.
+func (s *Scope) admissible(srcs []*source, snap gate.Snapshot, tokens int64) bool {
 	now := s.now()
 	found := false
 	for i, v := range snap.Sources {
@@ -577,7 +584,7 @@ func (s *Scope) admissible(srcs []*source, snap gate.Snapshot) bool {
 		if v.Breaker.Reason != gate.ReasonNone ||
 			v.Quota.InFlight >= min(srcs[i].pacer.Ceiling(), l.MaxConcurrency) ||
 			l.RPM > 0 && v.Quota.Requests >= l.RPM ||
-			l.TPM > 0 && v.Quota.Tokens >= l.TPM {
+			l.TPM > 0 && v.Quota.Tokens+max(tokens, 1) > l.TPM {
 			continue
 		}
 		found = true

@@ -42,6 +42,29 @@ sources: [{name: only, max_concurrency: 1}]
 		})
 	})
 
+	// A permit released between the refused Pick and OnNoRunnable (before the
+	// wake-ups were taken) is seen by OnNoRunnable's read: a wake-up, at once.
+	t.Run("ReleasedBeforeTheWait", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s, _ := newScope(t, `
+backpressure: {poll_interval: 10s, stall_window: 300s}
+sources: [{name: only, max_concurrency: 1}]
+`)
+			holder := newCall(s)
+			g := grant(t, s, holder)
+			waiter := newCall(s)
+			pick(t, s, waiter)
+			record(t, s, holder, g, policy.Success)
+			d, err := s.OnNoRunnable(ctx(t), waiter)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !d.Woken || d.Slept != 0 || d.Sleep != 0 {
+				t.Fatalf("decision %+v, want an immediate wake-up, not a hold", d)
+			}
+		})
+	})
+
 	t.Run("ProbeSucceeded", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			s, _ := newScope(t, `
