@@ -1,18 +1,13 @@
 package e2e
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,51 +17,14 @@ import (
 	polygate "github.com/polygate/polygate/clientsdk/go"
 	"github.com/polygate/polygate/e2e/upstream"
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/internal/sidecartest"
 )
 
 // timeout bounds every test's waiting: conditions are awaited until it, never
 // slept for.
 const timeout = 60 * time.Second
 
-// sidecarBin is the sidecar binary TestMain builds once.
-var sidecarBin string
-
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "polygate-e2e-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	sidecarBin = filepath.Join(dir, "sidecar")
-	build := exec.Command("go", "build", "-o", sidecarBin, "github.com/polygate/polygate/cmd/sidecar")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "e2e: building the sidecar:", err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-// lockedBuffer collects a process's logs.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+func TestMain(m *testing.M) { sidecartest.Main(m) }
 
 // sidecar is a running sidecar process.
 type sidecar struct {
@@ -74,65 +32,26 @@ type sidecar struct {
 	raw  admissionv1.AdmissionServiceClient
 }
 
-// startSidecar writes config to a file, starts the binary on a free port and
-// waits for its "polygate listening on" line. The process is stopped (and
-// killed if it lingers) when the test ends; its logs are shown if it failed.
+// startSidecar writes config to a file and starts the real binary on a free
+// port (internal/sidecartest); it is stopped when the test ends.
 func startSidecar(t *testing.T, config string) *sidecar {
 	t.Helper()
 	file := filepath.Join(t.TempDir(), "polygate.yaml")
 	if err := os.WriteFile(file, []byte(config), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(sidecarBin, "--config", file, "--listen", "127.0.0.1:0")
-	logs := &lockedBuffer{}
-	cmd.Stderr = logs
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.WaitDelay = 5 * time.Second
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting %s: %v", sidecarBin, err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
+	sc := sidecartest.Start(t, []string{"--config", file, "--listen", "127.0.0.1:0"})
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
 		if t.Failed() {
-			t.Logf("sidecar logs:\n%s", logs.String())
+			t.Logf("sidecar logs:\n%s", sc.Logs())
 		}
 	})
-	addrc := make(chan string, 1)
-	go func() {
-		lines := bufio.NewScanner(out)
-		for lines.Scan() {
-			if a, ok := strings.CutPrefix(lines.Text(), "polygate listening on "); ok {
-				addrc <- a
-				break
-			}
-		}
-		_, _ = io.Copy(io.Discard, out)
-	}()
-	var addr string
-	select {
-	case addr = <-addrc:
-	case <-exited:
-		t.Fatalf("sidecar exited before listening:\n%s", logs.String())
-	case <-time.After(timeout):
-		t.Fatalf("sidecar did not announce its address within %v:\n%s", timeout, logs.String())
-	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(sc.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return &sidecar{addr: addr, raw: admissionv1.NewAdmissionServiceClient(conn)}
+	return &sidecar{addr: sc.Addr, raw: admissionv1.NewAdmissionServiceClient(conn)}
 }
 
 // client dials the sidecar with the Go SDK.
