@@ -32,7 +32,10 @@ type Backend struct {
 type Redis struct {
 	// Addrs: one address is a standalone server (or, with MasterName, a
 	// sentinel); several are a cluster (or sentinels).
-	Addrs      []string
+	Addrs []string
+	// Cluster treats a single address as a cluster's seed (several addresses
+	// always mean a cluster, unless MasterName names a sentinel master).
+	Cluster    bool
 	MasterName string
 	Username   string
 	Password   string

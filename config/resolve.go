@@ -35,6 +35,7 @@ type fileBackend struct {
 
 type fileRedis struct {
 	Addrs         []string       `koanf:"addrs"`
+	Cluster       *bool          `koanf:"cluster"`
 	MasterName    *string        `koanf:"master_name"`
 	Username      *string        `koanf:"username"`
 	Password      *string        `koanf:"password"`
@@ -206,6 +207,7 @@ func resolve(f *fileConfig) (*Config, error) {
 			Kind: or(f.Backend.Kind, "memory"),
 			Redis: Redis{
 				Addrs:         f.Backend.Redis.Addrs,
+				Cluster:       or(f.Backend.Redis.Cluster, false),
 				MasterName:    or(f.Backend.Redis.MasterName, ""),
 				Username:      or(f.Backend.Redis.Username, ""),
 				Password:      or(f.Backend.Redis.Password, ""),
@@ -372,7 +374,11 @@ func resolveBreaker(c *checker, scopeKey, sourceKey string, scope, src *fileBrea
 	c.duration(pick(src.Cooldown != nil, "cooldown"), p.Cooldown, time.Millisecond)
 	c.duration(pick(src.MaxCooldown != nil, "max_cooldown"), p.MaxCooldown, time.Millisecond)
 	if p.MaxCooldown < p.Cooldown {
-		c.fail(pick(src.MaxCooldown != nil, "max_cooldown"), p.MaxCooldown, fmt.Sprintf("must be at least cooldown (%v)", p.Cooldown))
+		allowed := fmt.Sprintf("must be at least cooldown (%v)", p.Cooldown)
+		if src.MaxCooldown == nil && scope.MaxCooldown == nil {
+			allowed += fmt.Sprintf("; it is the default %v here, so set breaker.max_cooldown too", DefaultMaxCooldown)
+		}
+		c.fail(pick(src.MaxCooldown != nil, "max_cooldown"), p.MaxCooldown, allowed)
 	}
 	if ttl := or(src.ProbeTTL, or(scope.ProbeTTL, 0)); src.ProbeTTL != nil || scope.ProbeTTL != nil {
 		p.ProbeTTL = ttl

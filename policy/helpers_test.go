@@ -28,7 +28,9 @@ func newScope(t *testing.T, body string) (*policy.Scope, *inmem.Backend) {
 		t.Fatalf("config: %v", err)
 	}
 	b := inmem.New(time.Now)
-	return policy.NewScope(cfg.Scopes["s"], b, policy.Options{Rand: half}), b
+	s := policy.NewScope(cfg.Scopes["s"], b, policy.Options{Rand: half})
+	t.Cleanup(s.Close)
+	return s, b
 }
 
 func indent(s string) string {

@@ -106,6 +106,12 @@ type Scope struct {
 	// closing ends every server-side wait (shutdown, or the scope removed).
 	closing   chan struct{}
 	closeOnce sync.Once
+
+	// The poller runs while callers are held without a certain time.
+	pollMu   sync.Mutex
+	watchers int
+	polling  bool
+	idle     chan struct{} // the last watcher left
 }
 
 // NewScope returns the decisions of one scope over a backend.
@@ -113,7 +119,7 @@ func NewScope(cfg *config.Scope, b gate.Backend, o Options) *Scope {
 	s := &Scope{
 		name: cfg.Name, backend: b, observer: o.Observer, now: o.Now, rand: o.Rand,
 		sel: newSelector(), memo: newMemo(), breakers: newSignal(), capacity: newSignal(),
-		closing: make(chan struct{}),
+		closing: make(chan struct{}), idle: make(chan struct{}, 1),
 	}
 	if s.now == nil {
 		s.now = time.Now
@@ -349,18 +355,33 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 type Decision struct {
 	Sleep   time.Duration
 	Failure *Failure
-	// Slept is how long the sidecar waited before answering; Woken says a
-	// change of the scope ended that wait early.
+	// Slept is how long the sidecar held the caller before answering; Woken
+	// says a change of the scope ended that wait early.
 	Slept time.Duration
 	Woken bool
+	// Uncertain: there was no certain time to wait for (a probe in flight, a
+	// full pool), so the sidecar held the caller until something changed.
+	Uncertain bool
 }
 
 // OnNoRunnable decides, after a NoRunnable Pick, whether the call waits or
-// fails (DESIGN's formula, dispatched by the reason of the refusal). A Wait is
-// slept here, inside the sidecar, and ends early when a breaker of the scope
-// changes or (when a quota or pacer refused) a permit of the scope is
-// released; it also ends before ctx's deadline, with the rest of the sleep
-// left to the caller.
+// fails (DESIGN's formula, dispatched by the reason of the refusal), and does
+// the wait here, inside the sidecar:
+//
+//   - with a certain time to wait for (every source OPEN), it sleeps until
+//     the earliest cooldown ends plus jitter, clamped to the stall budget, and
+//     ends early when a breaker of the scope changes;
+//   - without one (a probe in flight, a full pool, a pacer ceiling), it holds
+//     the caller until something it waits for changes — a breaker transition,
+//     a released permit, or a source the scope's poller finds admissible on
+//     its read of the backend every poll_interval — and at most until the
+//     stall budget (plus one poll_interval) is spent. A change is noticed
+//     within one poll interval, as with the formula's polling, but the caller
+//     makes one round trip per change instead of one per poll interval.
+//
+// Either wait answers before ctx's deadline: a certain wait then leaves the
+// rest of its sleep to the caller, an uncertain one leaves nothing (the caller
+// asks again). Close answers every wait at once the same way.
 func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 	// Take the wake-ups before reading the backend, so that no change between
 	// the read and the sleep can be missed.
@@ -376,9 +397,12 @@ func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 		if circuit {
 			freed = nil // a released permit does not help a call every breaker refuses
 		}
+		if d.Uncertain {
+			defer s.watch()()
+		}
 		nap := d.Sleep
 		if deadline, ok := ctx.Deadline(); ok {
-			// Answer before the caller's RPC deadline, leaving it the rest.
+			// Answer before the caller's RPC deadline.
 			left := time.Until(deadline)
 			nap = min(nap, max(0, left-min(left/10, 50*time.Millisecond)))
 		}
@@ -397,7 +421,7 @@ func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 		}
 		timer.Stop()
 		d.Slept = s.now().Sub(start)
-		if d.Woken || d.Slept >= d.Sleep {
+		if d.Woken || d.Uncertain || d.Slept >= d.Sleep {
 			d.Sleep = 0
 		} else {
 			d.Sleep = ceilMs(d.Sleep - d.Slept)
@@ -407,8 +431,8 @@ func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 	return d, nil
 }
 
-// decide is OnNoRunnable without the sleep. circuit reports that every
-// source was refused by its breaker or the cooldown memo.
+// decide is OnNoRunnable without the wait. circuit reports that every source
+// was refused by its breaker or the cooldown memo.
 func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first bool, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -463,18 +487,109 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 		// The earliest certain moment is past the deadline: fail now, not then.
 		return fail(FailDeadlineExceeded, hint)
 	}
+	// DESIGN's formula, with the stall budget as the bound of an uncertain
+	// wait (see OnNoRunnable).
 	jitter := time.Duration(float64(cfg.PollInterval) * (0.5 + 0.5*s.rand()))
-	sleep := jitter
+	budget := cfg.StallWindow - stalled + cfg.PollInterval
+	first = !c.waiting
+	c.waiting = true
+	if hint == 0 && s.admissible(srcs, snap, c.Tokens) {
+		// Something changed between the Pick and this read (a permit released,
+		// a breaker closed), before the wake-ups were taken: that is a wake-up.
+		return Decision{Woken: true}, circuit, first, nil
+	}
+	sleep, uncertain := budget, hint == 0
 	if hint > 0 {
 		sleep = hint + jitter
 	}
-	sleep = max(jitter, min(sleep, cfg.StallWindow-stalled+cfg.PollInterval))
+	sleep = max(jitter, min(sleep, budget))
 	if left > 0 {
 		sleep = min(sleep, left)
 	}
-	first = !c.waiting
-	c.waiting = true
-	return Decision{Sleep: ceilMs(sleep)}, circuit, first, nil
+	return Decision{Sleep: ceilMs(sleep), Uncertain: uncertain}, circuit, first, nil
+}
+
+// watch registers a caller held without a certain time; the scope's poller
+// runs while there is one. The returned function unregisters it.
+func (s *Scope) watch() (unwatch func()) {
+	s.pollMu.Lock()
+	s.watchers++
+	if !s.polling {
+		s.polling = true
+		go s.poll()
+	}
+	s.pollMu.Unlock()
+	return func() {
+		s.pollMu.Lock()
+		s.watchers--
+		if s.watchers == 0 {
+			select {
+			case s.idle <- struct{}{}: // the poller stops now, not at its next tick
+			default:
+			}
+		}
+		s.pollMu.Unlock()
+	}
+}
+
+// poll reads the scope's sources every (jittered) poll_interval while callers
+// are held, and wakes them when a source looks admissible: one backend read
+// per interval for the whole scope, which notices what no local signal
+// reports — a permit released or a lease expired on another replica, a probe
+// lease that ran out.
+func (s *Scope) poll() {
+	for {
+		cfg, srcs := s.snapshot()
+		timer := time.NewTimer(time.Duration(float64(cfg.PollInterval) * (0.5 + 0.5*s.rand())))
+		select {
+		case <-timer.C:
+		case <-s.idle:
+		case <-s.closing:
+		}
+		timer.Stop()
+		s.pollMu.Lock()
+		if s.watchers == 0 || isClosed(s.closing) {
+			s.polling = false
+			s.pollMu.Unlock()
+			return
+		}
+		s.pollMu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), max(cfg.PollInterval, time.Second))
+		snap, err := s.backend.Peek(ctx, gate.PeekRequest{Scope: s.name, Sources: s.specs(srcs)})
+		cancel()
+		if err == nil && s.admissible(srcs, snap, 0) {
+			s.breakers.fire()
+		}
+	}
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// admissible reports whether some source would admit an attempt of tokens
+// now, by the same rules as the backend's Admit (pacer ceiling, quota,
+// breaker) and the cooldown memo, which it refreshes from the snapshot.
+func (s *Scope) admissible(srcs []*source, snap gate.Snapshot, tokens int64) bool {
+	now := s.now()
+	found := false
+	for i, v := range snap.Sources {
+		s.remember(v.Source, v.Breaker, now)
+		l := srcs[i].gate.Limits
+		if v.Breaker.Reason != gate.ReasonNone ||
+			v.Quota.InFlight >= min(srcs[i].pacer.Ceiling(), l.MaxConcurrency) ||
+			l.RPM > 0 && v.Quota.Requests >= l.RPM ||
+			l.TPM > 0 && v.Quota.Tokens+max(tokens, 1) > l.TPM {
+			continue
+		}
+		found = true
+	}
+	return found
 }
 
 func minRetryAfter(rs []gate.Rejection) time.Duration {

@@ -128,12 +128,24 @@ sources:
 							t.Fatalf("decision %+v, want quota_exhausted with both reasons", d)
 						}
 					default:
-						// A wait, never a quota_exhausted for a breaker wait.
-						want := 75 * time.Millisecond
+						// A wait, never a quota_exhausted for a breaker wait:
+						// until the cooldown ends plus jitter when every source
+						// is OPEN; else (no certain time) the caller is held
+						// until something changes — here nothing does, so the
+						// whole stall budget plus one poll interval.
+						want, uncertain := 300*time.Second+poll, true
 						if st.circuit && st.hint > 0 {
-							want = st.hint + 75*time.Millisecond // until the cooldown ends, plus jitter
+							want, uncertain = st.hint+75*time.Millisecond, false
 						}
-						if d.Failure != nil || d.Slept != want || d.Sleep != 0 {
+						if st.name == "MixedBreakerAndQuota" {
+							// a's cooldown ends at 10s: the scope's poller sees
+							// it admissible within one poll interval.
+							if !d.Woken || d.Slept < 10*time.Second || d.Slept > 10*time.Second+poll {
+								t.Fatalf("decision %+v, want woken when a's cooldown ends", d)
+							}
+							return
+						}
+						if d.Failure != nil || d.Slept != want || d.Sleep != 0 || d.Uncertain != uncertain {
 							t.Fatalf("decision %+v, want a wait of %v", d, want)
 						}
 					}

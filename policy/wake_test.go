@@ -34,10 +34,33 @@ sources: [{name: only, max_concurrency: 1}]
 			record(t, s, holder, g, policy.Success)
 			wg.Wait()
 			if !d.Woken || d.Slept != time.Second || d.Sleep != 0 {
-				t.Fatalf("decision %+v, want woken after 1s of a 7.5s sleep", d)
+				t.Fatalf("decision %+v, want woken after 1s", d)
 			}
 			if pick(t, s, waiter).Grant == nil {
 				t.Fatal("the woken caller was refused")
+			}
+		})
+	})
+
+	// A permit released between the refused Pick and OnNoRunnable (before the
+	// wake-ups were taken) is seen by OnNoRunnable's read: a wake-up, at once.
+	t.Run("ReleasedBeforeTheWait", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s, _ := newScope(t, `
+backpressure: {poll_interval: 10s, stall_window: 300s}
+sources: [{name: only, max_concurrency: 1}]
+`)
+			holder := newCall(s)
+			g := grant(t, s, holder)
+			waiter := newCall(s)
+			pick(t, s, waiter)
+			record(t, s, holder, g, policy.Success)
+			d, err := s.OnNoRunnable(ctx(t), waiter)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !d.Woken || d.Slept != 0 || d.Sleep != 0 {
+				t.Fatalf("decision %+v, want an immediate wake-up, not a hold", d)
 			}
 		})
 	})
@@ -55,7 +78,7 @@ sources: [{name: only}]
 			prober := newCall(s)
 			probe := grant(t, s, prober)
 			waiter := newCall(s)
-			pick(t, s, waiter) // probe_in_flight: no certain time, so a poll-sized sleep
+			pick(t, s, waiter) // probe_in_flight: no certain time, the caller is held
 			var wg sync.WaitGroup
 			var d policy.Decision
 			wg.Go(func() { d, _ = s.OnNoRunnable(ctx(t), waiter) })
@@ -89,6 +112,55 @@ sources: [{name: only, max_concurrency: 5}]
 			wg.Wait()
 			if d.Woken || d.Slept != 60*time.Second+75*time.Millisecond {
 				t.Fatalf("decision %+v, want the whole cooldown slept", d)
+			}
+		})
+	})
+
+	// What no local signal reports — here a lease that expires, as a slot
+	// freed on another replica would be — the scope's poller notices within
+	// one poll interval.
+	t.Run("PollerNoticesAnExpiredLease", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s, _ := newScope(t, `
+backpressure: {poll_interval: 100ms, stall_window: 300s}
+lease_grace: 0s
+sources: [{name: only, max_concurrency: 1, timeout: 10s}]
+`)
+			grant(t, s, newCall(s)) // never settled: its lease ends at 10s
+			waiter := newCall(s)
+			pick(t, s, waiter)
+			d, err := s.OnNoRunnable(ctx(t), waiter)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !d.Woken || d.Slept < 10*time.Second || d.Slept > 10*time.Second+100*time.Millisecond {
+				t.Fatalf("decision %+v, want woken within one poll interval of the lease's end at 10s", d)
+			}
+			if pick(t, s, waiter).Grant == nil {
+				t.Fatal("the woken caller was refused")
+			}
+		})
+	})
+
+	t.Run("PollerNoticesAnExpiredProbeLease", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s, _ := newScope(t, `
+circuit_open: wait
+backpressure: {poll_interval: 100ms, stall_window: 300s}
+breaker: {fail_threshold: 1, cooldown: 5s, probe_ttl: 30s}
+sources: [{name: only}]
+`)
+			fail(t, s, policy.Transient)
+			time.Sleep(5 * time.Second)
+			grant(t, s, newCall(s)) // the probe, never reported
+			waiter := newCall(s)
+			pick(t, s, waiter)
+			d, _ := s.OnNoRunnable(ctx(t), waiter)
+			if !d.Woken || d.Slept < 30*time.Second || d.Slept > 30*time.Second+100*time.Millisecond {
+				t.Fatalf("decision %+v, want woken within one poll interval of the probe lease's end", d)
+			}
+			if g := pick(t, s, waiter).Grant; g == nil || !g.Permit.Probe {
+				t.Fatalf("after the lease ran out the waiter should take the new probe, got %+v", g)
 			}
 		})
 	})

@@ -88,8 +88,8 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		return withInfo(status.New(codes.Internal, "internal error"), admissionv1.ErrorReason_ERROR_REASON_INTERNAL, nil)
 	}
 	st := status.New(code, err.Error())
-	if fe != nil {
-		st = withDetails(st, &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: fe.field, Description: fe.msg}}})
+	if field := meta["field"]; code == codes.InvalidArgument && field != "" {
+		st = withDetails(st, &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: field, Description: err.Error()}}})
 	}
 	return withInfo(st, reason, meta)
 }

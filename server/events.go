@@ -305,19 +305,11 @@ type backendObserver interface {
 	BackendChanged(degraded bool)
 }
 
-// BackendChanged is the hook a backend reports its health through: it logs
-// the change, publishes it to event watchers and tells the observers that
-// count it. It never blocks; call it outside the backend's own locks.
+// BackendChanged is where a backend's health changes go: it publishes the
+// change to event watchers and tells the observers that count it (the
+// metrics). The backend logs its own changes (see openRedis). It never
+// blocks; call it outside the backend's own locks.
 func (s *Server) BackendChanged(c BackendChange) {
-	attrs := []any{"backend", c.Backend, "detail", c.Detail}
-	if c.Scope != "" {
-		attrs = append(attrs, "scope", c.Scope)
-	}
-	if c.Degraded {
-		s.log.Warn("backend degraded", attrs...)
-	} else {
-		s.log.Info("backend recovered", attrs...)
-	}
 	s.events.backend(c)
 	for _, o := range s.observer {
 		if b, ok := o.(backendObserver); ok {

@@ -12,9 +12,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/polygate/polygate/config"
-	"github.com/polygate/polygate/gate/gatetest"
-	"github.com/polygate/polygate/gate/inmem"
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 )
 
@@ -163,15 +160,11 @@ func TestWatchEventsWaitAndStaleAndBackend(t *testing.T) {
 	a, b := e.grant(t, "chat", "", 0), e.grant(t, "chat", "", 0)
 	e.record(t, "chat", a, outcome{o: admissionv1.Outcome_OUTCOME_TRANSIENT})
 	e.record(t, "chat", b, outcome{o: admissionv1.Outcome_OUTCOME_SUCCESS})
-	// A third call is refused (the cooldown memo) and starts waiting: with
-	// circuit_open = wait the sidecar sleeps until the cooldown ends, which
-	// the fake clock never reaches, so the RPC's deadline cuts the wait.
+	// A third call is refused (the cooldown memo) and starts waiting.
 	c := e.pick(t, "chat", "", 0)
-	ctx, cancel := context.WithTimeout(e.ctx, 100*time.Millisecond)
-	d, err := e.client.OnNoRunnable(ctx, &admissionv1.OnNoRunnableRequest{Scope: "chat", CallId: c.GetCallId()})
-	cancel()
-	if err != nil || d.GetWait() == nil {
-		t.Fatalf("OnNoRunnable: %v %v", d, err)
+	e.answerWaitsAtOnce(t, "chat")
+	if d := e.onNoRunnable(t, "chat", c.GetCallId()); d.GetWait() == nil {
+		t.Fatalf("OnNoRunnable: %v", d)
 	}
 	e.sc.srv.BackendChanged(BackendChange{Backend: "redis", Degraded: true, Detail: "dial tcp: connection refused; scopes fail closed"})
 	e.sc.srv.BackendChanged(BackendChange{Scope: "other", Backend: "redis", Degraded: false}) // not chat's
@@ -199,13 +192,11 @@ func TestWatchEventsWaitAndStaleAndBackend(t *testing.T) {
 	if h := bh.GetBackendHealth(); bh.GetScope() != "" || h.GetBackend() != "redis" || !h.GetDegraded() || h.GetDetail() == "" {
 		t.Fatalf("backend health %v", bh)
 	}
-	// The log has one line for the wait with its reasons and sleep, and the
-	// backend's degradation.
+	// The log has one line for the wait with its reasons and sleep.
 	logs := e.logs.String()
 	for _, want := range []string{
 		`msg="call waiting" scope=chat call=` + c.GetCallId() + " sleep=10.00",
 		"sources.primary.reason=cooldown sources.primary.retry_after=10s attempts=0",
-		`msg="backend degraded" backend=redis detail="dial tcp: connection refused; scopes fail closed"`,
 		`msg="breaker closed → open" scope=chat source=primary epoch=0 cause=consecutive_failures reopens=1 cooldown=10s`,
 	} {
 		if !strings.Contains(logs, want) {
@@ -256,6 +247,7 @@ func TestSlowWatcherLosesEventsNotDecisions(t *testing.T) {
 	e.override(t, "chat", "primary", admissionv1.OverrideAction_OVERRIDE_ACTION_FORCE_OPEN)
 	<-block.entered
 	// Ten calls are refused and start waiting: ten decisions, ten events.
+	e.answerWaitsAtOnce(t, "chat")
 	const calls = 10
 	for i := range calls {
 		p := e.pick(t, "chat", "", 0)
@@ -310,50 +302,5 @@ func TestWatchEventsEnds(t *testing.T) {
 	e.sc.stop()
 	if _, err := w.Recv(); !errors.Is(err, io.EOF) {
 		t.Fatalf("after stop: %v, want the stream to end", err)
-	}
-}
-
-// reportingBackend is a memory backend that reports its health, as the
-// Redis backend does.
-type reportingBackend struct {
-	*inmem.Backend
-	report func(degraded bool, detail string)
-}
-
-func (b *reportingBackend) OnHealth(report func(degraded bool, detail string)) { b.report = report }
-
-// TestBackendHealthHook: a backend that reports its health reaches the
-// watchers, the log and the metrics through the hook startSidecar installs.
-func TestBackendHealthHook(t *testing.T) {
-	cfg, err := config.Parse([]byte("metrics_listen: 127.0.0.1:0\n"+eventsConfig), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	clock := gatetest.NewClock()
-	b := &reportingBackend{Backend: inmem.New(clock.Now)}
-	e := startOpsWith(t, cfg, sidecarDeps{now: clock.Now, backend: b}, clock)
-	if b.report == nil {
-		t.Fatal("startSidecar did not install the health hook")
-	}
-	w := e.watch(t, "chat")
-	b.report(true, "redis 10.0.0.7:6379: connection refused; a local gate serves")
-	ev := next(t, w)
-	if h := ev.GetBackendHealth(); ev.GetScope() != "" || h.GetBackend() != "memory" || !h.GetDegraded() ||
-		h.GetDetail() != "redis 10.0.0.7:6379: connection refused; a local gate serves" {
-		t.Fatalf("event %v", ev)
-	}
-	m := e.scrape(t)
-	if m.value("polygate_backend_degraded") != 1 || m.value("polygate_backend_health_changes_total", "state=degraded") != 1 {
-		t.Fatalf("backend gauge %v, changes %v", m.value("polygate_backend_degraded"), m.value("polygate_backend_health_changes_total", "state=degraded"))
-	}
-	b.report(false, "redis is back")
-	if ev := next(t, w); ev.GetBackendHealth().GetDegraded() {
-		t.Fatalf("event %v", ev)
-	}
-	if m := e.scrape(t); m.value("polygate_backend_degraded") != 0 || m.value("polygate_backend_health_changes_total", "state=recovered") != 1 {
-		t.Fatal("recovery not counted")
-	}
-	if logs := e.logs.String(); !strings.Contains(logs, `level=WARN msg="backend degraded" backend=memory`) || !strings.Contains(logs, `level=INFO msg="backend recovered"`) {
-		t.Fatalf("log:\n%s", logs)
 	}
 }

@@ -71,6 +71,7 @@ func TestMetricsAfterScriptedSequence(t *testing.T) {
 	if b.GetNoRunnable().GetGateRejections() != 1 {
 		t.Fatalf("B: %v", b)
 	}
+	e.answerWaitsAtOnce(t, "chat")
 	if d := e.onNoRunnable(t, "chat", b.GetCallId()); d.GetWait() == nil {
 		t.Fatalf("B OnNoRunnable: %v", d)
 	}

@@ -240,3 +240,16 @@ func (f families) histogram(name string, labels ...string) (count int64, sum flo
 	}
 	return int64(m.Histogram.GetSampleCount()), m.Histogram.GetSampleSum()
 }
+
+// answerWaitsAtOnce makes every OnNoRunnable of the scope answer as soon as
+// it has decided (and published) its Wait, as a shutdown does: a caller with
+// no certain retry time is otherwise held until something changes or its
+// RPC's deadline nears, which these tests do not exercise.
+func (e *opsEnv) answerWaitsAtOnce(t *testing.T, scope string) {
+	t.Helper()
+	sc, err := e.sc.srv.Scope(scope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.Close()
+}

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -28,7 +29,6 @@ import (
 
 	"github.com/polygate/polygate/config"
 	"github.com/polygate/polygate/gate"
-	"github.com/polygate/polygate/gate/inmem"
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 	"github.com/polygate/polygate/metrics"
 	"github.com/polygate/polygate/policy"
@@ -59,15 +59,29 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 	log := newLogger(cfg.Log, stderr)
 
-	backend, backendName, err := openBackend(cfg)
+	// The backend reports its health from the moment it opens; the server
+	// that publishes and counts the reports exists only afterwards.
+	hs := health.NewServer()
+	var started atomic.Pointer[Server]
+	b, err := openBackend(cfg, log, func(degraded bool, cause error) {
+		backendHealth(hs, cfg, degraded)
+		if srv := started.Load(); srv != nil {
+			srv.BackendChanged(backendChange(cfg, degraded, cause))
+		}
+	})
 	if err != nil {
 		return err
 	}
-	sc, err := startSidecar(cfg, log, sidecarDeps{backend: backend, backendName: backendName})
+	defer b.close()
+	sc, err := startSidecar(cfg, log, sidecarDeps{backend: b, backendName: b.describe, health: hs})
 	if err != nil {
 		return err
 	}
-	log.Info("polygate started", "listen", cfg.Listen, "backend", backendName(), "scopes", sc.srv.Scopes(),
+	started.Store(sc.srv)
+	subCtx, stopSub := context.WithCancel(context.Background())
+	defer stopSub()
+	go announcements(subCtx, b, sc.srv, log)
+	log.Info("polygate started", "listen", cfg.Listen, "backend", b.describe(), "scopes", sc.srv.Scopes(),
 		"config", configName(opts), "metrics_listen", cfg.MetricsListen, "telemetry", cfg.Telemetry.Path)
 	fmt.Fprintf(stdout, "polygate listening on %s\n", address(sc.lis))
 	if sc.metricsLis != nil {
@@ -118,16 +132,10 @@ type sidecarDeps struct {
 	now          func() time.Time
 	backend      gate.Backend
 	backendName  func() string
-	lis          net.Listener // nil: listen on cfg.Listen
-	interceptors Interceptors // extra, outermost
+	lis          net.Listener   // nil: listen on cfg.Listen
+	health       *health.Server // nil: a new one
+	interceptors Interceptors   // extra, outermost
 	watchBuffer  int
-}
-
-// healthReporter is a backend that reports its own health: the Redis
-// backend, when it loses or regains its server. report must not block, and
-// is called outside the backend's locks.
-type healthReporter interface {
-	OnHealth(report func(degraded bool, detail string))
 }
 
 // startSidecar wires the sidecar and starts serving: telemetry (when
@@ -174,18 +182,15 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 		}()
 	}
 	sc.srv = New(cfg, d.backend, log, Options{Now: d.now, BackendName: d.backendName, Observers: observers, WatchBuffer: d.watchBuffer})
-	if hr, ok := d.backend.(healthReporter); ok {
-		srv, kind := sc.srv, cfg.Backend.Kind
-		hr.OnHealth(func(degraded bool, detail string) {
-			srv.BackendChanged(BackendChange{Backend: kind, Degraded: degraded, Detail: detail})
-		})
-	}
 	if cfg.MetricsListen != "" {
 		reg.MustRegister(sc.srv.Collector(), metrics.NewStateCollector(sc.srv.scopeStates, 10*time.Second))
 	}
 	sc.gs = grpc.NewServer(ServerOptions(log, cfg.Auth.Token, extra)...)
 	admissionv1.RegisterAdmissionServiceServer(sc.gs, sc.srv)
-	sc.health = health.NewServer()
+	sc.health = d.health
+	if sc.health == nil {
+		sc.health = health.NewServer()
+	}
 	healthpb.RegisterHealthServer(sc.gs, sc.health)
 	reflection.Register(sc.gs)
 
@@ -213,7 +218,7 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 			sc.served <- fmt.Errorf("serving %s: %w", cfg.Listen, err)
 		}
 	}()
-	sc.health.SetServingStatus(admissionv1.AdmissionService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	backendHealth(sc.health, cfg, false)
 	return sc, nil
 }
 
@@ -255,6 +260,19 @@ func (sc *sidecar) stop() {
 	})
 }
 
+// backendChange is what a backend's report of its health means to the
+// event stream and the metrics.
+func backendChange(cfg *config.Config, degraded bool, cause error) BackendChange {
+	c := BackendChange{Backend: cfg.Backend.Kind, Degraded: degraded}
+	switch {
+	case degraded && cause != nil:
+		c.Detail = fmt.Sprintf("%v; on_unavailable: %s", cause, cfg.Backend.Redis.OnUnavailable)
+	case degraded:
+		c.Detail = "on_unavailable: " + cfg.Backend.Redis.OnUnavailable
+	}
+	return c
+}
+
 // scopeStates reads every scope's live state for the metrics collector.
 func (s *Server) scopeStates(ctx context.Context) []metrics.ScopeState {
 	var out []metrics.ScopeState
@@ -293,13 +311,23 @@ func configName(o config.Options) string {
 	return o.File
 }
 
-// openBackend returns the configured backend and a description of it.
-func openBackend(cfg *config.Config) (gate.Backend, func() string, error) {
-	switch cfg.Backend.Kind {
-	case "memory":
-		return inmem.New(nil), func() string { return "memory" }, nil
+// BackendHealthService is the health service name that reports the backend:
+// NOT_SERVING while a shared backend is unavailable (whatever on_unavailable
+// says). The admission service itself turns NOT_SERVING only when it cannot
+// decide: an unavailable backend under on_unavailable: fail_closed.
+const BackendHealthService = "polygate.backend"
+
+func backendHealth(hs *health.Server, cfg *config.Config, degraded bool) {
+	st := healthpb.HealthCheckResponse_SERVING
+	if degraded {
+		st = healthpb.HealthCheckResponse_NOT_SERVING
 	}
-	return nil, nil, fmt.Errorf("backend.kind %q is not available in this build", cfg.Backend.Kind)
+	hs.SetServingStatus(BackendHealthService, st)
+	admission := healthpb.HealthCheckResponse_SERVING
+	if degraded && cfg.Backend.Redis.OnUnavailable == "fail_closed" {
+		admission = healthpb.HealthCheckResponse_NOT_SERVING
+	}
+	hs.SetServingStatus(admissionv1.AdmissionService_ServiceDesc.ServiceName, admission)
 }
 
 func listen(addr string) (net.Listener, error) {

@@ -136,6 +136,18 @@ func (s *Server) Interrupt() {
 	s.abandon(s.calls.liveCalls(), AbandonShutdown)
 }
 
+// Announce applies a breaker event another replica announced through the
+// shared backend; events of scopes this sidecar does not serve are ignored.
+func (s *Server) Announce(scope string, e gate.Event) {
+	s.mu.RLock()
+	sc, ok := s.scopes[scope]
+	s.mu.RUnlock()
+	if ok {
+		s.log.Debug("breaker announced by another replica", "scope", scope, "source", e.Source, "event", e.Kind.String(), "to", e.To.String())
+		sc.Announce(e)
+	}
+}
+
 // Scope returns the named scope.
 func (s *Server) Scope(name string) (*policy.Scope, error) {
 	s.mu.RLock()

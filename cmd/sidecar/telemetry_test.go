@@ -1,19 +1,13 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -23,104 +17,8 @@ import (
 	_ "modernc.org/sqlite"
 
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/internal/sidecartest"
 )
-
-// opsBinary builds ./cmd/sidecar, with the race detector, into the test's
-// directory.
-func opsBinary(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "sidecar")
-	out, err := exec.Command("go", "build", "-race", "-o", bin, "github.com/polygate/polygate/cmd/sidecar").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build ./cmd/sidecar: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// opsProcess is a running sidecar binary.
-type opsProcess struct {
-	cmd    *exec.Cmd
-	addr   string
-	stderr *opsLog
-	done   chan error
-}
-
-type opsLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *opsLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *opsLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// startOpsBinary runs the binary with a YAML configuration and waits for
-// "polygate listening on ADDR" on its stdout.
-func startOpsBinary(t *testing.T, bin, yaml string) *opsProcess {
-	t.Helper()
-	cfg := filepath.Join(t.TempDir(), "polygate.yaml")
-	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p := &opsProcess{cmd: exec.Command(bin, "--config", cfg), stderr: &opsLog{}, done: make(chan error, 1)}
-	p.cmd.Stderr = p.stderr
-	stdout, err := p.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if a, ok := strings.CutPrefix(sc.Text(), "polygate listening on "); ok {
-				addr <- a
-			}
-		}
-		_, _ = io.Copy(io.Discard, stdout)
-	}()
-	go func() { p.done <- p.cmd.Wait() }()
-	t.Cleanup(func() {
-		if p.cmd.ProcessState == nil {
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-	})
-	select {
-	case p.addr = <-addr:
-	case err := <-p.done:
-		t.Fatalf("sidecar exited before listening: %v\n%s", err, p.stderr)
-	case <-time.After(60 * time.Second):
-		t.Fatalf("sidecar did not announce its address\n%s", p.stderr)
-	}
-	return p
-}
-
-// stop sends SIGTERM and waits for a clean exit.
-func (p *opsProcess) stop(t *testing.T) {
-	t.Helper()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-p.done:
-		if err != nil {
-			t.Fatalf("sidecar exited with %v\n%s", err, p.stderr)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatalf("sidecar did not stop within 30s of SIGTERM\n%s", p.stderr)
-	}
-}
 
 // opsSeen is what the test saw of one call through the RPCs.
 type opsSeen struct {
@@ -142,11 +40,10 @@ func TestTelemetryOfTheRealBinary(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
-	bin := opsBinary(t)
 	db := filepath.Join(t.TempDir(), "telemetry.db")
 	const cooldown = 400 * time.Millisecond
-	p := startOpsBinary(t, bin, fmt.Sprintf(`
-listen: 127.0.0.1:0
+	file := filepath.Join(t.TempDir(), "polygate.yaml")
+	if err := os.WriteFile(file, []byte(fmt.Sprintf(`
 log: {format: json}
 telemetry: {path: %s}
 scopes:
@@ -159,8 +56,11 @@ scopes:
   ff:
     circuit_open: fail_fast
     sources: [{name: only}]
-`, db, cooldown, cooldown))
-	conn, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+`, db, cooldown, cooldown)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := sidecartest.Start(t, []string{"--listen", "127.0.0.1:0", "--config", file})
+	conn, err := grpc.NewClient(p.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +160,9 @@ scopes:
 	if err != nil || c4.GetGrant() == nil {
 		t.Fatalf("call 4: %v %v", c4, err)
 	}
-	p.stop(t) // drains telemetry before it exits
+	if err := p.Stop(t); err != nil { // drains telemetry before it exits
+		t.Fatalf("sidecar exited with %v\n%s", err, p.Logs())
+	}
 
 	store, err := sql.Open("sqlite", db)
 	if err != nil {
@@ -396,7 +298,7 @@ FROM calls WHERE scope = 'single' AND result IN ('done', 'failure')`).Scan(&call
 	// The log (JSON, as configured) has the line of call 1's wait, with the
 	// scope, the source's reason and the sleep.
 	var found bool
-	for _, line := range strings.Split(p.stderr.String(), "\n") {
+	for _, line := range strings.Split(p.Logs(), "\n") {
 		var l struct {
 			Msg     string                             `json:"msg"`
 			Scope   string                             `json:"scope"`
@@ -412,7 +314,7 @@ FROM calls WHERE scope = 'single' AND result IN ('done', 'failure')`).Scan(&call
 		}
 	}
 	if !found {
-		t.Errorf("no wait line for call 1:\n%s", p.stderr)
+		t.Errorf("no wait line for call 1:\n%s", p.Logs())
 	}
 }
 

@@ -1353,7 +1353,7 @@ func (*OnNoRunnableResponse_Failure) isOnNoRunnableResponse_Decision() {}
 type Wait struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// What is left to sleep after the sidecar's own wait: 0 unless the RPC's
-	// deadline cut that wait short.
+	// deadline (or a shutdown) cut a wait for a certain time short.
 	Sleep *durationpb.Duration `protobuf:"bytes,1,opt,name=sleep,proto3" json:"sleep,omitempty"`
 	// How long the sidecar waited before answering.
 	Slept *durationpb.Duration `protobuf:"bytes,2,opt,name=slept,proto3" json:"slept,omitempty"`

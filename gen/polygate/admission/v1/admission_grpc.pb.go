@@ -62,11 +62,16 @@ type AdmissionServiceClient interface {
 	// dimensions or none), breaker — and grants the first that passes, or
 	// reports why every source refused.
 	Pick(ctx context.Context, in *PickRequest, opts ...grpc.CallOption) (*PickResponse, error)
-	// OnNoRunnable decides after a NoRunnable Pick: Wait or Failure. The
-	// sidecar sleeps the wait itself, ending early when something the call
-	// waits for changes (its scope's breaker closes or reopens; a permit is
-	// released, unless every source was refused by its breaker), and answers
-	// before the RPC's deadline with the rest of the sleep in Wait.sleep.
+	// OnNoRunnable decides after a NoRunnable Pick: Wait or Failure, by the
+	// reason of the refusal (every source refused by its breaker: circuit_open
+	// policy; else quota_full policy; then the stall budget). The sidecar does
+	// the wait itself: with a certain time (every source OPEN) until the
+	// earliest cooldown ends plus jitter; without one (a probe in flight, a full
+	// pool) until something the call waits for changes (a breaker transition, a
+	// released permit, a source the scope's poller finds admissible within one
+	// poll_interval). No wait outlasts the stall budget plus one poll_interval;
+	// it ends early on a change, and before the RPC's deadline (leaving the rest
+	// of a certain wait in Wait.sleep).
 	OnNoRunnable(ctx context.Context, in *OnNoRunnableRequest, opts ...grpc.CallOption) (*OnNoRunnableResponse, error)
 	// RecordOutcome settles a permit: releases its slot, feeds the breaker, the
 	// pacer and the call's budgets, and returns the next action. Idempotent per
@@ -224,11 +229,16 @@ type AdmissionServiceServer interface {
 	// dimensions or none), breaker — and grants the first that passes, or
 	// reports why every source refused.
 	Pick(context.Context, *PickRequest) (*PickResponse, error)
-	// OnNoRunnable decides after a NoRunnable Pick: Wait or Failure. The
-	// sidecar sleeps the wait itself, ending early when something the call
-	// waits for changes (its scope's breaker closes or reopens; a permit is
-	// released, unless every source was refused by its breaker), and answers
-	// before the RPC's deadline with the rest of the sleep in Wait.sleep.
+	// OnNoRunnable decides after a NoRunnable Pick: Wait or Failure, by the
+	// reason of the refusal (every source refused by its breaker: circuit_open
+	// policy; else quota_full policy; then the stall budget). The sidecar does
+	// the wait itself: with a certain time (every source OPEN) until the
+	// earliest cooldown ends plus jitter; without one (a probe in flight, a full
+	// pool) until something the call waits for changes (a breaker transition, a
+	// released permit, a source the scope's poller finds admissible within one
+	// poll_interval). No wait outlasts the stall budget plus one poll_interval;
+	// it ends early on a change, and before the RPC's deadline (leaving the rest
+	// of a certain wait in Wait.sleep).
 	OnNoRunnable(context.Context, *OnNoRunnableRequest) (*OnNoRunnableResponse, error)
 	// RecordOutcome settles a permit: releases its slot, feeds the breaker, the
 	// pacer and the call's budgets, and returns the next action. Idempotent per

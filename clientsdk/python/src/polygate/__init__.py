@@ -1,0 +1,64 @@
+"""polygate: the thin Python client of the polygate governance sidecar.
+
+The application keeps its own HTTP transport; ``Client.call`` (or
+``AsyncClient.call``) runs DESIGN's admission loop around one attempt
+function, and every retry, backoff, failover and waiting decision stays in
+the sidecar. Verdicts are raised as CallFailedError subclasses, gRPC errors
+as SidecarError subclasses, both under PolygateError.
+"""
+
+from polygate._classify import classify, classify_exception, classify_response
+from polygate._client import AsyncClient, Client
+from polygate._errors import (
+    STATUS_ERRORS,
+    AllSourcesExhaustedError,
+    CallCancelledError,
+    CallFailedError,
+    CircuitOpenError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    NonRetryableError,
+    NotFoundError,
+    PolygateError,
+    QuotaExhaustedError,
+    ResourceExhaustedError,
+    RetryExhaustedError,
+    SidecarError,
+    StalledError,
+    UnauthenticatedError,
+    UnavailableError,
+)
+from polygate._types import Grant, Outcome, Result, SourceReason
+
+__all__ = [
+    "STATUS_ERRORS",
+    "AllSourcesExhaustedError",
+    "AsyncClient",
+    "CallCancelledError",
+    "CallFailedError",
+    "CircuitOpenError",
+    "Client",
+    "DeadlineExceededError",
+    "FailedPreconditionError",
+    "Grant",
+    "InternalError",
+    "InvalidArgumentError",
+    "NonRetryableError",
+    "NotFoundError",
+    "Outcome",
+    "PolygateError",
+    "QuotaExhaustedError",
+    "ResourceExhaustedError",
+    "Result",
+    "RetryExhaustedError",
+    "SidecarError",
+    "SourceReason",
+    "StalledError",
+    "UnauthenticatedError",
+    "UnavailableError",
+    "classify",
+    "classify_exception",
+    "classify_response",
+]

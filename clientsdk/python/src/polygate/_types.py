@@ -1,0 +1,92 @@
+"""The values an application sees: outcomes, grants, results, refusals."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Outcome(str, enum.Enum):
+    """How one attempt ended (DESIGN's outcome table)."""
+
+    SUCCESS = "SUCCESS"
+    """2xx. The call is done."""
+    TRANSIENT = "TRANSIENT"
+    """5xx, 408, timeout, connection error. A breaker failure, charged to the retry budget."""
+    RATE_LIMITED = "RATE_LIMITED"
+    """429 that is not quota exhaustion. Neutral for the breaker, not charged."""
+    SOURCE_DEAD = "SOURCE_DEAD"
+    """401, 403, 429 insufficient_quota. Opens the source's breaker at once."""
+    CLIENT_ERROR = "CLIENT_ERROR"
+    """Any other 4xx. The call fails non_retryable."""
+    CANCELLED = "CANCELLED"
+    """The caller gave up. The call ends."""
+
+
+@dataclass(frozen=True)
+class Grant:
+    """The sidecar's permit to make one attempt on one source now."""
+
+    call_id: str
+    source: str
+    """The granted source's name."""
+    attributes: dict[str, str]
+    """The source's configured attributes (base_url, model...); never secrets."""
+    attempt: int
+    """The attempt's number in the call, from 1."""
+    probe: bool
+    """The attempt is the HALF_OPEN probe of the source's breaker."""
+    timeout_s: float
+    """The source's configured timeout for one attempt: pass it to the HTTP client."""
+    permit_id: str
+
+
+@dataclass
+class Result:
+    """What an attempt reports. ``value`` is what ``call`` returns when the
+    attempt succeeded (e.g. the HTTP response)."""
+
+    outcome: Outcome
+    retry_after_s: float = 0.0
+    """The upstream's retry hint (Retry-After and friends): a floor of the sidecar's backoff."""
+    http_status: int = 0
+    detail: str = ""
+    """A short note for the sidecar's logs (cut to 1024 bytes)."""
+    actual_tokens: int | None = None
+    """Tokens the attempt really used, settling its TPM charge; None keeps the estimate."""
+    value: Any = field(default=None, repr=False)
+
+    @classmethod
+    def from_response(cls, response: Any, *, value: Any = None) -> Result:
+        """Classifies an ``httpx`` or ``requests`` response (anything with
+        ``status_code``, ``headers`` and ``content`` or ``text``); ``value``
+        defaults to the response itself."""
+        from polygate._classify import classify_response
+
+        outcome, hint = classify_response(response)
+        return cls(
+            outcome,
+            retry_after_s=hint,
+            http_status=int(response.status_code),
+            value=response if value is None else value,
+        )
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> Result:
+        """A transport error (timeout, refused or reset connection) is
+        TRANSIENT; a cancellation is CANCELLED."""
+        from polygate._classify import classify_exception
+
+        return cls(classify_exception(exc), detail=f"{type(exc).__name__}: {exc}")
+
+
+@dataclass(frozen=True)
+class SourceReason:
+    """One source's refusal of the call's last Pick."""
+
+    source: str
+    reason: str
+    """cooldown, circuit_open, probe_in_flight, forced_open, adaptive_paced or rate_limited."""
+    retry_after_s: float
+    """Time until this source's earliest certain retry (0 when there is none)."""

@@ -1,0 +1,78 @@
+package upstream
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"testing"
+	"time"
+)
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestScript(t *testing.T) {
+	s := New()
+	defer s.Close()
+	s.Set("a", Step{Status: 503, Times: 2}, Step{Status: 429, Headers: map[string]string{"Retry-After": "1"}, Times: 1}, Step{})
+	want := []int{503, 503, 429, 200, 200}
+	for i, w := range want {
+		if code, _ := get(t, s.URL+"/a/v1/chat"); code != w {
+			t.Errorf("request %d answered %d; want %d", i+1, code, w)
+		}
+	}
+	if code, _ := get(t, s.URL+"/b"); code != 200 {
+		t.Errorf("an unscripted route answered %d; want 200", code)
+	}
+	if s.Count("a") != len(want) || s.Count("b") != 1 {
+		t.Errorf("counts a=%d b=%d; want %d and 1", s.Count("a"), s.Count("b"), len(want))
+	}
+}
+
+func TestHangEndsWithTheClient(t *testing.T) {
+	s := New()
+	defer s.Close()
+	s.Set("h", Step{Hang: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.URL+"/h", nil)
+	if _, err := http.DefaultClient.Do(req); err == nil {
+		t.Fatal("a hanging route answered")
+	}
+	if got := s.Requests("h"); len(got) != 1 || got[0].Status != 0 {
+		t.Errorf("log %v; want one hang", got)
+	}
+}
+
+func TestControlAPI(t *testing.T) {
+	s := New()
+	defer s.Close()
+	body, _ := json.Marshal(map[string]any{"steps": []Step{{Status: 401}}})
+	req, _ := http.NewRequest(http.MethodPut, s.URL+"/_control/x", bytes.NewReader(body))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("PUT /_control/x = %v %v", resp, err)
+	}
+	resp.Body.Close()
+	if code, _ := get(t, s.URL+"/x/v1"); code != 401 {
+		t.Errorf("scripted route answered %d; want 401", code)
+	}
+	if code, _ := get(t, s.URL+"/_control/x?wait_count=2&timeout_ms=10"); code != http.StatusRequestTimeout {
+		t.Errorf("waiting for a request that never comes answered %d; want 408", code)
+	}
+	code, out := get(t, s.URL+"/_control/x?wait_count=1&timeout_ms=1000")
+	var st controlState
+	if err := json.Unmarshal([]byte(out), &st); code != 200 || err != nil || st.Count != 1 || st.Requests[0].Status != 401 {
+		t.Errorf("GET /_control/x = %d %s", code, out)
+	}
+}

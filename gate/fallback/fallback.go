@@ -1,0 +1,224 @@
+package fallback
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/polygate/polygate/gate"
+	"github.com/polygate/polygate/gate/inmem"
+)
+
+// Mode is what to do while the shared backend is unavailable.
+type Mode uint8
+
+const (
+	// FailClosed returns the shared backend's error (the server answers
+	// UNAVAILABLE); every call still tries the shared backend first.
+	FailClosed Mode = iota
+	// Local serves calls from a memory backend whose limits are this
+	// replica's share, and checks at most every PingEvery whether the shared
+	// backend answers again.
+	Local
+)
+
+func (m Mode) String() string {
+	switch m {
+	case FailClosed:
+		return "fail_closed"
+	case Local:
+		return "local"
+	}
+	return fmt.Sprintf("Mode(%d)", uint8(m))
+}
+
+// Shared is the backend to protect: the Redis backend.
+type Shared interface {
+	gate.Backend
+	// Ping reports whether the backend answers; its error wraps
+	// gate.ErrUnavailable when it does not.
+	Ping(ctx context.Context) error
+}
+
+// DefaultPingEvery is how often a degraded Local backend checks the shared one.
+const DefaultPingEvery = time.Second
+
+// Options configure a Backend.
+type Options struct {
+	Mode Mode
+	// Replicas is how many replicas share the limits: the local backend
+	// gives each source MaxConcurrency, RPM and TPM divided by it, rounded
+	// up, at least 1 (a 0 limit stays unlimited). Values below 1 count as 1.
+	Replicas int
+	// PingEvery is the least time between two checks of the shared backend
+	// while degraded in Local mode; default DefaultPingEvery.
+	PingEvery time.Duration
+	// OnChange is called once per change of mode, in order, with the error
+	// that made the backend degraded (nil when it recovers). It must not
+	// call the Backend.
+	OnChange func(degraded bool, cause error)
+	// Now is the clock of the local backend and of the checks; default time.Now.
+	Now func() time.Time
+}
+
+// Backend is a gate.Backend that delegates to a shared one and follows
+// Options.Mode while that one is unavailable.
+//
+// In Local mode the local backend knows nothing of the shared state: a
+// permit granted by one side and settled by the other is reported stale and
+// its slot ends with its lease. Override is never served locally: an
+// operator's action that would vanish when the shared backend comes back
+// fails instead.
+type Backend struct {
+	shared Shared
+	local  *inmem.Backend
+	o      Options
+
+	degraded atomic.Bool
+	changes  atomic.Uint64 // counts changes of mode
+	nextPing atomic.Int64  // UnixNano of the next allowed check
+	mu       sync.Mutex    // serializes changes of mode and their OnChange
+}
+
+var _ gate.Backend = (*Backend)(nil)
+
+// New wraps shared.
+func New(shared Shared, o Options) *Backend {
+	if o.Replicas < 1 {
+		o.Replicas = 1
+	}
+	if o.PingEvery <= 0 {
+		o.PingEvery = DefaultPingEvery
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return &Backend{shared: shared, local: inmem.New(o.Now), o: o}
+}
+
+// Degraded reports whether the shared backend is currently held unavailable.
+func (b *Backend) Degraded() bool { return b.degraded.Load() }
+
+// Mode is the configured mode.
+func (b *Backend) Mode() Mode { return b.o.Mode }
+
+// Admit implements gate.Backend.
+func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admission, error) {
+	return call(b, ctx,
+		func() (gate.Admission, error) { return b.shared.Admit(ctx, req) },
+		func() (gate.Admission, error) { return b.local.Admit(ctx, b.share(req)) })
+}
+
+// Settle implements gate.Backend.
+func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (gate.Settlement, error) {
+	return call(b, ctx,
+		func() (gate.Settlement, error) { return b.shared.Settle(ctx, req) },
+		func() (gate.Settlement, error) { return b.local.Settle(ctx, req) })
+}
+
+// Peek implements gate.Backend.
+func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot, error) {
+	return call(b, ctx,
+		func() (gate.Snapshot, error) { return b.shared.Peek(ctx, req) },
+		func() (gate.Snapshot, error) { return b.local.Peek(ctx, req) })
+}
+
+// Override implements gate.Backend; it always goes to the shared backend.
+func (b *Backend) Override(ctx context.Context, req gate.OverrideRequest) (gate.OverrideResult, error) {
+	seen := b.changes.Load()
+	r, err := b.shared.Override(ctx, req)
+	b.observe(err, seen)
+	return r, err
+}
+
+// call runs shared unless the Backend is degraded in Local mode, and falls
+// back to local when shared is unavailable and the mode allows it.
+func call[T any](b *Backend, ctx context.Context, shared, local func() (T, error)) (T, error) {
+	if b.o.Mode == Local && b.degraded.Load() && !b.recovered(ctx) {
+		return local()
+	}
+	seen := b.changes.Load()
+	v, err := shared()
+	b.observe(err, seen)
+	if err != nil && b.o.Mode == Local && errors.Is(err, gate.ErrUnavailable) {
+		return local()
+	}
+	return v, err
+}
+
+// observe updates the mode after a call to the shared backend that began
+// when the mode had changed seen times. A success that began before the
+// latest change (a call that was on its way when another one failed) does
+// not end a degradation: only a call or a check begun since may.
+func (b *Backend) observe(err error, seen uint64) {
+	switch {
+	case err == nil:
+		if b.changes.Load() == seen {
+			b.set(false, nil)
+		}
+	case errors.Is(err, gate.ErrUnavailable):
+		b.set(true, err)
+	}
+}
+
+// recovered checks the shared backend, at most once per PingEvery over all
+// callers, and reports whether it answers again.
+func (b *Backend) recovered(ctx context.Context) bool {
+	now := b.o.Now().UnixNano()
+	next := b.nextPing.Load()
+	if now < next || !b.nextPing.CompareAndSwap(next, now+int64(b.o.PingEvery)) {
+		return false
+	}
+	seen := b.changes.Load()
+	err := b.shared.Ping(ctx)
+	b.observe(err, seen)
+	return err == nil
+}
+
+func (b *Backend) set(degraded bool, cause error) {
+	if b.degraded.Load() == degraded {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.degraded.Load() == degraded {
+		return
+	}
+	if degraded {
+		b.nextPing.Store(b.o.Now().UnixNano() + int64(b.o.PingEvery))
+	}
+	b.degraded.Store(degraded)
+	b.changes.Add(1)
+	if b.o.OnChange != nil {
+		b.o.OnChange(degraded, cause)
+	}
+}
+
+// share gives each candidate this replica's share of its limits.
+func (b *Backend) share(req gate.AdmitRequest) gate.AdmitRequest {
+	n := b.o.Replicas
+	if n == 1 {
+		return req
+	}
+	out := req
+	out.Candidates = make([]gate.Candidate, len(req.Candidates))
+	for i, c := range req.Candidates {
+		src := *c.Source
+		src.Limits.MaxConcurrency = int(part(int64(src.Limits.MaxConcurrency), n))
+		src.Limits.RPM = part(src.Limits.RPM, n)
+		src.Limits.TPM = part(src.Limits.TPM, n)
+		out.Candidates[i] = gate.Candidate{Source: &src, Ceiling: min(int(part(int64(c.Ceiling), n)), src.Limits.MaxConcurrency)}
+	}
+	return out
+}
+
+// part is v/n rounded up, at least 1; 0 (unlimited) stays 0.
+func part(v int64, n int) int64 {
+	if v <= 0 {
+		return v
+	}
+	return max(1, (v+int64(n)-1)/int64(n))
+}

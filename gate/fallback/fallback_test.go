@@ -1,0 +1,254 @@
+package fallback_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/polygate/polygate/gate"
+	"github.com/polygate/polygate/gate/fallback"
+	"github.com/polygate/polygate/gate/gatetest"
+	"github.com/polygate/polygate/gate/redisgate"
+	"github.com/polygate/polygate/internal/redistest"
+)
+
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
+
+func TestMain(m *testing.M) {
+	redis.SetLogger(quiet{}) // go-redis logs every failed dial of the outages
+	os.Exit(m.Run())
+}
+
+// commands counts the commands a client sends, by name.
+type commands struct {
+	mu    sync.Mutex
+	names []string
+}
+
+func (h *commands) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *commands) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.mu.Lock()
+		h.names = append(h.names, strings.ToLower(cmd.Name()))
+		h.mu.Unlock()
+		return next(ctx, cmd)
+	}
+}
+func (h *commands) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *commands) take() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := h.names
+	h.names = nil
+	return out
+}
+
+type change struct {
+	degraded bool
+	cause    error
+}
+
+type fixture struct {
+	t       *testing.T
+	ctx     context.Context
+	srv     *redistest.Server
+	shared  *redisgate.Backend
+	sent    *commands
+	clock   *gatetest.Clock
+	b       *fallback.Backend
+	mu      sync.Mutex
+	changes []change
+}
+
+func newFixture(t *testing.T, mode fallback.Mode, replicas int) *fixture {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	f := &fixture{t: t, ctx: ctx, srv: redistest.Start(t), sent: &commands{}, clock: gatetest.NewClock()}
+	c := redis.NewClient(&redis.Options{
+		Addr: f.srv.Addr, MaxRetries: -1, DialerRetries: 1,
+		DialTimeout: 200 * time.Millisecond, ReadTimeout: 200 * time.Millisecond,
+		WriteTimeout: 200 * time.Millisecond, PoolTimeout: 200 * time.Millisecond,
+	})
+	t.Cleanup(func() { _ = c.Close() })
+	c.AddHook(f.sent)
+	shared, err := redisgate.New(c, redisgate.Options{Clock: f.clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.shared = shared
+	f.b = fallback.New(shared, fallback.Options{
+		Mode: mode, Replicas: replicas, Now: f.clock.Now,
+		OnChange: func(d bool, cause error) {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			f.changes = append(f.changes, change{d, cause})
+		},
+	})
+	return f
+}
+
+func (f *fixture) admit(id string, src *gate.Source) (gate.Admission, error) {
+	return f.b.Admit(f.ctx, gate.AdmitRequest{Scope: "fb", PermitID: id, Candidates: []gate.Candidate{{Source: src, Ceiling: src.Limits.MaxConcurrency}}})
+}
+
+func (f *fixture) wantChanges(want ...bool) {
+	f.t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var got []bool
+	for _, c := range f.changes {
+		got = append(got, c.degraded)
+		if c.degraded && !errors.Is(c.cause, gate.ErrUnavailable) {
+			f.t.Fatalf("degraded because of %v, want an error wrapping gate.ErrUnavailable", c.cause)
+		}
+		if !c.degraded && c.cause != nil {
+			f.t.Fatalf("recovered with cause %v, want nil", c.cause)
+		}
+	}
+	if !slices.Equal(got, want) {
+		f.t.Fatalf("changes of mode %v, want %v", got, want)
+	}
+}
+
+// poll calls cond every few milliseconds until it holds, for at most 20s.
+func (f *fixture) poll(what string, cond func() bool) {
+	f.t.Helper()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(20 * time.Second)
+	for !cond() {
+		select {
+		case <-deadline:
+			f.t.Fatalf("timed out waiting for %s", what)
+		case <-tick.C:
+		}
+	}
+}
+
+// TestLocal: with Redis down, calls are served by a memory backend with this
+// replica's share of the limits, without a round trip to Redis except one
+// PING per PingEvery; when a PING answers, calls go back to Redis.
+func TestLocal(t *testing.T) {
+	f := newFixture(t, fallback.Local, 3)
+	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 8 })
+
+	if a, err := f.admit("r1", src); err != nil || !a.Granted || f.b.Degraded() {
+		t.Fatalf("healthy: %+v %v degraded=%v", a, err, f.b.Degraded())
+	}
+	if got := f.sent.take(); len(got) == 0 {
+		t.Fatal("a healthy call sent nothing to Redis")
+	}
+
+	f.srv.Stop()
+	// Many callers find Redis down at once: one change of mode.
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			if _, err := f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	f.wantChanges(true)
+	// 8 slots over 3 replicas: 3 here, taken all-or-nothing like any limit.
+	for i := range 3 {
+		if a, err := f.admit(fmt.Sprint("l", i), src); err != nil || !a.Granted {
+			t.Fatalf("local admission %d: %+v %v", i, a, err)
+		}
+	}
+	if a, err := f.admit("l3", src); err != nil || a.Granted || a.Rejections[0].Reason != gate.ReasonRateLimited {
+		t.Fatalf("fourth local admission: %+v %v, want rate_limited (3 of 8 slots)", a, err)
+	}
+	if !f.b.Degraded() {
+		t.Fatal("not degraded with Redis down")
+	}
+	f.wantChanges(true)
+	f.sent.take() // the call that found Redis down
+
+	f.clock.Advance(time.Second - time.Millisecond)
+	if _, err := f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.sent.take(); len(got) != 0 {
+		t.Fatalf("degraded calls before PingEvery sent %v to Redis", got)
+	}
+	f.clock.Advance(time.Millisecond)
+	f.admit("l4", src)
+	f.admit("l5", src)
+	if got := f.sent.take(); !slices.Equal(got, []string{"ping"}) {
+		t.Fatalf("degraded calls after PingEvery sent %v, want one ping", got)
+	}
+	f.wantChanges(true)
+
+	f.srv.Start()
+	// The client may need a moment to dial again: step the clock a
+	// PingEvery at a time until a check gets through.
+	f.poll("Redis to be used again", func() bool {
+		f.clock.Advance(time.Second)
+		if _, err := f.admit("back", src); err != nil {
+			t.Fatal(err)
+		}
+		return !f.b.Degraded()
+	})
+	f.wantChanges(true, false)
+	// Redis's state is the fresh server's: the local permits are not there.
+	v, err := f.shared.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}})
+	if err != nil || v.Sources[0].Quota.InFlight != 1 {
+		t.Fatalf("Redis after recovery: %+v %v, want the one permit granted since", v, err)
+	}
+}
+
+// TestFailClosed: with Redis down every call fails with an error wrapping
+// gate.ErrUnavailable, and the first success after the restart ends the
+// degradation.
+func TestFailClosed(t *testing.T) {
+	f := newFixture(t, fallback.FailClosed, 3)
+	src := gatetest.Src("s")
+	if _, err := f.admit("r1", src); err != nil {
+		t.Fatal(err)
+	}
+	f.srv.Stop()
+	for i := range 3 {
+		if _, err := f.admit(fmt.Sprint("x", i), src); !errors.Is(err, gate.ErrUnavailable) {
+			t.Fatalf("call %d with Redis down: %v, want gate.ErrUnavailable", i, err)
+		}
+	}
+	if !f.b.Degraded() {
+		t.Fatal("not degraded with Redis down")
+	}
+	f.srv.Start()
+	f.poll("a call to succeed after the restart", func() bool {
+		_, err := f.admit("back", src)
+		if err != nil && !errors.Is(err, gate.ErrUnavailable) {
+			t.Fatalf("after the restart: %v", err)
+		}
+		return err == nil
+	})
+	if f.b.Degraded() {
+		t.Fatal("still degraded after a success")
+	}
+	f.wantChanges(true, false)
+}
+
+// TestOverrideIsNeverLocal: an operator's action must reach the shared state.
+func TestOverrideIsNeverLocal(t *testing.T) {
+	f := newFixture(t, fallback.Local, 1)
+	f.srv.Stop()
+	_, err := f.b.Override(f.ctx, gate.OverrideRequest{Scope: "fb", Source: gatetest.Src("s"), Action: gate.ActionForceOpen})
+	if !errors.Is(err, gate.ErrUnavailable) {
+		t.Fatalf("override with Redis down: %v, want gate.ErrUnavailable", err)
+	}
+}

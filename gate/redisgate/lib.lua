@@ -1,0 +1,602 @@
+-- lib.lua: the breaker and quota state machines of gate/breaker.go and
+-- gate/quota.go, ported line by line. Every function names the Go function it
+-- follows; keep them in step. The constants (CLOSED, R_CIRCUIT_OPEN, MINUTE,
+-- ...) come from a prelude that Go writes from the gate package's own
+-- constants (see scripts.go), and each script is prelude .. lib .. body.
+--
+-- Times are whole Unix milliseconds. Lua numbers are doubles: every integer
+-- here stays far below 2^53, and integers are written back to Redis with
+-- I() so that no value is ever printed in exponent form.
+
+local function I(n)
+  return string.format('%d', n)
+end
+
+-- now_ms is the time of the decision: the server's TIME, or the time a test
+-- clock passed in (0 in production; see the package documentation).
+local function now_ms(arg)
+  local n = tonumber(arg)
+  if n ~= nil and n ~= 0 then
+    return n
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- idiv is Go's integer division a / b for b > 0 (truncating toward zero),
+-- exact even where a / b in floating point would round to the next integer.
+local function idiv(a, b)
+  if a < 0 then
+    return -idiv(-a, b)
+  end
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+local function gmax(a, b)
+  if a > b then return a end
+  return b
+end
+
+-- policy reads a gate.BreakerPolicy (in ms) from ARGV[i..i+6].
+local function policy(i)
+  return {
+    fail_threshold = tonumber(ARGV[i]),
+    min_calls = tonumber(ARGV[i + 1]),
+    fail_rate = tonumber(ARGV[i + 2]),
+    window = tonumber(ARGV[i + 3]),
+    cooldown = tonumber(ARGV[i + 4]),
+    max_cooldown = tonumber(ARGV[i + 5]),
+    probe_ttl = tonumber(ARGV[i + 6]),
+  }
+end
+
+---------------------------------------------------------------- breaker
+
+-- cooldownMs: base << (reopens-1), capped at max, without overflow.
+local function cooldown_ms(base, max, reopens)
+  local shift = reopens - 1
+  if shift < 0 then
+    shift = 0
+  end
+  if shift >= 62 or base > math.floor(max / 2 ^ shift) then
+    return max
+  end
+  return base * 2 ^ shift
+end
+
+-- The breaker hash has one field per scalar field of gate.Breaker, and one
+-- field k<n> per window bucket n ("index:calls:fails", absent when zero). A
+-- missing hash is the zero Breaker: CLOSED at epoch 0. A script reads the
+-- scalars at once and the buckets only when it counts (Admit never does),
+-- and writes back only the fields that changed.
+local SCALAR_FIELDS = { 'st', 'ep', 'ro', 'oa', 'ou', 'pr', 'pu', 'co', 'w', 'ov', 'ac', 'wy', 'oat' }
+local SCALAR_NAMES = {
+  'state', 'epoch', 'reopens', 'opened_at', 'open_until', 'probe', 'probe_until', 'consecutive', 'width',
+  'override', 'actor', 'why', 'override_at',
+}
+local STRINGS = { probe = true, actor = true, why = true }
+local BUCKET_FIELDS = { 'k0', 'k1', 'k2', 'k3', 'k4', 'k5', 'k6', 'k7', 'k8', 'k9' }
+
+local function b_load(key)
+  local vals = redis.call('HMGET', key, unpack(SCALAR_FIELDS))
+  local b = { key = key, old = {} }
+  for i, name in ipairs(SCALAR_NAMES) do
+    local v = vals[i]
+    if STRINGS[name] then
+      v = v or ''
+    else
+      v = tonumber(v or 0)
+    end
+    b[name], b.old[i] = v, v
+  end
+  return b
+end
+
+-- b_buckets makes b.bi, b.bc, b.bf (Index, Calls, Fails, from 0) readable.
+local function b_buckets(b)
+  if b.bi then
+    return
+  end
+  b.bi, b.bc, b.bf, b.bold = {}, {}, {}, {}
+  local vals = redis.call('HMGET', b.key, unpack(BUCKET_FIELDS))
+  for n = 0, BUCKETS - 1 do
+    local v = vals[n + 1]
+    b.bold[n] = v
+    local i, c, f = 0, 0, 0
+    if v then
+      i, c, f = string.match(v, '^(-?%d+):(%d+):(%d+)$')
+    end
+    b.bi[n], b.bc[n], b.bf[n] = tonumber(i), tonumber(c), tonumber(f)
+  end
+end
+
+-- b_clear_buckets zeroes every bucket, without reading them first.
+local function b_clear_buckets(b)
+  b.bi, b.bc, b.bf, b.bold = {}, {}, {}, {}
+  for n = 0, BUCKETS - 1 do
+    b.bi[n], b.bc[n], b.bf[n] = 0, 0, 0
+    b.bold[n] = true -- unknown: written (deleted) whatever it was
+  end
+end
+
+-- b_save writes back what changed. A CLOSED breaker without an override
+-- gets the idle TTL (garbage collection of abandoned sources); an OPEN or
+-- HALF_OPEN one, or one an operator set, is PERSISTed: its state must never
+-- expire into a fresh CLOSED breaker.
+local function b_save(b, idle_ttl)
+  local set, del = {}, {}
+  for i, name in ipairs(SCALAR_NAMES) do
+    local v = b[name]
+    if v ~= b.old[i] then
+      set[#set + 1] = SCALAR_FIELDS[i]
+      if STRINGS[name] then
+        set[#set + 1] = v
+      else
+        set[#set + 1] = I(v)
+      end
+    end
+  end
+  if b.bi then
+    for n = 0, BUCKETS - 1 do
+      local v = false
+      if b.bi[n] ~= 0 or b.bc[n] ~= 0 or b.bf[n] ~= 0 then
+        v = I(b.bi[n]) .. ':' .. I(b.bc[n]) .. ':' .. I(b.bf[n])
+      end
+      if v ~= b.bold[n] then
+        if v then
+          set[#set + 1] = BUCKET_FIELDS[n + 1]
+          set[#set + 1] = v
+        else
+          del[#del + 1] = BUCKET_FIELDS[n + 1]
+        end
+      end
+    end
+  end
+  if #set == 0 and #del == 0 then
+    return
+  end
+  if #del > 0 then
+    redis.call('HDEL', b.key, unpack(del))
+  end
+  if #set > 0 then
+    redis.call('HSET', b.key, unpack(set))
+  end
+  if b.state == CLOSED and b.override == NO_OVERRIDE then
+    redis.call('PEXPIRE', b.key, I(idle_ttl))
+  else
+    redis.call('PERSIST', b.key)
+  end
+end
+
+-- Breaker.event
+local function b_event(b, kind, from, cause)
+  return {
+    kind = kind, from = from, to = b.state, cause = cause, epoch = b.epoch, reopens = b.reopens,
+    cooldown = 0, permit = '', override = NO_OVERRIDE, actor = '', why = '',
+  }
+end
+
+-- Breaker.check
+local function b_check(b, now)
+  if b.override == FORCED_OPEN then
+    return R_FORCED_OPEN, 0
+  elseif b.override == FORCED_CLOSED or b.override == DISABLED then
+    return R_NONE, 0
+  end
+  if b.state == OPEN then
+    if now < b.open_until then
+      return R_CIRCUIT_OPEN, b.open_until - now
+    end
+  elseif b.state == HALF_OPEN then
+    if b.probe ~= '' and now < b.probe_until then
+      return R_PROBE_IN_FLIGHT, 0
+    end
+  end
+  return R_NONE, 0
+end
+
+-- Breaker.Enter: returns the gate.Entry as a table, and the events.
+local function b_enter(b, p, permit, now)
+  local reason, wait = b_check(b, now)
+  if reason ~= R_NONE then
+    return { allowed = false, probe = false, epoch = b.epoch, reason = reason, wait = wait }, {}
+  end
+  if b.override ~= NO_OVERRIDE or b.state == CLOSED then
+    return { allowed = true, probe = false, epoch = b.epoch, reason = R_NONE, wait = 0 }, {}
+  end
+  local events = {}
+  if b.state == OPEN then
+    b.state = HALF_OPEN
+    events[#events + 1] = b_event(b, E_TRANSITION, OPEN, C_COOLDOWN_ELAPSED)
+  end
+  if b.probe ~= '' then
+    local e = b_event(b, E_PROBE_EXPIRED, HALF_OPEN, C_NONE)
+    e.permit = b.probe
+    events[#events + 1] = e
+  end
+  b.epoch = b.epoch + 1
+  b.probe = permit
+  b.probe_until = now + p.probe_ttl
+  local e = b_event(b, E_PROBE_LEASED, HALF_OPEN, C_NONE)
+  e.permit = permit
+  events[#events + 1] = e
+  return { allowed = true, probe = true, epoch = b.epoch, reason = R_NONE, wait = 0 }, events
+end
+
+-- Breaker.resetRound
+local function b_reset_round(b)
+  b.probe, b.probe_until = '', 0
+  b.consecutive = 0
+  b_clear_buckets(b)
+end
+
+-- bucketWidth
+local function bucket_width(p)
+  return gmax(idiv(p.window, BUCKETS), 1)
+end
+
+-- Breaker.record
+local function b_record(b, p, now, fail)
+  local w = bucket_width(p)
+  if b.width ~= w then
+    b_clear_buckets(b)
+    b.width = w
+  end
+  b_buckets(b)
+  local idx = idiv(now, w)
+  local slot = idx - idiv(idx, BUCKETS) * BUCKETS
+  if b.bi[slot] ~= idx then
+    b.bi[slot], b.bc[slot], b.bf[slot] = idx, 0, 0
+  end
+  b.bc[slot] = b.bc[slot] + 1
+  if fail then
+    b.bf[slot] = b.bf[slot] + 1
+  end
+end
+
+-- Breaker.Counts
+local function b_counts(b, p, now)
+  local w = bucket_width(p)
+  if b.width ~= w then
+    return 0, 0
+  end
+  b_buckets(b)
+  local idx = idiv(now, w)
+  local calls, fails = 0, 0
+  for n = 0, BUCKETS - 1 do
+    if b.bi[n] > idx - BUCKETS and b.bi[n] <= idx then
+      calls = calls + b.bc[n]
+      fails = fails + b.bf[n]
+    end
+  end
+  return calls, fails
+end
+
+-- Breaker.open
+local function b_open(b, p, now, floor, cause)
+  local from = b.state
+  b_reset_round(b)
+  b.reopens = b.reopens + 1
+  b.state = OPEN
+  b.opened_at = now
+  b.open_until = now + gmax(cooldown_ms(p.cooldown, p.max_cooldown, b.reopens), floor)
+  local e = b_event(b, E_TRANSITION, from, cause)
+  e.cooldown = b.open_until - now
+  return e
+end
+
+-- Breaker.stale
+local function b_stale(b, o)
+  local e = b_event(b, E_STALE, b.state, C_NONE)
+  e.permit = o.permit
+  return F_STALE, { e }
+end
+
+-- Breaker.Settle; o = {permit, epoch, probe, verdict, floor}.
+local function b_settle(b, p, o, now)
+  if b.override == DISABLED then
+    if o.probe and b.probe == o.permit and o.epoch == b.epoch then
+      b.probe, b.probe_until = '', 0
+    end
+    return F_IGNORED, {}
+  end
+  if o.epoch ~= b.epoch or (o.probe and (b.state ~= HALF_OPEN or b.probe ~= o.permit)) then
+    return b_stale(b, o)
+  end
+  local floor = o.floor
+  if o.probe then
+    if o.verdict == V_SUCCESS then
+      b_reset_round(b)
+      b.reopens = 0
+      b.state = CLOSED
+      return F_APPLIED, { b_event(b, E_TRANSITION, HALF_OPEN, C_PROBE_SUCCEEDED) }
+    elseif o.verdict == V_FAILURE or o.verdict == V_FORCE_OPEN then
+      local cause = C_PROBE_FAILED
+      if o.verdict == V_FORCE_OPEN then
+        cause = C_SOURCE_DEAD
+      end
+      return F_APPLIED, { b_open(b, p, now, floor, cause) }
+    end
+    b.probe, b.probe_until = '', 0
+    local e = b_event(b, E_PROBE_RELEASED, HALF_OPEN, C_NONE)
+    e.permit = o.permit
+    return F_NO_VERDICT, { e }
+  end
+  if b.state == CLOSED then
+    if o.verdict == V_SUCCESS then
+      b_record(b, p, now, false)
+      b.consecutive = 0
+      return F_APPLIED, {}
+    elseif o.verdict == V_FAILURE then
+      b_record(b, p, now, true)
+      b.consecutive = b.consecutive + 1
+      if b.consecutive >= p.fail_threshold then
+        return F_APPLIED, { b_open(b, p, now, floor, C_CONSECUTIVE_FAILURES) }
+      end
+      local calls, fails = b_counts(b, p, now)
+      if calls >= p.min_calls and fails / calls >= p.fail_rate then
+        return F_APPLIED, { b_open(b, p, now, floor, C_FAILURE_RATE) }
+      end
+      return F_APPLIED, {}
+    elseif o.verdict == V_FORCE_OPEN then
+      return F_APPLIED, { b_open(b, p, now, floor, C_SOURCE_DEAD) }
+    end
+    return F_NO_VERDICT, {}
+  elseif b.state == OPEN then
+    -- Admitted before the breaker opened: only a dead-source verdict may
+    -- make the opening longer, never shorter, never another reopening.
+    if o.verdict == V_FORCE_OPEN then
+      local untl = gmax(now + cooldown_ms(p.cooldown, p.max_cooldown, b.reopens), now + floor)
+      if untl > b.open_until then
+        b.open_until = untl
+        local e = b_event(b, E_TRANSITION, OPEN, C_SOURCE_DEAD)
+        e.cooldown = untl - now
+        return F_APPLIED, { e }
+      end
+      return F_APPLIED, {}
+    end
+  end
+  return b_stale(b, o)
+end
+
+-- Breaker.View, as the reply array of a gate.BreakerView.
+local function b_view(b, p, now)
+  local reason, wait = b_check(b, now)
+  local state = b.state
+  if b.state == OPEN and now >= b.open_until then
+    state = HALF_OPEN
+  end
+  local probe_out, probe_left = 0, 0
+  if b.state == HALF_OPEN and b.probe ~= '' and now < b.probe_until then
+    probe_out, probe_left = 1, b.probe_until - now
+  end
+  local calls, fails = b_counts(b, p, now)
+  return { state, b.override, b.actor, b.why, b.epoch, b.reopens, reason, wait, probe_out, probe_left, calls, fails, b.consecutive }
+end
+
+-- Breaker.Apply; nil for an unknown action.
+local function b_apply(b, action, actor, why, now)
+  local events = {}
+  if action == A_FORCE_OPEN then
+    b.override = FORCED_OPEN
+  elseif action == A_FORCE_CLOSED then
+    b.override = FORCED_CLOSED
+  elseif action == A_DISABLE then
+    b.override = DISABLED
+  elseif action == A_CLEAR then
+    b.override = NO_OVERRIDE
+  elseif action == A_RESET then
+    local from = b.state
+    b.override = NO_OVERRIDE
+    b_reset_round(b)
+    b.reopens = 0
+    b.state = CLOSED
+    b.epoch = b.epoch + 1
+    if from ~= CLOSED then
+      events[#events + 1] = b_event(b, E_TRANSITION, from, C_RESET)
+    end
+  else
+    return nil -- unknown: the script answers with an error
+  end
+  b.actor, b.why, b.override_at = actor, why, now
+  if b.override == NO_OVERRIDE then
+    b.actor, b.why = '', ''
+  end
+  local e = b_event(b, E_OVERRIDE, b.state, C_NONE)
+  e.override, e.actor, e.why = b.override, actor, why
+  table.insert(events, 1, e)
+  return events
+end
+
+---------------------------------------------------------------- events
+
+-- ev_reply is an event as a reply array; the source is the index of the
+-- candidate (Admit) or 1.
+local function ev_reply(src, e)
+  return { src, e.kind, e.from, e.to, e.cause, e.epoch, e.reopens, e.cooldown, e.permit, e.override, e.actor, e.why }
+end
+
+-- announce publishes, in the same script, the events other replicas must
+-- hear at once: a breaker that opens or closes, and operators' changes.
+-- The payload is [1, scope, source, kind, from, to, cause, epoch, reopens,
+-- cooldown_ms, override, actor, why] in JSON.
+local function announce(channel, scope, source, e)
+  if e.kind == E_OVERRIDE or (e.kind == E_TRANSITION and (e.to == OPEN or e.to == CLOSED)) then
+    redis.call('PUBLISH', channel, cjson.encode({
+      1, scope, source, e.kind, e.from, e.to, e.cause, e.epoch, e.reopens, e.cooldown, e.override, e.actor, e.why,
+    }))
+  end
+end
+
+---------------------------------------------------------------- quota
+
+-- A source's quota is three keys (all under the scope's hash tag):
+--   leases: ZSET permit -> end of its lease (ms)        (Quota.Leases)
+--   log:    ZSET seq -> admission time (ms)             (Quota.log)
+--   data:   HASH t<seq> tokens, p<seq> permit, i<permit> seq (Quota.index),
+--           sum (Quota.tokens), next (the last seq handed out)
+-- seq is zero-padded so that admissions of the same millisecond sort in
+-- admission order, as in Go's log.
+local SLACK = 1000 -- ms a quota key outlives the last lease or minute it holds
+
+local function q_keys(i)
+  return { leases = KEYS[i], log = KEYS[i + 1], data = KEYS[i + 2] }
+end
+
+-- limits reads a gate.Limits (lease in ms) from ARGV[i..i+3].
+local function limits(i)
+  return {
+    max_concurrency = tonumber(ARGV[i]), rpm = tonumber(ARGV[i + 1]), tpm = tonumber(ARGV[i + 2]),
+    lease = tonumber(ARGV[i + 3]),
+  }
+end
+
+local function q_sum(q)
+  return tonumber(redis.call('HGET', q.data, 'sum') or 0)
+end
+
+-- PAGE bounds how many log entries one Redis call reads or deletes, so
+-- that a long minute never overflows Lua's unpack.
+local PAGE = 256
+
+-- Quota.expire
+local function q_expire(q, now)
+  redis.call('ZREMRANGEBYSCORE', q.leases, '-inf', I(now))
+  local sum, changed = nil, false
+  while true do
+    local old = redis.call('ZRANGEBYSCORE', q.log, '-inf', I(now - MINUTE), 'LIMIT', 0, PAGE)
+    if #old == 0 then
+      break
+    end
+    sum = sum or q_sum(q)
+    local fields = {}
+    for _, m in ipairs(old) do
+      fields[#fields + 1] = 't' .. m
+      fields[#fields + 1] = 'p' .. m
+    end
+    local vals = redis.call('HMGET', q.data, unpack(fields))
+    for k = 1, #fields, 2 do
+      sum = sum - tonumber(vals[k] or 0)
+      if vals[k + 1] then
+        fields[#fields + 1] = 'i' .. vals[k + 1]
+      end
+    end
+    redis.call('HDEL', q.data, unpack(fields))
+    redis.call('ZREM', q.log, unpack(old))
+    changed = true
+    if #old < PAGE then
+      break
+    end
+  end
+  if changed then
+    redis.call('HSET', q.data, 'sum', I(sum))
+  end
+end
+
+-- Quota.check
+local function q_check(q, l, ceiling, tokens, now)
+  q_expire(q, now)
+  local in_flight = redis.call('ZCARD', q.leases)
+  if ceiling < l.max_concurrency and in_flight >= ceiling then
+    return R_ADAPTIVE_PACED, 0
+  end
+  if in_flight >= l.max_concurrency then
+    return R_RATE_LIMITED, 0
+  end
+  local live = redis.call('ZCARD', q.log)
+  if l.rpm > 0 and live >= l.rpm then
+    -- The (len-RPM)-th oldest admission must leave the minute first.
+    local e = redis.call('ZRANGE', q.log, I(live - l.rpm), I(live - l.rpm), 'WITHSCORES')
+    return R_RATE_LIMITED, tonumber(e[2]) + MINUTE - now
+  end
+  if l.tpm > 0 then
+    local sum = q_sum(q)
+    if sum + tokens > l.tpm then
+      if tokens > l.tpm then
+        return R_RATE_LIMITED, 0
+      end
+      local excess = sum + tokens - l.tpm
+      -- Walk the minute oldest first, a page at a time.
+      local start = 0
+      while true do
+        local es = redis.call('ZRANGE', q.log, start, start + PAGE - 1, 'WITHSCORES')
+        if #es == 0 then
+          break
+        end
+        local fields = {}
+        for i = 1, #es, 2 do
+          fields[#fields + 1] = 't' .. es[i]
+        end
+        local toks = redis.call('HMGET', q.data, unpack(fields))
+        for i = 1, #es, 2 do
+          excess = excess - tonumber(toks[(i + 1) / 2] or 0)
+          if excess <= 0 then
+            return R_RATE_LIMITED, tonumber(es[i + 1]) + MINUTE - now
+          end
+        end
+        start = start + PAGE
+      end
+    end
+  end
+  return R_NONE, 0
+end
+
+-- Quota.take
+local function q_take(q, l, permit, tokens, now)
+  redis.call('ZADD', q.leases, I(now + l.lease), permit)
+  -- The key lives as long as its longest lease: extend, never shorten.
+  local ttl = I(gmax(l.lease, 0) + SLACK)
+  if redis.call('PEXPIRE', q.leases, ttl, 'GT') == 0 then
+    redis.call('PEXPIRE', q.leases, ttl, 'NX')
+  end
+  if l.rpm == 0 and l.tpm == 0 then
+    return
+  end
+  local m = string.format('%016d', redis.call('HINCRBY', q.data, 'next', 1))
+  redis.call('ZADD', q.log, I(now), m)
+  redis.call('HSET', q.data, 't' .. m, I(tokens), 'p' .. m, permit, 'i' .. permit, m, 'sum', I(q_sum(q) + tokens))
+  redis.call('PEXPIRE', q.log, I(MINUTE + SLACK))
+  redis.call('PEXPIRE', q.data, I(MINUTE + SLACK))
+end
+
+-- Quota.release: frees the permit's slot, settles its tokens to actual
+-- (actual < 0 keeps the estimate), and says whether the slot was held.
+local function q_release(q, permit, actual, now)
+  q_expire(q, now)
+  local held = redis.call('ZREM', q.leases, permit) == 1
+  local m = redis.call('HGET', q.data, 'i' .. permit)
+  if m and actual >= 0 then
+    local old = tonumber(redis.call('HGET', q.data, 't' .. m) or 0)
+    redis.call('HSET', q.data, 't' .. m, I(actual), 'sum', I(q_sum(q) + actual - old))
+  end
+  return held
+end
+
+-- Quota.view, as the reply array of a gate.QuotaView. It changes nothing:
+-- admissions older than the minute that are still stored are left out.
+local function q_view(q, now)
+  local in_flight = redis.call('ZCOUNT', q.leases, '(' .. I(now), '+inf')
+  local requests = redis.call('ZCOUNT', q.log, '(' .. I(now - MINUTE), '+inf')
+  local tokens, offset = q_sum(q), 0
+  while true do
+    local old = redis.call('ZRANGEBYSCORE', q.log, '-inf', I(now - MINUTE), 'LIMIT', offset, PAGE)
+    if #old == 0 then
+      break
+    end
+    local fields = {}
+    for _, m in ipairs(old) do
+      fields[#fields + 1] = 't' .. m
+    end
+    for _, t in ipairs(redis.call('HMGET', q.data, unpack(fields))) do
+      tokens = tokens - tonumber(t or 0)
+    end
+    offset = offset + PAGE
+  end
+  return { in_flight, requests, tokens }
+end

@@ -1,0 +1,158 @@
+package redisgate_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/polygate/polygate/gate"
+	"github.com/polygate/polygate/gate/gatetest"
+	"github.com/polygate/polygate/gate/redisgate"
+	"github.com/polygate/polygate/internal/redistest"
+)
+
+// failFast are client options that give up quickly: no retries (go-redis
+// spells "none" -1), one dial attempt, short timeouts.
+func failFast(addr string) *redis.Options {
+	return &redis.Options{
+		Addr: addr, MaxRetries: -1, DialerRetries: 1,
+		DialTimeout: 200 * time.Millisecond, ReadTimeout: 200 * time.Millisecond,
+		WriteTimeout: 200 * time.Millisecond, PoolTimeout: 200 * time.Millisecond,
+	}
+}
+
+// budget is the longest one call may take with o: wait for a connection,
+// dial, write, read.
+func budget(o *redis.Options) time.Duration {
+	return o.PoolTimeout + o.DialTimeout + o.WriteTimeout + o.ReadTimeout
+}
+
+// TestOutage (M6): Redis is killed in the middle of a load and restarted.
+// Every call during the outage fails, within the client's timeouts, with an
+// error wrapping gate.ErrUnavailable; afterwards calls succeed again, and
+// the permits whose outcome could not be reported during the outage give
+// their slots back when their leases end. The server keeps an fsync'ed AOF
+// so that what it held before the kill is there after the restart.
+func TestOutage(t *testing.T) {
+	ctx := testCtx(t)
+	srv := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
+	opts := failFast(srv.Addr)
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { _ = c.Close() })
+	clock := gatetest.NewClock()
+	b := newBackend(t, c, redisgate.Options{Clock: clock.Now})
+	const scope = "outage"
+	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 4; s.Limits.Lease = 10 * time.Second })
+
+	var (
+		stop      atomic.Bool
+		ok, fails atomic.Int64
+		wg        sync.WaitGroup
+		mu        sync.Mutex
+		problems  []string
+	)
+	report := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(problems) < 10 {
+			problems = append(problems, fmt.Sprintf(format, args...))
+		}
+	}
+	// call runs one Backend call and checks how it failed, if it did.
+	call := func(what string, f func() error) bool {
+		start := time.Now()
+		err := f()
+		took := time.Since(start)
+		if err == nil {
+			ok.Add(1)
+			return true
+		}
+		fails.Add(1)
+		if !errors.Is(err, gate.ErrUnavailable) {
+			report("%s: %v does not wrap gate.ErrUnavailable", what, err)
+		}
+		if took > budget(opts) {
+			report("%s failed after %v, beyond the client's budget %v", what, took, budget(opts))
+		}
+		return false
+	}
+	for w := range 6 {
+		wg.Go(func() {
+			for k := 0; !stop.Load(); k++ {
+				var a gate.Admission
+				if !call("admit", func() (err error) {
+					a, err = b.Admit(ctx, gate.AdmitRequest{Scope: scope, PermitID: fmt.Sprint("w", w, "-", k), Candidates: []gate.Candidate{{Source: src, Ceiling: 4}}})
+					return err
+				}) || !a.Granted {
+					continue
+				}
+				call("settle", func() error {
+					_, err := b.Settle(ctx, gate.SettleRequest{Scope: scope, Source: src, PermitID: a.Permit.ID, Epoch: a.Permit.Epoch, Verdict: gate.VerdictSuccess, ActualTokens: -1})
+					return err
+				})
+			}
+		})
+	}
+	// Two permits whose holders never come back.
+	waitFor(t, "the load to run", func() bool { return ok.Load() > 50 })
+	var lost []gate.Permit
+	for len(lost) < 2 {
+		if a, err := b.Admit(ctx, gate.AdmitRequest{Scope: scope, PermitID: fmt.Sprint("lost", len(lost)), Candidates: []gate.Candidate{{Source: src, Ceiling: 4}}}); err == nil && a.Granted {
+			lost = append(lost, a.Permit)
+		}
+	}
+
+	srv.Stop()
+	before := fails.Load()
+	waitFor(t, "calls to fail during the outage", func() bool { return fails.Load() > before+50 })
+	srv.Start()
+	after := ok.Load()
+	waitFor(t, "calls to succeed after the restart", func() bool { return ok.Load() > after+50 })
+	stop.Store(true)
+	wg.Wait()
+	for _, p := range problems {
+		t.Error(p)
+	}
+
+	// The lost permits (and any whose outcome was lost in the outage) still
+	// hold their slots, until their leases end.
+	q := peek(t, ctx, b, scope, src).Quota
+	t.Logf("%d calls succeeded, %d failed; %d slots held after the restart", ok.Load(), fails.Load(), q.InFlight)
+	if q.InFlight < len(lost) {
+		t.Fatalf("after the restart %d in flight, want at least the %d lost permits (was state lost?)", q.InFlight, len(lost))
+	}
+	clock.Advance(src.Limits.Lease)
+	if q := peek(t, ctx, b, scope, src).Quota; q.InFlight != 0 {
+		t.Fatalf("after the leases ended %d still in flight", q.InFlight)
+	}
+	for i := range src.Limits.MaxConcurrency {
+		if a := admit(t, ctx, b, scope, fmt.Sprint("fresh", i), src); !a.Granted {
+			t.Fatalf("slot %d not free after the leases ended: %+v", i, a)
+		}
+	}
+	if s := settle(t, ctx, b, scope, src, lost[0], gate.VerdictFailure); s.Released || s.Effect != gate.EffectStale {
+		t.Fatalf("outcome of a permit whose lease ended: %+v, want stale and not released", s)
+	}
+}
+
+// waitFor polls cond until it holds, failing the test after 30s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("timed out waiting for %s", what)
+		case <-tick.C:
+		}
+	}
+}

@@ -1,0 +1,115 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/polygate/polygate/config"
+	"github.com/polygate/polygate/gate"
+	"github.com/polygate/polygate/gate/fallback"
+	"github.com/polygate/polygate/gate/inmem"
+	"github.com/polygate/polygate/gate/redisgate"
+)
+
+// backend is the configured gate.Backend with what Run needs around it.
+type backend struct {
+	gate.Backend
+	// describe names it for DescribeScope, saying when it is degraded.
+	describe func() string
+	// subscribe, for a shared backend, delivers other replicas' breaker
+	// announcements until ctx ends.
+	subscribe func(ctx context.Context, handle func(scope string, e gate.Event)) error
+	close     func() error
+}
+
+// openBackend builds the configured backend. onChange is told, once per
+// change, when a shared backend becomes unavailable or comes back.
+func openBackend(cfg *config.Config, log *slog.Logger, onChange func(degraded bool, cause error)) (*backend, error) {
+	switch cfg.Backend.Kind {
+	case "memory":
+		return &backend{Backend: inmem.New(nil), describe: func() string { return "memory" }, close: func() error { return nil }}, nil
+	case "redis":
+		return openRedis(cfg.Backend.Redis, log, onChange)
+	}
+	return nil, fmt.Errorf("backend.kind %q is not supported", cfg.Backend.Kind)
+}
+
+func openRedis(r config.Redis, log *slog.Logger, onChange func(bool, error)) (*backend, error) {
+	opts := &redis.UniversalOptions{
+		Addrs: r.Addrs, IsClusterMode: r.Cluster, MasterName: r.MasterName,
+		Username: r.Username, Password: r.Password, DB: r.DB,
+		// Every operation is bounded by the configured timeout, never retried
+		// behind the sidecar's back: an unavailable Redis answers UNAVAILABLE
+		// (or falls back) within one timeout, not seconds later.
+		DialTimeout: r.Timeout, ReadTimeout: r.Timeout, WriteTimeout: r.Timeout,
+		ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1,
+	}
+	if r.TLS {
+		opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	client := redis.NewUniversalClient(opts)
+	shared, err := redisgate.New(client, redisgate.Options{Prefix: r.KeyPrefix})
+	if err != nil {
+		_ = client.Close()
+		return nil, fmt.Errorf("backend.redis.key_prefix: %w", err)
+	}
+	mode := fallback.FailClosed
+	if r.OnUnavailable == "local" {
+		mode = fallback.Local
+	}
+	fb := fallback.New(shared, fallback.Options{
+		Mode: mode, Replicas: r.Replicas,
+		OnChange: func(degraded bool, cause error) {
+			if degraded {
+				log.Error("redis backend unavailable", "on_unavailable", r.OnUnavailable, "replicas", r.Replicas, "err", cause)
+			} else {
+				log.Info("redis backend available again", "on_unavailable", r.OnUnavailable)
+			}
+			onChange(degraded, cause)
+		},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), r.Timeout)
+	defer cancel()
+	if err := shared.Ping(ctx); err != nil {
+		// Not fatal: the sidecar starts and follows on_unavailable until Redis answers.
+		log.Warn("redis backend not reachable at start", "addrs", r.Addrs, "on_unavailable", r.OnUnavailable, "err", err)
+	}
+	return &backend{
+		Backend: fb,
+		describe: func() string {
+			switch {
+			case !fb.Degraded():
+				return "redis"
+			case mode == fallback.Local:
+				return "redis (unavailable: local fallback)"
+			}
+			return "redis (unavailable: fail_closed)"
+		},
+		subscribe: shared.Subscribe,
+		close:     client.Close,
+	}, nil
+}
+
+// announcements delivers other replicas' breaker announcements to the
+// server's scopes until ctx ends.
+func announcements(ctx context.Context, b *backend, srv *Server, log *slog.Logger) {
+	if b.subscribe == nil {
+		return
+	}
+	for ctx.Err() == nil {
+		err := b.subscribe(ctx, srv.Announce)
+		if ctx.Err() != nil {
+			return
+		}
+		log.Warn("redis announcements interrupted; cooldown memos may lag until resubscribed", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}

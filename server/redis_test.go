@@ -1,0 +1,166 @@
+package server
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/polygate/polygate/gate/redisgate"
+	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/internal/redistest"
+)
+
+// commandCounter counts the commands a go-redis client sends.
+type commandCounter struct {
+	mu   sync.Mutex
+	sent []string
+}
+
+func (c *commandCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *commandCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.mu.Lock()
+		c.sent = append(c.sent, cmd.Name())
+		c.mu.Unlock()
+		return next(ctx, cmd)
+	}
+}
+
+func (c *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.mu.Lock()
+		for _, cmd := range cmds {
+			c.sent = append(c.sent, cmd.Name())
+		}
+		c.mu.Unlock()
+		return next(ctx, cmds)
+	}
+}
+
+func (c *commandCounter) take() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := c.sent
+	c.sent = nil
+	return out
+}
+
+// Each RPC of the sidecar costs exactly one Redis round trip (once the
+// scripts are cached): Pick one Admit walk, RecordOutcome one Settle,
+// OnNoRunnable one Peek, DescribeScope and RetryAfter one Peek.
+func TestOneRedisRoundTripPerRPC(t *testing.T) {
+	r := redistest.Start(t)
+	counter := &commandCounter{}
+	client := redis.NewClient(&redis.Options{Addr: r.Addr})
+	client.AddHook(counter)
+	t.Cleanup(func() { client.Close() })
+	b, err := redisgate.New(client, redisgate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := start(t, harnessOpts{backend: b, yaml: strings.Replace(testConfig, "max_live: 3", "max_live: 100", 1)})
+	// Warm the script cache: one of each RPC.
+	for range 2 {
+		h.record(t, "chat", h.pick(t, &admissionv1.PickRequest{Scope: "chat"}), admissionv1.Outcome_OUTCOME_TRANSIENT)
+	}
+	p := h.pick(t, &admissionv1.PickRequest{Scope: "chat"}) // refused: the breaker opened
+	if _, err := h.client.OnNoRunnable(h.ctx, &admissionv1.OnNoRunnableRequest{Scope: "chat", CallId: p.CallId}); err != nil {
+		t.Fatal(err)
+	}
+	counter.take()
+
+	for _, rpc := range []struct {
+		name string
+		call func() error
+	}{
+		{"Pick (grant)", func() error {
+			_, err := h.client.Pick(h.ctx, &admissionv1.PickRequest{Scope: "other"})
+			return err
+		}},
+		{"Pick + RecordOutcome", func() error {
+			p := h.pick(t, &admissionv1.PickRequest{Scope: "other"})
+			counter.take()
+			_, err := h.client.RecordOutcome(h.ctx, &admissionv1.RecordOutcomeRequest{Scope: "other", CallId: p.CallId, PermitId: p.GetGrant().GetPermitId(), Outcome: admissionv1.Outcome_OUTCOME_SUCCESS})
+			return err
+		}},
+		{"OnNoRunnable (fail_fast)", func() error {
+			p := h.pick(t, &admissionv1.PickRequest{Scope: "chat"})
+			counter.take()
+			_, err := h.client.OnNoRunnable(h.ctx, &admissionv1.OnNoRunnableRequest{Scope: "chat", CallId: p.CallId})
+			return err
+		}},
+		{"RetryAfter", func() error {
+			_, err := h.client.RetryAfter(h.ctx, &admissionv1.RetryAfterRequest{Scope: "chat"})
+			return err
+		}},
+		{"DescribeScope", func() error {
+			_, err := h.client.DescribeScope(h.ctx, &admissionv1.DescribeScopeRequest{Scope: "chat"})
+			return err
+		}},
+	} {
+		if err := rpc.call(); err != nil {
+			t.Fatalf("%s: %v", rpc.name, err)
+		}
+		if sent := counter.take(); len(sent) != 1 || sent[0] != "evalsha" {
+			t.Fatalf("%s sent %v, want one EVALSHA", rpc.name, sent)
+		}
+	}
+}
+
+// BenchmarkRoundPair measures one attempt over real loopback gRPC — Pick
+// (opening a call) then RecordOutcome(SUCCESS) — with the full interceptor
+// chain, on the memory and on the Redis backend in one run, serially and with
+// parallel clients:
+//
+//	go test -run '^$' -bench RoundPair -benchmem ./server/
+func BenchmarkRoundPair(b *testing.B) {
+	r := redistest.Start(b)
+	client := redis.NewClient(&redis.Options{Addr: r.Addr})
+	b.Cleanup(func() { client.Close() })
+	rb, err := redisgate.New(client, redisgate.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, backend := range []struct {
+		name string
+		opts harnessOpts
+	}{{"memory", harnessOpts{}}, {"redis", harnessOpts{backend: rb}}} {
+		b.Run(backend.name, func(b *testing.B) {
+			backend.opts.yaml, backend.opts.loopback = benchConfig, true
+			h := start(b, backend.opts)
+			round := func(b *testing.B) {
+				p, err := h.client.Pick(h.ctx, &admissionv1.PickRequest{Scope: "other"})
+				if err != nil || p.GetGrant() == nil {
+					b.Fatalf("Pick: %v %v", p, err)
+				}
+				if _, err := h.client.RecordOutcome(h.ctx, &admissionv1.RecordOutcomeRequest{Scope: "other", CallId: p.CallId, PermitId: p.GetGrant().PermitId, Outcome: admissionv1.Outcome_OUTCOME_SUCCESS}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.Run("serial", func(b *testing.B) {
+				for b.Loop() {
+					round(b)
+				}
+			})
+			b.Run("parallel", func(b *testing.B) {
+				b.SetParallelism(8)
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						round(b)
+					}
+				})
+			})
+		})
+	}
+}
+
+const benchConfig = `
+calls: {max_live: 1000000}
+scopes:
+  other:
+    sources: [{name: a, max_concurrency: 1000000}, {name: b, max_concurrency: 1000000}]
+`
