@@ -73,11 +73,10 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return err
 	}
 	defer b.close()
-	sc, err := startSidecar(cfg, log, sidecarDeps{backend: b, backendName: b.describe, health: hs})
+	sc, err := startSidecar(cfg, log, sidecarDeps{backend: b, backendName: b.describe, health: hs, created: started.Store})
 	if err != nil {
 		return err
 	}
-	started.Store(sc.srv)
 	subCtx, stopSub := context.WithCancel(context.Background())
 	defer stopSub()
 	go announcements(subCtx, b, sc.srv, log)
@@ -136,6 +135,9 @@ type sidecarDeps struct {
 	health       *health.Server // nil: a new one
 	interceptors Interceptors   // extra, outermost
 	watchBuffer  int
+	// created is told the server as soon as it exists, before anything
+	// listens (a scrape reads the backend, which may report its health).
+	created func(*Server)
 }
 
 // startSidecar wires the sidecar and starts serving: telemetry (when
@@ -182,6 +184,9 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 		}()
 	}
 	sc.srv = New(cfg, d.backend, log, Options{Now: d.now, BackendName: d.backendName, Observers: observers, WatchBuffer: d.watchBuffer})
+	if d.created != nil {
+		d.created(sc.srv)
+	}
 	if cfg.MetricsListen != "" {
 		reg.MustRegister(sc.srv.Collector(), metrics.NewStateCollector(sc.srv.scopeStates, 10*time.Second))
 	}
@@ -191,6 +196,9 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 	if sc.health == nil {
 		sc.health = health.NewServer()
 	}
+	// The initial status, before anything listens: a report of the backend
+	// (from the first scrape or RPC) then always comes after it.
+	backendHealth(sc.health, cfg, false)
 	healthpb.RegisterHealthServer(sc.gs, sc.health)
 	reflection.Register(sc.gs)
 
@@ -218,7 +226,6 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 			sc.served <- fmt.Errorf("serving %s: %w", cfg.Listen, err)
 		}
 	}()
-	backendHealth(sc.health, cfg, false)
 	return sc, nil
 }
 
