@@ -128,6 +128,8 @@ const (
 	AbandonExpired = "expired"
 	// AbandonShutdown: the call was still open when the sidecar stopped.
 	AbandonShutdown = "interrupted"
+	// AbandonCancelled: the caller cancelled the call between attempts (CancelCall).
+	AbandonCancelled = "cancelled"
 )
 
 // Interrupt reports every call still open as ended by the shutdown; Run
@@ -237,6 +239,27 @@ func (s *Server) RecordOutcome(ctx context.Context, req *admissionv1.RecordOutco
 		return nil, err
 	}
 	return recordResponse(r), nil
+}
+
+// CancelCall implements admissionv1.AdmissionServiceServer.
+func (s *Server) CancelCall(ctx context.Context, req *admissionv1.CancelCallRequest) (*admissionv1.CancelCallResponse, error) {
+	sc, sess, err := s.call(req.GetScope(), req.GetCallId())
+	if err != nil {
+		return nil, err
+	}
+	defer s.calls.release(sess)
+	if held := sess.call.Stats(s.now()).Holding; held != nil {
+		r, err := sc.RecordOutcome(ctx, sess.call, policy.Attempt{PermitID: held.ID, Outcome: policy.Cancelled, ActualTokens: -1, Detail: "CancelCall"})
+		if err != nil {
+			return nil, err
+		}
+		return &admissionv1.CancelCallResponse{EndedNow: r.Next.Failure != nil && r.Next.Failure.Reason == policy.FailCancelled}, nil
+	}
+	ended := sess.call.Abandon()
+	if ended {
+		s.abandon([]*policy.Call{sess.call}, AbandonCancelled)
+	}
+	return &admissionv1.CancelCallResponse{EndedNow: ended}, nil
 }
 
 func (s *Server) call(scope, id string) (*policy.Scope, *session, error) {

@@ -412,3 +412,48 @@ func TestBackendFailures(t *testing.T) {
 		}
 	})
 }
+
+func TestCancelCall(t *testing.T) {
+	h := start(t, harnessOpts{yaml: `
+calls: {max_live: 2}
+scopes:
+  one:
+    sources: [{name: only, max_concurrency: 1}]
+`})
+	holder := h.pick(t, &admissionv1.PickRequest{Scope: "one"})
+	waiter := h.pick(t, &admissionv1.PickRequest{Scope: "one"})
+	if waiter.GetNoRunnable() == nil {
+		t.Fatalf("second call: %v, want refused", waiter)
+	}
+	live := func() int32 {
+		d, err := h.client.DescribeScope(h.ctx, &admissionv1.DescribeScopeRequest{Scope: "one"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.Scope.LiveCalls
+	}
+	// The waiter gives up between attempts: its call ends and frees its place.
+	r, err := h.client.CancelCall(h.ctx, &admissionv1.CancelCallRequest{Scope: "one", CallId: waiter.CallId})
+	if err != nil || !r.EndedNow || live() != 1 {
+		t.Fatalf("cancel of a waiting call: %v %v, live %d", r, err, live())
+	}
+	if r, err := h.client.CancelCall(h.ctx, &admissionv1.CancelCallRequest{Scope: "one", CallId: waiter.CallId}); err != nil || r.EndedNow {
+		t.Fatalf("second cancel: %v %v, want a no-op", r, err)
+	}
+	_, err = h.client.Pick(h.ctx, &admissionv1.PickRequest{Scope: "one", CallId: waiter.CallId})
+	wantStatus(t, err, codes.FailedPrecondition, admissionv1.ErrorReason_ERROR_REASON_CALL_ENDED, "")
+
+	// The holder gives up mid-attempt: its permit is settled as CANCELLED and
+	// the slot is free at once.
+	if r, err := h.client.CancelCall(h.ctx, &admissionv1.CancelCallRequest{Scope: "one", CallId: holder.CallId}); err != nil || !r.EndedNow {
+		t.Fatalf("cancel of a call holding a permit: %v %v", r, err)
+	}
+	if live() != 0 {
+		t.Fatalf("live calls %d after both cancels", live())
+	}
+	if g := h.pick(t, &admissionv1.PickRequest{Scope: "one"}).GetGrant(); g == nil {
+		t.Fatal("the cancelled call's slot was not released")
+	}
+	_, err = h.client.CancelCall(h.ctx, &admissionv1.CancelCallRequest{Scope: "one"})
+	wantStatus(t, err, codes.InvalidArgument, admissionv1.ErrorReason_ERROR_REASON_INVALID_FIELD, "call_id")
+}

@@ -28,6 +28,8 @@ func validate(req any) error {
 		return nonNegative("deadline", r.GetDeadline())
 	case *admissionv1.OnNoRunnableRequest:
 		return needCall(r.GetScope(), r.GetCallId())
+	case *admissionv1.CancelCallRequest:
+		return needCall(r.GetScope(), r.GetCallId())
 	case *admissionv1.RecordOutcomeRequest:
 		if err := needCall(r.GetScope(), r.GetCallId()); err != nil {
 			return err

@@ -148,7 +148,7 @@ func (c *Client) Do(ctx context.Context, scope string, fn func(ctx context.Conte
 				return call.failure(n.Failure, nil)
 			case *admissionv1.RecordOutcomeResponse_Retry:
 				if err := sleep(ctx, n.Retry.GetBackoff().AsDuration()); err != nil {
-					return err
+					return call.abandon(ctx, err)
 				}
 			default:
 				return fmt.Errorf("polygate: RecordOutcome of call %s answered no next action", call.id)
@@ -156,14 +156,14 @@ func (c *Client) Do(ctx context.Context, scope string, fn func(ctx context.Conte
 		case *admissionv1.PickResponse_NoRunnable:
 			d, err := c.rpc.OnNoRunnable(ctx, &admissionv1.OnNoRunnableRequest{Scope: scope, CallId: call.id})
 			if err != nil {
-				return rpcError(ctx, "OnNoRunnable", err)
+				return call.abandon(ctx, rpcError(ctx, "OnNoRunnable", err))
 			}
 			switch n := d.GetDecision().(type) {
 			case *admissionv1.OnNoRunnableResponse_Failure:
 				return call.failure(n.Failure, r.NoRunnable.GetPerSourceReasons())
 			case *admissionv1.OnNoRunnableResponse_Wait:
 				if err := sleep(ctx, n.Wait.GetSleep().AsDuration()); err != nil {
-					return err
+					return call.abandon(ctx, err)
 				}
 			default:
 				return fmt.Errorf("polygate: OnNoRunnable of call %s answered no decision", call.id)
@@ -175,7 +175,7 @@ func (c *Client) Do(ctx context.Context, scope string, fn func(ctx context.Conte
 		}
 		pick, err = c.rpc.Pick(ctx, &admissionv1.PickRequest{Scope: scope, CallId: call.id})
 		if err != nil {
-			return rpcError(ctx, "Pick", err)
+			return call.abandon(ctx, rpcError(ctx, "Pick", err))
 		}
 	}
 }
@@ -276,6 +276,19 @@ func (s *callState) cancel(ctx context.Context, permit string) {
 	_, _ = s.c.rpc.RecordOutcome(rctx, &admissionv1.RecordOutcomeRequest{
 		Scope: s.scope, CallId: s.id, PermitId: permit, Outcome: admissionv1.Outcome_OUTCOME_CANCELLED,
 	})
+}
+
+// abandon ends the call in the sidecar when the caller gave up between
+// attempts (no permit held), so that it stops counting as live there, and
+// returns err. The CancelCall runs on a short context detached from ctx.
+func (s *callState) abandon(ctx context.Context, err error) error {
+	if ctx.Err() == nil {
+		return err
+	}
+	rctx, stop := context.WithTimeout(context.WithoutCancel(ctx), cancelReport)
+	defer stop()
+	_, _ = s.c.rpc.CancelCall(rctx, &admissionv1.CancelCallRequest{Scope: s.scope, CallId: s.id})
+	return err
 }
 
 // failure builds the verdict; refused are the per-source reasons of the last

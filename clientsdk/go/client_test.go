@@ -123,6 +123,29 @@ func (f *fixture) inFlight(t *testing.T, scope string) int32 {
 
 // admittedAtOnce opens a new call with a raw Pick and reports whether its
 // first Pick is a grant, settling it again.
+// liveCalls is the number of calls the sidecar holds open in scope.
+func (f *fixture) liveCalls(t *testing.T, scope string) int32 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	d, err := f.raw.DescribeScope(ctx, &admissionv1.DescribeScopeRequest{Scope: scope})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.GetScope().GetLiveCalls()
+}
+
+func (l *rpcLog) sent(name string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, c := range l.calls {
+		if c == name {
+			return true
+		}
+	}
+	return false
+}
+
 func (f *fixture) admittedAtOnce(t *testing.T, scope string) bool {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
@@ -200,6 +223,9 @@ func TestDo_CancelDuringBackoffReturnsWithoutReport(t *testing.T) {
 	if n := f.inFlight(t, "one"); n != 0 {
 		t.Errorf("in_flight = %d; want 0", n)
 	}
+	if !f.log.sent("CancelCall") || f.liveCalls(t, "one") != 0 {
+		t.Errorf("the abandoned call is still live in the sidecar (CancelCall sent: %v)", f.log.sent("CancelCall"))
+	}
 }
 
 func TestDo_CancelDuringOnNoRunnableReturnsAtOnce(t *testing.T) {
@@ -238,6 +264,9 @@ func TestDo_CancelDuringOnNoRunnableReturnsAtOnce(t *testing.T) {
 	}
 	if got := f.log.outcomes(); len(got) != 0 {
 		t.Errorf("reported outcomes %v; want none (no permit was held)", got)
+	}
+	if !f.log.sent("CancelCall") || f.liveCalls(t, "one") != 1 {
+		t.Errorf("the abandoned call is still live in the sidecar (CancelCall sent: %v); only the holder should be", f.log.sent("CancelCall"))
 	}
 }
 

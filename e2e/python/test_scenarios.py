@@ -186,6 +186,29 @@ async def test_cancel_releases_permit(upstream: Upstream, start_sidecar: Callabl
     assert sc.source("slot", "primary").in_flight == 0
 
 
+async def test_cancel_while_waiting_ends_the_call(upstream: Upstream, start_sidecar: Callable[[str], Sidecar]) -> None:
+    """Cancelling a task that waits for a slot (it holds no permit) ends its
+    call in the sidecar before the cancellation propagates (CancelCall): it
+    stops counting as a live call at once, not after calls.idle_timeout."""
+    sc = start_sidecar(WAIT_SCOPES.format(url=upstream.url))
+    upstream.set("slot", {"hang": True})
+    loop = asyncio.get_running_loop()
+    async with polygate.AsyncClient(sc.addr) as client:
+        holder = asyncio.create_task(client.call("slot", async_attempt([])))
+        await loop.run_in_executor(None, upstream.requests, "slot", 1)
+        waiter = asyncio.create_task(client.call("slot", async_attempt([])))
+        await loop.run_in_executor(None, eventually, "the waiter waits in the sidecar", lambda: any("call waiting" in line for line in sc.logs))
+        assert sc.live_calls("slot") == 2
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert sc.live_calls("slot") == 1, "the cancelled waiter's call is still live in the sidecar"
+        holder.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await holder
+        assert sc.live_calls("slot") == 0
+
+
 def test_exception_in_attempt_releases_permit(upstream: Upstream, start_sidecar: Callable[[str], Sidecar]) -> None:
     sc = start_sidecar(WAIT_SCOPES.format(url=upstream.url))
 

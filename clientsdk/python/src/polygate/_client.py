@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -123,6 +124,9 @@ class _Call:
             req.actual_tokens = r.actual_tokens
         return req
 
+    def cancel_call_request(self) -> pb.CancelCallRequest:
+        return pb.CancelCallRequest(scope=self.scope, call_id=self.call_id)
+
     def cancel_request(self, permit_id: str) -> pb.RecordOutcomeRequest:
         return pb.RecordOutcomeRequest(scope=self.scope, call_id=self.call_id, permit_id=permit_id, outcome=pb.OUTCOME_CANCELLED)
 
@@ -221,17 +225,37 @@ class Client:
                     return result.value
                 if nxt == "failure":
                     raise call.failure(rec.failure)
-                time.sleep(_seconds(rec.retry.backoff))
+                with self._between_attempts(call):
+                    time.sleep(_seconds(rec.retry.backoff))
             elif kind == "no_runnable":
-                d = self._rpc(call, "OnNoRunnable", self._stub.OnNoRunnable, pb.OnNoRunnableRequest(scope=scope, call_id=call.call_id))
+                with self._between_attempts(call):
+                    d = self._rpc(call, "OnNoRunnable", self._stub.OnNoRunnable, pb.OnNoRunnableRequest(scope=scope, call_id=call.call_id))
                 if d.WhichOneof("decision") == "failure":
                     raise call.failure(d.failure, pick.no_runnable.per_source_reasons)
-                time.sleep(_seconds(d.wait.sleep))
+                with self._between_attempts(call):
+                    time.sleep(_seconds(d.wait.sleep))
             elif kind == "failure":
                 raise call.failure(pick.failure)
             else:
                 raise PolygateError(f"Pick of call {call.call_id} answered no result")
-            pick = self._rpc(call, "Pick", self._stub.Pick, call.pick_request())
+            with self._between_attempts(call):
+                pick = self._rpc(call, "Pick", self._stub.Pick, call.pick_request())
+
+    @contextlib.contextmanager
+    def _between_attempts(self, call: _Call) -> Iterator[None]:
+        """When the caller gives up (KeyboardInterrupt, a signal's exception)
+        while no permit is held, ends the call in the sidecar (CancelCall) so
+        that it stops counting as live there, and propagates."""
+        try:
+            yield
+        except PolygateError:
+            raise
+        except BaseException:
+            try:
+                self._stub.CancelCall(call.cancel_call_request(), timeout=REPORT_TIMEOUT_S, metadata=self._metadata)
+            except grpc.RpcError:
+                pass  # the sidecar forgets it after calls.idle_timeout
+            raise
 
     def _rpc(self, call: _Call, method: str, stub: Any, req: Any, report: bool = False) -> Any:
         try:
@@ -308,17 +332,43 @@ class AsyncClient:
                     return result.value
                 if nxt == "failure":
                     raise call.failure(rec.failure)
-                await asyncio.sleep(_seconds(rec.retry.backoff))
+                async with self._between_attempts(call):
+                    await asyncio.sleep(_seconds(rec.retry.backoff))
             elif kind == "no_runnable":
-                d = await self._rpc(call, "OnNoRunnable", self._stub.OnNoRunnable, pb.OnNoRunnableRequest(scope=scope, call_id=call.call_id))
+                async with self._between_attempts(call):
+                    d = await self._rpc(call, "OnNoRunnable", self._stub.OnNoRunnable, pb.OnNoRunnableRequest(scope=scope, call_id=call.call_id))
                 if d.WhichOneof("decision") == "failure":
                     raise call.failure(d.failure, pick.no_runnable.per_source_reasons)
-                await asyncio.sleep(_seconds(d.wait.sleep))
+                async with self._between_attempts(call):
+                    await asyncio.sleep(_seconds(d.wait.sleep))
             elif kind == "failure":
                 raise call.failure(pick.failure)
             else:
                 raise PolygateError(f"Pick of call {call.call_id} answered no result")
-            pick = await self._rpc(call, "Pick", self._stub.Pick, call.pick_request())
+            async with self._between_attempts(call):
+                pick = await self._rpc(call, "Pick", self._stub.Pick, call.pick_request())
+
+    @contextlib.asynccontextmanager
+    async def _between_attempts(self, call: _Call) -> AsyncIterator[None]:
+        """When the task is cancelled while no permit is held, ends the call
+        in the sidecar (CancelCall, on a task of its own) and propagates."""
+        try:
+            yield
+        except PolygateError:
+            raise
+        except BaseException:
+
+            async def end() -> None:
+                try:
+                    await self._stub.CancelCall(call.cancel_call_request(), timeout=REPORT_TIMEOUT_S, metadata=self._metadata)
+                except grpc.aio.AioRpcError:
+                    pass  # the sidecar forgets it after calls.idle_timeout
+
+            try:
+                await asyncio.shield(asyncio.ensure_future(end()))
+            except asyncio.CancelledError:
+                pass
+            raise
 
     async def _rpc(self, call: _Call, method: str, stub: Any, req: Any, report: bool = False) -> Any:
         try:

@@ -1717,6 +1717,103 @@ func (x *Retry) GetBackoff() *durationpb.Duration {
 	return nil
 }
 
+type CancelCallRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Scope         string                 `protobuf:"bytes,1,opt,name=scope,proto3" json:"scope,omitempty"`
+	CallId        string                 `protobuf:"bytes,2,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelCallRequest) Reset() {
+	*x = CancelCallRequest{}
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelCallRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelCallRequest) ProtoMessage() {}
+
+func (x *CancelCallRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelCallRequest.ProtoReflect.Descriptor instead.
+func (*CancelCallRequest) Descriptor() ([]byte, []int) {
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *CancelCallRequest) GetScope() string {
+	if x != nil {
+		return x.Scope
+	}
+	return ""
+}
+
+func (x *CancelCallRequest) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+type CancelCallResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The call was live and this request ended it (false: it had ended before).
+	EndedNow      bool `protobuf:"varint,1,opt,name=ended_now,json=endedNow,proto3" json:"ended_now,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelCallResponse) Reset() {
+	*x = CancelCallResponse{}
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelCallResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelCallResponse) ProtoMessage() {}
+
+func (x *CancelCallResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelCallResponse.ProtoReflect.Descriptor instead.
+func (*CancelCallResponse) Descriptor() ([]byte, []int) {
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *CancelCallResponse) GetEndedNow() bool {
+	if x != nil {
+		return x.EndedNow
+	}
+	return false
+}
+
 type RetryAfterRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Scope string                 `protobuf:"bytes,1,opt,name=scope,proto3" json:"scope,omitempty"`
@@ -1728,7 +1825,7 @@ type RetryAfterRequest struct {
 
 func (x *RetryAfterRequest) Reset() {
 	*x = RetryAfterRequest{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[13]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1740,7 +1837,7 @@ func (x *RetryAfterRequest) String() string {
 func (*RetryAfterRequest) ProtoMessage() {}
 
 func (x *RetryAfterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[13]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1753,7 +1850,7 @@ func (x *RetryAfterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryAfterRequest.ProtoReflect.Descriptor instead.
 func (*RetryAfterRequest) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{13}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RetryAfterRequest) GetScope() string {
@@ -1782,7 +1879,7 @@ type RetryAfterResponse struct {
 
 func (x *RetryAfterResponse) Reset() {
 	*x = RetryAfterResponse{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[14]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1794,7 +1891,7 @@ func (x *RetryAfterResponse) String() string {
 func (*RetryAfterResponse) ProtoMessage() {}
 
 func (x *RetryAfterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[14]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1807,7 +1904,7 @@ func (x *RetryAfterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryAfterResponse.ProtoReflect.Descriptor instead.
 func (*RetryAfterResponse) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{14}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RetryAfterResponse) GetRetryAfter() *durationpb.Duration {
@@ -1833,7 +1930,7 @@ type DescribeScopeRequest struct {
 
 func (x *DescribeScopeRequest) Reset() {
 	*x = DescribeScopeRequest{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[15]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1845,7 +1942,7 @@ func (x *DescribeScopeRequest) String() string {
 func (*DescribeScopeRequest) ProtoMessage() {}
 
 func (x *DescribeScopeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[15]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1858,7 +1955,7 @@ func (x *DescribeScopeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeScopeRequest.ProtoReflect.Descriptor instead.
 func (*DescribeScopeRequest) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{15}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DescribeScopeRequest) GetScope() string {
@@ -1877,7 +1974,7 @@ type DescribeScopeResponse struct {
 
 func (x *DescribeScopeResponse) Reset() {
 	*x = DescribeScopeResponse{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[16]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1889,7 +1986,7 @@ func (x *DescribeScopeResponse) String() string {
 func (*DescribeScopeResponse) ProtoMessage() {}
 
 func (x *DescribeScopeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[16]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1902,7 +1999,7 @@ func (x *DescribeScopeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeScopeResponse.ProtoReflect.Descriptor instead.
 func (*DescribeScopeResponse) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{16}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DescribeScopeResponse) GetScope() *ScopeDescription {
@@ -1920,7 +2017,7 @@ type ListScopesRequest struct {
 
 func (x *ListScopesRequest) Reset() {
 	*x = ListScopesRequest{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[17]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1932,7 +2029,7 @@ func (x *ListScopesRequest) String() string {
 func (*ListScopesRequest) ProtoMessage() {}
 
 func (x *ListScopesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[17]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1945,7 +2042,7 @@ func (x *ListScopesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListScopesRequest.ProtoReflect.Descriptor instead.
 func (*ListScopesRequest) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{17}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{19}
 }
 
 type ListScopesResponse struct {
@@ -1957,7 +2054,7 @@ type ListScopesResponse struct {
 
 func (x *ListScopesResponse) Reset() {
 	*x = ListScopesResponse{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[18]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1969,7 +2066,7 @@ func (x *ListScopesResponse) String() string {
 func (*ListScopesResponse) ProtoMessage() {}
 
 func (x *ListScopesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[18]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1982,7 +2079,7 @@ func (x *ListScopesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListScopesResponse.ProtoReflect.Descriptor instead.
 func (*ListScopesResponse) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{18}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListScopesResponse) GetScopes() []*ScopeDescription {
@@ -2006,7 +2103,7 @@ type OverrideBreakerRequest struct {
 
 func (x *OverrideBreakerRequest) Reset() {
 	*x = OverrideBreakerRequest{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[19]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2018,7 +2115,7 @@ func (x *OverrideBreakerRequest) String() string {
 func (*OverrideBreakerRequest) ProtoMessage() {}
 
 func (x *OverrideBreakerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[19]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2031,7 +2128,7 @@ func (x *OverrideBreakerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OverrideBreakerRequest.ProtoReflect.Descriptor instead.
 func (*OverrideBreakerRequest) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{19}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *OverrideBreakerRequest) GetScope() string {
@@ -2078,7 +2175,7 @@ type OverrideBreakerResponse struct {
 
 func (x *OverrideBreakerResponse) Reset() {
 	*x = OverrideBreakerResponse{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[20]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2090,7 +2187,7 @@ func (x *OverrideBreakerResponse) String() string {
 func (*OverrideBreakerResponse) ProtoMessage() {}
 
 func (x *OverrideBreakerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[20]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2103,7 +2200,7 @@ func (x *OverrideBreakerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OverrideBreakerResponse.ProtoReflect.Descriptor instead.
 func (*OverrideBreakerResponse) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{20}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *OverrideBreakerResponse) GetSource() *SourceState {
@@ -2130,7 +2227,7 @@ type ScopeDescription struct {
 
 func (x *ScopeDescription) Reset() {
 	*x = ScopeDescription{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[21]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2142,7 +2239,7 @@ func (x *ScopeDescription) String() string {
 func (*ScopeDescription) ProtoMessage() {}
 
 func (x *ScopeDescription) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[21]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2155,7 +2252,7 @@ func (x *ScopeDescription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScopeDescription.ProtoReflect.Descriptor instead.
 func (*ScopeDescription) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{21}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ScopeDescription) GetConfig() *ScopeConfig {
@@ -2234,7 +2331,7 @@ type SourceState struct {
 
 func (x *SourceState) Reset() {
 	*x = SourceState{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[22]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2246,7 +2343,7 @@ func (x *SourceState) String() string {
 func (*SourceState) ProtoMessage() {}
 
 func (x *SourceState) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[22]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2259,7 +2356,7 @@ func (x *SourceState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SourceState.ProtoReflect.Descriptor instead.
 func (*SourceState) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{22}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SourceState) GetName() string {
@@ -2427,7 +2524,7 @@ type ScopeConfig struct {
 
 func (x *ScopeConfig) Reset() {
 	*x = ScopeConfig{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[23]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2439,7 +2536,7 @@ func (x *ScopeConfig) String() string {
 func (*ScopeConfig) ProtoMessage() {}
 
 func (x *ScopeConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[23]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2452,7 +2549,7 @@ func (x *ScopeConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScopeConfig.ProtoReflect.Descriptor instead.
 func (*ScopeConfig) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{23}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ScopeConfig) GetName() string {
@@ -2537,7 +2634,7 @@ type SourceConfig struct {
 
 func (x *SourceConfig) Reset() {
 	*x = SourceConfig{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[24]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2549,7 +2646,7 @@ func (x *SourceConfig) String() string {
 func (*SourceConfig) ProtoMessage() {}
 
 func (x *SourceConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[24]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2562,7 +2659,7 @@ func (x *SourceConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SourceConfig.ProtoReflect.Descriptor instead.
 func (*SourceConfig) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{24}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SourceConfig) GetPriority() int32 {
@@ -2646,7 +2743,7 @@ type BreakerConfig struct {
 
 func (x *BreakerConfig) Reset() {
 	*x = BreakerConfig{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[25]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2658,7 +2755,7 @@ func (x *BreakerConfig) String() string {
 func (*BreakerConfig) ProtoMessage() {}
 
 func (x *BreakerConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[25]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2671,7 +2768,7 @@ func (x *BreakerConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BreakerConfig.ProtoReflect.Descriptor instead.
 func (*BreakerConfig) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{25}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *BreakerConfig) GetFailThreshold() int32 {
@@ -2741,7 +2838,7 @@ type WatchEventsRequest struct {
 
 func (x *WatchEventsRequest) Reset() {
 	*x = WatchEventsRequest{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[26]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2753,7 +2850,7 @@ func (x *WatchEventsRequest) String() string {
 func (*WatchEventsRequest) ProtoMessage() {}
 
 func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[26]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2766,7 +2863,7 @@ func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEventsRequest.ProtoReflect.Descriptor instead.
 func (*WatchEventsRequest) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{26}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WatchEventsRequest) GetScope() string {
@@ -2808,7 +2905,7 @@ type WatchEventsResponse struct {
 
 func (x *WatchEventsResponse) Reset() {
 	*x = WatchEventsResponse{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[27]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2820,7 +2917,7 @@ func (x *WatchEventsResponse) String() string {
 func (*WatchEventsResponse) ProtoMessage() {}
 
 func (x *WatchEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[27]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2833,7 +2930,7 @@ func (x *WatchEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEventsResponse.ProtoReflect.Descriptor instead.
 func (*WatchEventsResponse) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{27}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WatchEventsResponse) GetSequence() uint64 {
@@ -2984,7 +3081,7 @@ type BreakerTransition struct {
 
 func (x *BreakerTransition) Reset() {
 	*x = BreakerTransition{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[28]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2996,7 +3093,7 @@ func (x *BreakerTransition) String() string {
 func (*BreakerTransition) ProtoMessage() {}
 
 func (x *BreakerTransition) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[28]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3009,7 +3106,7 @@ func (x *BreakerTransition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BreakerTransition.ProtoReflect.Descriptor instead.
 func (*BreakerTransition) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{28}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *BreakerTransition) GetSource() string {
@@ -3082,7 +3179,7 @@ type ProbeEvent struct {
 
 func (x *ProbeEvent) Reset() {
 	*x = ProbeEvent{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[29]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3094,7 +3191,7 @@ func (x *ProbeEvent) String() string {
 func (*ProbeEvent) ProtoMessage() {}
 
 func (x *ProbeEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[29]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3107,7 +3204,7 @@ func (x *ProbeEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeEvent.ProtoReflect.Descriptor instead.
 func (*ProbeEvent) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{29}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ProbeEvent) GetSource() string {
@@ -3174,7 +3271,7 @@ type StaleOutcome struct {
 
 func (x *StaleOutcome) Reset() {
 	*x = StaleOutcome{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[30]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3186,7 +3283,7 @@ func (x *StaleOutcome) String() string {
 func (*StaleOutcome) ProtoMessage() {}
 
 func (x *StaleOutcome) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[30]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3199,7 +3296,7 @@ func (x *StaleOutcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StaleOutcome.ProtoReflect.Descriptor instead.
 func (*StaleOutcome) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{30}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *StaleOutcome) GetSource() string {
@@ -3250,7 +3347,7 @@ type OverrideChanged struct {
 
 func (x *OverrideChanged) Reset() {
 	*x = OverrideChanged{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[31]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3262,7 +3359,7 @@ func (x *OverrideChanged) String() string {
 func (*OverrideChanged) ProtoMessage() {}
 
 func (x *OverrideChanged) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[31]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3275,7 +3372,7 @@ func (x *OverrideChanged) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OverrideChanged.ProtoReflect.Descriptor instead.
 func (*OverrideChanged) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{31}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *OverrideChanged) GetSource() string {
@@ -3339,7 +3436,7 @@ type WaitStarted struct {
 
 func (x *WaitStarted) Reset() {
 	*x = WaitStarted{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[32]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3351,7 +3448,7 @@ func (x *WaitStarted) String() string {
 func (*WaitStarted) ProtoMessage() {}
 
 func (x *WaitStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[32]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3364,7 +3461,7 @@ func (x *WaitStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitStarted.ProtoReflect.Descriptor instead.
 func (*WaitStarted) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{32}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *WaitStarted) GetCallId() string {
@@ -3418,7 +3515,7 @@ type BackendHealth struct {
 
 func (x *BackendHealth) Reset() {
 	*x = BackendHealth{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[33]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3430,7 +3527,7 @@ func (x *BackendHealth) String() string {
 func (*BackendHealth) ProtoMessage() {}
 
 func (x *BackendHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[33]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3443,7 +3540,7 @@ func (x *BackendHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackendHealth.ProtoReflect.Descriptor instead.
 func (*BackendHealth) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{33}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *BackendHealth) GetBackend() string {
@@ -3545,7 +3642,12 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\x04next\"\x06\n" +
 	"\x04Done\"<\n" +
 	"\x05Retry\x123\n" +
-	"\abackoff\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\abackoff\"C\n" +
+	"\abackoff\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\abackoff\"B\n" +
+	"\x11CancelCallRequest\x12\x14\n" +
+	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x17\n" +
+	"\acall_id\x18\x02 \x01(\tR\x06callId\"1\n" +
+	"\x12CancelCallResponse\x12\x1b\n" +
+	"\tended_now\x18\x01 \x01(\bR\bendedNow\"C\n" +
 	"\x11RetryAfterRequest\x12\x14\n" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x18\n" +
 	"\asources\x18\x02 \x03(\tR\asources\"\x8e\x01\n" +
@@ -3773,11 +3875,13 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\x17PROBE_EVENT_KIND_LEASED\x10\x01\x12\x1c\n" +
 	"\x18PROBE_EVENT_KIND_SETTLED\x10\x02\x12\x1c\n" +
 	"\x18PROBE_EVENT_KIND_EXPIRED\x10\x03\x12\x1d\n" +
-	"\x19PROBE_EVENT_KIND_RELEASED\x10\x042\xc4\x06\n" +
+	"\x19PROBE_EVENT_KIND_RELEASED\x10\x042\xa7\a\n" +
 	"\x10AdmissionService\x12O\n" +
 	"\x04Pick\x12\".polygate.admission.v1.PickRequest\x1a#.polygate.admission.v1.PickResponse\x12g\n" +
 	"\fOnNoRunnable\x12*.polygate.admission.v1.OnNoRunnableRequest\x1a+.polygate.admission.v1.OnNoRunnableResponse\x12j\n" +
 	"\rRecordOutcome\x12+.polygate.admission.v1.RecordOutcomeRequest\x1a,.polygate.admission.v1.RecordOutcomeResponse\x12a\n" +
+	"\n" +
+	"CancelCall\x12(.polygate.admission.v1.CancelCallRequest\x1a).polygate.admission.v1.CancelCallResponse\x12a\n" +
 	"\n" +
 	"RetryAfter\x12(.polygate.admission.v1.RetryAfterRequest\x1a).polygate.admission.v1.RetryAfterResponse\x12j\n" +
 	"\rDescribeScope\x12+.polygate.admission.v1.DescribeScopeRequest\x1a,.polygate.admission.v1.DescribeScopeResponse\x12a\n" +
@@ -3799,7 +3903,7 @@ func file_polygate_admission_v1_admission_proto_rawDescGZIP() []byte {
 }
 
 var file_polygate_admission_v1_admission_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
-var file_polygate_admission_v1_admission_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_polygate_admission_v1_admission_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_polygate_admission_v1_admission_proto_goTypes = []any{
 	(Outcome)(0),                    // 0: polygate.admission.v1.Outcome
 	(Reason)(0),                     // 1: polygate.admission.v1.Reason
@@ -3825,127 +3929,131 @@ var file_polygate_admission_v1_admission_proto_goTypes = []any{
 	(*RecordOutcomeResponse)(nil),   // 21: polygate.admission.v1.RecordOutcomeResponse
 	(*Done)(nil),                    // 22: polygate.admission.v1.Done
 	(*Retry)(nil),                   // 23: polygate.admission.v1.Retry
-	(*RetryAfterRequest)(nil),       // 24: polygate.admission.v1.RetryAfterRequest
-	(*RetryAfterResponse)(nil),      // 25: polygate.admission.v1.RetryAfterResponse
-	(*DescribeScopeRequest)(nil),    // 26: polygate.admission.v1.DescribeScopeRequest
-	(*DescribeScopeResponse)(nil),   // 27: polygate.admission.v1.DescribeScopeResponse
-	(*ListScopesRequest)(nil),       // 28: polygate.admission.v1.ListScopesRequest
-	(*ListScopesResponse)(nil),      // 29: polygate.admission.v1.ListScopesResponse
-	(*OverrideBreakerRequest)(nil),  // 30: polygate.admission.v1.OverrideBreakerRequest
-	(*OverrideBreakerResponse)(nil), // 31: polygate.admission.v1.OverrideBreakerResponse
-	(*ScopeDescription)(nil),        // 32: polygate.admission.v1.ScopeDescription
-	(*SourceState)(nil),             // 33: polygate.admission.v1.SourceState
-	(*ScopeConfig)(nil),             // 34: polygate.admission.v1.ScopeConfig
-	(*SourceConfig)(nil),            // 35: polygate.admission.v1.SourceConfig
-	(*BreakerConfig)(nil),           // 36: polygate.admission.v1.BreakerConfig
-	(*WatchEventsRequest)(nil),      // 37: polygate.admission.v1.WatchEventsRequest
-	(*WatchEventsResponse)(nil),     // 38: polygate.admission.v1.WatchEventsResponse
-	(*BreakerTransition)(nil),       // 39: polygate.admission.v1.BreakerTransition
-	(*ProbeEvent)(nil),              // 40: polygate.admission.v1.ProbeEvent
-	(*StaleOutcome)(nil),            // 41: polygate.admission.v1.StaleOutcome
-	(*OverrideChanged)(nil),         // 42: polygate.admission.v1.OverrideChanged
-	(*WaitStarted)(nil),             // 43: polygate.admission.v1.WaitStarted
-	(*BackendHealth)(nil),           // 44: polygate.admission.v1.BackendHealth
-	nil,                             // 45: polygate.admission.v1.Grant.AttributesEntry
-	nil,                             // 46: polygate.admission.v1.SourceConfig.AttributesEntry
-	(*durationpb.Duration)(nil),     // 47: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 48: google.protobuf.Timestamp
+	(*CancelCallRequest)(nil),       // 24: polygate.admission.v1.CancelCallRequest
+	(*CancelCallResponse)(nil),      // 25: polygate.admission.v1.CancelCallResponse
+	(*RetryAfterRequest)(nil),       // 26: polygate.admission.v1.RetryAfterRequest
+	(*RetryAfterResponse)(nil),      // 27: polygate.admission.v1.RetryAfterResponse
+	(*DescribeScopeRequest)(nil),    // 28: polygate.admission.v1.DescribeScopeRequest
+	(*DescribeScopeResponse)(nil),   // 29: polygate.admission.v1.DescribeScopeResponse
+	(*ListScopesRequest)(nil),       // 30: polygate.admission.v1.ListScopesRequest
+	(*ListScopesResponse)(nil),      // 31: polygate.admission.v1.ListScopesResponse
+	(*OverrideBreakerRequest)(nil),  // 32: polygate.admission.v1.OverrideBreakerRequest
+	(*OverrideBreakerResponse)(nil), // 33: polygate.admission.v1.OverrideBreakerResponse
+	(*ScopeDescription)(nil),        // 34: polygate.admission.v1.ScopeDescription
+	(*SourceState)(nil),             // 35: polygate.admission.v1.SourceState
+	(*ScopeConfig)(nil),             // 36: polygate.admission.v1.ScopeConfig
+	(*SourceConfig)(nil),            // 37: polygate.admission.v1.SourceConfig
+	(*BreakerConfig)(nil),           // 38: polygate.admission.v1.BreakerConfig
+	(*WatchEventsRequest)(nil),      // 39: polygate.admission.v1.WatchEventsRequest
+	(*WatchEventsResponse)(nil),     // 40: polygate.admission.v1.WatchEventsResponse
+	(*BreakerTransition)(nil),       // 41: polygate.admission.v1.BreakerTransition
+	(*ProbeEvent)(nil),              // 42: polygate.admission.v1.ProbeEvent
+	(*StaleOutcome)(nil),            // 43: polygate.admission.v1.StaleOutcome
+	(*OverrideChanged)(nil),         // 44: polygate.admission.v1.OverrideChanged
+	(*WaitStarted)(nil),             // 45: polygate.admission.v1.WaitStarted
+	(*BackendHealth)(nil),           // 46: polygate.admission.v1.BackendHealth
+	nil,                             // 47: polygate.admission.v1.Grant.AttributesEntry
+	nil,                             // 48: polygate.admission.v1.SourceConfig.AttributesEntry
+	(*durationpb.Duration)(nil),     // 49: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 50: google.protobuf.Timestamp
 }
 var file_polygate_admission_v1_admission_proto_depIdxs = []int32{
 	1,  // 0: polygate.admission.v1.SourceReason.reason:type_name -> polygate.admission.v1.Reason
-	47, // 1: polygate.admission.v1.SourceReason.retry_after:type_name -> google.protobuf.Duration
-	47, // 2: polygate.admission.v1.PickRequest.deadline:type_name -> google.protobuf.Duration
+	49, // 1: polygate.admission.v1.SourceReason.retry_after:type_name -> google.protobuf.Duration
+	49, // 2: polygate.admission.v1.PickRequest.deadline:type_name -> google.protobuf.Duration
 	14, // 3: polygate.admission.v1.PickResponse.grant:type_name -> polygate.admission.v1.Grant
 	15, // 4: polygate.admission.v1.PickResponse.no_runnable:type_name -> polygate.admission.v1.NoRunnable
 	16, // 5: polygate.admission.v1.PickResponse.failure:type_name -> polygate.admission.v1.Failure
-	45, // 6: polygate.admission.v1.Grant.attributes:type_name -> polygate.admission.v1.Grant.AttributesEntry
-	47, // 7: polygate.admission.v1.Grant.lease:type_name -> google.protobuf.Duration
-	47, // 8: polygate.admission.v1.Grant.timeout:type_name -> google.protobuf.Duration
+	47, // 6: polygate.admission.v1.Grant.attributes:type_name -> polygate.admission.v1.Grant.AttributesEntry
+	49, // 7: polygate.admission.v1.Grant.lease:type_name -> google.protobuf.Duration
+	49, // 8: polygate.admission.v1.Grant.timeout:type_name -> google.protobuf.Duration
 	11, // 9: polygate.admission.v1.Grant.skipped:type_name -> polygate.admission.v1.SourceReason
 	11, // 10: polygate.admission.v1.NoRunnable.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
 	2,  // 11: polygate.admission.v1.Failure.reason:type_name -> polygate.admission.v1.FailureReason
-	47, // 12: polygate.admission.v1.Failure.retry_after:type_name -> google.protobuf.Duration
+	49, // 12: polygate.admission.v1.Failure.retry_after:type_name -> google.protobuf.Duration
 	11, // 13: polygate.admission.v1.Failure.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
 	19, // 14: polygate.admission.v1.OnNoRunnableResponse.wait:type_name -> polygate.admission.v1.Wait
 	16, // 15: polygate.admission.v1.OnNoRunnableResponse.failure:type_name -> polygate.admission.v1.Failure
-	47, // 16: polygate.admission.v1.Wait.sleep:type_name -> google.protobuf.Duration
-	47, // 17: polygate.admission.v1.Wait.slept:type_name -> google.protobuf.Duration
+	49, // 16: polygate.admission.v1.Wait.sleep:type_name -> google.protobuf.Duration
+	49, // 17: polygate.admission.v1.Wait.slept:type_name -> google.protobuf.Duration
 	0,  // 18: polygate.admission.v1.RecordOutcomeRequest.outcome:type_name -> polygate.admission.v1.Outcome
-	47, // 19: polygate.admission.v1.RecordOutcomeRequest.retry_after_hint:type_name -> google.protobuf.Duration
+	49, // 19: polygate.admission.v1.RecordOutcomeRequest.retry_after_hint:type_name -> google.protobuf.Duration
 	22, // 20: polygate.admission.v1.RecordOutcomeResponse.done:type_name -> polygate.admission.v1.Done
 	23, // 21: polygate.admission.v1.RecordOutcomeResponse.retry:type_name -> polygate.admission.v1.Retry
 	16, // 22: polygate.admission.v1.RecordOutcomeResponse.failure:type_name -> polygate.admission.v1.Failure
 	6,  // 23: polygate.admission.v1.RecordOutcomeResponse.effect:type_name -> polygate.admission.v1.OutcomeEffect
 	3,  // 24: polygate.admission.v1.RecordOutcomeResponse.breaker_state:type_name -> polygate.admission.v1.BreakerState
-	47, // 25: polygate.admission.v1.Retry.backoff:type_name -> google.protobuf.Duration
-	47, // 26: polygate.admission.v1.RetryAfterResponse.retry_after:type_name -> google.protobuf.Duration
-	33, // 27: polygate.admission.v1.RetryAfterResponse.sources:type_name -> polygate.admission.v1.SourceState
-	32, // 28: polygate.admission.v1.DescribeScopeResponse.scope:type_name -> polygate.admission.v1.ScopeDescription
-	32, // 29: polygate.admission.v1.ListScopesResponse.scopes:type_name -> polygate.admission.v1.ScopeDescription
+	49, // 25: polygate.admission.v1.Retry.backoff:type_name -> google.protobuf.Duration
+	49, // 26: polygate.admission.v1.RetryAfterResponse.retry_after:type_name -> google.protobuf.Duration
+	35, // 27: polygate.admission.v1.RetryAfterResponse.sources:type_name -> polygate.admission.v1.SourceState
+	34, // 28: polygate.admission.v1.DescribeScopeResponse.scope:type_name -> polygate.admission.v1.ScopeDescription
+	34, // 29: polygate.admission.v1.ListScopesResponse.scopes:type_name -> polygate.admission.v1.ScopeDescription
 	5,  // 30: polygate.admission.v1.OverrideBreakerRequest.action:type_name -> polygate.admission.v1.OverrideAction
-	33, // 31: polygate.admission.v1.OverrideBreakerResponse.source:type_name -> polygate.admission.v1.SourceState
-	34, // 32: polygate.admission.v1.ScopeDescription.config:type_name -> polygate.admission.v1.ScopeConfig
-	33, // 33: polygate.admission.v1.ScopeDescription.sources:type_name -> polygate.admission.v1.SourceState
-	47, // 34: polygate.admission.v1.ScopeDescription.progress_age:type_name -> google.protobuf.Duration
+	35, // 31: polygate.admission.v1.OverrideBreakerResponse.source:type_name -> polygate.admission.v1.SourceState
+	36, // 32: polygate.admission.v1.ScopeDescription.config:type_name -> polygate.admission.v1.ScopeConfig
+	35, // 33: polygate.admission.v1.ScopeDescription.sources:type_name -> polygate.admission.v1.SourceState
+	49, // 34: polygate.admission.v1.ScopeDescription.progress_age:type_name -> google.protobuf.Duration
 	3,  // 35: polygate.admission.v1.SourceState.state:type_name -> polygate.admission.v1.BreakerState
 	1,  // 36: polygate.admission.v1.SourceState.reason:type_name -> polygate.admission.v1.Reason
-	47, // 37: polygate.admission.v1.SourceState.retry_after:type_name -> google.protobuf.Duration
-	47, // 38: polygate.admission.v1.SourceState.probe_left:type_name -> google.protobuf.Duration
+	49, // 37: polygate.admission.v1.SourceState.retry_after:type_name -> google.protobuf.Duration
+	49, // 38: polygate.admission.v1.SourceState.probe_left:type_name -> google.protobuf.Duration
 	4,  // 39: polygate.admission.v1.SourceState.override:type_name -> polygate.admission.v1.Override
-	47, // 40: polygate.admission.v1.SourceState.cooldown_memo:type_name -> google.protobuf.Duration
-	35, // 41: polygate.admission.v1.SourceState.config:type_name -> polygate.admission.v1.SourceConfig
+	49, // 40: polygate.admission.v1.SourceState.cooldown_memo:type_name -> google.protobuf.Duration
+	37, // 41: polygate.admission.v1.SourceState.config:type_name -> polygate.admission.v1.SourceConfig
 	7,  // 42: polygate.admission.v1.ScopeConfig.circuit_open:type_name -> polygate.admission.v1.OnRefusal
 	7,  // 43: polygate.admission.v1.ScopeConfig.quota_full:type_name -> polygate.admission.v1.OnRefusal
-	47, // 44: polygate.admission.v1.ScopeConfig.backoff_base:type_name -> google.protobuf.Duration
-	47, // 45: polygate.admission.v1.ScopeConfig.backoff_max:type_name -> google.protobuf.Duration
-	47, // 46: polygate.admission.v1.ScopeConfig.stall_window:type_name -> google.protobuf.Duration
-	47, // 47: polygate.admission.v1.ScopeConfig.poll_interval:type_name -> google.protobuf.Duration
-	47, // 48: polygate.admission.v1.ScopeConfig.lease_grace:type_name -> google.protobuf.Duration
-	47, // 49: polygate.admission.v1.SourceConfig.timeout:type_name -> google.protobuf.Duration
-	47, // 50: polygate.admission.v1.SourceConfig.lease:type_name -> google.protobuf.Duration
-	46, // 51: polygate.admission.v1.SourceConfig.attributes:type_name -> polygate.admission.v1.SourceConfig.AttributesEntry
-	36, // 52: polygate.admission.v1.SourceConfig.breaker:type_name -> polygate.admission.v1.BreakerConfig
-	47, // 53: polygate.admission.v1.BreakerConfig.window:type_name -> google.protobuf.Duration
-	47, // 54: polygate.admission.v1.BreakerConfig.cooldown:type_name -> google.protobuf.Duration
-	47, // 55: polygate.admission.v1.BreakerConfig.max_cooldown:type_name -> google.protobuf.Duration
-	47, // 56: polygate.admission.v1.BreakerConfig.probe_ttl:type_name -> google.protobuf.Duration
-	48, // 57: polygate.admission.v1.WatchEventsResponse.time:type_name -> google.protobuf.Timestamp
-	39, // 58: polygate.admission.v1.WatchEventsResponse.breaker_transition:type_name -> polygate.admission.v1.BreakerTransition
-	40, // 59: polygate.admission.v1.WatchEventsResponse.probe:type_name -> polygate.admission.v1.ProbeEvent
-	41, // 60: polygate.admission.v1.WatchEventsResponse.stale_outcome:type_name -> polygate.admission.v1.StaleOutcome
-	42, // 61: polygate.admission.v1.WatchEventsResponse.override_changed:type_name -> polygate.admission.v1.OverrideChanged
-	43, // 62: polygate.admission.v1.WatchEventsResponse.wait_started:type_name -> polygate.admission.v1.WaitStarted
-	44, // 63: polygate.admission.v1.WatchEventsResponse.backend_health:type_name -> polygate.admission.v1.BackendHealth
+	49, // 44: polygate.admission.v1.ScopeConfig.backoff_base:type_name -> google.protobuf.Duration
+	49, // 45: polygate.admission.v1.ScopeConfig.backoff_max:type_name -> google.protobuf.Duration
+	49, // 46: polygate.admission.v1.ScopeConfig.stall_window:type_name -> google.protobuf.Duration
+	49, // 47: polygate.admission.v1.ScopeConfig.poll_interval:type_name -> google.protobuf.Duration
+	49, // 48: polygate.admission.v1.ScopeConfig.lease_grace:type_name -> google.protobuf.Duration
+	49, // 49: polygate.admission.v1.SourceConfig.timeout:type_name -> google.protobuf.Duration
+	49, // 50: polygate.admission.v1.SourceConfig.lease:type_name -> google.protobuf.Duration
+	48, // 51: polygate.admission.v1.SourceConfig.attributes:type_name -> polygate.admission.v1.SourceConfig.AttributesEntry
+	38, // 52: polygate.admission.v1.SourceConfig.breaker:type_name -> polygate.admission.v1.BreakerConfig
+	49, // 53: polygate.admission.v1.BreakerConfig.window:type_name -> google.protobuf.Duration
+	49, // 54: polygate.admission.v1.BreakerConfig.cooldown:type_name -> google.protobuf.Duration
+	49, // 55: polygate.admission.v1.BreakerConfig.max_cooldown:type_name -> google.protobuf.Duration
+	49, // 56: polygate.admission.v1.BreakerConfig.probe_ttl:type_name -> google.protobuf.Duration
+	50, // 57: polygate.admission.v1.WatchEventsResponse.time:type_name -> google.protobuf.Timestamp
+	41, // 58: polygate.admission.v1.WatchEventsResponse.breaker_transition:type_name -> polygate.admission.v1.BreakerTransition
+	42, // 59: polygate.admission.v1.WatchEventsResponse.probe:type_name -> polygate.admission.v1.ProbeEvent
+	43, // 60: polygate.admission.v1.WatchEventsResponse.stale_outcome:type_name -> polygate.admission.v1.StaleOutcome
+	44, // 61: polygate.admission.v1.WatchEventsResponse.override_changed:type_name -> polygate.admission.v1.OverrideChanged
+	45, // 62: polygate.admission.v1.WatchEventsResponse.wait_started:type_name -> polygate.admission.v1.WaitStarted
+	46, // 63: polygate.admission.v1.WatchEventsResponse.backend_health:type_name -> polygate.admission.v1.BackendHealth
 	3,  // 64: polygate.admission.v1.BreakerTransition.from:type_name -> polygate.admission.v1.BreakerState
 	3,  // 65: polygate.admission.v1.BreakerTransition.to:type_name -> polygate.admission.v1.BreakerState
 	9,  // 66: polygate.admission.v1.BreakerTransition.cause:type_name -> polygate.admission.v1.TransitionCause
-	47, // 67: polygate.admission.v1.BreakerTransition.cooldown:type_name -> google.protobuf.Duration
+	49, // 67: polygate.admission.v1.BreakerTransition.cooldown:type_name -> google.protobuf.Duration
 	10, // 68: polygate.admission.v1.ProbeEvent.kind:type_name -> polygate.admission.v1.ProbeEventKind
 	0,  // 69: polygate.admission.v1.ProbeEvent.outcome:type_name -> polygate.admission.v1.Outcome
 	3,  // 70: polygate.admission.v1.ProbeEvent.state:type_name -> polygate.admission.v1.BreakerState
 	3,  // 71: polygate.admission.v1.StaleOutcome.state:type_name -> polygate.admission.v1.BreakerState
 	4,  // 72: polygate.admission.v1.OverrideChanged.override:type_name -> polygate.admission.v1.Override
 	3,  // 73: polygate.admission.v1.OverrideChanged.state:type_name -> polygate.admission.v1.BreakerState
-	47, // 74: polygate.admission.v1.WaitStarted.sleep:type_name -> google.protobuf.Duration
+	49, // 74: polygate.admission.v1.WaitStarted.sleep:type_name -> google.protobuf.Duration
 	11, // 75: polygate.admission.v1.WaitStarted.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
 	12, // 76: polygate.admission.v1.AdmissionService.Pick:input_type -> polygate.admission.v1.PickRequest
 	17, // 77: polygate.admission.v1.AdmissionService.OnNoRunnable:input_type -> polygate.admission.v1.OnNoRunnableRequest
 	20, // 78: polygate.admission.v1.AdmissionService.RecordOutcome:input_type -> polygate.admission.v1.RecordOutcomeRequest
-	24, // 79: polygate.admission.v1.AdmissionService.RetryAfter:input_type -> polygate.admission.v1.RetryAfterRequest
-	26, // 80: polygate.admission.v1.AdmissionService.DescribeScope:input_type -> polygate.admission.v1.DescribeScopeRequest
-	28, // 81: polygate.admission.v1.AdmissionService.ListScopes:input_type -> polygate.admission.v1.ListScopesRequest
-	30, // 82: polygate.admission.v1.AdmissionService.OverrideBreaker:input_type -> polygate.admission.v1.OverrideBreakerRequest
-	37, // 83: polygate.admission.v1.AdmissionService.WatchEvents:input_type -> polygate.admission.v1.WatchEventsRequest
-	13, // 84: polygate.admission.v1.AdmissionService.Pick:output_type -> polygate.admission.v1.PickResponse
-	18, // 85: polygate.admission.v1.AdmissionService.OnNoRunnable:output_type -> polygate.admission.v1.OnNoRunnableResponse
-	21, // 86: polygate.admission.v1.AdmissionService.RecordOutcome:output_type -> polygate.admission.v1.RecordOutcomeResponse
-	25, // 87: polygate.admission.v1.AdmissionService.RetryAfter:output_type -> polygate.admission.v1.RetryAfterResponse
-	27, // 88: polygate.admission.v1.AdmissionService.DescribeScope:output_type -> polygate.admission.v1.DescribeScopeResponse
-	29, // 89: polygate.admission.v1.AdmissionService.ListScopes:output_type -> polygate.admission.v1.ListScopesResponse
-	31, // 90: polygate.admission.v1.AdmissionService.OverrideBreaker:output_type -> polygate.admission.v1.OverrideBreakerResponse
-	38, // 91: polygate.admission.v1.AdmissionService.WatchEvents:output_type -> polygate.admission.v1.WatchEventsResponse
-	84, // [84:92] is the sub-list for method output_type
-	76, // [76:84] is the sub-list for method input_type
+	24, // 79: polygate.admission.v1.AdmissionService.CancelCall:input_type -> polygate.admission.v1.CancelCallRequest
+	26, // 80: polygate.admission.v1.AdmissionService.RetryAfter:input_type -> polygate.admission.v1.RetryAfterRequest
+	28, // 81: polygate.admission.v1.AdmissionService.DescribeScope:input_type -> polygate.admission.v1.DescribeScopeRequest
+	30, // 82: polygate.admission.v1.AdmissionService.ListScopes:input_type -> polygate.admission.v1.ListScopesRequest
+	32, // 83: polygate.admission.v1.AdmissionService.OverrideBreaker:input_type -> polygate.admission.v1.OverrideBreakerRequest
+	39, // 84: polygate.admission.v1.AdmissionService.WatchEvents:input_type -> polygate.admission.v1.WatchEventsRequest
+	13, // 85: polygate.admission.v1.AdmissionService.Pick:output_type -> polygate.admission.v1.PickResponse
+	18, // 86: polygate.admission.v1.AdmissionService.OnNoRunnable:output_type -> polygate.admission.v1.OnNoRunnableResponse
+	21, // 87: polygate.admission.v1.AdmissionService.RecordOutcome:output_type -> polygate.admission.v1.RecordOutcomeResponse
+	25, // 88: polygate.admission.v1.AdmissionService.CancelCall:output_type -> polygate.admission.v1.CancelCallResponse
+	27, // 89: polygate.admission.v1.AdmissionService.RetryAfter:output_type -> polygate.admission.v1.RetryAfterResponse
+	29, // 90: polygate.admission.v1.AdmissionService.DescribeScope:output_type -> polygate.admission.v1.DescribeScopeResponse
+	31, // 91: polygate.admission.v1.AdmissionService.ListScopes:output_type -> polygate.admission.v1.ListScopesResponse
+	33, // 92: polygate.admission.v1.AdmissionService.OverrideBreaker:output_type -> polygate.admission.v1.OverrideBreakerResponse
+	40, // 93: polygate.admission.v1.AdmissionService.WatchEvents:output_type -> polygate.admission.v1.WatchEventsResponse
+	85, // [85:94] is the sub-list for method output_type
+	76, // [76:85] is the sub-list for method input_type
 	76, // [76:76] is the sub-list for extension type_name
 	76, // [76:76] is the sub-list for extension extendee
 	0,  // [0:76] is the sub-list for field type_name
@@ -3971,7 +4079,7 @@ func file_polygate_admission_v1_admission_proto_init() {
 		(*RecordOutcomeResponse_Retry)(nil),
 		(*RecordOutcomeResponse_Failure)(nil),
 	}
-	file_polygate_admission_v1_admission_proto_msgTypes[27].OneofWrappers = []any{
+	file_polygate_admission_v1_admission_proto_msgTypes[29].OneofWrappers = []any{
 		(*WatchEventsResponse_BreakerTransition)(nil),
 		(*WatchEventsResponse_Probe)(nil),
 		(*WatchEventsResponse_StaleOutcome)(nil),
@@ -3985,7 +4093,7 @@ func file_polygate_admission_v1_admission_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_polygate_admission_v1_admission_proto_rawDesc), len(file_polygate_admission_v1_admission_proto_rawDesc)),
 			NumEnums:      11,
-			NumMessages:   36,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,6 +22,7 @@ const (
 	AdmissionService_Pick_FullMethodName            = "/polygate.admission.v1.AdmissionService/Pick"
 	AdmissionService_OnNoRunnable_FullMethodName    = "/polygate.admission.v1.AdmissionService/OnNoRunnable"
 	AdmissionService_RecordOutcome_FullMethodName   = "/polygate.admission.v1.AdmissionService/RecordOutcome"
+	AdmissionService_CancelCall_FullMethodName      = "/polygate.admission.v1.AdmissionService/CancelCall"
 	AdmissionService_RetryAfter_FullMethodName      = "/polygate.admission.v1.AdmissionService/RetryAfter"
 	AdmissionService_DescribeScope_FullMethodName   = "/polygate.admission.v1.AdmissionService/DescribeScope"
 	AdmissionService_ListScopes_FullMethodName      = "/polygate.admission.v1.AdmissionService/ListScopes"
@@ -77,6 +78,12 @@ type AdmissionServiceClient interface {
 	// pacer and the call's budgets, and returns the next action. Idempotent per
 	// permit_id: reporting a permit again returns the first answer.
 	RecordOutcome(ctx context.Context, in *RecordOutcomeRequest, opts ...grpc.CallOption) (*RecordOutcomeResponse, error)
+	// CancelCall ends a call the caller gave up on: a permit it holds is
+	// settled as OUTCOME_CANCELLED (its slot is free at once, no breaker
+	// verdict); a call waiting between attempts simply ends, so it stops
+	// counting against calls.max_live. Idempotent: cancelling an ended call
+	// changes nothing.
+	CancelCall(ctx context.Context, in *CancelCallRequest, opts ...grpc.CallOption) (*CancelCallResponse, error)
 	// RetryAfter is the earliest certain retry moment over the named sources
 	// (all when none are named), with each source's state. It never takes a probe.
 	RetryAfter(ctx context.Context, in *RetryAfterRequest, opts ...grpc.CallOption) (*RetryAfterResponse, error)
@@ -131,6 +138,16 @@ func (c *admissionServiceClient) RecordOutcome(ctx context.Context, in *RecordOu
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RecordOutcomeResponse)
 	err := c.cc.Invoke(ctx, AdmissionService_RecordOutcome_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *admissionServiceClient) CancelCall(ctx context.Context, in *CancelCallRequest, opts ...grpc.CallOption) (*CancelCallResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CancelCallResponse)
+	err := c.cc.Invoke(ctx, AdmissionService_CancelCall_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -244,6 +261,12 @@ type AdmissionServiceServer interface {
 	// pacer and the call's budgets, and returns the next action. Idempotent per
 	// permit_id: reporting a permit again returns the first answer.
 	RecordOutcome(context.Context, *RecordOutcomeRequest) (*RecordOutcomeResponse, error)
+	// CancelCall ends a call the caller gave up on: a permit it holds is
+	// settled as OUTCOME_CANCELLED (its slot is free at once, no breaker
+	// verdict); a call waiting between attempts simply ends, so it stops
+	// counting against calls.max_live. Idempotent: cancelling an ended call
+	// changes nothing.
+	CancelCall(context.Context, *CancelCallRequest) (*CancelCallResponse, error)
 	// RetryAfter is the earliest certain retry moment over the named sources
 	// (all when none are named), with each source's state. It never takes a probe.
 	RetryAfter(context.Context, *RetryAfterRequest) (*RetryAfterResponse, error)
@@ -282,6 +305,9 @@ func (UnimplementedAdmissionServiceServer) OnNoRunnable(context.Context, *OnNoRu
 }
 func (UnimplementedAdmissionServiceServer) RecordOutcome(context.Context, *RecordOutcomeRequest) (*RecordOutcomeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RecordOutcome not implemented")
+}
+func (UnimplementedAdmissionServiceServer) CancelCall(context.Context, *CancelCallRequest) (*CancelCallResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CancelCall not implemented")
 }
 func (UnimplementedAdmissionServiceServer) RetryAfter(context.Context, *RetryAfterRequest) (*RetryAfterResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RetryAfter not implemented")
@@ -369,6 +395,24 @@ func _AdmissionService_RecordOutcome_Handler(srv interface{}, ctx context.Contex
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AdmissionServiceServer).RecordOutcome(ctx, req.(*RecordOutcomeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdmissionService_CancelCall_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelCallRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdmissionServiceServer).CancelCall(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdmissionService_CancelCall_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdmissionServiceServer).CancelCall(ctx, req.(*CancelCallRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -474,6 +518,10 @@ var AdmissionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RecordOutcome",
 			Handler:    _AdmissionService_RecordOutcome_Handler,
+		},
+		{
+			MethodName: "CancelCall",
+			Handler:    _AdmissionService_CancelCall_Handler,
 		},
 		{
 			MethodName: "RetryAfter",

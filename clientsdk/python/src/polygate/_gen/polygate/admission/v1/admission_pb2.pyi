@@ -337,6 +337,20 @@ class Retry(_message.Message):
     backoff: _duration_pb2.Duration
     def __init__(self, backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
+class CancelCallRequest(_message.Message):
+    __slots__ = ("scope", "call_id")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    scope: str
+    call_id: str
+    def __init__(self, scope: _Optional[str] = ..., call_id: _Optional[str] = ...) -> None: ...
+
+class CancelCallResponse(_message.Message):
+    __slots__ = ("ended_now",)
+    ENDED_NOW_FIELD_NUMBER: _ClassVar[int]
+    ended_now: bool
+    def __init__(self, ended_now: _Optional[bool] = ...) -> None: ...
+
 class RetryAfterRequest(_message.Message):
     __slots__ = ("scope", "sources")
     SCOPE_FIELD_NUMBER: _ClassVar[int]

@@ -72,6 +72,11 @@ class AdmissionServiceStub:
                 request_serializer=polygate_dot___gen_dot_polygate_dot_admission_dot_v1_dot_admission__pb2.RecordOutcomeRequest.SerializeToString,
                 response_deserializer=polygate_dot___gen_dot_polygate_dot_admission_dot_v1_dot_admission__pb2.RecordOutcomeResponse.FromString,
                 _registered_method=True)
+        self.CancelCall = channel.unary_unary(
+                '/polygate.admission.v1.AdmissionService/CancelCall',
+                request_serializer=polygate_dot___gen_dot_polygate_dot_admission_dot_v1_dot_admission__pb2.CancelCallRequest.SerializeToString,
+                response_deserializer=polygate_dot___gen_dot_polygate_dot_admission_dot_v1_dot_admission__pb2.CancelCallResponse.FromString,
+                _registered_method=True)
         self.RetryAfter = channel.unary_unary(
                 '/polygate.admission.v1.AdmissionService/RetryAfter',
                 request_serializer=polygate_dot___gen_dot_polygate_dot_admission_dot_v1_dot_admission__pb2.RetryAfterRequest.SerializeToString,
@@ -160,6 +165,17 @@ class AdmissionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelCall(self, request, context):
+        """CancelCall ends a call the caller gave up on: a permit it holds is
+        settled as OUTCOME_CANCELLED (its slot is free at once, no breaker
+        verdict); a call waiting between attempts simply ends, so it stops
+        counting against calls.max_live. Idempotent: cancelling an ended call
+        changes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RetryAfter(self, request, context):
         """RetryAfter is the earliest certain retry moment over the named sources
         (all when none are named), with each source's state. It never takes a probe.
@@ -222,6 +238,11 @@ def add_AdmissionServiceServicer_to_server(servicer, server):
                     servicer.RecordOutcome,
                     request_deserializer=polygate_dot___gen_dot_polygate_dot_admission_dot_v1_dot_admission__pb2.RecordOutcomeRequest.FromString,
                     response_serializer=polygate_dot___gen_dot_polygate_dot_admission_dot_v1_dot_admission__pb2.RecordOutcomeResponse.SerializeToString,
+            ),
+            'CancelCall': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelCall,
+                    request_deserializer=polygate_dot___gen_dot_polygate_dot_admission_dot_v1_dot_admission__pb2.CancelCallRequest.FromString,
+                    response_serializer=polygate_dot___gen_dot_polygate_dot_admission_dot_v1_dot_admission__pb2.CancelCallResponse.SerializeToString,
             ),
             'RetryAfter': grpc.unary_unary_rpc_method_handler(
                     servicer.RetryAfter,
@@ -353,6 +374,33 @@ class AdmissionService:
             '/polygate.admission.v1.AdmissionService/RecordOutcome',
             polygate_dot___gen_dot_polygate_dot_admission_dot_v1_dot_admission__pb2.RecordOutcomeRequest.SerializeToString,
             polygate_dot___gen_dot_polygate_dot_admission_dot_v1_dot_admission__pb2.RecordOutcomeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelCall(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/polygate.admission.v1.AdmissionService/CancelCall',
+            polygate_dot___gen_dot_polygate_dot_admission_dot_v1_dot_admission__pb2.CancelCallRequest.SerializeToString,
+            polygate_dot___gen_dot_polygate_dot_admission_dot_v1_dot_admission__pb2.CancelCallResponse.FromString,
             options,
             channel_credentials,
             insecure,
