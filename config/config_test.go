@@ -92,6 +92,7 @@ func TestBadValues(t *testing.T) {
 		{"log.level", "log: {level: loud}", "log.level", "debug, info, warn, error"},
 		{"calls.max_live", "calls: {max_live: 0}", "calls.max_live", "at least 1"},
 		{"calls.idle_timeout", "calls: {idle_timeout: 10ms}", "calls.idle_timeout", "at least 1s"},
+		{"calls.idle_timeout below a lease", "calls: {idle_timeout: 1m}\nscopes: {chat: {sources: [{name: a, timeout: 5m}]}}", "calls.idle_timeout", "longer than the longest permit lease (scopes.chat.sources.a: timeout + lease_grace = 5m5s)"},
 		{"telemetry.retention", "telemetry: {retention: 1s}", "telemetry.retention", "at least 1m"},
 		{"telemetry.path blank", "telemetry: {path: '  '}", "telemetry.path", "must not be blank"},
 		{"telemetry.path query", "telemetry: {path: '/var/x.db?mode=ro'}", "telemetry.path", "without '?'"},

@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"regexp"
 	"slices"
@@ -272,6 +273,22 @@ func resolve(f *fileConfig) (*Config, error) {
 			continue
 		}
 		cfg.Scopes[name] = resolveScope(c, name, &fs)
+	}
+	// A call must outlive its longest attempt, or the sidecar would forget it
+	// while the attempt runs and lose its outcome.
+	var longest time.Duration
+	longestKey := ""
+	for _, name := range slices.Sorted(maps.Keys(cfg.Scopes)) {
+		sc := cfg.Scopes[name]
+		for i := range sc.Sources {
+			if l := sc.Sources[i].Lease(sc.LeaseGrace); l > longest {
+				longest, longestKey = l, "scopes."+name+".sources."+sc.Sources[i].Name
+			}
+		}
+	}
+	if longest > 0 && cfg.Calls.IdleTimeout <= longest {
+		c.fail("calls.idle_timeout", cfg.Calls.IdleTimeout, fmt.Sprintf(
+			"must be longer than the longest permit lease (%s: timeout + lease_grace = %v), or a call would be forgotten during its own attempt", longestKey, longest))
 	}
 	if len(c.errs) > 0 {
 		return nil, errors.Join(c.errs...)

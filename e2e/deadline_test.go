@@ -49,7 +49,7 @@ func TestDeadline_NeverOverslept(t *testing.T) {
 		if err := client.Do(ctx, "open", (&attempt{}).fn); !errors.Is(err, polygate.ErrRetryExhausted) {
 			t.Fatalf("the dead key's call = %v; want retry_exhausted", err)
 		}
-		const deadline = time.Second
+		const deadline = 10 * time.Second
 		dctx, cancel := context.WithTimeout(ctx, deadline)
 		defer cancel()
 		start := time.Now()
@@ -71,7 +71,7 @@ func TestDeadline_NeverOverslept(t *testing.T) {
 
 	t.Run("Retry-After past the deadline fails at once", func(t *testing.T) {
 		up.Set("limited", upstream.Step{Status: 429, Headers: map[string]string{"Retry-After": "30"}})
-		const deadline = time.Second
+		const deadline = 10 * time.Second
 		start := time.Now()
 		err := client.Do(ctx, "limited", (&attempt{}).fn, polygate.WithDeadline(deadline))
 		elapsed := time.Since(start)
@@ -99,7 +99,7 @@ func TestDeadline_NeverOverslept(t *testing.T) {
 
 		// With the deadline as an option only, nothing but the sidecar's
 		// capping of its sleeps ends the wait.
-		const deadline = 800 * time.Millisecond
+		const deadline = 4 * time.Second
 		start := time.Now()
 		err := client.Do(ctx, "slot", (&attempt{}).fn, polygate.WithDeadline(deadline))
 		elapsed := time.Since(start)

@@ -36,7 +36,7 @@ scopes:
 // reaching the upstream; after the cooldown the next call probes and the
 // source is back.
 func TestIncident_FailFast(t *testing.T) {
-	const cooldown = 2 * time.Second
+	const cooldown = 10 * time.Second
 	up := newUpstream(t)
 	sc := startSidecar(t, incidentConfig("fail_fast", up.URL+"/primary", cooldown, cooldown))
 	client := sc.client(t)

@@ -114,16 +114,3 @@ func (c *Call) Ended() bool {
 	defer c.mu.Unlock()
 	return c.end != nil
 }
-
-// Abandon ends a call that holds no permit, as the caller gave up on it
-// (Failure cancelled). It reports whether the call was live and is now ended;
-// a call holding a permit is not ended here (settle the permit as Cancelled).
-func (c *Call) Abandon() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.end != nil || c.permit != nil {
-		return false
-	}
-	c.finish(Action{Failure: &Failure{Reason: FailCancelled}})
-	return true
-}

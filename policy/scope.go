@@ -63,20 +63,26 @@ type Options struct {
 	Observer Observer
 }
 
-// source is a configured source with its local state.
+// source is a configured source with its local state. The local state (the
+// pacer and the last failure) is shared by pointer with the source's earlier
+// versions, so a reload neither copies it nor loses a mark made meanwhile.
 type source struct {
-	cfg   *config.Source
-	gate  gate.Source
+	cfg  *config.Source
+	gate gate.Source
+	*local
+}
+
+type local struct {
 	pacer *Pacer
 
 	mu         sync.Mutex
 	lastFailed time.Time
 }
 
-func (s *source) markFailed(now time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.lastFailed = now
+func (l *local) markFailed(now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lastFailed = now
 }
 
 func (s *source) failedRecently(now time.Time) bool {
@@ -156,9 +162,9 @@ func (s *Scope) Update(cfg *config.Scope) {
 		n := &source{cfg: c, gate: cfg.Gate(i)}
 		if prev, ok := old[c.Name]; ok {
 			prev.pacer.resize(c.MaxConcurrency)
-			n.pacer, n.lastFailed = prev.pacer, prev.lastFailed
+			n.local = prev.local
 		} else {
-			n.pacer = NewPacer(c.MaxConcurrency)
+			n.local = &local{pacer: NewPacer(c.MaxConcurrency)}
 		}
 		srcs[i] = n
 	}
@@ -256,12 +262,17 @@ type NoRunnable struct {
 
 // Pick walks the sources in the selector's order through the cooldown memo,
 // then (in one backend decision) the pacer, the quota and the breaker.
+//
+// The backend decides on a context that the caller's cancellation does not
+// cut (the backend's own timeout bounds it), so that a decision is never left
+// half-known; if the caller has gone when a permit comes back, nobody would
+// ever report it, so it is given back at once and Pick fails with ctx's error.
 func (s *Scope) Pick(ctx context.Context, c *Call) (Pick, error) {
 	p, events, err := s.pick(ctx, c)
+	s.absorb(events)
 	if err != nil {
 		return p, err
 	}
-	s.absorb(events)
 	s.observer.Picked(c, p)
 	return p, nil
 }
@@ -307,9 +318,13 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 	var adm gate.Admission
 	if len(cands) > 0 {
 		var err error
-		adm, err = s.backend.Admit(ctx, gate.AdmitRequest{Scope: s.name, PermitID: NewID("p"), Tokens: c.Tokens, Candidates: cands})
+		adm, err = s.backend.Admit(context.WithoutCancel(ctx), gate.AdmitRequest{Scope: s.name, PermitID: NewID("p"), Tokens: c.Tokens, Candidates: cands})
 		if err != nil {
 			return Pick{}, nil, err
+		}
+		if adm.Granted && ctx.Err() != nil {
+			events, err := s.giveBack(ctx, adm.Permit, cands)
+			return Pick{}, append(adm.Events, events...), errors.Join(ctx.Err(), err)
 		}
 		now = s.now()
 		for _, r := range adm.Rejections {
@@ -348,6 +363,66 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 		p.NoRunnable = c.last
 	}
 	return p, adm.Events, nil
+}
+
+// giveBack releases a permit nobody will report, without a verdict (a probe's
+// lease ends, the next entrant may probe).
+func (s *Scope) giveBack(ctx context.Context, p gate.Permit, cands []gate.Candidate) ([]gate.Event, error) {
+	for _, c := range cands {
+		if c.Source.Name != p.Source {
+			continue
+		}
+		st, err := s.backend.Settle(context.WithoutCancel(ctx), gate.SettleRequest{
+			Scope: s.name, Source: c.Source, PermitID: p.ID, Epoch: p.Epoch, Probe: p.Probe, Verdict: gate.VerdictNone, ActualTokens: -1,
+		})
+		if err == nil && st.Released {
+			s.capacity.fire()
+		}
+		return st.Events, err
+	}
+	return nil, nil
+}
+
+// Release gives back the permit a call holds, without a verdict and without
+// accounting it to the call: for a call the sidecar forgets (idle expiry).
+func (s *Scope) Release(ctx context.Context, c *Call) error {
+	c.mu.Lock()
+	p, src := c.permit, c.permitSrc
+	c.permit = nil
+	c.mu.Unlock()
+	if p == nil {
+		return nil
+	}
+	events, err := s.giveBack(ctx, *p, []gate.Candidate{{Source: &src}})
+	s.absorb(events)
+	return err
+}
+
+// Cancel ends a call its caller gave up on: a held permit is settled as
+// Cancelled (the observers are told, as for any outcome); a call waiting
+// between attempts ends as cancelled at once, so that no Pick can grant it a
+// permit afterwards. ended reports whether the call was live; settled
+// whether a permit was reported for it.
+func (s *Scope) Cancel(ctx context.Context, c *Call) (ended, settled bool, err error) {
+	c.mu.Lock()
+	switch {
+	case c.end != nil:
+		c.mu.Unlock()
+		return false, false, nil
+	case c.permit == nil:
+		c.finish(Action{Failure: &Failure{Reason: FailCancelled}})
+		c.mu.Unlock()
+		return true, false, nil
+	}
+	id := c.permit.ID
+	c.mu.Unlock()
+	// While the permit is held no Pick can run; another report of the same
+	// permit is answered once, idempotently.
+	r, err := s.RecordOutcome(ctx, c, Attempt{PermitID: id, Outcome: Cancelled, ActualTokens: -1, Detail: "cancelled by the caller"})
+	if err != nil {
+		return false, false, err
+	}
+	return r.Next.Failure != nil && r.Next.Failure.Reason == FailCancelled, true, nil
 }
 
 // Decision is OnNoRunnable's answer: wait Sleep more (after the sleep the
@@ -449,13 +524,7 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 		return d, false, false, err
 	}
 	now := s.now()
-	hint := time.Duration(-1)
-	for _, v := range snap.Sources {
-		s.remember(v.Source, v.Breaker, now)
-		if hint < 0 || v.Breaker.RetryAfter < hint {
-			hint = v.Breaker.RetryAfter
-		}
-	}
+	hint := s.breakerWait(snap, now)
 	circuit = nr.GateRejections == len(srcs)
 	fail := func(reason FailureReason, retryAfter time.Duration) (Decision, bool, bool, error) {
 		f := &Failure{Reason: reason, RetryAfter: max(retryAfter, 0), Sources: nr.Sources}
@@ -468,6 +537,12 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 		if left = c.Deadline.Sub(now); left <= 0 {
 			return fail(FailDeadlineExceeded, 0)
 		}
+	}
+	if s.admissible(srcs, snap, c.Tokens) {
+		// Something changed between the Pick and this read (a permit released,
+		// a breaker closed or reset elsewhere), before the wake-ups were
+		// taken: that is a wake-up, not a reason to fail or to wait.
+		return Decision{Woken: true}, circuit, false, nil
 	}
 	if circuit {
 		if cfg.CircuitOpen == config.FailFast {
@@ -491,13 +566,6 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 	// wait (see OnNoRunnable).
 	jitter := time.Duration(float64(cfg.PollInterval) * (0.5 + 0.5*s.rand()))
 	budget := cfg.StallWindow - stalled + cfg.PollInterval
-	first = !c.waiting
-	c.waiting = true
-	if hint == 0 && s.admissible(srcs, snap, c.Tokens) {
-		// Something changed between the Pick and this read (a permit released,
-		// a breaker closed), before the wake-ups were taken: that is a wake-up.
-		return Decision{Woken: true}, circuit, first, nil
-	}
 	sleep, uncertain := budget, hint == 0
 	if hint > 0 {
 		sleep = hint + jitter
@@ -506,6 +574,8 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 	if left > 0 {
 		sleep = min(sleep, left)
 	}
+	first = !c.waiting
+	c.waiting = true
 	return Decision{Sleep: ceilMs(sleep), Uncertain: uncertain}, circuit, first, nil
 }
 
@@ -584,7 +654,7 @@ func (s *Scope) admissible(srcs []*source, snap gate.Snapshot, tokens int64) boo
 		if v.Breaker.Reason != gate.ReasonNone ||
 			v.Quota.InFlight >= min(srcs[i].pacer.Ceiling(), l.MaxConcurrency) ||
 			l.RPM > 0 && v.Quota.Requests >= l.RPM ||
-			l.TPM > 0 && v.Quota.Tokens+max(tokens, 1) > l.TPM {
+			l.TPM > 0 && v.Quota.Tokens+tokens > l.TPM {
 			continue
 		}
 		found = true
@@ -592,6 +662,18 @@ func (s *Scope) admissible(srcs []*source, snap gate.Snapshot, tokens int64) boo
 	return found
 }
 
+// breakerWait is the earliest certain retry over a snapshot's breakers (the
+// minimum of their waits), refreshing the cooldown memo from it.
+func (s *Scope) breakerWait(snap gate.Snapshot, now time.Time) time.Duration {
+	waits := make([]gate.Rejection, len(snap.Sources))
+	for i, v := range snap.Sources {
+		s.remember(v.Source, v.Breaker, now)
+		waits[i] = gate.Rejection{RetryAfter: v.Breaker.RetryAfter}
+	}
+	return minRetryAfter(waits)
+}
+
+// minRetryAfter is the least retry_after of a list (0 for none).
 func minRetryAfter(rs []gate.Rejection) time.Duration {
 	var least time.Duration = -1
 	for _, r := range rs {
@@ -721,8 +803,8 @@ func (s *Scope) source(name string) *source {
 
 // next is the outcome table's last column. Both budgets are checked at every
 // failed attempt, so a call ends with whichever runs out first; a backoff is
-// clamped to the rest of the stall budget (plus one poll interval), but never
-// below an upstream Retry-After.
+// clamped to the rest of the stall budget (plus one poll interval) while
+// there is some left, and is never shorter than an upstream Retry-After.
 func (s *Scope) next(c *Call, cfg *config.Scope, r rule, a Attempt, progressAge time.Duration, now time.Time) Action {
 	switch r.then {
 	case thenDone:
@@ -741,7 +823,13 @@ func (s *Scope) next(c *Call, cfg *config.Scope, r rule, a Attempt, progressAge 
 		return Action{Failure: &Failure{Reason: FailStalled, RetryAfter: ceilMs(a.RetryAfter)}}
 	}
 	backoff := Backoff(cfg.BackoffBase, cfg.BackoffMax, c.failures, 0, s.rand)
-	backoff = max(min(backoff, cfg.StallWindow-stalled+cfg.PollInterval), ceilMs(a.RetryAfter))
+	if left := cfg.StallWindow - stalled + cfg.PollInterval; left > 0 {
+		// Not past the stall budget: do not sleep beyond it. (Past it, the
+		// scope is making progress, or the call would have failed stalled:
+		// the full backoff applies.)
+		backoff = min(backoff, left)
+	}
+	backoff = max(backoff, ceilMs(a.RetryAfter))
 	if !c.Deadline.IsZero() && now.Add(backoff).After(c.Deadline) {
 		return Action{Failure: &Failure{Reason: FailDeadlineExceeded, RetryAfter: backoff}}
 	}
@@ -767,15 +855,7 @@ func (s *Scope) RetryAfter(ctx context.Context, names []string) (time.Duration, 
 	if err != nil {
 		return 0, nil, err
 	}
-	now := s.now()
-	least := time.Duration(-1)
-	for _, v := range snap.Sources {
-		s.remember(v.Source, v.Breaker, now)
-		if least < 0 || v.Breaker.RetryAfter < least {
-			least = v.Breaker.RetryAfter
-		}
-	}
-	return max(least, 0), snap.Sources, nil
+	return s.breakerWait(snap, s.now()), snap.Sources, nil
 }
 
 // SourceState is one source as DescribeScope shows it.

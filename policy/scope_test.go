@@ -293,7 +293,7 @@ sources: [{name: only}]
 		synctest.Test(t, func(t *testing.T) {
 			s, _ := newScope(t, `
 backpressure: {stall_window: 10s, poll_interval: 200ms}
-sources: [{name: only, max_concurrency: 1, timeout: 1h}]
+sources: [{name: only, max_concurrency: 1, timeout: 1m}]
 `)
 			grant(t, s, newCall(s)) // holds the only slot
 			c := newCall(s)

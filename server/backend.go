@@ -24,7 +24,10 @@ type backend struct {
 	// subscribe, for a shared backend, delivers other replicas' breaker
 	// announcements until ctx ends.
 	subscribe func(ctx context.Context, handle func(scope string, e gate.Event)) error
-	close     func() error
+	// check, for a shared backend, asks whether it answers; the answer is
+	// reported through the health callback like any call's.
+	check func(ctx context.Context) error
+	close func() error
 }
 
 // openBackend builds the configured backend. onChange is told, once per
@@ -73,12 +76,6 @@ func openRedis(r config.Redis, log *slog.Logger, onChange func(bool, error)) (*b
 			onChange(degraded, cause)
 		},
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), r.Timeout)
-	defer cancel()
-	if err := shared.Ping(ctx); err != nil {
-		// Not fatal: the sidecar starts and follows on_unavailable until Redis answers.
-		log.Warn("redis backend not reachable at start", "addrs", r.Addrs, "on_unavailable", r.OnUnavailable, "err", err)
-	}
 	return &backend{
 		Backend: fb,
 		describe: func() string {
@@ -91,6 +88,7 @@ func openRedis(r config.Redis, log *slog.Logger, onChange func(bool, error)) (*b
 			return "redis (unavailable: fail_closed)"
 		},
 		subscribe: shared.Subscribe,
+		check:     fb.Check,
 		close:     client.Close,
 	}, nil
 }

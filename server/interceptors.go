@@ -29,7 +29,10 @@ type Interceptors struct {
 // metrics, logging (slog), the error edge (domain errors → statuses), auth
 // and validation (admission service only, so health and reflection stay
 // open), recovery innermost so that logging and metrics still see a panic.
-func ServerOptions(log *slog.Logger, token string, extra Interceptors) []grpc.ServerOption {
+//
+// token returns the bearer token every admission call must carry ("" turns
+// auth off); it is read per call, so a reload can change it.
+func ServerOptions(log *slog.Logger, token func() string, extra Interceptors) []grpc.ServerOption {
 	logger := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
 		log.Log(ctx, slog.Level(lvl), msg, fields...)
 	})
@@ -41,11 +44,12 @@ func ServerOptions(log *slog.Logger, token string, extra Interceptors) []grpc.Se
 		return c.Service == admissionv1.AdmissionService_ServiceDesc.ServiceName
 	})
 	authFn := func(ctx context.Context) (context.Context, error) {
-		if token == "" {
+		want := token()
+		if want == "" {
 			return ctx, nil
 		}
 		got, err := auth.AuthFromMD(ctx, "bearer")
-		if err != nil || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+		if err != nil || subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
 			return nil, errUnauthenticated
 		}
 		return ctx, nil

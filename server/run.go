@@ -57,7 +57,10 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	if opts.Check {
 		return printConfig(stdout, cfg)
 	}
-	log := newLogger(cfg.Log, stderr)
+	level := new(slog.LevelVar)
+	log := newLogger(cfg.Log, level, stderr)
+	var token atomic.Pointer[string]
+	token.Store(&cfg.Auth.Token)
 
 	// The backend reports its health from the moment it opens; the server
 	// that publishes and counts the reports exists only afterwards.
@@ -73,9 +76,17 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return err
 	}
 	defer b.close()
-	sc, err := startSidecar(cfg, log, sidecarDeps{backend: b, backendName: b.describe, health: hs, created: started.Store})
+	sc, err := startSidecar(cfg, log, sidecarDeps{backend: b, backendName: b.describe, health: hs, created: started.Store, token: func() string { return *token.Load() }})
 	if err != nil {
 		return err
+	}
+	if b.check != nil {
+		// Health says NOT_SERVING from the start when the backend is down.
+		cctx, cancel := context.WithTimeout(ctx, cfg.Backend.Redis.Timeout)
+		if err := b.check(cctx); err != nil {
+			log.Warn("backend not reachable at start; following on_unavailable until it answers", "on_unavailable", cfg.Backend.Redis.OnUnavailable, "err", err)
+		}
+		cancel()
 	}
 	subCtx, stopSub := context.WithCancel(context.Background())
 	defer stopSub()
@@ -102,7 +113,10 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 			sc.stop()
 			return err
 		case <-hup:
-			reload(log, sc.srv, cfg, opts, environ)
+			if next := reload(log, sc.srv, cfg, opts, environ); next != nil {
+				token.Store(&next.Auth.Token)
+				_ = level.UnmarshalText([]byte(next.Log.Level))
+			}
 		case <-sweep.C:
 			sc.srv.sweep()
 		}
@@ -138,6 +152,8 @@ type sidecarDeps struct {
 	// created is told the server as soon as it exists, before anything
 	// listens (a scrape reads the backend, which may report its health).
 	created func(*Server)
+	// token is the bearer token of the moment (nil: cfg.Auth.Token, fixed).
+	token func() string
 }
 
 // startSidecar wires the sidecar and starts serving: telemetry (when
@@ -190,7 +206,10 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 	if cfg.MetricsListen != "" {
 		reg.MustRegister(sc.srv.Collector(), metrics.NewStateCollector(sc.srv.scopeStates, 10*time.Second))
 	}
-	sc.gs = grpc.NewServer(ServerOptions(log, cfg.Auth.Token, extra)...)
+	if d.token == nil {
+		d.token = func() string { return cfg.Auth.Token }
+	}
+	sc.gs = grpc.NewServer(ServerOptions(log, d.token, extra)...)
 	admissionv1.RegisterAdmissionServiceServer(sc.gs, sc.srv)
 	sc.health = d.health
 	if sc.health == nil {
@@ -297,18 +316,19 @@ func (s *Server) scopeStates(ctx context.Context) []metrics.ScopeState {
 // reload applies the configuration file again. A bad file changes nothing.
 // Scope changes apply at once with breaker and quota state kept; changes of
 // the listeners or the backend need a restart.
-func reload(log *slog.Logger, srv *Server, running *config.Config, opts config.Options, environ []string) {
+func reload(log *slog.Logger, srv *Server, running *config.Config, opts config.Options, environ []string) *config.Config {
 	next, err := config.Load(opts, environ)
 	if err != nil {
 		log.Error("configuration reload rejected; the running configuration stays", "config", configName(opts), "err", err)
-		return
+		return nil
 	}
 	if next.Listen != running.Listen || next.MetricsListen != running.MetricsListen || fmt.Sprint(next.Backend) != fmt.Sprint(running.Backend) ||
-		next.Telemetry != running.Telemetry || next.Events != running.Events {
-		log.Warn("configuration reload: listen, metrics_listen, backend, telemetry and events changes need a restart and were not applied")
+		next.Telemetry != running.Telemetry || next.Events != running.Events || next.Log.Format != running.Log.Format {
+		log.Warn("configuration reload: listen, metrics_listen, backend, telemetry, events and log.format changes need a restart and were not applied")
 	}
 	srv.Apply(next)
-	log.Info("configuration reloaded", "config", configName(opts), "scopes", srv.Scopes())
+	log.Info("configuration reloaded", "config", configName(opts), "scopes", srv.Scopes(), "log_level", next.Log.Level, "auth", next.Auth.Token != "")
+	return next
 }
 
 func configName(o config.Options) string {
@@ -362,8 +382,9 @@ func address(lis net.Listener) string {
 	return lis.Addr().String()
 }
 
-func newLogger(c config.Log, w io.Writer) *slog.Logger {
-	var level slog.Level
+// newLogger writes c.Format to w at level, which it sets to c.Level (a
+// reload may set it again).
+func newLogger(c config.Log, level *slog.LevelVar, w io.Writer) *slog.Logger {
 	_ = level.UnmarshalText([]byte(c.Level))
 	o := &slog.HandlerOptions{Level: level}
 	if c.Format == "json" {

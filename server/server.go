@@ -174,12 +174,20 @@ func (s *Server) sweep() {
 	s.abandon(dropped, AbandonExpired)
 	for _, c := range dropped {
 		st := c.Stats(s.now())
-		if st.Holding != nil {
-			s.log.Warn("call expired while holding a permit; its lease frees the slot",
-				"scope", c.Scope, "call", c.ID, "permit", st.Holding.ID, "source", st.Holding.Source)
-		} else {
+		if st.Holding == nil {
 			s.log.Info("call expired idle", "scope", c.Scope, "call", c.ID, "attempts", st.Attempts)
+			continue
 		}
+		// Nobody will report the permit: give it back now rather than at
+		// the end of its lease (a probe would otherwise block its breaker).
+		sc, err := s.Scope(c.Scope)
+		if err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			err = sc.Release(ctx, c)
+			cancel()
+		}
+		s.log.Warn("call expired while holding a permit; the permit is given back",
+			"scope", c.Scope, "call", c.ID, "permit", st.Holding.ID, "source", st.Holding.Source, "release_err", err)
 	}
 }
 
@@ -190,7 +198,8 @@ func (s *Server) Pick(ctx context.Context, req *admissionv1.PickRequest) (*admis
 		return nil, err
 	}
 	var sess *session
-	if req.GetCallId() == "" {
+	opening := req.GetCallId() == ""
+	if opening {
 		sess, err = s.calls.open(sc.Name(), req.GetEstimatedTokens(), req.GetDeadline().AsDuration())
 	} else {
 		sess, err = s.calls.acquire(req.GetCallId(), sc.Name())
@@ -198,8 +207,12 @@ func (s *Server) Pick(ctx context.Context, req *admissionv1.PickRequest) (*admis
 	if err != nil {
 		return nil, err
 	}
-	defer s.calls.release(sess)
 	p, err := sc.Pick(ctx, sess.call)
+	if err != nil && opening {
+		s.calls.discard(sess) // the caller never learns the call's id
+		return nil, err
+	}
+	s.calls.release(sess)
 	if err != nil {
 		return nil, err
 	}
@@ -248,15 +261,11 @@ func (s *Server) CancelCall(ctx context.Context, req *admissionv1.CancelCallRequ
 		return nil, err
 	}
 	defer s.calls.release(sess)
-	if held := sess.call.Stats(s.now()).Holding; held != nil {
-		r, err := sc.RecordOutcome(ctx, sess.call, policy.Attempt{PermitID: held.ID, Outcome: policy.Cancelled, ActualTokens: -1, Detail: "CancelCall"})
-		if err != nil {
-			return nil, err
-		}
-		return &admissionv1.CancelCallResponse{EndedNow: r.Next.Failure != nil && r.Next.Failure.Reason == policy.FailCancelled}, nil
+	ended, settled, err := sc.Cancel(ctx, sess.call)
+	if err != nil {
+		return nil, err
 	}
-	ended := sess.call.Abandon()
-	if ended {
+	if ended && !settled {
 		s.abandon([]*policy.Call{sess.call}, AbandonCancelled)
 	}
 	return &admissionv1.CancelCallResponse{EndedNow: ended}, nil

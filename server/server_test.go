@@ -38,9 +38,9 @@ scopes:
     circuit_open: fail_fast
     breaker: {fail_threshold: 2, cooldown: 10s, probe_ttl: 60s}
     sources:
-      - {name: primary, tpm: 1000, attributes: {model: m1}}
+      - {name: primary, tpm: 1000, timeout: 30s, attributes: {model: m1}}
   other:
-    sources: [{name: only}]
+    sources: [{name: only, timeout: 30s}]
 `
 
 // harness is a server over bufconn with the real interceptor chain.
@@ -75,7 +75,7 @@ func start(t testing.TB, o harnessOpts) *harness {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	srv := New(cfg, o.backend, log, Options{Now: clock.Now})
-	gs := grpc.NewServer(ServerOptions(log, o.token, Interceptors{})...)
+	gs := grpc.NewServer(ServerOptions(log, func() string { return o.token }, Interceptors{})...)
 	admissionv1.RegisterAdmissionServiceServer(gs, srv)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
@@ -312,7 +312,7 @@ func TestDescribeShowsLiveStateAndDerivedValues(t *testing.T) {
 	src := d.Sources[0]
 	if d.LiveCalls != 1 || d.Backend != "memory" || d.ProgressAge != nil || src.InFlight != 1 || src.TokensLastMinute != 100 ||
 		src.PacerCeiling != 8 || src.Config.Breaker.ProbeTtl.AsDuration() != time.Minute || src.Config.Breaker.ProbeTtlDerived ||
-		src.Config.Lease.AsDuration() != 305*time.Second || src.Config.Attributes["model"] != "m1" {
+		src.Config.Lease.AsDuration() != 35*time.Second || src.Config.Attributes["model"] != "m1" {
 		t.Fatalf("describe %v", d)
 	}
 	list, err := h.client.ListScopes(h.ctx, &admissionv1.ListScopesRequest{})
@@ -456,4 +456,19 @@ scopes:
 	}
 	_, err = h.client.CancelCall(h.ctx, &admissionv1.CancelCallRequest{Scope: "one"})
 	wantStatus(t, err, codes.InvalidArgument, admissionv1.ErrorReason_ERROR_REASON_INVALID_FIELD, "call_id")
+}
+
+// An opening Pick that fails never gave its call id to the caller, so the
+// call must not stay live (it would count against calls.max_live).
+func TestFailedOpeningPickLeavesNoCall(t *testing.T) {
+	h := start(t, harnessOpts{}) // calls.max_live: 3; chat's source has tpm 1000
+	for range 5 {
+		_, err := h.client.Pick(h.ctx, &admissionv1.PickRequest{Scope: "chat", EstimatedTokens: 5000})
+		wantStatus(t, err, codes.InvalidArgument, admissionv1.ErrorReason_ERROR_REASON_ESTIMATE_TOO_LARGE, "estimated_tokens")
+	}
+	h.pick(t, &admissionv1.PickRequest{Scope: "chat"})
+	d, err := h.client.DescribeScope(h.ctx, &admissionv1.DescribeScopeRequest{Scope: "chat"})
+	if err != nil || d.Scope.LiveCalls != 1 {
+		t.Fatalf("live calls %v %v, want only the good one", d.GetScope().GetLiveCalls(), err)
+	}
 }

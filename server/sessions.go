@@ -94,6 +94,21 @@ func (s *sessions) release(sess *session) {
 	}
 }
 
+// discard forgets a call whose opening Pick failed: its id never reached the
+// caller, so nobody could end it.
+func (s *sessions) discard(sess *session) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.calls[sess.call.ID]; !ok {
+		return
+	}
+	delete(s.calls, sess.call.ID)
+	if sess.ended.IsZero() {
+		s.live[sess.call.Scope]--
+		s.total--
+	}
+}
+
 // sweep forgets idle calls and ended calls past their retention. It returns
 // the live calls it dropped for idleness.
 func (s *sessions) sweep() []*policy.Call {

@@ -139,7 +139,7 @@ func (c *Client) Do(ctx context.Context, scope string, fn func(ctx context.Conte
 		case *admissionv1.PickResponse_Grant:
 			next, err := call.attempt(ctx, r.Grant, fn)
 			if err != nil {
-				return err
+				return call.abandon(ctx, err)
 			}
 			switch n := next.GetNext().(type) {
 			case *admissionv1.RecordOutcomeResponse_Done:
@@ -278,13 +278,12 @@ func (s *callState) cancel(ctx context.Context, permit string) {
 	})
 }
 
-// abandon ends the call in the sidecar when the caller gave up between
-// attempts (no permit held), so that it stops counting as live there, and
-// returns err. The CancelCall runs on a short context detached from ctx.
+// abandon ends the call in the sidecar when Do gives up on it without a
+// verdict (its context ended, or an RPC failed), so that it stops counting as
+// live there, and returns err. CancelCall settles a permit still held as
+// CANCELLED and is a no-op for an ended call; it runs on a short context
+// detached from ctx.
 func (s *callState) abandon(ctx context.Context, err error) error {
-	if ctx.Err() == nil {
-		return err
-	}
 	rctx, stop := context.WithTimeout(context.WithoutCancel(ctx), cancelReport)
 	defer stop()
 	_, _ = s.c.rpc.CancelCall(rctx, &admissionv1.CancelCallRequest{Scope: s.scope, CallId: s.id})

@@ -12,8 +12,11 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 	"github.com/polygate/polygate/internal/sidecartest"
@@ -181,3 +184,33 @@ scopes:
 }
 
 func TestMain(m *testing.M) { sidecartest.Main(m) }
+
+func TestReloadRotatesTheToken(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "polygate.yaml")
+	write := func(token string) {
+		body := "auth: {token: " + token + "}\nscopes: {chat: {sources: [{name: only}]}}\n"
+		if err := os.WriteFile(file, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("old-token-0123456789")
+	s := sidecartest.Start(t, []string{"--listen", "127.0.0.1:0", "--config", file})
+	client, _ := dial(t, s.Addr)
+	ctx := testContext(t)
+	with := func(token string) error {
+		_, err := client.ListScopes(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token), &admissionv1.ListScopesRequest{})
+		return err
+	}
+	if err := with("old-token-0123456789"); err != nil {
+		t.Fatal(err)
+	}
+	write("new-token-9876543210")
+	s.Signal(t, syscall.SIGHUP)
+	s.WaitLog(t, ctx, "configuration reloaded")
+	if err := with("old-token-0123456789"); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("the rotated-out token: %v, want UNAUTHENTICATED", err)
+	}
+	if err := with("new-token-9876543210"); err != nil {
+		t.Fatalf("the new token: %v", err)
+	}
+}

@@ -270,3 +270,27 @@ func TestRedisOutage(t *testing.T) {
 		t.Fatalf("after the outage both slots are free again: %v / %v", a, b)
 	}
 }
+
+// A sidecar started while Redis is down says so at once in its health, and
+// turns SERVING when Redis answers.
+func TestHealthWhenRedisIsDownAtStart(t *testing.T) {
+	r := redistest.Start(t)
+	r.Stop()
+	client, health := replica(t, r.Addr, "fail_closed")
+	ctx := testContext(t)
+	for _, svc := range []string{"polygate.backend", admissionv1.AdmissionService_ServiceDesc.ServiceName} {
+		hc, err := health.Check(ctx, &healthpb.HealthCheckRequest{Service: svc})
+		if err != nil || hc.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+			t.Fatalf("health of %s with Redis down at start: %v %v", svc, hc, err)
+		}
+	}
+	r.Start()
+	eventually(t, ctx, "the sidecar serves once Redis answers", func() bool {
+		_, err := client.ListScopes(ctx, &admissionv1.ListScopesRequest{})
+		return err == nil
+	})
+	hc, err := health.Check(ctx, &healthpb.HealthCheckRequest{Service: "polygate.backend"})
+	if err != nil || hc.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("backend health after Redis came up: %v %v", hc, err)
+	}
+}

@@ -52,8 +52,8 @@ class SyncAttempt:
 
 
 def test_incident_fail_fast(upstream: Upstream, start_sidecar: Callable[[str], Sidecar]) -> None:
-    cooldown = 2.0
-    sc = start_sidecar(incident_config("fail_fast", upstream.base_url("primary"), "2s", "2s"))
+    cooldown = 10.0
+    sc = start_sidecar(incident_config("fail_fast", upstream.base_url("primary"), "10s", "10s"))
     upstream.set("primary", {"status": 503})
     with polygate.Client(sc.addr) as client:
         trip = SyncAttempt()

@@ -102,8 +102,14 @@ func New(shared Shared, o Options) *Backend {
 // Degraded reports whether the shared backend is currently held unavailable.
 func (b *Backend) Degraded() bool { return b.degraded.Load() }
 
-// Mode is the configured mode.
-func (b *Backend) Mode() Mode { return b.o.Mode }
+// Check asks the shared backend whether it answers, and records the answer
+// as any call would: a change of mode is reported through OnChange.
+func (b *Backend) Check(ctx context.Context) error {
+	seen := b.changes.Load()
+	err := b.shared.Ping(ctx)
+	b.observe(err, seen)
+	return err
+}
 
 // Admit implements gate.Backend.
 func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admission, error) {

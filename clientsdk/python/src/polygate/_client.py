@@ -243,12 +243,13 @@ class Client:
 
     @contextlib.contextmanager
     def _between_attempts(self, call: _Call) -> Iterator[None]:
-        """When the caller gives up (KeyboardInterrupt, a signal's exception)
-        while no permit is held, ends the call in the sidecar (CancelCall) so
-        that it stops counting as live there, and propagates."""
+        """When the call is given up without a verdict while no permit is held
+        (KeyboardInterrupt, a signal's exception, a sidecar error), ends it in
+        the sidecar (CancelCall) so that it stops counting as live there, and
+        propagates."""
         try:
             yield
-        except PolygateError:
+        except CallFailedError:
             raise
         except BaseException:
             try:
@@ -350,11 +351,12 @@ class AsyncClient:
 
     @contextlib.asynccontextmanager
     async def _between_attempts(self, call: _Call) -> AsyncIterator[None]:
-        """When the task is cancelled while no permit is held, ends the call
-        in the sidecar (CancelCall, on a task of its own) and propagates."""
+        """When the task is cancelled, or the call is given up without a
+        verdict, while no permit is held, ends the call in the sidecar
+        (CancelCall, on a task of its own) and propagates."""
         try:
             yield
-        except PolygateError:
+        except CallFailedError:
             raise
         except BaseException:
 

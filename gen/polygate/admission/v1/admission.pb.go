@@ -2219,7 +2219,8 @@ type ScopeDescription struct {
 	ProgressAge *durationpb.Duration `protobuf:"bytes,3,opt,name=progress_age,json=progressAge,proto3" json:"progress_age,omitempty"`
 	// Calls of the scope the sidecar holds open now.
 	LiveCalls int32 `protobuf:"varint,4,opt,name=live_calls,json=liveCalls,proto3" json:"live_calls,omitempty"`
-	// The backend: "memory", "redis", or "redis (degraded: local)".
+	// The backend: "memory", "redis", "redis (unavailable: fail_closed)" or
+	// "redis (unavailable: local fallback)".
 	Backend       string `protobuf:"bytes,5,opt,name=backend,proto3" json:"backend,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
