@@ -22,6 +22,10 @@ REPORT_TIMEOUT_S = 2.0
 
 _MAX_DETAIL = 1024
 
+_RPC_GRACE_S = 1.0
+"""How much longer than the call's deadline an RPC may take: the sidecar ends
+its waits at the deadline itself."""
+
 _OUTCOMES = {
     Outcome.SUCCESS: pb.OUTCOME_SUCCESS,
     Outcome.TRANSIENT: pb.OUTCOME_TRANSIENT,
@@ -83,8 +87,10 @@ class _Call:
         return pb.PickRequest(scope=self.scope, call_id=self.call_id)
 
     def timeout(self, report: bool = False) -> float | None:
-        """The RPC timeout: what is left of the deadline (at least a report's
-        bound for a RecordOutcome, which must settle the permit)."""
+        """The RPC timeout: what is left of the deadline plus a grace (the
+        sidecar knows the deadline and answers by it, with a verdict, so the
+        RPC's own deadline must not race it), and at least a report's bound
+        for a RecordOutcome, which must settle the permit."""
         if self.end is None:
             return None
         left = self.end - time.monotonic()
@@ -92,7 +98,7 @@ class _Call:
             return max(left, REPORT_TIMEOUT_S)
         if left <= 0:
             raise self.deadline_exceeded()
-        return left
+        return left + _RPC_GRACE_S
 
     def grant(self, g: pb.Grant) -> Grant:
         self.attempts += 1
@@ -148,7 +154,7 @@ class _Call:
         return DeadlineExceededError(scope=self.scope, call_id=self.call_id, attempts=self.attempts, last_result=self.last)
 
     def rpc_error(self, method: str, err: Any) -> PolygateError:
-        if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and self.end is not None:
+        if self.end is not None and (err.code() == grpc.StatusCode.DEADLINE_EXCEEDED or time.monotonic() >= self.end):
             return self.deadline_exceeded()
         return sidecar_error(method, err)
 
