@@ -52,6 +52,7 @@ $(VENV)/.installed: $(PYSDK)/requirements-dev.txt
 # hand-edited imports.
 generate: tools venv
 	$(BIN)/buf generate
+	touch gen # the directory's time says when it was last generated
 	rm -rf $(PYGEN)
 	mkdir -p $(PYGEN)
 	cd $(PYSDK)/src && $(PY) -m grpc_tools.protoc -Ipolygate/_gen=$(CURDIR)/proto \
