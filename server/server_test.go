@@ -274,6 +274,19 @@ func TestIdleCallsExpire(t *testing.T) {
 	wantStatus(t, err, codes.NotFound, admissionv1.ErrorReason_ERROR_REASON_UNKNOWN_CALL, "")
 }
 
+// A call forgotten while it holds a permit gives the permit back at once,
+// not at the end of its lease.
+func TestIdleCallGivesItsPermitBack(t *testing.T) {
+	h := start(t, harnessOpts{})
+	p := h.pick(t, &admissionv1.PickRequest{Scope: "other"}) // holds a permit, never reported
+	h.clock.Advance(time.Minute)
+	h.srv.sweep()
+	d, err := h.client.DescribeScope(h.ctx, &admissionv1.DescribeScopeRequest{Scope: "other"})
+	if err != nil || d.Scope.Sources[0].InFlight != 0 || d.Scope.LiveCalls != 0 {
+		t.Fatalf("after forgetting call %s: %v %v, want its slot free and no live call", p.CallId, d, err)
+	}
+}
+
 // Verdicts are responses, not errors: a circuit-open failure comes back in
 // OnNoRunnable's response with the remaining cooldown.
 func TestVerdictsAreResponses(t *testing.T) {
