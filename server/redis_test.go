@@ -1,9 +1,7 @@
 package server
 
 import (
-	"context"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -13,48 +11,12 @@ import (
 	"github.com/polygate/polygate/internal/redistest"
 )
 
-// commandCounter counts the commands a go-redis client sends.
-type commandCounter struct {
-	mu   sync.Mutex
-	sent []string
-}
-
-func (c *commandCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (c *commandCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		c.mu.Lock()
-		c.sent = append(c.sent, cmd.Name())
-		c.mu.Unlock()
-		return next(ctx, cmd)
-	}
-}
-
-func (c *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		c.mu.Lock()
-		for _, cmd := range cmds {
-			c.sent = append(c.sent, cmd.Name())
-		}
-		c.mu.Unlock()
-		return next(ctx, cmds)
-	}
-}
-
-func (c *commandCounter) take() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := c.sent
-	c.sent = nil
-	return out
-}
-
 // Each RPC of the sidecar costs exactly one Redis round trip (once the
 // scripts are cached): Pick one Admit walk, RecordOutcome one Settle,
 // OnNoRunnable one Peek, DescribeScope and RetryAfter one Peek.
 func TestOneRedisRoundTripPerRPC(t *testing.T) {
 	r := redistest.Start(t)
-	counter := &commandCounter{}
+	counter := &redistest.Recorder{}
 	client := redis.NewClient(&redis.Options{Addr: r.Addr})
 	client.AddHook(counter)
 	t.Cleanup(func() { client.Close() })
@@ -71,7 +33,7 @@ func TestOneRedisRoundTripPerRPC(t *testing.T) {
 	if _, err := h.client.OnNoRunnable(h.ctx, &admissionv1.OnNoRunnableRequest{Scope: "chat", CallId: p.CallId}); err != nil {
 		t.Fatal(err)
 	}
-	counter.take()
+	counter.Names()
 
 	for _, rpc := range []struct {
 		name string
@@ -83,13 +45,13 @@ func TestOneRedisRoundTripPerRPC(t *testing.T) {
 		}},
 		{"Pick + RecordOutcome", func() error {
 			p := h.pick(t, &admissionv1.PickRequest{Scope: "other"})
-			counter.take()
+			counter.Names()
 			_, err := h.client.RecordOutcome(h.ctx, &admissionv1.RecordOutcomeRequest{Scope: "other", CallId: p.CallId, PermitId: p.GetGrant().GetPermitId(), Outcome: admissionv1.Outcome_OUTCOME_SUCCESS})
 			return err
 		}},
 		{"OnNoRunnable (fail_fast)", func() error {
 			p := h.pick(t, &admissionv1.PickRequest{Scope: "chat"})
-			counter.take()
+			counter.Names()
 			_, err := h.client.OnNoRunnable(h.ctx, &admissionv1.OnNoRunnableRequest{Scope: "chat", CallId: p.CallId})
 			return err
 		}},
@@ -105,7 +67,7 @@ func TestOneRedisRoundTripPerRPC(t *testing.T) {
 		if err := rpc.call(); err != nil {
 			t.Fatalf("%s: %v", rpc.name, err)
 		}
-		if sent := counter.take(); len(sent) != 1 || sent[0] != "evalsha" {
+		if sent := counter.Names(); len(sent) != 1 || sent[0] != "evalsha" {
 			t.Fatalf("%s sent %v, want one EVALSHA", rpc.name, sent)
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -29,32 +28,6 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// commands counts the commands a client sends, by name.
-type commands struct {
-	mu    sync.Mutex
-	names []string
-}
-
-func (h *commands) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *commands) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.mu.Lock()
-		h.names = append(h.names, strings.ToLower(cmd.Name()))
-		h.mu.Unlock()
-		return next(ctx, cmd)
-	}
-}
-func (h *commands) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (h *commands) take() []string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	out := h.names
-	h.names = nil
-	return out
-}
-
 type change struct {
 	degraded bool
 	cause    error
@@ -65,7 +38,7 @@ type fixture struct {
 	ctx     context.Context
 	srv     *redistest.Server
 	shared  *redisgate.Backend
-	sent    *commands
+	sent    *redistest.Recorder
 	clock   *gatetest.Clock
 	b       *fallback.Backend
 	mu      sync.Mutex
@@ -75,7 +48,7 @@ type fixture struct {
 func newFixture(t *testing.T, mode fallback.Mode, replicas int) *fixture {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
-	f := &fixture{t: t, ctx: ctx, srv: redistest.Start(t), sent: &commands{}, clock: gatetest.NewClock()}
+	f := &fixture{t: t, ctx: ctx, srv: redistest.Start(t), sent: &redistest.Recorder{}, clock: gatetest.NewClock()}
 	c := redis.NewClient(&redis.Options{
 		Addr: f.srv.Addr, MaxRetries: -1, DialerRetries: 1,
 		DialTimeout: 200 * time.Millisecond, ReadTimeout: 200 * time.Millisecond,
@@ -147,7 +120,7 @@ func TestLocal(t *testing.T) {
 	if a, err := f.admit("r1", src); err != nil || !a.Granted || f.b.Degraded() {
 		t.Fatalf("healthy: %+v %v degraded=%v", a, err, f.b.Degraded())
 	}
-	if got := f.sent.take(); len(got) == 0 {
+	if got := f.sent.Names(); len(got) == 0 {
 		t.Fatal("a healthy call sent nothing to Redis")
 	}
 
@@ -176,19 +149,19 @@ func TestLocal(t *testing.T) {
 		t.Fatal("not degraded with Redis down")
 	}
 	f.wantChanges(true)
-	f.sent.take() // the call that found Redis down
+	f.sent.Names() // the call that found Redis down
 
 	f.clock.Advance(time.Second - time.Millisecond)
 	if _, err := f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}}); err != nil {
 		t.Fatal(err)
 	}
-	if got := f.sent.take(); len(got) != 0 {
+	if got := f.sent.Names(); len(got) != 0 {
 		t.Fatalf("degraded calls before PingEvery sent %v to Redis", got)
 	}
 	f.clock.Advance(time.Millisecond)
 	f.admit("l4", src)
 	f.admit("l5", src)
-	if got := f.sent.take(); !slices.Equal(got, []string{"ping"}) {
+	if got := f.sent.Names(); !slices.Equal(got, []string{"ping"}) {
 		t.Fatalf("degraded calls after PingEvery sent %v, want one ping", got)
 	}
 	f.wantChanges(true)

@@ -2,11 +2,8 @@ package redisgate_test
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strconv"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -82,48 +79,11 @@ func serverTime(t testing.TB, ctx context.Context, c redis.UniversalClient) int6
 	return must(c.Time(ctx).Result())(t).UnixMilli()
 }
 
-// argHook records the arguments of every command sent.
-type argHook struct {
-	mu   sync.Mutex
-	cmds [][]any
-}
-
-func (h *argHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *argHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.mu.Lock()
-		h.cmds = append(h.cmds, cmd.Args())
-		h.mu.Unlock()
-		return next(ctx, cmd)
-	}
-}
-func (h *argHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.mu.Lock()
-		for _, c := range cmds {
-			h.cmds = append(h.cmds, c.Args())
-		}
-		h.mu.Unlock()
-		return next(ctx, cmds)
-	}
-}
-
-// take returns the commands recorded since the last take, by name.
-func (h *argHook) take() (names []string, args [][]any) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, a := range h.cmds {
-		names = append(names, strings.ToLower(fmt.Sprint(a[0])))
-	}
-	args, h.cmds = h.cmds, nil
-	return names, args
-}
-
 // scriptNowArgs returns the now_ms argument of every script call recorded.
-func scriptNowArgs(t testing.TB, h *argHook) []string {
+func scriptNowArgs(t testing.TB, h *redistest.Recorder) []string {
 	t.Helper()
 	var out []string
-	names, args := h.take()
+	names, args := h.Take()
 	for i, n := range names {
 		if n != "evalsha" && n != "eval" {
 			continue
@@ -158,7 +118,7 @@ func fmtArg(v any) string {
 func TestProductionUsesServerTime(t *testing.T) {
 	ctx := testCtx(t)
 	srv := redistest.Start(t)
-	hook := &argHook{}
+	hook := &redistest.Recorder{}
 	ca, cb := srv.Client(t), srv.Client(t)
 	ca.AddHook(hook)
 	cb.AddHook(hook)
@@ -209,7 +169,7 @@ func TestProductionUsesServerTime(t *testing.T) {
 func TestTestClockIsSent(t *testing.T) {
 	ctx := testCtx(t)
 	srv := redistest.Start(t)
-	hook := &argHook{}
+	hook := &redistest.Recorder{}
 	c := srv.Client(t)
 	c.AddHook(hook)
 	clock := gatetest.NewClock()

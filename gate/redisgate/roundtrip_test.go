@@ -17,7 +17,7 @@ func TestOneRoundTripPerCall(t *testing.T) {
 	ctx := testCtx(t)
 	srv := redistest.Start(t)
 	clock := gatetest.NewClock()
-	hook := &argHook{}
+	hook := &redistest.Recorder{}
 	c := srv.Client(t)
 	c.AddHook(hook)
 	b := newBackend(t, c, redisgate.Options{Clock: clock.Now})
@@ -28,7 +28,7 @@ func TestOneRoundTripPerCall(t *testing.T) {
 	admit(t, ctx, b, scope, "hold", a)
 	openBreaker(t, ctx, b, scope, bs)
 	must(c.ScriptFlush(ctx).Result())(t)
-	hook.take()
+	hook.Take()
 
 	n := 0
 	calls := []struct {
@@ -62,7 +62,7 @@ func TestOneRoundTripPerCall(t *testing.T) {
 			if err := call.call(); err != nil {
 				t.Fatalf("%s: %v", call.name, err)
 			}
-			got, _ := hook.take()
+			got, _ := hook.Take()
 			want := []string{"evalsha"}
 			if round == 0 {
 				want = []string{"evalsha", "eval"} // NOSCRIPT after the flush
