@@ -65,31 +65,26 @@ func (q *Quota) expire(now int64) {
 // moment). ceiling is the pacer's concurrency ceiling.
 func (q *Quota) check(l Limits, ceiling int, tokens, now int64) (Reason, int64) {
 	q.expire(now)
-	inFlight := len(q.Leases)
-	if ceiling < l.MaxConcurrency && inFlight >= ceiling {
-		return ReasonAdaptivePaced, 0
-	}
-	if inFlight >= l.MaxConcurrency {
-		return ReasonRateLimited, 0
-	}
 	live := q.log[q.head:]
-	if l.RPM > 0 && int64(len(live)) >= l.RPM {
+	v := QuotaView{InFlight: len(q.Leases), Requests: int64(len(live)), Tokens: q.tokens}
+	reason := v.Refusal(l, ceiling, tokens)
+	switch {
+	case reason != ReasonRateLimited || v.InFlight >= l.MaxConcurrency:
+		return reason, 0 // a slot may free at any moment
+	case l.RPM > 0 && v.Requests >= l.RPM:
 		// The (len−RPM)-th oldest admission must leave the minute first.
-		return ReasonRateLimited, live[int64(len(live))-l.RPM].at + Minute - now
+		return reason, live[v.Requests-l.RPM].at + Minute - now
+	case tokens > l.TPM:
+		return reason, 0 // never fits this source
 	}
-	if l.TPM > 0 && q.tokens+tokens > l.TPM {
-		if tokens > l.TPM {
-			return ReasonRateLimited, 0
-		}
-		excess := q.tokens + tokens - l.TPM
-		for _, e := range live {
-			excess -= e.tokens
-			if excess <= 0 {
-				return ReasonRateLimited, e.at + Minute - now
-			}
+	excess := q.tokens + tokens - l.TPM
+	for _, e := range live {
+		excess -= e.tokens
+		if excess <= 0 {
+			return reason, e.at + Minute - now
 		}
 	}
-	return ReasonNone, 0
+	return reason, 0
 }
 
 // take holds a slot for the permit and counts its admission.
@@ -130,6 +125,23 @@ type QuotaView struct {
 	// RPM or TPM is limited).
 	Requests int64
 	Tokens   int64
+}
+
+// Refusal is the quota's admission rule, the one place it is written in Go:
+// the reason an attempt of tokens is refused given these counts (ReasonNone
+// if it fits), with ceiling the pacer's concurrency ceiling. The backend's
+// walk applies it, and a sidecar applies it to a Peek to see whether waiting
+// callers may try again.
+func (v QuotaView) Refusal(l Limits, ceiling int, tokens int64) Reason {
+	switch {
+	case ceiling < l.MaxConcurrency && v.InFlight >= ceiling:
+		return ReasonAdaptivePaced
+	case v.InFlight >= l.MaxConcurrency,
+		l.RPM > 0 && v.Requests >= l.RPM,
+		l.TPM > 0 && v.Tokens+tokens > l.TPM:
+		return ReasonRateLimited
+	}
+	return ReasonNone
 }
 
 func (q *Quota) view(now int64) QuotaView {

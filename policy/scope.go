@@ -643,21 +643,16 @@ func isClosed(ch <-chan struct{}) bool {
 }
 
 // admissible reports whether some source would admit an attempt of tokens
-// now, by the same rules as the backend's Admit (pacer ceiling, quota,
-// breaker) and the cooldown memo, which it refreshes from the snapshot.
+// now, by the backend's own rules (the breaker's answer and the quota's
+// Refusal) and the cooldown memo, which it refreshes from the snapshot.
 func (s *Scope) admissible(srcs []*source, snap gate.Snapshot, tokens int64) bool {
 	now := s.now()
 	found := false
 	for i, v := range snap.Sources {
 		s.remember(v.Source, v.Breaker, now)
-		l := srcs[i].gate.Limits
-		if v.Breaker.Reason != gate.ReasonNone ||
-			v.Quota.InFlight >= min(srcs[i].pacer.Ceiling(), l.MaxConcurrency) ||
-			l.RPM > 0 && v.Quota.Requests >= l.RPM ||
-			l.TPM > 0 && v.Quota.Tokens+tokens > l.TPM {
-			continue
+		if v.Breaker.Reason == gate.ReasonNone && v.Quota.Refusal(srcs[i].gate.Limits, srcs[i].pacer.Ceiling(), tokens) == gate.ReasonNone {
+			found = true
 		}
-		found = true
 	}
 	return found
 }
