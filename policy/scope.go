@@ -323,7 +323,8 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 			return Pick{}, nil, err
 		}
 		if adm.Granted && ctx.Err() != nil {
-			events, err := s.giveBack(ctx, adm.Permit, cands)
+			i := slices.IndexFunc(cands, func(c gate.Candidate) bool { return c.Source.Name == adm.Permit.Source })
+			events, err := s.giveBack(ctx, adm.Permit, cands[i].Source)
 			return Pick{}, append(adm.Events, events...), errors.Join(ctx.Err(), err)
 		}
 		now = s.now()
@@ -365,22 +366,16 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 	return p, adm.Events, nil
 }
 
-// giveBack releases a permit nobody will report, without a verdict (a probe's
-// lease ends, the next entrant may probe).
-func (s *Scope) giveBack(ctx context.Context, p gate.Permit, cands []gate.Candidate) ([]gate.Event, error) {
-	for _, c := range cands {
-		if c.Source.Name != p.Source {
-			continue
-		}
-		st, err := s.backend.Settle(context.WithoutCancel(ctx), gate.SettleRequest{
-			Scope: s.name, Source: c.Source, PermitID: p.ID, Epoch: p.Epoch, Probe: p.Probe, Verdict: gate.VerdictNone, ActualTokens: -1,
-		})
-		if err == nil && st.Released {
-			s.capacity.fire()
-		}
-		return st.Events, err
+// giveBack releases a permit of src nobody will report, without a verdict (a
+// probe's lease ends, the next entrant may probe).
+func (s *Scope) giveBack(ctx context.Context, p gate.Permit, src *gate.Source) ([]gate.Event, error) {
+	st, err := s.backend.Settle(context.WithoutCancel(ctx), gate.SettleRequest{
+		Scope: s.name, Source: src, PermitID: p.ID, Epoch: p.Epoch, Probe: p.Probe, Verdict: gate.VerdictNone, ActualTokens: -1,
+	})
+	if err == nil && st.Released {
+		s.capacity.fire()
 	}
-	return nil, nil
+	return st.Events, err
 }
 
 // Release gives back the permit a call holds, without a verdict and without
@@ -393,7 +388,7 @@ func (s *Scope) Release(ctx context.Context, c *Call) error {
 	if p == nil {
 		return nil
 	}
-	events, err := s.giveBack(ctx, *p, []gate.Candidate{{Source: &src}})
+	events, err := s.giveBack(ctx, *p, &src)
 	s.absorb(events)
 	return err
 }
