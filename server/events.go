@@ -89,7 +89,8 @@ func (h *hub) active() bool { return h.watching.Load() > 0 }
 
 // publish offers one event to every watcher of its scope (all watchers when
 // scope is empty). It never blocks.
-func (h *hub) publish(scope string, ev eventBody) {
+// ev carries only the event (its oneof); the hub stamps each watcher's copy.
+func (h *hub) publish(scope string, ev *admissionv1.WatchEventsResponse) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if len(h.watchers) == 0 {
@@ -102,8 +103,8 @@ func (h *hub) publish(scope string, ev eventBody) {
 		if w.scope != "" && scope != "" && w.scope != scope {
 			continue
 		}
-		msg := &admissionv1.WatchEventsResponse{Sequence: h.seq, Time: at, Scope: scope, Dropped: w.lost}
-		ev.set(msg)
+		// The event message is shared, read-only, by every watcher's copy.
+		msg := &admissionv1.WatchEventsResponse{Sequence: h.seq, Time: at, Scope: scope, Dropped: w.lost, Event: ev.Event}
 		select {
 		case w.ch <- msg:
 			w.lost = 0
@@ -112,38 +113,6 @@ func (h *hub) publish(scope string, ev eventBody) {
 			h.dropped.Add(1)
 		}
 	}
-}
-
-// eventBody sets the oneof of a response; the event messages are shared,
-// read-only, by the responses of every watcher.
-type eventBody interface {
-	set(*admissionv1.WatchEventsResponse)
-}
-
-type transitionBody struct{ *admissionv1.BreakerTransition }
-type probeBody struct{ *admissionv1.ProbeEvent }
-type staleBody struct{ *admissionv1.StaleOutcome }
-type overrideBody struct{ *admissionv1.OverrideChanged }
-type waitBody struct{ *admissionv1.WaitStarted }
-type backendBody struct{ *admissionv1.BackendHealth }
-
-func (b transitionBody) set(m *admissionv1.WatchEventsResponse) {
-	m.Event = &admissionv1.WatchEventsResponse_BreakerTransition{BreakerTransition: b.BreakerTransition}
-}
-func (b probeBody) set(m *admissionv1.WatchEventsResponse) {
-	m.Event = &admissionv1.WatchEventsResponse_Probe{Probe: b.ProbeEvent}
-}
-func (b staleBody) set(m *admissionv1.WatchEventsResponse) {
-	m.Event = &admissionv1.WatchEventsResponse_StaleOutcome{StaleOutcome: b.StaleOutcome}
-}
-func (b overrideBody) set(m *admissionv1.WatchEventsResponse) {
-	m.Event = &admissionv1.WatchEventsResponse_OverrideChanged{OverrideChanged: b.OverrideChanged}
-}
-func (b waitBody) set(m *admissionv1.WatchEventsResponse) {
-	m.Event = &admissionv1.WatchEventsResponse_WaitStarted{WaitStarted: b.WaitStarted}
-}
-func (b backendBody) set(m *admissionv1.WatchEventsResponse) {
-	m.Event = &admissionv1.WatchEventsResponse_BackendHealth{BackendHealth: b.BackendHealth}
 }
 
 var causes = map[gate.Cause]admissionv1.TransitionCause{
@@ -175,7 +144,7 @@ func (h *hub) Breaker(scope string, e gate.Event) {
 	if !h.active() {
 		return
 	}
-	var body eventBody
+	var ev admissionv1.WatchEventsResponse
 	switch e.Kind {
 	case gate.EventTransition:
 		t := &admissionv1.BreakerTransition{
@@ -185,19 +154,19 @@ func (h *hub) Breaker(scope string, e gate.Event) {
 		if e.To == gate.Open {
 			t.Cooldown = dur(e.Cooldown)
 		}
-		body = transitionBody{t}
+		ev.Event = &admissionv1.WatchEventsResponse_BreakerTransition{BreakerTransition: t}
 	case gate.EventProbeLeased, gate.EventProbeExpired, gate.EventProbeReleased:
-		body = probeBody{&admissionv1.ProbeEvent{Source: e.Source, Kind: probeKinds[e.Kind], PermitId: e.PermitID, Epoch: e.Epoch}}
+		ev.Event = &admissionv1.WatchEventsResponse_Probe{Probe: &admissionv1.ProbeEvent{Source: e.Source, Kind: probeKinds[e.Kind], PermitId: e.PermitID, Epoch: e.Epoch}}
 	case gate.EventStaleOutcome:
-		body = staleBody{&admissionv1.StaleOutcome{Source: e.Source, PermitId: e.PermitID, Epoch: e.Epoch, State: states[e.To]}}
+		ev.Event = &admissionv1.WatchEventsResponse_StaleOutcome{StaleOutcome: &admissionv1.StaleOutcome{Source: e.Source, PermitId: e.PermitID, Epoch: e.Epoch, State: states[e.To]}}
 	case gate.EventOverride:
-		body = overrideBody{&admissionv1.OverrideChanged{
+		ev.Event = &admissionv1.WatchEventsResponse_OverrideChanged{OverrideChanged: &admissionv1.OverrideChanged{
 			Source: e.Source, Override: overrides[e.Override], Actor: e.Actor, Reason: e.Why, State: states[e.To], Epoch: e.Epoch,
 		}}
 	default:
 		return
 	}
-	h.publish(scope, body)
+	h.publish(scope, &ev)
 }
 
 // Settled implements policy.Observer: a probe whose outcome carried a
@@ -206,10 +175,10 @@ func (h *hub) Settled(c *policy.Call, a policy.Attempt, r policy.Recorded) {
 	if !a.Probe || r.Effect != gate.EffectApplied || !h.active() {
 		return
 	}
-	h.publish(c.Scope, probeBody{&admissionv1.ProbeEvent{
+	h.publish(c.Scope, &admissionv1.WatchEventsResponse{Event: &admissionv1.WatchEventsResponse_Probe{Probe: &admissionv1.ProbeEvent{
 		Source: a.Source, Kind: admissionv1.ProbeEventKind_PROBE_EVENT_KIND_SETTLED, PermitId: a.PermitID,
 		Epoch: a.Epoch, CallId: c.ID, Outcome: outcomeNames[a.Outcome], State: states[r.Breaker.State],
-	}})
+	}}})
 }
 
 // Waiting implements policy.Observer.
@@ -223,10 +192,10 @@ func (h *hub) Waiting(c *policy.Call, sleep time.Duration, rs []gate.Rejection) 
 			gateN++
 		}
 	}
-	h.publish(c.Scope, waitBody{&admissionv1.WaitStarted{
+	h.publish(c.Scope, &admissionv1.WatchEventsResponse{Event: &admissionv1.WatchEventsResponse_WaitStarted{WaitStarted: &admissionv1.WaitStarted{
 		CallId: c.ID, Sleep: dur(sleep), GateRejections: int32(gateN), PerSourceReasons: sourceReasons(rs),
 		Attempts: int32(c.Stats(h.now()).Attempts),
-	}})
+	}}})
 }
 
 // backend publishes a change of the backend's health.
@@ -234,7 +203,9 @@ func (h *hub) backend(c BackendChange) {
 	if !h.active() {
 		return
 	}
-	h.publish(c.Scope, backendBody{&admissionv1.BackendHealth{Backend: c.Backend, Degraded: c.Degraded, Detail: c.Detail}})
+	h.publish(c.Scope, &admissionv1.WatchEventsResponse{Event: &admissionv1.WatchEventsResponse_BackendHealth{
+		BackendHealth: &admissionv1.BackendHealth{Backend: c.Backend, Degraded: c.Degraded, Detail: c.Detail},
+	}})
 }
 
 var (
