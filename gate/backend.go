@@ -93,10 +93,26 @@ type Settlement struct {
 	ProgressAge time.Duration
 }
 
-// PeekRequest reads sources without changing them.
+// PeekRequest reads sources without changing them, and asks the backend
+// what Admit would answer for each of them now, for an attempt of Tokens.
 type PeekRequest struct {
 	Scope   string
 	Sources []*Source
+	// Ceilings are the pacer ceilings of Sources, index by index; a missing
+	// or non-positive one is the source's MaxConcurrency (no pacer).
+	Ceilings []int
+	// Tokens is the estimate of the attempt the verdicts are for.
+	Tokens int64
+}
+
+// Candidate is source i of the request, as Admit would be offered it.
+func (r PeekRequest) Candidate(i int) Candidate {
+	src := r.Sources[i]
+	ceiling := src.Limits.MaxConcurrency
+	if i < len(r.Ceilings) && r.Ceilings[i] > 0 {
+		ceiling = min(r.Ceilings[i], ceiling)
+	}
+	return Candidate{Source: src, Ceiling: ceiling}
 }
 
 // SourceView is a read of one source.
@@ -104,6 +120,11 @@ type SourceView struct {
 	Source  string
 	Breaker BreakerView
 	Quota   QuotaView
+	// Verdict is what Admit would answer for this source now, with the limits
+	// the backend enforces (a degraded local gate's share included): Reason
+	// is ReasonNone when it would grant (a HALF_OPEN breaker whose probe is
+	// free counts as granting), else the rejection Admit would return.
+	Verdict Rejection
 }
 
 // Snapshot is the result of one Peek.
@@ -141,7 +162,8 @@ type Backend interface {
 	Admit(ctx context.Context, req AdmitRequest) (Admission, error)
 	// Settle releases a permit and feeds its outcome to the breaker.
 	Settle(ctx context.Context, req SettleRequest) (Settlement, error)
-	// Peek reads sources; it never takes a probe or changes a state.
+	// Peek reads sources and gives Admit's verdict for each; it never takes
+	// a probe or changes a state.
 	Peek(ctx context.Context, req PeekRequest) (Snapshot, error)
 	// Override carries out an operator's action on a breaker.
 	Override(ctx context.Context, req OverrideRequest) (OverrideResult, error)
@@ -159,8 +181,8 @@ type SourceState struct {
 // nothing is held.
 func (s *SourceState) Admit(c Candidate, permitID string, tokens, now int64) (Permit, Rejection, []Event) {
 	src := c.Source
-	if reason, wait := s.Quota.check(src.Limits, c.Ceiling, tokens, now); reason != ReasonNone {
-		return Permit{}, Rejection{Source: src.Name, Reason: reason, RetryAfter: time.Duration(wait) * time.Millisecond}, nil
+	if r := s.quotaVerdict(c, tokens, now); r.Reason != ReasonNone {
+		return Permit{}, r, nil
 	}
 	entry, events := s.Breaker.Enter(src.Breaker, permitID, now)
 	if !entry.Allowed {
@@ -171,6 +193,21 @@ func (s *SourceState) Admit(c Candidate, permitID string, tokens, now int64) (Pe
 		ID: permitID, Source: src.Name, Probe: entry.Probe, Epoch: entry.Epoch,
 		Tokens: tokens, Lease: src.Limits.Lease,
 	}, Rejection{}, events
+}
+
+// Verdict is what Admit would answer for c now, without taking anything:
+// the quota's refusal first, then the breaker's (as in Admit's walk).
+func (s *SourceState) Verdict(c Candidate, tokens, now int64) Rejection {
+	if r := s.quotaVerdict(c, tokens, now); r.Reason != ReasonNone {
+		return r
+	}
+	reason, wait := s.Breaker.check(now)
+	return Rejection{Source: c.Source.Name, Reason: reason, RetryAfter: time.Duration(wait) * time.Millisecond}
+}
+
+func (s *SourceState) quotaVerdict(c Candidate, tokens, now int64) Rejection {
+	reason, wait := s.Quota.check(c.Source.Limits, c.Ceiling, tokens, now)
+	return Rejection{Source: c.Source.Name, Reason: reason, RetryAfter: time.Duration(wait) * time.Millisecond}
 }
 
 // Settle releases the permit's slot and applies its outcome. The outcome of

@@ -67,7 +67,7 @@ func (q *Quota) check(l Limits, ceiling int, tokens, now int64) (Reason, int64) 
 	q.expire(now)
 	live := q.log[q.head:]
 	v := QuotaView{InFlight: len(q.Leases), Requests: int64(len(live)), Tokens: q.tokens}
-	reason := v.Refusal(l, ceiling, tokens)
+	reason := v.refusal(l, ceiling, tokens)
 	switch {
 	case reason != ReasonRateLimited || v.InFlight >= l.MaxConcurrency:
 		return reason, 0 // a slot may free at any moment
@@ -127,12 +127,11 @@ type QuotaView struct {
 	Tokens   int64
 }
 
-// Refusal is the quota's admission rule, the one place it is written in Go:
+// refusal is the quota's admission rule, the one place it is written in Go:
 // the reason an attempt of tokens is refused given these counts (ReasonNone
-// if it fits), with ceiling the pacer's concurrency ceiling. The backend's
-// walk applies it, and a sidecar applies it to a Peek to see whether waiting
-// callers may try again.
-func (v QuotaView) Refusal(l Limits, ceiling int, tokens int64) Reason {
+// if it fits), with ceiling the pacer's concurrency ceiling. Admit's walk and
+// Peek's verdict apply it; nothing outside a backend restates it.
+func (v QuotaView) refusal(l Limits, ceiling int, tokens int64) Reason {
 	switch {
 	case ceiling < l.MaxConcurrency && v.InFlight >= ceiling:
 		return ReasonAdaptivePaced

@@ -48,6 +48,7 @@ type Call struct {
 	grantedAt  time.Time
 	last       *NoRunnable // the last refusal, for OnNoRunnable
 	waiting    bool        // refused since the last grant
+	peeked     bool        // OnNoRunnable's last answer was an immediate wake-up
 	end        *Action
 	answers    map[string]Recorded // by permit, so RecordOutcome is idempotent
 }

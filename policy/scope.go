@@ -187,12 +187,14 @@ func (s *Scope) snapshot() (*config.Scope, []*source) {
 	return s.cfg, s.srcs
 }
 
-func (s *Scope) specs(srcs []*source) []*gate.Source {
-	out := make([]*gate.Source, len(srcs))
+// peekRequest asks the backend about srcs, at their pacers' ceilings, for an
+// attempt of tokens.
+func (s *Scope) peekRequest(srcs []*source, tokens int64) gate.PeekRequest {
+	req := gate.PeekRequest{Scope: s.name, Sources: make([]*gate.Source, len(srcs)), Ceilings: make([]int, len(srcs)), Tokens: tokens}
 	for i, src := range srcs {
-		out[i] = &src.gate
+		req.Sources[i], req.Ceilings[i] = &src.gate, src.pacer.Ceiling()
 	}
-	return out
+	return req
 }
 
 // absorb reports a decision's breaker events and wakes waiting callers when
@@ -514,7 +516,7 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 		return d, false, false, ErrNoRefusal
 	}
 	cfg, srcs := s.snapshot()
-	snap, err := s.backend.Peek(ctx, gate.PeekRequest{Scope: s.name, Sources: s.specs(srcs)})
+	snap, err := s.backend.Peek(ctx, s.peekRequest(srcs, c.Tokens))
 	if err != nil {
 		return d, false, false, err
 	}
@@ -533,10 +535,15 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 			return fail(FailDeadlineExceeded, 0)
 		}
 	}
-	if s.admissible(srcs, snap, c.Tokens) {
+	peeked := c.peeked
+	c.peeked = false
+	if s.admissible(snap) && !peeked {
 		// Something changed between the Pick and this read (a permit released,
 		// a breaker closed or reset elsewhere), before the wake-ups were
-		// taken: that is a wake-up, not a reason to fail or to wait.
+		// taken: that is a wake-up, not a reason to fail or to wait. Only
+		// once in a row: if the Pick after it is refused again, the next
+		// answer waits for a change, so a caller never spins.
+		c.peeked = true
 		return Decision{Woken: true}, circuit, false, nil
 	}
 	if circuit {
@@ -579,6 +586,10 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 func (s *Scope) watch() (unwatch func()) {
 	s.pollMu.Lock()
 	s.watchers++
+	select {
+	case <-s.idle: // a stop meant for a poller that had no watcher left
+	default:
+	}
 	if !s.polling {
 		s.polling = true
 		go s.poll()
@@ -605,25 +616,41 @@ func (s *Scope) watch() (unwatch func()) {
 func (s *Scope) poll() {
 	for {
 		cfg, srcs := s.snapshot()
-		timer := time.NewTimer(time.Duration(float64(cfg.PollInterval) * (0.5 + 0.5*s.rand())))
+		if !s.nap(time.Duration(float64(cfg.PollInterval) * (0.5 + 0.5*s.rand()))) {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), max(cfg.PollInterval, time.Second))
+		snap, err := s.backend.Peek(ctx, s.peekRequest(srcs, 0))
+		cancel()
+		if err == nil && s.admissible(snap) {
+			s.breakers.fire()
+		}
+	}
+}
+
+// nap waits d for the poller, and reports false (the poller stopped) when
+// the last watcher left or the scope closed. A stop meant for an earlier
+// watcher that a new one has since replaced does not cut the interval short.
+func (s *Scope) nap(d time.Duration) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		elapsed := false
 		select {
 		case <-timer.C:
+			elapsed = true
 		case <-s.idle:
 		case <-s.closing:
 		}
-		timer.Stop()
 		s.pollMu.Lock()
 		if s.watchers == 0 || isClosed(s.closing) {
 			s.polling = false
 			s.pollMu.Unlock()
-			return
+			return false
 		}
 		s.pollMu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), max(cfg.PollInterval, time.Second))
-		snap, err := s.backend.Peek(ctx, gate.PeekRequest{Scope: s.name, Sources: s.specs(srcs)})
-		cancel()
-		if err == nil && s.admissible(srcs, snap, 0) {
-			s.breakers.fire()
+		if elapsed {
+			return true
 		}
 	}
 }
@@ -637,17 +664,14 @@ func isClosed(ch <-chan struct{}) bool {
 	}
 }
 
-// admissible reports whether some source would admit an attempt of tokens
-// now, by the backend's own rules (the breaker's answer and the quota's
-// Refusal) and the cooldown memo, which it refreshes from the snapshot.
-func (s *Scope) admissible(srcs []*source, snap gate.Snapshot, tokens int64) bool {
+// admissible reports whether the backend's verdict admits some source of a
+// snapshot now, refreshing the cooldown memo from it.
+func (s *Scope) admissible(snap gate.Snapshot) bool {
 	now := s.now()
 	found := false
-	for i, v := range snap.Sources {
+	for _, v := range snap.Sources {
 		s.remember(v.Source, v.Breaker, now)
-		if v.Breaker.Reason == gate.ReasonNone && v.Quota.Refusal(srcs[i].gate.Limits, srcs[i].pacer.Ceiling(), tokens) == gate.ReasonNone {
-			found = true
-		}
+		found = found || v.Verdict.Reason == gate.ReasonNone
 	}
 	return found
 }
@@ -841,7 +865,7 @@ func (s *Scope) RetryAfter(ctx context.Context, names []string) (time.Duration, 
 		}
 		srcs = picked
 	}
-	snap, err := s.backend.Peek(ctx, gate.PeekRequest{Scope: s.name, Sources: s.specs(srcs)})
+	snap, err := s.backend.Peek(ctx, s.peekRequest(srcs, 0))
 	if err != nil {
 		return 0, nil, err
 	}
@@ -868,7 +892,7 @@ type Description struct {
 // Describe reads the scope; it never takes a probe.
 func (s *Scope) Describe(ctx context.Context) (Description, error) {
 	cfg, srcs := s.snapshot()
-	snap, err := s.backend.Peek(ctx, gate.PeekRequest{Scope: s.name, Sources: s.specs(srcs)})
+	snap, err := s.backend.Peek(ctx, s.peekRequest(srcs, 0))
 	if err != nil {
 		return Description{}, err
 	}

@@ -129,7 +129,7 @@ func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot, error) {
 	return call(b, ctx,
 		func() (gate.Snapshot, error) { return b.shared.Peek(ctx, req) },
-		func() (gate.Snapshot, error) { return b.local.Peek(ctx, req) })
+		func() (gate.Snapshot, error) { return b.local.Peek(ctx, b.sharePeek(req)) })
 }
 
 // Override implements gate.Backend; it always goes to the shared backend.
@@ -205,20 +205,41 @@ func (b *Backend) set(degraded bool, cause error) {
 
 // share gives each candidate this replica's share of its limits.
 func (b *Backend) share(req gate.AdmitRequest) gate.AdmitRequest {
-	n := b.o.Replicas
-	if n == 1 {
+	if b.o.Replicas == 1 {
 		return req
 	}
 	out := req
 	out.Candidates = make([]gate.Candidate, len(req.Candidates))
 	for i, c := range req.Candidates {
-		src := *c.Source
-		src.Limits.MaxConcurrency = int(part(int64(src.Limits.MaxConcurrency), n))
-		src.Limits.RPM = part(src.Limits.RPM, n)
-		src.Limits.TPM = part(src.Limits.TPM, n)
-		out.Candidates[i] = gate.Candidate{Source: &src, Ceiling: min(int(part(int64(c.Ceiling), n)), src.Limits.MaxConcurrency)}
+		out.Candidates[i] = b.shareOf(c)
 	}
 	return out
+}
+
+// sharePeek asks for the local verdicts with the limits the local Admit
+// enforces, so that a caller is never told to retry what Admit refuses.
+func (b *Backend) sharePeek(req gate.PeekRequest) gate.PeekRequest {
+	if b.o.Replicas == 1 {
+		return req
+	}
+	out := req
+	out.Sources = make([]*gate.Source, len(req.Sources))
+	out.Ceilings = make([]int, len(req.Sources))
+	for i := range req.Sources {
+		c := b.shareOf(req.Candidate(i))
+		out.Sources[i], out.Ceilings[i] = c.Source, c.Ceiling
+	}
+	return out
+}
+
+// shareOf is c with this replica's share of its limits and ceiling.
+func (b *Backend) shareOf(c gate.Candidate) gate.Candidate {
+	n := b.o.Replicas
+	src := *c.Source
+	src.Limits.MaxConcurrency = int(part(int64(src.Limits.MaxConcurrency), n))
+	src.Limits.RPM = part(src.Limits.RPM, n)
+	src.Limits.TPM = part(src.Limits.TPM, n)
+	return gate.Candidate{Source: &src, Ceiling: min(int(part(int64(c.Ceiling), n)), src.Limits.MaxConcurrency)}
 }
 
 // part is v/n rounded up, at least 1; 0 (unlimited) stays 0.

@@ -145,6 +145,14 @@ func TestLocal(t *testing.T) {
 	if a, err := f.admit("l3", src); err != nil || a.Granted || a.Rejections[0].Reason != gate.ReasonRateLimited {
 		t.Fatalf("fourth local admission: %+v %v, want rate_limited (3 of 8 slots)", a, err)
 	}
+	// Peek's verdict is the local Admit's, with the share: full, not 3 of 8.
+	if v, err := f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}}); err != nil || v.Sources[0].Verdict.Reason != gate.ReasonRateLimited {
+		t.Fatalf("local verdict with the share held: %+v %v, want rate_limited", v, err)
+	}
+	// A pacer ceiling is shared too: 6 of 8 is 2 here, and 3 are out.
+	if v, err := f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}, Ceilings: []int{6}}); err != nil || v.Sources[0].Verdict.Reason != gate.ReasonAdaptivePaced {
+		t.Fatalf("local verdict under ceiling 6: %+v %v, want adaptive_paced", v, err)
+	}
 	if !f.b.Degraded() {
 		t.Fatal("not degraded with Redis down")
 	}

@@ -51,6 +51,7 @@ func Run(t *testing.T, factory Factory) {
 	t.Run("RetryAfter", func(t *testing.T) { runRetryAfter(t, factory) })
 	t.Run("Overrides", func(t *testing.T) { runOverrides(t, factory) })
 	t.Run("Quota", func(t *testing.T) { runQuota(t, factory) })
+	t.Run("Verdict", func(t *testing.T) { runVerdict(t, factory) })
 	t.Run("Model", func(t *testing.T) { runModel(t, factory) })
 }
 

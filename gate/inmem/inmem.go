@@ -105,12 +105,14 @@ func (b *Backend) Peek(_ context.Context, req gate.PeekRequest) (gate.Snapshot, 
 	s, now := b.lock(req.Scope)
 	defer s.mu.Unlock()
 	out := gate.Snapshot{Sources: make([]gate.SourceView, 0, len(req.Sources)), ProgressAge: s.progressAge(now)}
-	for _, src := range req.Sources {
+	for i, src := range req.Sources {
 		st, ok := s.sources[src.Name]
 		if !ok {
 			st = &gate.SourceState{}
 		}
-		out.Sources = append(out.Sources, st.View(src, now))
+		v := st.View(src, now)
+		v.Verdict = st.Verdict(req.Candidate(i), req.Tokens, now)
+		out.Sources = append(out.Sources, v)
 	}
 	return out, nil
 }

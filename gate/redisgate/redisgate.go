@@ -194,14 +194,15 @@ func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot
 	const op = "peek"
 	keys := make([]string, 0, 1+4*len(req.Sources))
 	keys = append(keys, b.progressKey(req.Scope))
-	args := make([]any, 0, 2+len(req.Sources))
-	args = append(args, b.nowArg(), len(req.Sources))
+	args := make([]any, 0, 3+6*len(req.Sources))
+	args = append(args, b.nowArg(), len(req.Sources), req.Tokens)
 	for i, s := range req.Sources {
 		if s == nil {
 			return gate.Snapshot{}, fmt.Errorf("redisgate: %s: source %d is nil", op, i)
 		}
 		keys = b.sourceKeys(keys, req.Scope, s.Name)
-		args = append(args, s.Breaker.Window.Milliseconds())
+		l := s.Limits
+		args = append(args, s.Breaker.Window.Milliseconds(), req.Candidate(i).Ceiling, l.MaxConcurrency, l.RPM, l.TPM, l.Lease.Milliseconds())
 	}
 	v, err := b.run(ctx, op, peekScript, keys, args)
 	if err != nil {
@@ -215,8 +216,12 @@ func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot
 		if p.err != nil {
 			break
 		}
-		sv := p.array(views[i], 2)
-		out.Sources = append(out.Sources, gate.SourceView{Source: s.Name, Breaker: p.breakerView(sv[0]), Quota: p.quotaView(sv[1])})
+		sv := p.array(views[i], 3)
+		vd := p.array(sv[2], 2)
+		out.Sources = append(out.Sources, gate.SourceView{
+			Source: s.Name, Breaker: p.breakerView(sv[0]), Quota: p.quotaView(sv[1]),
+			Verdict: gate.Rejection{Source: s.Name, Reason: gate.Reason(p.int(vd[0])), RetryAfter: ms(p.int(vd[1]))},
+		})
 	}
 	if p.err != nil {
 		return gate.Snapshot{}, p.err
