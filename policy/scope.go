@@ -732,7 +732,7 @@ type Recorded struct {
 // RecordOutcome settles the call's permit with the attempt's outcome, feeds
 // the breaker, pacer and the call's budgets, and returns the next action. It
 // is idempotent per permit: reporting the same permit again returns the first
-// answer.
+// answer. ctx's cancellation does not cut the settling short (see record).
 func (s *Scope) RecordOutcome(ctx context.Context, c *Call, a Attempt) (Recorded, error) {
 	rec, a, st, err := s.record(ctx, c, a)
 	if err != nil || st == nil {
@@ -764,7 +764,11 @@ func (s *Scope) record(ctx context.Context, c *Call, a Attempt) (Recorded, Attem
 		floor = a.RetryAfter
 	}
 	p := c.permit
-	st, err := s.backend.Settle(ctx, gate.SettleRequest{
+	// As in Pick, the caller's cancellation does not cut the decision (the
+	// backend's own timeout bounds it): a shared backend may apply an outcome
+	// whose reply the caller no longer waits for, and the answer must be
+	// recorded for the retry of the report.
+	st, err := s.backend.Settle(context.WithoutCancel(ctx), gate.SettleRequest{
 		Scope: s.name, Source: &c.permitSrc, PermitID: p.ID, Epoch: p.Epoch, Probe: p.Probe,
 		Verdict: r.verdict, Floor: floor, ActualTokens: a.ActualTokens, Progress: a.Outcome == Success,
 	})
