@@ -1,0 +1,83 @@
+package policy
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/polygate/polygate/config"
+	"github.com/polygate/polygate/gate"
+)
+
+// RetryAfter is the earliest certain retry moment over the named sources (all
+// when none are named), with each source's state.
+func (s *Scope) RetryAfter(ctx context.Context, names []string) (time.Duration, []gate.SourceView, error) {
+	_, srcs := s.snapshot()
+	if len(names) > 0 {
+		picked := make([]*source, 0, len(names))
+		for _, n := range names {
+			i := slices.IndexFunc(srcs, func(src *source) bool { return src.cfg.Name == n })
+			if i < 0 {
+				return 0, nil, fmt.Errorf("%w: %q in scope %s", ErrUnknownSource, n, s.name)
+			}
+			picked = append(picked, srcs[i])
+		}
+		srcs = picked
+	}
+	snap, err := s.backend.Peek(ctx, s.peekRequest(srcs, 0))
+	if err != nil {
+		return 0, nil, err
+	}
+	return s.breakerWait(snap, s.now()), snap.Sources, nil
+}
+
+// SourceState is one source as DescribeScope shows it.
+type SourceState struct {
+	Config *config.Source
+	View   gate.SourceView
+	// Ceiling is the pacer's ceiling; Memo the cooldown memo's remaining time.
+	Ceiling        int
+	Memo           time.Duration
+	FailedRecently bool
+}
+
+// Description is a scope's live state and effective configuration.
+type Description struct {
+	Config      *config.Scope
+	Sources     []SourceState
+	ProgressAge time.Duration
+}
+
+// Describe reads the scope; it never takes a probe.
+func (s *Scope) Describe(ctx context.Context) (Description, error) {
+	cfg, srcs := s.snapshot()
+	snap, err := s.backend.Peek(ctx, s.peekRequest(srcs, 0))
+	if err != nil {
+		return Description{}, err
+	}
+	now := s.now()
+	d := Description{Config: cfg, ProgressAge: snap.ProgressAge}
+	for i, src := range srcs {
+		d.Sources = append(d.Sources, SourceState{
+			Config: src.cfg, View: snap.Sources[i], Ceiling: src.pacer.Ceiling(),
+			Memo: s.memo.Remaining(src.cfg.Name, now), FailedRecently: src.failedRecently(now),
+		})
+	}
+	return d, nil
+}
+
+// Override carries out an operator's action on a source's breaker.
+func (s *Scope) Override(ctx context.Context, name string, a gate.Action, actor, why string) (gate.SourceView, error) {
+	src := s.source(name)
+	if src == nil {
+		return gate.SourceView{}, fmt.Errorf("%w: %q in scope %s", ErrUnknownSource, name, s.name)
+	}
+	r, err := s.backend.Override(ctx, gate.OverrideRequest{Scope: s.name, Source: &src.gate, Action: a, Actor: actor, Why: why})
+	if err != nil {
+		return gate.SourceView{}, err
+	}
+	s.remember(name, r.View.Breaker, s.now())
+	s.absorb(r.Events)
+	return r.View, nil
+}

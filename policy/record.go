@@ -1,0 +1,156 @@
+package policy
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/polygate/polygate/config"
+	"github.com/polygate/polygate/gate"
+)
+
+// Attempt is an attempt's report.
+type Attempt struct {
+	PermitID string
+	Source   string
+	Outcome  Outcome
+	// RetryAfter is the upstream's Retry-After (0 if none): a floor of the
+	// backoff, and of the OPEN a dead source causes.
+	RetryAfter time.Duration
+	// ActualTokens settles the TPM charge; < 0 keeps the estimate.
+	ActualTokens int64
+	HTTPStatus   int
+	Detail       string
+	// Latency is the attempt's time from grant to report (filled in by RecordOutcome).
+	Latency time.Duration
+	// Number is the attempt's number in the call, from 1; Probe and Epoch
+	// are its permit's (filled in by RecordOutcome, for observers).
+	Number int
+	Probe  bool
+	Epoch  uint64
+}
+
+// Recorded is RecordOutcome's answer.
+type Recorded struct {
+	Next Action
+	// Effect says what the outcome did to the breaker (stale outcomes change nothing).
+	Effect  gate.Effect
+	Breaker gate.BreakerView
+	// Released: the permit still held its slot.
+	Released bool
+}
+
+// RecordOutcome settles the call's permit with the attempt's outcome, feeds
+// the breaker, pacer and the call's budgets, and returns the next action. It
+// is idempotent per permit: reporting the same permit again returns the first
+// answer. ctx's cancellation does not cut the settling short (see record).
+func (s *Scope) RecordOutcome(ctx context.Context, c *Call, a Attempt) (Recorded, error) {
+	rec, a, st, err := s.record(ctx, c, a)
+	if err != nil || st == nil {
+		return rec, err // an error, or a repeated report
+	}
+	s.absorb(st.Events)
+	if st.Released {
+		s.wait.capacity.fire()
+	}
+	s.observer.Settled(c, a, rec)
+	return rec, nil
+}
+
+func (s *Scope) record(ctx context.Context, c *Call, a Attempt) (Recorded, Attempt, *gate.Settlement, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if prev, ok := c.answers[a.PermitID]; ok {
+		return prev, a, nil, nil
+	}
+	if c.permit == nil || c.permit.ID != a.PermitID {
+		return Recorded{}, a, nil, fmt.Errorf("%w: %s", ErrPermitNotOfCall, a.PermitID)
+	}
+	r, ok := outcomes[a.Outcome]
+	if !ok {
+		return Recorded{}, a, nil, fmt.Errorf("%w: %d", ErrUnknownOutcome, a.Outcome)
+	}
+	var floor time.Duration
+	if a.Outcome == SourceDead {
+		floor = a.RetryAfter
+	}
+	p := c.permit
+	// As in Pick, the caller's cancellation does not cut the decision (the
+	// backend's own timeout bounds it): a shared backend may apply an outcome
+	// whose reply the caller no longer waits for, and the answer must be
+	// recorded for the retry of the report.
+	st, err := s.backend.Settle(context.WithoutCancel(ctx), gate.SettleRequest{
+		Scope: s.name, Source: &c.permitSrc, PermitID: p.ID, Epoch: p.Epoch, Probe: p.Probe,
+		Verdict: r.verdict, Floor: floor, ActualTokens: a.ActualTokens, Progress: a.Outcome == Success,
+	})
+	if err != nil {
+		return Recorded{}, a, nil, err // the permit stays the call's; the report may be retried
+	}
+	now := s.now()
+	cfg, _ := s.snapshot()
+	a.Source, a.Latency = p.Source, now.Sub(c.grantedAt)
+	a.Number, a.Probe, a.Epoch = c.attempts, p.Probe, p.Epoch
+	s.remember(p.Source, st.Breaker, now)
+	if src := s.source(p.Source); src != nil {
+		switch a.Outcome {
+		case Success:
+			src.pacer.Success()
+		case RateLimited:
+			src.pacer.RateLimited()
+		}
+		if r.failed {
+			src.markFailed(now)
+		}
+	}
+	if !r.refunded {
+		c.productive += a.Latency
+	}
+	if r.charged {
+		c.charged++
+	}
+	if r.failed {
+		c.failures++
+		c.failedIn[p.Source]++
+	}
+	c.permit = nil
+
+	rec := Recorded{Next: s.next(c, cfg, r, a, st.ProgressAge, now), Effect: st.Effect, Breaker: st.Breaker, Released: st.Released}
+	c.answers[a.PermitID] = rec
+	c.finish(rec.Next)
+	return rec, a, &st, nil
+}
+
+// next is the outcome table's last column. Both budgets are checked at every
+// failed attempt, so a call ends with whichever runs out first; a backoff is
+// clamped to the rest of the stall budget (plus one poll interval) while
+// there is some left, and is never shorter than an upstream Retry-After.
+func (s *Scope) next(c *Call, cfg *config.Scope, r rule, a Attempt, progressAge time.Duration, now time.Time) Action {
+	switch r.then {
+	case thenDone:
+		return Action{Done: true}
+	case thenFailNonRetryable:
+		return Action{Failure: &Failure{Reason: FailNonRetryable}}
+	case thenClose:
+		return Action{Failure: &Failure{Reason: FailCancelled}}
+	case thenRetry:
+		if c.charged >= cfg.MaxAttempts {
+			return Action{Failure: &Failure{Reason: FailRetryExhausted}}
+		}
+	}
+	stalled := c.stalledFor(now)
+	if stalled > cfg.StallWindow && progressAge > cfg.StallWindow {
+		return Action{Failure: &Failure{Reason: FailStalled, RetryAfter: ceilMs(a.RetryAfter)}}
+	}
+	backoff := Backoff(cfg.BackoffBase, cfg.BackoffMax, c.failures, 0, s.rand)
+	if left := cfg.StallWindow - stalled + cfg.PollInterval; left > 0 {
+		// Not past the stall budget: do not sleep beyond it. (Past it, the
+		// scope is making progress, or the call would have failed stalled:
+		// the full backoff applies.)
+		backoff = min(backoff, left)
+	}
+	backoff = max(backoff, ceilMs(a.RetryAfter))
+	if !c.Deadline.IsZero() && now.Add(backoff).After(c.Deadline) {
+		return Action{Failure: &Failure{Reason: FailDeadlineExceeded, RetryAfter: backoff}}
+	}
+	return Action{Retry: &backoff}
+}

@@ -1,0 +1,196 @@
+package policy
+
+import (
+	"context"
+	"time"
+
+	"github.com/polygate/polygate/config"
+	"github.com/polygate/polygate/gate"
+)
+
+// Decision is OnNoRunnable's answer: wait Sleep more (after the sleep the
+// sidecar already did), or fail.
+type Decision struct {
+	Sleep   time.Duration
+	Failure *Failure
+	// Slept is how long the sidecar held the caller before answering; Woken
+	// says a change of the scope ended that wait early.
+	Slept time.Duration
+	Woken bool
+	// Uncertain: there was no certain time to wait for (a probe in flight, a
+	// full pool), so the sidecar held the caller until something changed.
+	Uncertain bool
+}
+
+// OnNoRunnable decides, after a NoRunnable Pick, whether the call waits or
+// fails (DESIGN's formula, dispatched by the reason of the refusal), and does
+// the wait here, inside the sidecar:
+//
+//   - with a certain time to wait for (every source OPEN), it sleeps until
+//     the earliest cooldown ends plus jitter, clamped to the stall budget, and
+//     ends early when a breaker of the scope changes;
+//   - without one (a probe in flight, a full pool, a pacer ceiling), it holds
+//     the caller until something it waits for changes — a breaker transition,
+//     a released permit, or a source the scope's poller finds admissible on
+//     its read of the backend every poll_interval — and at most until the
+//     stall budget (plus one poll_interval) is spent. A change is noticed
+//     within one poll interval, as with the formula's polling, but the caller
+//     makes one round trip per change instead of one per poll interval.
+//
+// Either wait answers before ctx's deadline: a certain wait then leaves the
+// rest of its sleep to the caller, an uncertain one leaves nothing (the caller
+// asks again). Close answers every wait at once the same way.
+func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
+	// Take the wake-ups before reading the backend, so that no change between
+	// the read and the hold can be missed.
+	t := s.wait.ticket()
+	d, circuit, first, err := s.decide(ctx, c)
+	if err != nil {
+		return Decision{}, err
+	}
+	if first {
+		s.observer.Waiting(c, d.Sleep, c.lastSources())
+	}
+	if d.Failure == nil && !d.Woken {
+		nap := d.Sleep
+		if deadline, ok := ctx.Deadline(); ok {
+			// Answer before the caller's RPC deadline.
+			left := time.Until(deadline)
+			nap = min(nap, max(0, left-min(left/10, 50*time.Millisecond)))
+		}
+		start := s.now()
+		if d.Woken, err = s.wait.hold(ctx, t, nap, circuit, d.Uncertain); err != nil {
+			return Decision{}, err
+		}
+		d.Slept = s.now().Sub(start)
+		if d.Woken || d.Uncertain || d.Slept >= d.Sleep {
+			d.Sleep = 0
+		} else {
+			d.Sleep = ceilMs(d.Sleep - d.Slept)
+		}
+	}
+	s.observer.Decided(c, d)
+	return d, nil
+}
+
+// decide is OnNoRunnable without the wait. circuit reports that every source
+// was refused by its breaker or the cooldown memo.
+func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first bool, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.end != nil {
+		return d, false, false, ErrCallEnded
+	}
+	nr := c.last
+	if nr == nil {
+		return d, false, false, ErrNoRefusal
+	}
+	cfg, srcs := s.snapshot()
+	snap, err := s.backend.Peek(ctx, s.peekRequest(srcs, c.Tokens))
+	if err != nil {
+		return d, false, false, err
+	}
+	now := s.now()
+	hint := s.breakerWait(snap, now)
+	circuit = nr.GateRejections == len(srcs)
+	fail := func(reason FailureReason, retryAfter time.Duration) (Decision, bool, bool, error) {
+		f := &Failure{Reason: reason, RetryAfter: max(retryAfter, 0), Sources: nr.Sources}
+		c.finish(Action{Failure: f})
+		return Decision{Failure: f}, circuit, false, nil
+	}
+
+	var left time.Duration
+	if !c.Deadline.IsZero() {
+		if left = c.Deadline.Sub(now); left <= 0 {
+			return fail(FailDeadlineExceeded, 0)
+		}
+	}
+	peeked := c.peeked
+	c.peeked = false
+	if s.admissible(snap) && !peeked {
+		// Something changed between the Pick and this read (a permit released,
+		// a breaker closed or reset elsewhere), before the wake-ups were
+		// taken: that is a wake-up, not a reason to fail or to wait. Only
+		// once in a row: if the Pick after it is refused again, the next
+		// answer waits for a change, so a caller never spins.
+		c.peeked = true
+		return Decision{Woken: true}, circuit, false, nil
+	}
+	if circuit {
+		if cfg.CircuitOpen == config.FailFast {
+			return fail(FailCircuitOpen, hint)
+		}
+	} else {
+		if cfg.QuotaFull == config.FailFast {
+			return fail(FailQuotaExhausted, minRetryAfter(nr.Sources))
+		}
+		hint = 0
+	}
+	stalled := c.stalledFor(now)
+	if stalled > cfg.StallWindow && snap.ProgressAge > cfg.StallWindow {
+		return fail(FailStalled, hint)
+	}
+	if left > 0 && hint > left {
+		// The earliest certain moment is past the deadline: fail now, not then.
+		return fail(FailDeadlineExceeded, hint)
+	}
+	// DESIGN's formula, with the stall budget as the bound of an uncertain
+	// wait (see OnNoRunnable).
+	jitter := time.Duration(float64(cfg.PollInterval) * (0.5 + 0.5*s.rand()))
+	budget := cfg.StallWindow - stalled + cfg.PollInterval
+	sleep, uncertain := budget, hint == 0
+	if hint > 0 {
+		sleep = hint + jitter
+	}
+	sleep = max(jitter, min(sleep, budget))
+	if left > 0 {
+		sleep = min(sleep, left)
+	}
+	first = !c.waiting
+	c.waiting = true
+	return Decision{Sleep: ceilMs(sleep), Uncertain: uncertain}, circuit, first, nil
+}
+
+// pollOnce is the poller's read of the backend: whether some source would
+// admit an attempt now.
+func (s *Scope) pollOnce() bool {
+	cfg, srcs := s.snapshot()
+	ctx, cancel := context.WithTimeout(context.Background(), max(cfg.PollInterval, time.Second))
+	defer cancel()
+	snap, err := s.backend.Peek(ctx, s.peekRequest(srcs, 0))
+	return err == nil && s.admissible(snap)
+}
+
+// admissible reports whether the backend's verdict admits some source of a
+// snapshot now, refreshing the cooldown memo from it.
+func (s *Scope) admissible(snap gate.Snapshot) bool {
+	now := s.now()
+	found := false
+	for _, v := range snap.Sources {
+		s.remember(v.Source, v.Breaker, now)
+		found = found || v.Verdict.Reason == gate.ReasonNone
+	}
+	return found
+}
+
+// breakerWait is the earliest certain retry over a snapshot's breakers (the
+// minimum of their waits), refreshing the cooldown memo from it.
+func (s *Scope) breakerWait(snap gate.Snapshot, now time.Time) time.Duration {
+	waits := make([]gate.Rejection, len(snap.Sources))
+	for i, v := range snap.Sources {
+		s.remember(v.Source, v.Breaker, now)
+		waits[i] = gate.Rejection{RetryAfter: v.Breaker.RetryAfter}
+	}
+	return minRetryAfter(waits)
+}
+
+// minRetryAfter is the least retry_after of a list (0 for none).
+func minRetryAfter(rs []gate.Rejection) time.Duration {
+	var least time.Duration = -1
+	for _, r := range rs {
+		if least < 0 || r.RetryAfter < least {
+			least = r.RetryAfter
+		}
+	}
+	return max(least, 0)
+}

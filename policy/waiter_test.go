@@ -1,0 +1,118 @@
+package policy
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+func testWaiter(t *testing.T, poll func() bool) (*waiter, *atomic.Int64) {
+	var polls atomic.Int64
+	w := newWaiter(func() bool { polls.Add(1); return poll() }, func() time.Duration { return time.Second })
+	t.Cleanup(w.close)
+	return w, &polls
+}
+
+func never() bool { return false }
+
+func TestWaiterHold(t *testing.T) {
+	type step struct {
+		name      string
+		circuit   bool
+		act       func(w *waiter, cancel context.CancelFunc)
+		wantWoken bool
+		wantErr   bool
+		wantSlept time.Duration
+	}
+	for _, st := range []step{
+		{name: "NapElapses", wantSlept: 10 * time.Second},
+		{name: "BreakerChanged", act: func(w *waiter, _ context.CancelFunc) { w.breakers.fire() }, wantWoken: true, wantSlept: time.Second},
+		{name: "PermitReleased", act: func(w *waiter, _ context.CancelFunc) { w.capacity.fire() }, wantWoken: true, wantSlept: time.Second},
+		{name: "ReleaseDoesNotHelpACircuitWait", circuit: true, act: func(w *waiter, _ context.CancelFunc) { w.capacity.fire() }, wantSlept: 10 * time.Second},
+		{name: "Closed", act: func(w *waiter, _ context.CancelFunc) { w.close() }, wantSlept: time.Second},
+		{name: "CallerGone", act: func(_ *waiter, cancel context.CancelFunc) { cancel() }, wantErr: true, wantSlept: time.Second},
+	} {
+		t.Run(st.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				w, _ := testWaiter(t, never)
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				if st.act != nil {
+					go func() { time.Sleep(time.Second); st.act(w, cancel) }()
+				}
+				start := time.Now()
+				woken, err := w.hold(ctx, w.ticket(), 10*time.Second, st.circuit, false)
+				if woken != st.wantWoken || (err != nil) != st.wantErr || time.Since(start) != st.wantSlept {
+					t.Fatalf("hold: woken %v err %v after %v, want woken %v err %v after %v", woken, err, time.Since(start), st.wantWoken, st.wantErr, st.wantSlept)
+				}
+			})
+		})
+	}
+}
+
+// A change between the ticket and the hold (the caller's read of the
+// backend) is not missed.
+func TestWaiterTicketBeforeTheRead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w, _ := testWaiter(t, never)
+		tk := w.ticket()
+		w.breakers.fire()
+		if woken, err := w.hold(context.Background(), tk, time.Hour, false, false); !woken || err != nil {
+			t.Fatalf("hold after a change since the ticket: woken %v err %v", woken, err)
+		}
+	})
+}
+
+// The poller reads the backend once per interval only while an uncertain
+// hold is on, wakes the held callers when a read says a source would admit,
+// and stops when the last of them leaves.
+func TestWaiterPoller(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var admits atomic.Bool
+		w, polls := testWaiter(t, admits.Load)
+		ctx := context.Background()
+		if _, err := w.hold(ctx, w.ticket(), 5*time.Second, false, false); err != nil {
+			t.Fatal(err)
+		}
+		if n := polls.Load(); n != 0 {
+			t.Fatalf("a certain hold polled %d times", n)
+		}
+		start := time.Now()
+		woken, _ := w.hold(ctx, w.ticket(), 5*time.Second+time.Millisecond, false, true)
+		if woken || polls.Load() != 5 || time.Since(start) != 5*time.Second+time.Millisecond {
+			t.Fatalf("uncertain hold: woken %v after %v with %d polls, want 5 polls and not woken", woken, time.Since(start), polls.Load())
+		}
+		synctest.Wait()
+		time.Sleep(time.Hour)
+		if n := polls.Load(); n != 5 {
+			t.Fatalf("the poller went on without a watcher: %d polls", n)
+		}
+		admits.Store(true)
+		start = time.Now()
+		if woken, _ := w.hold(ctx, w.ticket(), time.Hour, false, true); !woken || time.Since(start) != time.Second {
+			t.Fatalf("hold with an admitting read: woken %v after %v, want woken after one interval", woken, time.Since(start))
+		}
+	})
+}
+
+// Two holds in a row, the first one's stop meeting the second one's start,
+// keep the poller's interval: no read at once.
+func TestWaiterPollerKeepsItsIntervalAcrossWatchers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var admits atomic.Bool
+		admits.Store(true)
+		w, polls := testWaiter(t, admits.Load)
+		ctx := context.Background()
+		for i := range 3 {
+			start := time.Now()
+			if woken, _ := w.hold(ctx, w.ticket(), time.Hour, false, true); !woken || time.Since(start) != time.Second {
+				t.Fatalf("hold %d: woken %v after %v, want woken after one interval", i, woken, time.Since(start))
+			}
+		}
+		if n := polls.Load(); n != 3 {
+			t.Fatalf("%d polls for three intervals", n)
+		}
+	})
+}
