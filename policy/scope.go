@@ -158,6 +158,7 @@ func (s *Scope) Update(cfg *config.Scope) {
 	}
 	s.cfg, s.srcs = cfg, srcs
 	s.mu.Unlock()
+	s.sel.keep(srcs)
 	s.wait.breakers.fire()
 	s.wait.capacity.fire()
 }

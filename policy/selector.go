@@ -46,6 +46,19 @@ func (sel *selector) order(srcs []*source, failedInCall map[string]int, now time
 	return out
 }
 
+// keep forgets the state of every source not in srcs (removed by a reload),
+// so that a scope reloaded many times does not grow, and a source added back
+// starts afresh.
+func (sel *selector) keep(srcs []*source) {
+	sel.mu.Lock()
+	defer sel.mu.Unlock()
+	for name := range sel.current {
+		if !slices.ContainsFunc(srcs, func(s *source) bool { return s.cfg.Name == name }) {
+			delete(sel.current, name)
+		}
+	}
+}
+
 // rotate advances one tier's smooth weighted round robin and orders the tier
 // with the chosen source first and the others by their current weight.
 func (sel *selector) rotate(tier []*source) {
