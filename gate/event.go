@@ -1,8 +1,9 @@
 package gate
 
 import (
-	"fmt"
 	"time"
+
+	"github.com/polygate/polygate/internal/enum"
 )
 
 // EventKind names a thing that happened to a breaker.
@@ -26,23 +27,16 @@ const (
 	EventOverride
 )
 
-func (k EventKind) String() string {
-	switch k {
-	case EventTransition:
-		return "transition"
-	case EventProbeLeased:
-		return "probe_leased"
-	case EventProbeExpired:
-		return "probe_expired"
-	case EventProbeReleased:
-		return "probe_released"
-	case EventStaleOutcome:
-		return "stale_outcome"
-	case EventOverride:
-		return "override"
-	}
-	return fmt.Sprintf("EventKind(%d)", uint8(k))
+var eventKindNames = []string{
+	EventTransition:    "transition",
+	EventProbeLeased:   "probe_leased",
+	EventProbeExpired:  "probe_expired",
+	EventProbeReleased: "probe_released",
+	EventStaleOutcome:  "stale_outcome",
+	EventOverride:      "override",
 }
+
+func (k EventKind) String() string { return enum.String(k, eventKindNames) }
 
 // Cause says why a transition happened.
 type Cause uint8
@@ -58,27 +52,18 @@ const (
 	CauseReset
 )
 
-func (c Cause) String() string {
-	switch c {
-	case CauseNone:
-		return "none"
-	case CauseConsecutiveFailures:
-		return "consecutive_failures"
-	case CauseFailureRate:
-		return "failure_rate"
-	case CauseSourceDead:
-		return "source_dead"
-	case CauseCooldownElapsed:
-		return "cooldown_elapsed"
-	case CauseProbeSucceeded:
-		return "probe_succeeded"
-	case CauseProbeFailed:
-		return "probe_failed"
-	case CauseReset:
-		return "reset"
-	}
-	return fmt.Sprintf("Cause(%d)", uint8(c))
+var causeNames = []string{
+	CauseNone:                "none",
+	CauseConsecutiveFailures: "consecutive_failures",
+	CauseFailureRate:         "failure_rate",
+	CauseSourceDead:          "source_dead",
+	CauseCooldownElapsed:     "cooldown_elapsed",
+	CauseProbeSucceeded:      "probe_succeeded",
+	CauseProbeFailed:         "probe_failed",
+	CauseReset:               "reset",
 }
+
+func (c Cause) String() string { return enum.String(c, causeNames) }
 
 // Event is one thing that happened to one source's breaker. Backends return
 // the events a decision caused; they never call anybody back while holding

@@ -1,6 +1,6 @@
 package gate
 
-import "fmt"
+import "github.com/polygate/polygate/internal/enum"
 
 // State is the automatic state of a breaker.
 type State uint8
@@ -11,17 +11,13 @@ const (
 	HalfOpen
 )
 
-func (s State) String() string {
-	switch s {
-	case Closed:
-		return "closed"
-	case Open:
-		return "open"
-	case HalfOpen:
-		return "half_open"
-	}
-	return fmt.Sprintf("State(%d)", uint8(s))
+var stateNames = []string{
+	Closed:   "closed",
+	Open:     "open",
+	HalfOpen: "half_open",
 }
+
+func (s State) String() string { return enum.String(s, stateNames) }
 
 // Override is an operator's manual setting of a breaker. It stays until it is
 // cleared; automatic transitions never clear it.
@@ -39,19 +35,14 @@ const (
 	Disabled
 )
 
-func (o Override) String() string {
-	switch o {
-	case NoOverride:
-		return "none"
-	case ForcedOpen:
-		return "forced_open"
-	case ForcedClosed:
-		return "forced_closed"
-	case Disabled:
-		return "disabled"
-	}
-	return fmt.Sprintf("Override(%d)", uint8(o))
+var overrideNames = []string{
+	NoOverride:   "none",
+	ForcedOpen:   "forced_open",
+	ForcedClosed: "forced_closed",
+	Disabled:     "disabled",
 }
+
+func (o Override) String() string { return enum.String(o, overrideNames) }
 
 // Action is an operator's request to a breaker.
 type Action uint8
@@ -69,21 +60,15 @@ const (
 	ActionReset
 )
 
-func (a Action) String() string {
-	switch a {
-	case ActionForceOpen:
-		return "force_open"
-	case ActionForceClosed:
-		return "force_closed"
-	case ActionDisable:
-		return "disable"
-	case ActionClear:
-		return "clear"
-	case ActionReset:
-		return "reset"
-	}
-	return fmt.Sprintf("Action(%d)", uint8(a))
+var actionNames = []string{
+	ActionForceOpen:   "force_open",
+	ActionForceClosed: "force_closed",
+	ActionDisable:     "disable",
+	ActionClear:       "clear",
+	ActionReset:       "reset",
 }
+
+func (a Action) String() string { return enum.String(a, actionNames) }
 
 // Reason says why a candidate source was refused.
 type Reason uint8
@@ -104,25 +89,17 @@ const (
 	ReasonRateLimited
 )
 
-func (r Reason) String() string {
-	switch r {
-	case ReasonNone:
-		return "none"
-	case ReasonCooldown:
-		return "cooldown"
-	case ReasonCircuitOpen:
-		return "circuit_open"
-	case ReasonProbeInFlight:
-		return "probe_in_flight"
-	case ReasonForcedOpen:
-		return "forced_open"
-	case ReasonAdaptivePaced:
-		return "adaptive_paced"
-	case ReasonRateLimited:
-		return "rate_limited"
-	}
-	return fmt.Sprintf("Reason(%d)", uint8(r))
+var reasonNames = []string{
+	ReasonNone:          "none",
+	ReasonCooldown:      "cooldown",
+	ReasonCircuitOpen:   "circuit_open",
+	ReasonProbeInFlight: "probe_in_flight",
+	ReasonForcedOpen:    "forced_open",
+	ReasonAdaptivePaced: "adaptive_paced",
+	ReasonRateLimited:   "rate_limited",
 }
+
+func (r Reason) String() string { return enum.String(r, reasonNames) }
 
 // Gate reports whether the reason is a breaker-side refusal, the kind that
 // counts in gate_rejections. Pacer and quota refusals do not.
@@ -146,19 +123,14 @@ const (
 	VerdictForceOpen
 )
 
-func (v Verdict) String() string {
-	switch v {
-	case VerdictNone:
-		return "none"
-	case VerdictSuccess:
-		return "success"
-	case VerdictFailure:
-		return "failure"
-	case VerdictForceOpen:
-		return "force_open"
-	}
-	return fmt.Sprintf("Verdict(%d)", uint8(v))
+var verdictNames = []string{
+	VerdictNone:      "none",
+	VerdictSuccess:   "success",
+	VerdictFailure:   "failure",
+	VerdictForceOpen: "force_open",
 }
+
+func (v Verdict) String() string { return enum.String(v, verdictNames) }
 
 // Effect says what a settled outcome did to the breaker.
 type Effect uint8
@@ -176,16 +148,11 @@ const (
 	EffectIgnored
 )
 
-func (e Effect) String() string {
-	switch e {
-	case EffectApplied:
-		return "applied"
-	case EffectNoVerdict:
-		return "no_verdict"
-	case EffectStale:
-		return "stale"
-	case EffectIgnored:
-		return "ignored"
-	}
-	return fmt.Sprintf("Effect(%d)", uint8(e))
+var effectNames = []string{
+	EffectApplied:   "applied",
+	EffectNoVerdict: "no_verdict",
+	EffectStale:     "stale",
+	EffectIgnored:   "ignored",
 }
+
+func (e Effect) String() string { return enum.String(e, effectNames) }

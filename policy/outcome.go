@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/polygate/polygate/gate"
+	"github.com/polygate/polygate/internal/enum"
 )
 
 // Outcome classifies one attempt's upstream result.
@@ -25,23 +26,16 @@ const (
 	Cancelled
 )
 
-func (o Outcome) String() string {
-	switch o {
-	case Success:
-		return "success"
-	case Transient:
-		return "transient"
-	case RateLimited:
-		return "rate_limited"
-	case SourceDead:
-		return "source_dead"
-	case ClientError:
-		return "client_error"
-	case Cancelled:
-		return "cancelled"
-	}
-	return fmt.Sprintf("Outcome(%d)", uint8(o))
+var outcomeNames = []string{
+	Success:     "success",
+	Transient:   "transient",
+	RateLimited: "rate_limited",
+	SourceDead:  "source_dead",
+	ClientError: "client_error",
+	Cancelled:   "cancelled",
 }
+
+func (o Outcome) String() string { return enum.String(o, outcomeNames) }
 
 // then is what an outcome leads to.
 type then uint8
@@ -98,25 +92,17 @@ const (
 	FailCancelled
 )
 
-func (r FailureReason) String() string {
-	switch r {
-	case FailCircuitOpen:
-		return "circuit_open"
-	case FailQuotaExhausted:
-		return "quota_exhausted"
-	case FailStalled:
-		return "stalled"
-	case FailRetryExhausted:
-		return "retry_exhausted"
-	case FailNonRetryable:
-		return "non_retryable"
-	case FailDeadlineExceeded:
-		return "deadline_exceeded"
-	case FailCancelled:
-		return "cancelled"
-	}
-	return fmt.Sprintf("FailureReason(%d)", uint8(r))
+var failureReasonNames = []string{
+	FailCircuitOpen:      "circuit_open",
+	FailQuotaExhausted:   "quota_exhausted",
+	FailStalled:          "stalled",
+	FailRetryExhausted:   "retry_exhausted",
+	FailNonRetryable:     "non_retryable",
+	FailDeadlineExceeded: "deadline_exceeded",
+	FailCancelled:        "cancelled",
 }
+
+func (r FailureReason) String() string { return enum.String(r, failureReasonNames) }
 
 // Failure ends a call.
 type Failure struct {

@@ -3,13 +3,13 @@ package fallback
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/polygate/polygate/gate"
 	"github.com/polygate/polygate/gate/inmem"
+	"github.com/polygate/polygate/internal/enum"
 )
 
 // Mode is what to do while the shared backend is unavailable.
@@ -25,15 +25,12 @@ const (
 	Local
 )
 
-func (m Mode) String() string {
-	switch m {
-	case FailClosed:
-		return "fail_closed"
-	case Local:
-		return "local"
-	}
-	return fmt.Sprintf("Mode(%d)", uint8(m))
+var modeNames = []string{
+	FailClosed: "fail_closed",
+	Local:      "local",
 }
+
+func (m Mode) String() string { return enum.String(m, modeNames) }
 
 // Shared is the backend to protect: the Redis backend.
 type Shared interface {
