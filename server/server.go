@@ -103,6 +103,9 @@ func (s *Server) Close() {
 	}
 }
 
+// LiveCalls is the number of open calls of scope.
+func (s *Server) LiveCalls(scope string) int { return s.calls.liveIn(scope) }
+
 // Collector exports the event hub's watchers and dropped events to Prometheus.
 func (s *Server) Collector() prometheus.Collector { return s.events }
 
@@ -132,8 +135,8 @@ const (
 	AbandonCancelled = "cancelled"
 )
 
-// Interrupt reports every call still open as ended by the shutdown; Run
-// calls it once no RPC runs any more.
+// Interrupt reports every call still open as ended by the shutdown; the
+// composition root calls it once no RPC runs any more.
 func (s *Server) Interrupt() {
 	s.abandon(s.calls.liveCalls(), AbandonShutdown)
 }
@@ -168,8 +171,9 @@ func (s *Server) Scopes() []string {
 	return sortedKeys(s.scopes)
 }
 
-// sweep forgets idle calls; Run calls it periodically.
-func (s *Server) sweep() {
+// Sweep forgets idle calls, giving back the permits they hold; the
+// composition root calls it periodically.
+func (s *Server) Sweep() {
 	dropped := s.calls.sweep()
 	s.abandon(dropped, AbandonExpired)
 	for _, c := range dropped {

@@ -1,20 +1,15 @@
-package server
+package sidecar
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"strings"
 	"sync"
-	"sync/atomic"
-	"syscall"
 	"time"
 
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
@@ -25,109 +20,24 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/polygate/polygate/config"
 	"github.com/polygate/polygate/gate"
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 	"github.com/polygate/polygate/metrics"
 	"github.com/polygate/polygate/policy"
+	"github.com/polygate/polygate/server"
 	"github.com/polygate/polygate/telemetry"
 )
 
 // stopGrace bounds a graceful stop; RPCs still running after it are cut.
 const stopGrace = 10 * time.Second
 
-// Run starts the sidecar with the command line args and the environment
-// environ, and serves until ctx ends or a listener fails. It announces
-// "polygate listening on ADDRESS" on stdout once it accepts calls; logs go to
-// stderr. SIGHUP reloads the configuration file.
-func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
-	opts, err := config.ParseFlags(args, environ, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	cfg, err := config.Load(opts, environ)
-	if err != nil {
-		return err
-	}
-	if opts.Check {
-		return printConfig(stdout, cfg)
-	}
-	level := new(slog.LevelVar)
-	log := newLogger(cfg.Log, level, stderr)
-	var token atomic.Pointer[string]
-	token.Store(&cfg.Auth.Token)
-
-	// The backend reports its health from the moment it opens; the server
-	// that publishes and counts the reports exists only afterwards.
-	hs := health.NewServer()
-	var started atomic.Pointer[Server]
-	b, err := openBackend(cfg, log, func(degraded bool, cause error) {
-		backendHealth(hs, cfg, degraded)
-		if srv := started.Load(); srv != nil {
-			srv.BackendChanged(backendChange(cfg, degraded, cause))
-		}
-	})
-	if err != nil {
-		return err
-	}
-	defer b.close()
-	sc, err := startSidecar(cfg, log, sidecarDeps{backend: b, backendName: b.describe, health: hs, created: started.Store, token: func() string { return *token.Load() }})
-	if err != nil {
-		return err
-	}
-	if b.check != nil {
-		// Health says NOT_SERVING from the start when the backend is down.
-		cctx, cancel := context.WithTimeout(ctx, cfg.Backend.Redis.Timeout)
-		if err := b.check(cctx); err != nil {
-			log.Warn("backend not reachable at start; following on_unavailable until it answers", "on_unavailable", cfg.Backend.Redis.OnUnavailable, "err", err)
-		}
-		cancel()
-	}
-	subCtx, stopSub := context.WithCancel(context.Background())
-	defer stopSub()
-	go announcements(subCtx, b, sc.srv, log)
-	log.Info("polygate started", "listen", cfg.Listen, "backend", b.describe(), "scopes", sc.srv.Scopes(),
-		"config", configName(opts), "metrics_listen", cfg.MetricsListen, "telemetry", cfg.Telemetry.Path)
-	fmt.Fprintf(stdout, "polygate listening on %s\n", address(sc.lis))
-	if sc.metricsLis != nil {
-		fmt.Fprintf(stdout, "polygate metrics on http://%s/metrics\n", sc.metricsLis.Addr())
-	}
-
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	sweep := time.NewTicker(time.Second)
-	defer sweep.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			log.Info("polygate stopping: health NOT_SERVING, waits answered, in-flight RPCs drained")
-			sc.stop()
-			return nil
-		case err := <-sc.served:
-			sc.stop()
-			return err
-		case <-hup:
-			if next := reload(log, sc.srv, cfg, opts, environ); next != nil {
-				token.Store(&next.Auth.Token)
-				_ = level.UnmarshalText([]byte(next.Log.Level))
-			}
-		case <-sweep.C:
-			sc.srv.sweep()
-		}
-	}
-}
-
 // sidecar is a started sidecar: the gRPC server with health and reflection,
 // the metrics listener, the event hub and the telemetry sink.
 type sidecar struct {
 	log        *slog.Logger
-	srv        *Server
+	srv        *server.Server
 	gs         *grpc.Server
 	health     *health.Server
 	sink       *telemetry.Sink // nil when telemetry is off
@@ -145,13 +55,13 @@ type sidecarDeps struct {
 	now          func() time.Time
 	backend      gate.Backend
 	backendName  func() string
-	lis          net.Listener   // nil: listen on cfg.Listen
-	health       *health.Server // nil: a new one
-	interceptors Interceptors   // extra, outermost
+	lis          net.Listener        // nil: listen on cfg.Listen
+	health       *health.Server      // nil: a new one
+	interceptors server.Interceptors // extra, outermost
 	watchBuffer  int
 	// created is told the server as soon as it exists, before anything
 	// listens (a scrape reads the backend, which may report its health).
-	created func(*Server)
+	created func(*server.Server)
 	// token is the bearer token of the moment (nil: cfg.Auth.Token, fixed).
 	token func() string
 }
@@ -199,17 +109,17 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 			}
 		}()
 	}
-	sc.srv = New(cfg, d.backend, log, Options{Now: d.now, BackendName: d.backendName, Observers: observers, WatchBuffer: d.watchBuffer})
+	sc.srv = server.New(cfg, d.backend, log, server.Options{Now: d.now, BackendName: d.backendName, Observers: observers, WatchBuffer: d.watchBuffer})
 	if d.created != nil {
 		d.created(sc.srv)
 	}
 	if cfg.MetricsListen != "" {
-		reg.MustRegister(sc.srv.Collector(), metrics.NewStateCollector(sc.srv.scopeStates, 10*time.Second))
+		reg.MustRegister(sc.srv.Collector(), metrics.NewStateCollector(scopeStates(sc.srv), 10*time.Second))
 	}
 	if d.token == nil {
 		d.token = func() string { return cfg.Auth.Token }
 	}
-	sc.gs = grpc.NewServer(ServerOptions(log, d.token, extra)...)
+	sc.gs = grpc.NewServer(server.ServerOptions(log, d.token, extra)...)
 	admissionv1.RegisterAdmissionServiceServer(sc.gs, sc.srv)
 	sc.health = d.health
 	if sc.health == nil {
@@ -288,8 +198,8 @@ func (sc *sidecar) stop() {
 
 // backendChange is what a backend's report of its health means to the
 // event stream and the metrics.
-func backendChange(cfg *config.Config, degraded bool, cause error) BackendChange {
-	c := BackendChange{Backend: cfg.Backend.Kind, Degraded: degraded}
+func backendChange(cfg *config.Config, degraded bool, cause error) server.BackendChange {
+	c := server.BackendChange{Backend: cfg.Backend.Kind, Degraded: degraded}
 	switch {
 	case degraded && cause != nil:
 		c.Detail = fmt.Sprintf("%v; on_unavailable: %s", cause, cfg.Backend.Redis.OnUnavailable)
@@ -300,42 +210,19 @@ func backendChange(cfg *config.Config, degraded bool, cause error) BackendChange
 }
 
 // scopeStates reads every scope's live state for the metrics collector.
-func (s *Server) scopeStates(ctx context.Context) []metrics.ScopeState {
-	var out []metrics.ScopeState
-	for _, name := range s.Scopes() {
-		sc, err := s.Scope(name)
-		if err != nil {
-			continue // removed by a reload meanwhile
+func scopeStates(srv *server.Server) metrics.ReadStates {
+	return func(ctx context.Context) []metrics.ScopeState {
+		var out []metrics.ScopeState
+		for _, name := range srv.Scopes() {
+			sc, err := srv.Scope(name)
+			if err != nil {
+				continue // removed by a reload meanwhile
+			}
+			d, err := sc.Describe(ctx)
+			out = append(out, metrics.ScopeState{Name: name, Description: d, LiveCalls: srv.LiveCalls(name), Err: err})
 		}
-		d, err := sc.Describe(ctx)
-		out = append(out, metrics.ScopeState{Name: name, Description: d, LiveCalls: s.calls.liveIn(name), Err: err})
+		return out
 	}
-	return out
-}
-
-// reload applies the configuration file again. A bad file changes nothing.
-// Scope changes apply at once with breaker and quota state kept; changes of
-// the listeners or the backend need a restart.
-func reload(log *slog.Logger, srv *Server, running *config.Config, opts config.Options, environ []string) *config.Config {
-	next, err := config.Load(opts, environ)
-	if err != nil {
-		log.Error("configuration reload rejected; the running configuration stays", "config", configName(opts), "err", err)
-		return nil
-	}
-	if next.Listen != running.Listen || next.MetricsListen != running.MetricsListen || fmt.Sprint(next.Backend) != fmt.Sprint(running.Backend) ||
-		next.Telemetry != running.Telemetry || next.Events != running.Events || next.Log.Format != running.Log.Format {
-		log.Warn("configuration reload: listen, metrics_listen, backend, telemetry, events and log.format changes need a restart and were not applied")
-	}
-	srv.Apply(next)
-	log.Info("configuration reloaded", "config", configName(opts), "scopes", srv.Scopes(), "log_level", next.Log.Level, "auth", next.Auth.Token != "")
-	return next
-}
-
-func configName(o config.Options) string {
-	if o.File == "" {
-		return "embedded demo"
-	}
-	return o.File
 }
 
 // BackendHealthService is the health service name that reports the backend:
@@ -380,37 +267,4 @@ func address(lis net.Listener) string {
 		return "unix://" + lis.Addr().String()
 	}
 	return lis.Addr().String()
-}
-
-// newLogger writes c.Format to w at level, which it sets to c.Level (a
-// reload may set it again).
-func newLogger(c config.Log, level *slog.LevelVar, w io.Writer) *slog.Logger {
-	_ = level.UnmarshalText([]byte(c.Level))
-	o := &slog.HandlerOptions{Level: level}
-	if c.Format == "json" {
-		return slog.New(slog.NewJSONHandler(w, o))
-	}
-	return slog.New(slog.NewTextHandler(w, o))
-}
-
-// printConfig shows the effective configuration, defaults and derived values
-// included, for --check.
-func printConfig(w io.Writer, cfg *config.Config) error {
-	fmt.Fprintf(w, "configuration OK: listen %s, metrics_listen %q, backend %s, %d scope(s)\n",
-		cfg.Listen, cfg.MetricsListen, cfg.Backend.Kind, len(cfg.Scopes))
-	list := &admissionv1.ListScopesResponse{}
-	for _, name := range sortedKeys(cfg.Scopes) {
-		sc := cfg.Scopes[name]
-		d := &admissionv1.ScopeDescription{Config: scopeConfig(sc)}
-		for i := range sc.Sources {
-			d.Sources = append(d.Sources, &admissionv1.SourceState{Name: sc.Sources[i].Name, Config: sourceConfig(&sc.Sources[i], sc.LeaseGrace)})
-		}
-		list.Scopes = append(list.Scopes, d)
-	}
-	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(list)
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintln(w, string(b))
-	return err
 }
