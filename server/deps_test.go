@@ -8,7 +8,7 @@ import (
 )
 
 // TestServerDependsOnTheBackendSeamOnly fails if server (tests aside) comes
-// to import a backend, go-redis, metrics or telemetry: those are wired by
+// to import a backend, go-redis, Prometheus, metrics or telemetry: those are wired by
 // the composition root, internal/sidecar, which hands server a gate.Backend
 // and its observers.
 func TestServerDependsOnTheBackendSeamOnly(t *testing.T) {
@@ -16,7 +16,7 @@ func TestServerDependsOnTheBackendSeamOnly(t *testing.T) {
 	if err != nil {
 		t.Fatalf("go list -deps: %v\n%s", err, out)
 	}
-	forbidden := regexp.MustCompile(`^(github\.com/polygate/polygate/(gate/(inmem|fallback|redisgate)|metrics|telemetry|internal/sidecar)(/.*)?|github\.com/redis/go-redis/.*)$`)
+	forbidden := regexp.MustCompile(`^(github\.com/polygate/polygate/(gate/(inmem|fallback|redisgate)|metrics|telemetry|internal/sidecar)(/.*)?|github\.com/redis/go-redis/.*|github\.com/prometheus/.*)$`)
 	deps := strings.Fields(string(out))
 	if len(deps) == 0 || !strings.Contains(string(out), "github.com/polygate/polygate/gate\n") {
 		t.Fatalf("go list -deps printed no dependency list:\n%s", out)

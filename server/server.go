@@ -7,8 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/polygate/polygate/config"
 	"github.com/polygate/polygate/gate"
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
@@ -106,8 +104,19 @@ func (s *Server) Close() {
 // LiveCalls is the number of open calls of scope.
 func (s *Server) LiveCalls(scope string) int { return s.calls.liveIn(scope) }
 
-// Collector exports the event hub's watchers and dropped events to Prometheus.
-func (s *Server) Collector() prometheus.Collector { return s.events }
+// EventCounts are the event hub's counters, for metrics.
+type EventCounts struct {
+	// Watchers is the number of WatchEvents streams connected now.
+	Watchers int
+	// Published counts events published while a watcher was connected;
+	// Dropped, events lost by watchers whose buffer was full (summed).
+	Published, Dropped uint64
+}
+
+// EventCounts reads the event hub's counters.
+func (s *Server) EventCounts() EventCounts {
+	return EventCounts{Watchers: int(s.events.watching.Load()), Published: s.events.published.Load(), Dropped: s.events.dropped.Load()}
+}
 
 // abandon tells the observers that care of calls that end without a decision.
 func (s *Server) abandon(calls []*policy.Call, why string) {

@@ -114,7 +114,7 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 		d.created(sc.srv)
 	}
 	if cfg.MetricsListen != "" {
-		reg.MustRegister(sc.srv.Collector(), metrics.NewStateCollector(scopeStates(sc.srv), 10*time.Second))
+		reg.MustRegister(eventsCollector{sc.srv}, metrics.NewStateCollector(scopeStates(sc.srv), 10*time.Second))
 	}
 	if d.token == nil {
 		d.token = func() string { return cfg.Auth.Token }
