@@ -106,17 +106,18 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 }
 
 // reload applies the configuration file again. A bad file changes nothing.
-// Scope changes apply at once with breaker and quota state kept; changes of
-// the listeners or the backend need a restart.
+// Scope, calls, auth.token and log.level changes apply at once, with breaker
+// and quota state kept; a change of a key that needs a restart (listeners,
+// backend, telemetry, events, log.format) is logged, key by key, and the
+// running value stays.
 func reload(log *slog.Logger, srv *server.Server, running *config.Config, opts config.Options, environ []string) *config.Config {
 	next, err := config.Load(opts, environ)
 	if err != nil {
 		log.Error("configuration reload rejected; the running configuration stays", "config", configName(opts), "err", err)
 		return nil
 	}
-	if next.Listen != running.Listen || next.MetricsListen != running.MetricsListen || fmt.Sprint(next.Backend) != fmt.Sprint(running.Backend) ||
-		next.Telemetry != running.Telemetry || next.Events != running.Events || next.Log.Format != running.Log.Format {
-		log.Warn("configuration reload: listen, metrics_listen, backend, telemetry, events and log.format changes need a restart and were not applied")
+	for _, c := range next.KeepRestartKeys(running) {
+		log.Warn("configuration reload: "+c.Key+" needs a restart; the running value stays", "key", c.Key, "change", c.Old+" → "+c.New)
 	}
 	srv.Apply(next)
 	log.Info("configuration reloaded", "config", configName(opts), "scopes", srv.Scopes(), "log_level", next.Log.Level, "auth", next.Auth.Token != "")
