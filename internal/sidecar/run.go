@@ -73,6 +73,11 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	subCtx, stopSub := context.WithCancel(context.Background())
 	defer stopSub()
 	go announcements(subCtx, b, sc.srv.Announce, log)
+	// Reloads are taken from before the announcement: a SIGHUP sent as soon
+	// as the address is out must not end the process.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	log.Info("polygate started", "listen", cfg.Listen, "backend", b.describe(), "scopes", sc.srv.Scopes(),
 		"config", configName(opts), "metrics_listen", cfg.MetricsListen, "telemetry", cfg.Telemetry.Path)
 	fmt.Fprintf(stdout, "polygate listening on %s\n", address(sc.lis))
@@ -80,9 +85,6 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		fmt.Fprintf(stdout, "polygate metrics on http://%s/metrics\n", sc.metricsLis.Addr())
 	}
 
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	sweep := time.NewTicker(time.Second)
 	defer sweep.Stop()
 	for {

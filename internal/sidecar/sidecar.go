@@ -2,20 +2,16 @@ package sidecar
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"strings"
 	"sync"
 	"time"
 
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -132,17 +128,9 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 	reflection.Register(sc.gs)
 
 	if cfg.MetricsListen != "" {
-		if sc.metricsLis, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
-			return nil, fmt.Errorf("metrics_listen %s: %w", cfg.MetricsListen, err)
+		if err := sc.serveMetrics(cfg.MetricsListen, reg); err != nil {
+			return nil, err
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError)}))
-		sc.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go func() {
-			if err := sc.metrics.Serve(sc.metricsLis); !errors.Is(err, http.ErrServerClosed) {
-				sc.served <- fmt.Errorf("serving metrics on %s: %w", cfg.MetricsListen, err)
-			}
-		}()
 	}
 	sc.lis = d.lis
 	if sc.lis == nil {
@@ -194,77 +182,4 @@ func (sc *sidecar) stop() {
 			cancel()
 		}
 	})
-}
-
-// backendChange is what a backend's report of its health means to the
-// event stream and the metrics.
-func backendChange(cfg *config.Config, degraded bool, cause error) server.BackendChange {
-	c := server.BackendChange{Backend: cfg.Backend.Kind, Degraded: degraded}
-	switch {
-	case degraded && cause != nil:
-		c.Detail = fmt.Sprintf("%v; on_unavailable: %s", cause, cfg.Backend.Redis.OnUnavailable)
-	case degraded:
-		c.Detail = "on_unavailable: " + cfg.Backend.Redis.OnUnavailable
-	}
-	return c
-}
-
-// scopeStates reads every scope's live state for the metrics collector.
-func scopeStates(srv *server.Server) metrics.ReadStates {
-	return func(ctx context.Context) []metrics.ScopeState {
-		var out []metrics.ScopeState
-		for _, name := range srv.Scopes() {
-			sc, err := srv.Scope(name)
-			if err != nil {
-				continue // removed by a reload meanwhile
-			}
-			d, err := sc.Describe(ctx)
-			out = append(out, metrics.ScopeState{Name: name, Description: d, LiveCalls: srv.LiveCalls(name), Err: err})
-		}
-		return out
-	}
-}
-
-// BackendHealthService is the health service name that reports the backend:
-// NOT_SERVING while a shared backend is unavailable (whatever on_unavailable
-// says). The admission service itself turns NOT_SERVING only when it cannot
-// decide: an unavailable backend under on_unavailable: fail_closed.
-const BackendHealthService = "polygate.backend"
-
-func backendHealth(hs *health.Server, cfg *config.Config, degraded bool) {
-	st := healthpb.HealthCheckResponse_SERVING
-	if degraded {
-		st = healthpb.HealthCheckResponse_NOT_SERVING
-	}
-	hs.SetServingStatus(BackendHealthService, st)
-	admission := healthpb.HealthCheckResponse_SERVING
-	if degraded && cfg.Backend.Redis.OnUnavailable == "fail_closed" {
-		admission = healthpb.HealthCheckResponse_NOT_SERVING
-	}
-	hs.SetServingStatus(admissionv1.AdmissionService_ServiceDesc.ServiceName, admission)
-}
-
-func listen(addr string) (net.Listener, error) {
-	if path, ok := strings.CutPrefix(addr, "unix://"); ok {
-		if fi, err := os.Stat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
-			_ = os.Remove(path) // a stale socket of an earlier run
-		}
-		lis, err := net.Listen("unix", path)
-		if err != nil {
-			return nil, fmt.Errorf("listen %s: %w", addr, err)
-		}
-		return lis, nil
-	}
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("listen %s: %w", addr, err)
-	}
-	return lis, nil
-}
-
-func address(lis net.Listener) string {
-	if lis.Addr().Network() == "unix" {
-		return "unix://" + lis.Addr().String()
-	}
-	return lis.Addr().String()
 }
