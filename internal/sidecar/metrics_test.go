@@ -36,7 +36,7 @@ scopes:
 // and checks counters, histograms and gauges exactly.
 func TestMetricsAfterScriptedSequence(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "telemetry.db")
-	e := startOps(t, opsOpts{yaml: metricsConfig + "telemetry: {path: " + db + "}\n"})
+	e := startOps(t, metricsConfig+"telemetry: {path: "+db+"}\n")
 	const (
 		success     = admissionv1.Outcome_OUTCOME_SUCCESS
 		transient   = admissionv1.Outcome_OUTCOME_TRANSIENT

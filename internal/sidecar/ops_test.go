@@ -24,7 +24,6 @@ import (
 	"github.com/polygate/polygate/gate/gatetest"
 	"github.com/polygate/polygate/gate/inmem"
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
-	"github.com/polygate/polygate/server"
 )
 
 // opsEnv is a sidecar wired as Run wires it (telemetry, metrics listener,
@@ -36,12 +35,6 @@ type opsEnv struct {
 	ctx    context.Context
 	logs   *lockedBuffer
 	http   *http.Client
-}
-
-type opsOpts struct {
-	yaml         string
-	interceptors server.Interceptors
-	watchBuffer  int
 }
 
 // lockedBuffer collects logs written from several goroutines.
@@ -62,26 +55,19 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-func startOps(t *testing.T, o opsOpts) *opsEnv {
+// startOps starts a sidecar of the given configuration, on a memory backend
+// and a fake clock, with startSidecar as Run calls it, serving over bufconn.
+func startOps(t *testing.T, yaml string) *opsEnv {
 	t.Helper()
-	cfg, err := config.Parse([]byte(o.yaml), nil)
+	cfg, err := config.Parse([]byte(yaml), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	clock := gatetest.NewClock()
-	return startOpsWith(t, cfg, sidecarDeps{
-		now: clock.Now, backend: inmem.New(clock.Now), interceptors: o.interceptors, watchBuffer: o.watchBuffer,
-	}, clock)
-}
-
-// startOpsWith starts a sidecar with the given dependencies over bufconn.
-func startOpsWith(t *testing.T, cfg *config.Config, deps sidecarDeps, clock *gatetest.Clock) *opsEnv {
-	t.Helper()
 	logs := &lockedBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	lis := bufconn.Listen(1 << 20)
-	deps.lis = lis
-	sc, err := startSidecar(cfg, log, deps)
+	sc, err := startSidecar(cfg, log, sidecarDeps{now: clock.Now, backend: inmem.New(clock.Now), lis: lis})
 	if err != nil {
 		t.Fatal(err)
 	}
