@@ -5,7 +5,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -206,26 +205,6 @@ func (h *hub) backend(c BackendChange) {
 	h.publish(c.Scope, &admissionv1.WatchEventsResponse{Event: &admissionv1.WatchEventsResponse_BackendHealth{
 		BackendHealth: &admissionv1.BackendHealth{Backend: c.Backend, Degraded: c.Degraded, Detail: c.Detail},
 	}})
-}
-
-var (
-	watchersDesc  = prometheus.NewDesc("polygate_event_watchers", "WatchEvents streams connected now.", nil, nil)
-	publishedDesc = prometheus.NewDesc("polygate_events_published_total", "Events published while at least one watcher was connected.", nil, nil)
-	droppedDesc   = prometheus.NewDesc("polygate_events_dropped_total", "Events lost by watchers whose buffer was full, summed over watchers.", nil, nil)
-)
-
-// Describe implements prometheus.Collector.
-func (h *hub) Describe(ch chan<- *prometheus.Desc) {
-	ch <- watchersDesc
-	ch <- publishedDesc
-	ch <- droppedDesc
-}
-
-// Collect implements prometheus.Collector.
-func (h *hub) Collect(ch chan<- prometheus.Metric) {
-	ch <- prometheus.MustNewConstMetric(watchersDesc, prometheus.GaugeValue, float64(h.watching.Load()))
-	ch <- prometheus.MustNewConstMetric(publishedDesc, prometheus.CounterValue, float64(h.published.Load()))
-	ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(h.dropped.Load()))
 }
 
 // WatchEvents implements admissionv1.AdmissionServiceServer.

@@ -3,18 +3,12 @@ package server
 import (
 	"bytes"
 	"context"
-	"io"
 	"log/slog"
 	"net"
-	"net/http"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/test/bufconn"
@@ -26,15 +20,33 @@ import (
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 )
 
-// opsEnv is a sidecar wired as Run wires it (telemetry, metrics listener,
-// event hub, interceptors), on a fake clock, served over bufconn.
+// opsEnv is a server with the event hub and the real interceptor chain
+// (plus extra ones), on a fake clock, served over bufconn, logging at debug
+// level into logs. internal/sidecar has the same harness with metrics and
+// telemetry wired in.
 type opsEnv struct {
-	sc     *sidecar
+	sc     *opsServer
 	clock  *gatetest.Clock
 	client admissionv1.AdmissionServiceClient
 	ctx    context.Context
 	logs   *lockedBuffer
-	http   *http.Client
+}
+
+// opsServer is the served Server and its gRPC server.
+type opsServer struct {
+	srv      *Server
+	gs       *grpc.Server
+	stopOnce sync.Once
+}
+
+// stop stops as the sidecar does: waits and watch streams are answered,
+// then in-flight RPCs drain.
+func (s *opsServer) stop() {
+	s.stopOnce.Do(func() {
+		s.srv.Close()
+		s.gs.GracefulStop()
+		s.srv.Interrupt()
+	})
 }
 
 type opsOpts struct {
@@ -68,22 +80,14 @@ func startOps(t *testing.T, o opsOpts) *opsEnv {
 		t.Fatal(err)
 	}
 	clock := gatetest.NewClock()
-	return startOpsWith(t, cfg, sidecarDeps{
-		now: clock.Now, backend: inmem.New(clock.Now), interceptors: o.interceptors, watchBuffer: o.watchBuffer,
-	}, clock)
-}
-
-// startOpsWith starts a sidecar with the given dependencies over bufconn.
-func startOpsWith(t *testing.T, cfg *config.Config, deps sidecarDeps, clock *gatetest.Clock) *opsEnv {
-	t.Helper()
 	logs := &lockedBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	srv := New(cfg, inmem.New(clock.Now), log, Options{Now: clock.Now, WatchBuffer: o.watchBuffer})
+	gs := grpc.NewServer(ServerOptions(log, func() string { return cfg.Auth.Token }, o.interceptors)...)
+	admissionv1.RegisterAdmissionServiceServer(gs, srv)
 	lis := bufconn.Listen(1 << 20)
-	deps.lis = lis
-	sc, err := startSidecar(cfg, log, deps)
-	if err != nil {
-		t.Fatal(err)
-	}
+	go func() { _ = gs.Serve(lis) }()
+	sc := &opsServer{srv: srv, gs: gs}
 	conn, err := grpc.NewClient("passthrough:///bufnet",
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
 		grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -91,14 +95,12 @@ func startOpsWith(t *testing.T, cfg *config.Config, deps sidecarDeps, clock *gat
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	client := &http.Client{Transport: &http.Transport{}}
 	t.Cleanup(func() {
 		cancel()
 		conn.Close()
 		sc.stop()
-		client.CloseIdleConnections()
 	})
-	return &opsEnv{sc: sc, clock: clock, client: admissionv1.NewAdmissionServiceClient(conn), ctx: ctx, logs: logs, http: client}
+	return &opsEnv{sc: sc, clock: clock, client: admissionv1.NewAdmissionServiceClient(conn), ctx: ctx, logs: logs}
 }
 
 func (e *opsEnv) pick(t *testing.T, scope, call string, tokens int64) *admissionv1.PickResponse {
@@ -159,86 +161,6 @@ func (e *opsEnv) override(t *testing.T, scope, source string, a admissionv1.Over
 	}); err != nil {
 		t.Fatalf("OverrideBreaker: %v", err)
 	}
-}
-
-// scrape reads /metrics over the real HTTP listener.
-func (e *opsEnv) scrape(t *testing.T) families {
-	t.Helper()
-	if e.sc.metricsLis == nil {
-		t.Fatal("metrics_listen is not set")
-	}
-	req, err := http.NewRequestWithContext(e.ctx, http.MethodGet, "http://"+e.sc.metricsLis.Addr().String()+"/metrics", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := e.http.Do(req)
-	if err != nil {
-		t.Fatalf("GET /metrics: %v", err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET /metrics: %d %v\n%s", resp.StatusCode, err, body)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(bytes.NewReader(body))
-	if err != nil {
-		t.Fatalf("parsing /metrics: %v\n%s", err, body)
-	}
-	return families(fams)
-}
-
-// families are a scrape's metric families by name.
-type families map[string]*dto.MetricFamily
-
-// find returns the sample of name whose labels include labels ("k=v"...).
-func (f families) find(name string, labels ...string) *dto.Metric {
-	fam, ok := f[name]
-	if !ok {
-		return nil
-	}
-next:
-	for _, m := range fam.Metric {
-		for _, kv := range labels {
-			k, v, _ := strings.Cut(kv, "=")
-			found := false
-			for _, l := range m.Label {
-				if l.GetName() == k && l.GetValue() == v {
-					found = true
-				}
-			}
-			if !found {
-				continue next
-			}
-		}
-		return m
-	}
-	return nil
-}
-
-// value is a counter's or a gauge's value; -1 when the sample is absent.
-func (f families) value(name string, labels ...string) float64 {
-	m := f.find(name, labels...)
-	switch {
-	case m == nil:
-		return -1
-	case m.Counter != nil:
-		return m.Counter.GetValue()
-	case m.Gauge != nil:
-		return m.Gauge.GetValue()
-	case m.Untyped != nil:
-		return m.Untyped.GetValue()
-	}
-	return -1
-}
-
-// histogram is a histogram's sample count and sum; count -1 when absent.
-func (f families) histogram(name string, labels ...string) (count int64, sum float64) {
-	m := f.find(name, labels...)
-	if m == nil || m.Histogram == nil {
-		return -1, 0
-	}
-	return int64(m.Histogram.GetSampleCount()), m.Histogram.GetSampleSum()
 }
 
 // answerWaitsAtOnce makes every OnNoRunnable of the scope answer as soon as

@@ -7,8 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/polygate/polygate/config"
 	"github.com/polygate/polygate/gate"
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
@@ -103,8 +101,22 @@ func (s *Server) Close() {
 	}
 }
 
-// Collector exports the event hub's watchers and dropped events to Prometheus.
-func (s *Server) Collector() prometheus.Collector { return s.events }
+// LiveCalls is the number of open calls of scope.
+func (s *Server) LiveCalls(scope string) int { return s.calls.liveIn(scope) }
+
+// EventCounts are the event hub's counters, for metrics.
+type EventCounts struct {
+	// Watchers is the number of WatchEvents streams connected now.
+	Watchers int
+	// Published counts events published while a watcher was connected;
+	// Dropped, events lost by watchers whose buffer was full (summed).
+	Published, Dropped uint64
+}
+
+// EventCounts reads the event hub's counters.
+func (s *Server) EventCounts() EventCounts {
+	return EventCounts{Watchers: int(s.events.watching.Load()), Published: s.events.published.Load(), Dropped: s.events.dropped.Load()}
+}
 
 // abandon tells the observers that care of calls that end without a decision.
 func (s *Server) abandon(calls []*policy.Call, why string) {
@@ -132,8 +144,8 @@ const (
 	AbandonCancelled = "cancelled"
 )
 
-// Interrupt reports every call still open as ended by the shutdown; Run
-// calls it once no RPC runs any more.
+// Interrupt reports every call still open as ended by the shutdown; the
+// composition root calls it once no RPC runs any more.
 func (s *Server) Interrupt() {
 	s.abandon(s.calls.liveCalls(), AbandonShutdown)
 }
@@ -168,8 +180,9 @@ func (s *Server) Scopes() []string {
 	return sortedKeys(s.scopes)
 }
 
-// sweep forgets idle calls; Run calls it periodically.
-func (s *Server) sweep() {
+// Sweep forgets idle calls, giving back the permits they hold; the
+// composition root calls it periodically.
+func (s *Server) Sweep() {
 	dropped := s.calls.sweep()
 	s.abandon(dropped, AbandonExpired)
 	for _, c := range dropped {

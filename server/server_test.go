@@ -264,12 +264,12 @@ func TestIdleCallsExpire(t *testing.T) {
 	h := start(t, harnessOpts{}) // calls.idle_timeout: 1m
 	p := h.pick(t, &admissionv1.PickRequest{Scope: "other"})
 	h.clock.Advance(time.Minute - time.Millisecond)
-	h.srv.sweep()
+	h.srv.Sweep()
 	if _, err := h.client.RecordOutcome(h.ctx, &admissionv1.RecordOutcomeRequest{Scope: "other", CallId: p.CallId, PermitId: p.GetGrant().GetPermitId(), Outcome: admissionv1.Outcome_OUTCOME_TRANSIENT}); err != nil {
 		t.Fatalf("call expired early: %v", err)
 	}
 	h.clock.Advance(time.Minute)
-	h.srv.sweep()
+	h.srv.Sweep()
 	_, err := h.client.Pick(h.ctx, &admissionv1.PickRequest{Scope: "other", CallId: p.CallId})
 	wantStatus(t, err, codes.NotFound, admissionv1.ErrorReason_ERROR_REASON_UNKNOWN_CALL, "")
 }
@@ -280,7 +280,7 @@ func TestIdleCallGivesItsPermitBack(t *testing.T) {
 	h := start(t, harnessOpts{})
 	p := h.pick(t, &admissionv1.PickRequest{Scope: "other"}) // holds a permit, never reported
 	h.clock.Advance(time.Minute)
-	h.srv.sweep()
+	h.srv.Sweep()
 	d, err := h.client.DescribeScope(h.ctx, &admissionv1.DescribeScopeRequest{Scope: "other"})
 	if err != nil || d.Scope.Sources[0].InFlight != 0 || d.Scope.LiveCalls != 0 {
 		t.Fatalf("after forgetting call %s: %v %v, want its slot free and no live call", p.CallId, d, err)

@@ -3,7 +3,6 @@ package telemetry
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strings"
@@ -98,15 +97,12 @@ type store interface {
 	close() error
 }
 
-// sqliteStore writes to one SQLite database. Batches go through the driver
-// directly, on a connection of their own: database/sql's per-statement
-// argument conversion is most of the garbage a busy writer makes, and the
-// driver watches a cancellable context with a goroutine per statement, so
-// statements run without one (busy_timeout bounds every wait).
+// sqliteStore writes to one SQLite database, the writer on a connection of
+// its own.
 type sqliteStore struct {
 	db             *sql.DB
 	conn           *sql.Conn // the writer's
-	args           []driver.NamedValue
+	args           []any     // reused by write
 	pruneChunkRows int
 }
 
@@ -125,7 +121,7 @@ func openSQLite(ctx context.Context, path string, pragmas ...string) (*sqliteSto
 		return nil, err
 	}
 	db.SetMaxOpenConns(2) // the writer's, and one for pruning and tests
-	s := &sqliteStore{db: db, pruneChunkRows: 5000, args: make([]driver.NamedValue, 0, rowsPerInsert*len(attemptColumns))}
+	s := &sqliteStore{db: db, pruneChunkRows: 5000, args: make([]any, 0, rowsPerInsert*len(attemptColumns))}
 	if err := s.init(ctx); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("telemetry database %s: %w", path, err)
@@ -153,119 +149,94 @@ func (s *sqliteStore) init(ctx context.Context) error {
 }
 
 // nullable maps "no value" to NULL.
-func nullable[T comparable](v, none T) driver.Value {
+func nullable[T comparable](v, none T) any {
 	if v == none {
 		return nil
 	}
 	return v
 }
 
-// write inserts a batch in one transaction: all of it or none of it.
-func (s *sqliteStore) write(ctx context.Context, batch []record) error {
-	return s.conn.Raw(func(dc any) (err error) {
-		c, ok := dc.(interface {
-			driver.ConnBeginTx
-			driver.ConnPrepareContext
-		})
-		if !ok {
-			return fmt.Errorf("the sqlite driver's connection is a %T", dc)
-		}
-		bg := context.Background() // see sqliteStore
-		tx, err := c.BeginTx(bg, driver.TxOptions{})
+// tables are where records go, in the order write writes them.
+var tables = []struct {
+	kind    kind
+	name    string
+	columns []string
+}{{kindCall, "calls", callColumns}, {kindAttempt, "attempts", attemptColumns}}
+
+// write inserts a batch in one transaction: all of it or none of it. Each
+// table's rows go rowsPerInsert to a statement, the rest one by one, through
+// statements prepared once per transaction.
+//
+// The transaction ends with ctx; its statements run on the background
+// context because the driver watches a cancellable one with a goroutine per
+// statement (busy_timeout bounds every wait, and ctx is checked between
+// tables).
+func (s *sqliteStore) write(ctx context.Context, batch []record) (err error) {
+	tx, err := s.conn.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() {
 		if err != nil {
+			err = errors.Join(err, tx.Rollback())
+		}
+	}()
+	for _, t := range tables {
+		if err := s.writeTable(tx, t.kind, t.name, t.columns, batch); err != nil {
+			return fmt.Errorf("writing %s: %w", t.name, err)
+		}
+		if err := ctx.Err(); err != nil {
 			return err
 		}
-		var stmts []driver.Stmt
-		defer func() {
-			for _, st := range stmts {
-				err = errors.Join(err, st.Close())
-			}
-			if err != nil {
-				err = errors.Join(err, tx.Rollback())
-			}
-		}()
-		prepared := map[string]driver.StmtExecContext{}
-		exec := func(q string, args []driver.NamedValue) error {
-			st, ok := prepared[q]
-			if !ok {
-				ds, err := c.PrepareContext(bg, q)
-				if err != nil {
-					return err
-				}
-				stmts = append(stmts, ds)
-				if st, ok = ds.(driver.StmtExecContext); !ok {
-					return fmt.Errorf("the sqlite driver's statement is a %T", ds)
-				}
-				prepared[q] = st
-			}
-			_, err := st.ExecContext(bg, args)
-			return err
-		}
-		// Rows of one table are bound into s.args and written rowsPerInsert
-		// at a time; what is left over is written row by row.
-		for _, t := range []struct {
-			kind    kind
-			table   string
-			columns []string
-		}{{kindCall, "calls", callColumns}, {kindAttempt, "attempts", attemptColumns}} {
-			width, n := len(t.columns), 0
-			args := s.args[:0]
-			flush := func(rows int) error {
-				q := insert(t.table, t.columns, rows)
-				if rows == rowsPerInsert {
-					return exec(q, args)
-				}
-				one, row := insert(t.table, t.columns, 1), make([]driver.NamedValue, width)
-				for i := 0; i < len(args); i += width {
-					for j := range row {
-						row[j] = driver.NamedValue{Ordinal: j + 1, Value: args[i+j].Value}
-					}
-					if err := exec(one, row); err != nil {
-						return err
-					}
-				}
-				return nil
-			}
-			for i := range batch {
-				r := &batch[i]
-				if r.kind != t.kind {
-					continue
-				}
-				args = r.bind(args)
-				if n++; n == rowsPerInsert {
-					if err := flush(n); err != nil {
-						return err
-					}
-					args, n = args[:0], 0
-				}
-			}
-			if n > 0 {
-				if err := flush(n); err != nil {
-					return err
-				}
-			}
-			if err := ctx.Err(); err != nil {
+	}
+	return tx.Commit()
+}
+
+// writeTable inserts the batch's records of kind k into table. Statements
+// prepared in tx are closed with it.
+func (s *sqliteStore) writeTable(tx *sql.Tx, k kind, table string, columns []string, batch []record) error {
+	bg := context.Background() // see write
+	var many, one *sql.Stmt
+	exec := func(st **sql.Stmt, rows int, args []any) error {
+		if *st == nil {
+			var err error
+			if *st, err = tx.PrepareContext(bg, insert(table, columns, rows)); err != nil {
 				return err
 			}
 		}
-		clear(s.args[:cap(s.args)])
-		return tx.Commit()
-	})
+		_, err := (*st).ExecContext(bg, args...)
+		return err
+	}
+	args, n := s.args[:0], 0
+	defer func() { clear(args[:cap(args)]) }() // let go of the strings
+	for i := range batch {
+		if batch[i].kind != k {
+			continue
+		}
+		args = batch[i].bind(args)
+		if n++; n == rowsPerInsert {
+			if err := exec(&many, rowsPerInsert, args); err != nil {
+				return err
+			}
+			args, n = args[:0], 0
+		}
+	}
+	for width, rest := len(columns), args; len(rest) > 0; rest = rest[width:] {
+		if err := exec(&one, 1, rest[:width]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // bind appends the record's values, in the order of its table's columns.
-func (r *record) bind(args []driver.NamedValue) []driver.NamedValue {
-	add := func(vs ...driver.Value) {
-		for _, v := range vs {
-			args = append(args, driver.NamedValue{Ordinal: len(args) + 1, Value: v})
-		}
-	}
+func (r *record) bind(args []any) []any {
 	switch r.kind {
 	case kindCall:
-		add(r.callID, r.scope, r.started, r.ended, r.result, nullable(r.failure, ""),
+		return append(args, r.callID, r.scope, r.started, r.ended, r.result, nullable(r.failure, ""),
 			int64(r.attempts), int64(r.charged), r.productive, r.waiting, r.tokens)
 	case kindAttempt:
-		add(r.callID, int64(r.number), r.scope, r.source, r.permit, r.probe, int64(r.epoch),
+		return append(args, r.callID, int64(r.number), r.scope, r.source, r.permit, r.probe, int64(r.epoch),
 			r.settled, r.latency, r.outcome, nullable(int64(r.httpStatus), 0), r.tokens, nullable(r.actual, -1),
 			r.retryAfter, r.effect, r.state, r.next, nullable(r.backoff, -1), nullable(r.failure, ""),
 			nullable(r.detail, ""))

@@ -10,10 +10,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/polygate/polygate/server"
+	"github.com/polygate/polygate/internal/sidecar"
 )
 
-// startSidecar runs a real sidecar in-process (server.Run) with the YAML
+// startSidecar runs a real sidecar in-process (sidecar.Run) with the YAML
 // configuration on a free port, and returns its address and a stop function
 // that waits for it to end.
 func startSidecar(config string, extraArgs ...string) (addr string, stop func(), err error) {
@@ -30,7 +30,7 @@ func startSidecar(config string, extraArgs ...string) (addr string, stop func(),
 	done := make(chan error, 1)
 	args := append([]string{"--config", file, "--listen", "127.0.0.1:0"}, extraArgs...)
 	go func() {
-		err := server.Run(ctx, args, nil, w, io.Discard)
+		err := sidecar.Run(ctx, args, nil, w, io.Discard)
 		w.CloseWithError(fmt.Errorf("sidecar ended: %v", err))
 		done <- err
 	}()

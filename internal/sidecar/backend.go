@@ -1,4 +1,4 @@
-package server
+package sidecar
 
 import (
 	"context"
@@ -95,12 +95,12 @@ func openRedis(r config.Redis, log *slog.Logger, onChange func(bool, error)) (*b
 
 // announcements delivers other replicas' breaker announcements to the
 // server's scopes until ctx ends.
-func announcements(ctx context.Context, b *backend, srv *Server, log *slog.Logger) {
+func announcements(ctx context.Context, b *backend, announce func(scope string, e gate.Event), log *slog.Logger) {
 	if b.subscribe == nil {
 		return
 	}
 	for ctx.Err() == nil {
-		err := b.subscribe(ctx, srv.Announce)
+		err := b.subscribe(ctx, announce)
 		if ctx.Err() != nil {
 			return
 		}

@@ -1,4 +1,4 @@
-package server
+package sidecar
 
 import (
 	"os"
@@ -36,7 +36,7 @@ scopes:
 // and checks counters, histograms and gauges exactly.
 func TestMetricsAfterScriptedSequence(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "telemetry.db")
-	e := startOps(t, opsOpts{yaml: metricsConfig + "telemetry: {path: " + db + "}\n"})
+	e := startOps(t, metricsConfig+"telemetry: {path: "+db+"}\n")
 	const (
 		success     = admissionv1.Outcome_OUTCOME_SUCCESS
 		transient   = admissionv1.Outcome_OUTCOME_TRANSIENT
@@ -203,7 +203,7 @@ func TestMetricsAfterScriptedSequence(t *testing.T) {
 func documentedMetricsExist(t *testing.T, m families) {
 	t.Helper()
 	name := regexp.MustCompile(`\b(polygate|grpc_server)_[a-z_]+\b`)
-	for _, file := range []string{"../deploy/prometheus/polygate-alerts.yaml", "../docs/operations.md", "../docs/configuration.md"} {
+	for _, file := range []string{"../../deploy/prometheus/polygate-alerts.yaml", "../../docs/operations.md", "../../docs/configuration.md"} {
 		text, err := os.ReadFile(file)
 		if err != nil {
 			t.Fatal(err)

@@ -1,0 +1,76 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/polygate/polygate/metrics"
+	"github.com/polygate/polygate/server"
+)
+
+// serveMetrics opens metrics_listen and serves reg's /metrics on it until
+// stop; a failure to serve is reported on sc.served.
+func (sc *sidecar) serveMetrics(addr string, reg *prometheus.Registry) error {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics_listen %s: %w", addr, err)
+	}
+	sc.metricsLis = lis
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, ErrorLog: slog.NewLogLogger(sc.log.Handler(), slog.LevelError)}))
+	sc.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := sc.metrics.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+			sc.served <- fmt.Errorf("serving metrics on %s: %w", addr, err)
+		}
+	}()
+	return nil
+}
+
+// scopeStates reads every scope's live state for the metrics collector.
+func scopeStates(srv *server.Server) metrics.ReadStates {
+	return func(ctx context.Context) []metrics.ScopeState {
+		var out []metrics.ScopeState
+		for _, name := range srv.Scopes() {
+			sc, err := srv.Scope(name)
+			if err != nil {
+				continue // removed by a reload meanwhile
+			}
+			d, err := sc.Describe(ctx)
+			out = append(out, metrics.ScopeState{Name: name, Description: d, LiveCalls: srv.LiveCalls(name), Err: err})
+		}
+		return out
+	}
+}
+
+var (
+	watchersDesc  = prometheus.NewDesc("polygate_event_watchers", "WatchEvents streams connected now.", nil, nil)
+	publishedDesc = prometheus.NewDesc("polygate_events_published_total", "Events published while at least one watcher was connected.", nil, nil)
+	droppedDesc   = prometheus.NewDesc("polygate_events_dropped_total", "Events lost by watchers whose buffer was full, summed over watchers.", nil, nil)
+)
+
+// eventsCollector exports the event hub's watchers and dropped events.
+type eventsCollector struct{ srv *server.Server }
+
+// Describe implements prometheus.Collector.
+func (eventsCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- watchersDesc
+	ch <- publishedDesc
+	ch <- droppedDesc
+}
+
+// Collect implements prometheus.Collector.
+func (c eventsCollector) Collect(ch chan<- prometheus.Metric) {
+	n := c.srv.EventCounts()
+	ch <- prometheus.MustNewConstMetric(watchersDesc, prometheus.GaugeValue, float64(n.Watchers))
+	ch <- prometheus.MustNewConstMetric(publishedDesc, prometheus.CounterValue, float64(n.Published))
+	ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(n.Dropped))
+}

@@ -1,0 +1,242 @@
+package sidecar
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/polygate/polygate/config"
+	"github.com/polygate/polygate/gate/gatetest"
+	"github.com/polygate/polygate/gate/inmem"
+	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+)
+
+// opsEnv is a sidecar wired as Run wires it (telemetry, metrics listener,
+// event hub, interceptors), on a fake clock, served over bufconn.
+type opsEnv struct {
+	sc     *sidecar
+	clock  *gatetest.Clock
+	client admissionv1.AdmissionServiceClient
+	ctx    context.Context
+	logs   *lockedBuffer
+	http   *http.Client
+}
+
+// lockedBuffer collects logs written from several goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// startOps starts a sidecar of the given configuration, on a memory backend
+// and a fake clock, with startSidecar as Run calls it, serving over bufconn.
+func startOps(t *testing.T, yaml string) *opsEnv {
+	t.Helper()
+	cfg, err := config.Parse([]byte(yaml), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := gatetest.NewClock()
+	logs := &lockedBuffer{}
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	lis := bufconn.Listen(1 << 20)
+	sc, err := startSidecar(cfg, log, sidecarDeps{now: clock.Now, backend: inmem.New(clock.Now), lis: lis})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	client := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(func() {
+		cancel()
+		conn.Close()
+		sc.stop()
+		client.CloseIdleConnections()
+	})
+	return &opsEnv{sc: sc, clock: clock, client: admissionv1.NewAdmissionServiceClient(conn), ctx: ctx, logs: logs, http: client}
+}
+
+func (e *opsEnv) pick(t *testing.T, scope, call string, tokens int64) *admissionv1.PickResponse {
+	t.Helper()
+	resp, err := e.client.Pick(e.ctx, &admissionv1.PickRequest{Scope: scope, CallId: call, EstimatedTokens: tokens})
+	if err != nil {
+		t.Fatalf("Pick: %v", err)
+	}
+	return resp
+}
+
+func (e *opsEnv) grant(t *testing.T, scope, call string, tokens int64) *admissionv1.PickResponse {
+	t.Helper()
+	resp := e.pick(t, scope, call, tokens)
+	if resp.GetGrant() == nil {
+		t.Fatalf("Pick(%s, %q) refused: %v", scope, call, resp)
+	}
+	return resp
+}
+
+// outcome reports an attempt of the call picked in p.
+type outcome struct {
+	o      admissionv1.Outcome
+	status int32
+	hint   time.Duration
+	actual *int64
+}
+
+func (e *opsEnv) record(t *testing.T, scope string, p *admissionv1.PickResponse, o outcome) *admissionv1.RecordOutcomeResponse {
+	t.Helper()
+	req := &admissionv1.RecordOutcomeRequest{
+		Scope: scope, CallId: p.GetCallId(), PermitId: p.GetGrant().GetPermitId(), Outcome: o.o,
+		HttpStatus: o.status, ActualTokens: o.actual,
+	}
+	if o.hint > 0 {
+		req.RetryAfterHint = durationpb.New(o.hint)
+	}
+	resp, err := e.client.RecordOutcome(e.ctx, req)
+	if err != nil {
+		t.Fatalf("RecordOutcome: %v", err)
+	}
+	return resp
+}
+
+func (e *opsEnv) onNoRunnable(t *testing.T, scope, call string) *admissionv1.OnNoRunnableResponse {
+	t.Helper()
+	resp, err := e.client.OnNoRunnable(e.ctx, &admissionv1.OnNoRunnableRequest{Scope: scope, CallId: call})
+	if err != nil {
+		t.Fatalf("OnNoRunnable: %v", err)
+	}
+	return resp
+}
+
+func (e *opsEnv) override(t *testing.T, scope, source string, a admissionv1.OverrideAction) {
+	t.Helper()
+	if _, err := e.client.OverrideBreaker(e.ctx, &admissionv1.OverrideBreakerRequest{
+		Scope: scope, Source: source, Action: a, Actor: "oncall", Reason: "test " + a.String(),
+	}); err != nil {
+		t.Fatalf("OverrideBreaker: %v", err)
+	}
+}
+
+// scrape reads /metrics over the real HTTP listener.
+func (e *opsEnv) scrape(t *testing.T) families {
+	t.Helper()
+	if e.sc.metricsLis == nil {
+		t.Fatal("metrics_listen is not set")
+	}
+	req, err := http.NewRequestWithContext(e.ctx, http.MethodGet, "http://"+e.sc.metricsLis.Addr().String()+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := e.http.Do(req)
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics: %d %v\n%s", resp.StatusCode, err, body)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(bytes.NewReader(body))
+	if err != nil {
+		t.Fatalf("parsing /metrics: %v\n%s", err, body)
+	}
+	return families(fams)
+}
+
+// families are a scrape's metric families by name.
+type families map[string]*dto.MetricFamily
+
+// find returns the sample of name whose labels include labels ("k=v"...).
+func (f families) find(name string, labels ...string) *dto.Metric {
+	fam, ok := f[name]
+	if !ok {
+		return nil
+	}
+next:
+	for _, m := range fam.Metric {
+		for _, kv := range labels {
+			k, v, _ := strings.Cut(kv, "=")
+			found := false
+			for _, l := range m.Label {
+				if l.GetName() == k && l.GetValue() == v {
+					found = true
+				}
+			}
+			if !found {
+				continue next
+			}
+		}
+		return m
+	}
+	return nil
+}
+
+// value is a counter's or a gauge's value; -1 when the sample is absent.
+func (f families) value(name string, labels ...string) float64 {
+	m := f.find(name, labels...)
+	switch {
+	case m == nil:
+		return -1
+	case m.Counter != nil:
+		return m.Counter.GetValue()
+	case m.Gauge != nil:
+		return m.Gauge.GetValue()
+	case m.Untyped != nil:
+		return m.Untyped.GetValue()
+	}
+	return -1
+}
+
+// histogram is a histogram's sample count and sum; count -1 when absent.
+func (f families) histogram(name string, labels ...string) (count int64, sum float64) {
+	m := f.find(name, labels...)
+	if m == nil || m.Histogram == nil {
+		return -1, 0
+	}
+	return int64(m.Histogram.GetSampleCount()), m.Histogram.GetSampleSum()
+}
+
+// answerWaitsAtOnce makes every OnNoRunnable of the scope answer as soon as
+// it has decided (and published) its Wait, as a shutdown does: a caller with
+// no certain retry time is otherwise held until something changes or its
+// RPC's deadline nears, which these tests do not exercise.
+func (e *opsEnv) answerWaitsAtOnce(t *testing.T, scope string) {
+	t.Helper()
+	sc, err := e.sc.srv.Scope(scope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.Close()
+}

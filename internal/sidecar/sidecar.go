@@ -1,0 +1,185 @@
+package sidecar
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/polygate/polygate/config"
+	"github.com/polygate/polygate/gate"
+	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/metrics"
+	"github.com/polygate/polygate/policy"
+	"github.com/polygate/polygate/server"
+	"github.com/polygate/polygate/telemetry"
+)
+
+// stopGrace bounds a graceful stop; RPCs still running after it are cut.
+const stopGrace = 10 * time.Second
+
+// sidecar is a started sidecar: the gRPC server with health and reflection,
+// the metrics listener, the event hub and the telemetry sink.
+type sidecar struct {
+	log        *slog.Logger
+	srv        *server.Server
+	gs         *grpc.Server
+	health     *health.Server
+	sink       *telemetry.Sink // nil when telemetry is off
+	lis        net.Listener
+	metrics    *http.Server // nil when metrics_listen is empty
+	metricsLis net.Listener
+	// served reports the first listener that fails.
+	served   chan error
+	stopOnce sync.Once
+}
+
+// sidecarDeps are what startSidecar takes besides the configuration; tests
+// replace the clock, the backend, the gRPC listener and add interceptors.
+type sidecarDeps struct {
+	now          func() time.Time
+	backend      gate.Backend
+	backendName  func() string
+	lis          net.Listener        // nil: listen on cfg.Listen
+	health       *health.Server      // nil: a new one
+	interceptors server.Interceptors // extra, outermost
+	watchBuffer  int
+	// created is told the server as soon as it exists, before anything
+	// listens (a scrape reads the backend, which may report its health).
+	created func(*server.Server)
+	// token is the bearer token of the moment (nil: cfg.Auth.Token, fixed).
+	token func() string
+}
+
+// startSidecar wires the sidecar and starts serving: telemetry (when
+// telemetry.path is set), the metrics registry, observer and listener (when
+// metrics_listen is set), the admission service with health and reflection.
+func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidecar, err error) {
+	if d.now == nil {
+		d.now = time.Now
+	}
+	if d.watchBuffer == 0 {
+		d.watchBuffer = cfg.Events.WatchBuffer
+	}
+	sc := &sidecar{log: log, served: make(chan error, 2)}
+	defer func() {
+		if err != nil {
+			sc.stop()
+		}
+	}()
+	var observers []policy.Observer
+	if cfg.Telemetry.Path != "" {
+		sc.sink, err = telemetry.Open(telemetry.Options{
+			Path: cfg.Telemetry.Path, Retention: cfg.Telemetry.Retention, QueueSize: cfg.Telemetry.QueueSize, Log: log, Now: d.now,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("telemetry.path: %w", err)
+		}
+		observers = append(observers, sc.sink)
+	}
+	reg := prometheus.NewRegistry()
+	extra := d.interceptors
+	if cfg.MetricsListen != "" {
+		observers = append(observers, metrics.New(reg, d.now))
+		rpc := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(grpcprom.WithHistogramBuckets(metrics.AttemptBuckets)))
+		reg.MustRegister(rpc, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		if sc.sink != nil {
+			reg.MustRegister(sc.sink)
+		}
+		extra.Unary = append([]grpc.UnaryServerInterceptor{rpc.UnaryServerInterceptor()}, extra.Unary...)
+		extra.Stream = append([]grpc.StreamServerInterceptor{rpc.StreamServerInterceptor()}, extra.Stream...)
+		defer func() {
+			if err == nil {
+				rpc.InitializeMetrics(sc.gs)
+			}
+		}()
+	}
+	sc.srv = server.New(cfg, d.backend, log, server.Options{Now: d.now, BackendName: d.backendName, Observers: observers, WatchBuffer: d.watchBuffer})
+	if d.created != nil {
+		d.created(sc.srv)
+	}
+	if cfg.MetricsListen != "" {
+		reg.MustRegister(eventsCollector{sc.srv}, metrics.NewStateCollector(scopeStates(sc.srv), 10*time.Second))
+	}
+	if d.token == nil {
+		d.token = func() string { return cfg.Auth.Token }
+	}
+	sc.gs = grpc.NewServer(server.ServerOptions(log, d.token, extra)...)
+	admissionv1.RegisterAdmissionServiceServer(sc.gs, sc.srv)
+	sc.health = d.health
+	if sc.health == nil {
+		sc.health = health.NewServer()
+	}
+	// The initial status, before anything listens: a report of the backend
+	// (from the first scrape or RPC) then always comes after it.
+	backendHealth(sc.health, cfg, false)
+	healthpb.RegisterHealthServer(sc.gs, sc.health)
+	reflection.Register(sc.gs)
+
+	if cfg.MetricsListen != "" {
+		if err := sc.serveMetrics(cfg.MetricsListen, reg); err != nil {
+			return nil, err
+		}
+	}
+	sc.lis = d.lis
+	if sc.lis == nil {
+		if sc.lis, err = listen(cfg.Listen); err != nil {
+			return nil, err
+		}
+	}
+	go func() {
+		if err := sc.gs.Serve(sc.lis); err != nil {
+			sc.served <- fmt.Errorf("serving %s: %w", cfg.Listen, err)
+		}
+	}()
+	return sc, nil
+}
+
+// stop flips health to NOT_SERVING, answers waiting callers and ends watch
+// streams, drains in-flight RPCs (cutting them after stopGrace), records the
+// calls still open as interrupted, then closes telemetry (writing what is
+// queued) and the metrics listener.
+func (sc *sidecar) stop() {
+	sc.stopOnce.Do(func() {
+		if sc.health != nil {
+			sc.health.Shutdown()
+		}
+		if sc.srv != nil {
+			sc.srv.Close()
+		}
+		if sc.gs != nil {
+			stopped := make(chan struct{})
+			go func() { sc.gs.GracefulStop(); close(stopped) }()
+			select {
+			case <-stopped:
+			case <-time.After(stopGrace):
+				sc.gs.Stop()
+				<-stopped
+			}
+		}
+		if sc.srv != nil {
+			sc.srv.Interrupt()
+		}
+		if sc.sink != nil {
+			if err := sc.sink.Close(); err != nil {
+				sc.log.Warn("telemetry: closing the database failed", "err", err)
+			}
+		}
+		if sc.metrics != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = sc.metrics.Shutdown(ctx)
+			cancel()
+		}
+	})
+}
