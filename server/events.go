@@ -230,6 +230,9 @@ func (h *hub) Collect(ch chan<- prometheus.Metric) {
 
 // WatchEvents implements admissionv1.AdmissionServiceServer.
 func (s *Server) WatchEvents(req *admissionv1.WatchEventsRequest, stream grpc.ServerStreamingServer[admissionv1.WatchEventsResponse]) error {
+	if err := validate(req); err != nil {
+		return err
+	}
 	if scope := req.GetScope(); scope != "" {
 		if _, err := s.Scope(scope); err != nil {
 			return err

@@ -209,7 +209,7 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 	if d.token == nil {
 		d.token = func() string { return cfg.Auth.Token }
 	}
-	sc.gs = grpc.NewServer(ServerOptions(log, d.token, extra)...)
+	sc.gs = grpc.NewServer(append(ServerOptions(log, d.token, extra), LimitOptions(cfg.Limits)...)...)
 	admissionv1.RegisterAdmissionServiceServer(sc.gs, sc.srv)
 	sc.health = d.health
 	if sc.health == nil {

@@ -156,7 +156,7 @@ func (s *Server) Scope(name string) (*policy.Scope, error) {
 	defer s.mu.RUnlock()
 	sc, ok := s.scopes[name]
 	if !ok {
-		return nil, errorf(errUnknownScope, "%q", name)
+		return nil, errorf(errUnknownScope, "%s", clip(name))
 	}
 	return sc, nil
 }
@@ -284,6 +284,9 @@ func (s *Server) call(scope, id string) (*policy.Scope, *session, error) {
 func (s *Server) RetryAfter(ctx context.Context, req *admissionv1.RetryAfterRequest) (*admissionv1.RetryAfterResponse, error) {
 	sc, err := s.Scope(req.GetScope())
 	if err != nil {
+		return nil, err
+	}
+	if err := checkSources(req.GetSources(), len(sc.Config().Sources)); err != nil {
 		return nil, err
 	}
 	least, views, err := sc.RetryAfter(ctx, req.GetSources())

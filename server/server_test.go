@@ -75,7 +75,7 @@ func start(t testing.TB, o harnessOpts) *harness {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	srv := New(cfg, o.backend, log, Options{Now: clock.Now})
-	gs := grpc.NewServer(ServerOptions(log, func() string { return o.token }, Interceptors{})...)
+	gs := grpc.NewServer(append(ServerOptions(log, func() string { return o.token }, Interceptors{}), LimitOptions(cfg.Limits)...)...)
 	admissionv1.RegisterAdmissionServiceServer(gs, srv)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
