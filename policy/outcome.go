@@ -96,6 +96,9 @@ const (
 	FailDeadlineExceeded
 	// FailCancelled: the caller reported CANCELLED.
 	FailCancelled
+	// FailRetryAfterTooLong: an upstream Retry-After is longer than the
+	// scope's backoff.max_retry_after.
+	FailRetryAfterTooLong
 )
 
 func (r FailureReason) String() string {
@@ -114,6 +117,8 @@ func (r FailureReason) String() string {
 		return "deadline_exceeded"
 	case FailCancelled:
 		return "cancelled"
+	case FailRetryAfterTooLong:
+		return "retry_after_too_long"
 	}
 	return fmt.Sprintf("FailureReason(%d)", uint8(r))
 }

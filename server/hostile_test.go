@@ -1,11 +1,14 @@
 package server
 
 import (
+	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 )
@@ -125,4 +128,129 @@ func TestRequestSizeIsLimited(t *testing.T) {
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("a 1 MiB request: %v, want RESOURCE_EXHAUSTED", err)
 	}
+}
+
+// Token counts and durations are bounded on input: a count that could wrap
+// the minute's TPM sum, or a deadline of centuries, is INVALID_ARGUMENT.
+func TestNumbersAreBoundedOnInput(t *testing.T) {
+	h := start(t, harnessOpts{})
+	p := h.pick(t, &admissionv1.PickRequest{Scope: "chat", EstimatedTokens: 10})
+	huge := int64(math.MaxInt64)
+	for _, tc := range []struct {
+		name  string
+		call  func() error
+		field string
+	}{
+		{"estimated_tokens", func() error {
+			_, err := h.client.Pick(h.ctx, &admissionv1.PickRequest{Scope: "chat", EstimatedTokens: MaxTokens + 1})
+			return err
+		}, "estimated_tokens"},
+		{"actual_tokens", func() error {
+			_, err := h.client.RecordOutcome(h.ctx, &admissionv1.RecordOutcomeRequest{Scope: "chat", CallId: p.GetCallId(),
+				PermitId: p.GetGrant().GetPermitId(), Outcome: admissionv1.Outcome_OUTCOME_SUCCESS, ActualTokens: &huge})
+			return err
+		}, "actual_tokens"},
+		{"deadline", func() error {
+			_, err := h.client.Pick(h.ctx, &admissionv1.PickRequest{Scope: "chat", Deadline: durationpb.New(100 * 365 * 24 * time.Hour)})
+			return err
+		}, "deadline"},
+		{"invalid duration", func() error {
+			_, err := h.client.Pick(h.ctx, &admissionv1.PickRequest{Scope: "chat", Deadline: &durationpb.Duration{Seconds: math.MaxInt64}})
+			return err
+		}, "deadline"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			wantStatus(t, tc.call(), codes.InvalidArgument, admissionv1.ErrorReason_ERROR_REASON_INVALID_FIELD, tc.field)
+		})
+	}
+	// The permit is still the call's: the refused report changed nothing.
+	max := int64(MaxTokens)
+	if _, err := h.client.RecordOutcome(h.ctx, &admissionv1.RecordOutcomeRequest{Scope: "chat", CallId: p.GetCallId(),
+		PermitId: p.GetGrant().GetPermitId(), Outcome: admissionv1.Outcome_OUTCOME_SUCCESS, ActualTokens: &max}); err != nil {
+		t.Fatal(err)
+	}
+	d, err := h.client.DescribeScope(h.ctx, &admissionv1.DescribeScopeRequest{Scope: "chat"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := d.GetScope().GetSources()[0].GetTokensLastMinute(); got != MaxTokens {
+		t.Fatalf("the minute's tokens: %d, want %d", got, MaxTokens)
+	}
+}
+
+const hintConfig = `
+scopes:
+  chat:
+    max_attempts: 5
+    backoff: {base: 1s, max: 60s, max_retry_after: 10m}
+    backpressure: {stall_window: 1h}
+    breaker: {cooldown: 10s, max_cooldown: 5m}
+    sources:
+      - {name: a, timeout: 30s}
+      - {name: b, timeout: 30s}
+`
+
+// Upstream hints are floors with a ceiling: a SOURCE_DEAD hint of a century
+// opens the breaker for max_cooldown, not a century; a RATE_LIMITED or
+// TRANSIENT hint beyond backoff.max_retry_after fails the call with the hint
+// in the answer instead of a Retry that sleeps for it.
+func TestHintsHaveACeiling(t *testing.T) {
+	century := durationpb.New(100 * 365 * 24 * time.Hour)
+	forever := &durationpb.Duration{Seconds: math.MaxInt64 / int64(time.Second)} // 292 years, the SDK's saturated header
+	report := func(t *testing.T, h *harness, o admissionv1.Outcome, hint *durationpb.Duration) (*admissionv1.PickResponse, *admissionv1.RecordOutcomeResponse) {
+		t.Helper()
+		p := h.pick(t, &admissionv1.PickRequest{Scope: "chat"})
+		r, err := h.client.RecordOutcome(h.ctx, &admissionv1.RecordOutcomeRequest{Scope: "chat", CallId: p.GetCallId(),
+			PermitId: p.GetGrant().GetPermitId(), Outcome: o, RetryAfterHint: hint})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p, r
+	}
+
+	t.Run("source dead", func(t *testing.T) {
+		h := start(t, harnessOpts{yaml: hintConfig})
+		for _, hint := range []*durationpb.Duration{century, forever} {
+			p, r := report(t, h, admissionv1.Outcome_OUTCOME_SOURCE_DEAD, hint)
+			if r.GetRetry() == nil || r.GetRetry().GetBackoff().AsDuration() > 5*time.Minute {
+				t.Fatalf("next: %v, want a retry on the other source within max_cooldown", r)
+			}
+			ra, err := h.client.RetryAfter(h.ctx, &admissionv1.RetryAfterRequest{Scope: "chat", Sources: []string{p.GetGrant().GetSource()}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := ra.GetRetryAfter().AsDuration(); got != 5*time.Minute {
+				t.Fatalf("dead source's OPEN: %v, want max_cooldown 5m", got)
+			}
+			if _, err := h.client.CancelCall(h.ctx, &admissionv1.CancelCallRequest{Scope: "chat", CallId: p.GetCallId()}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	for _, o := range []admissionv1.Outcome{admissionv1.Outcome_OUTCOME_RATE_LIMITED, admissionv1.Outcome_OUTCOME_TRANSIENT} {
+		t.Run(o.String(), func(t *testing.T) {
+			h := start(t, harnessOpts{yaml: hintConfig})
+			_, r := report(t, h, o, durationpb.New(9*time.Minute))
+			if got := r.GetRetry().GetBackoff().AsDuration(); got != 9*time.Minute {
+				t.Fatalf("a hint under the cap: %v, want Retry(9m)", r)
+			}
+			for _, hint := range []*durationpb.Duration{durationpb.New(10*time.Minute + time.Millisecond), century, forever} {
+				_, r := report(t, h, o, hint)
+				f := r.GetFailure()
+				if f.GetReason() != admissionv1.FailureReason_FAILURE_REASON_RETRY_AFTER_TOO_LONG || f.GetRetryAfter().AsDuration() < hint.AsDuration() {
+					t.Fatalf("hint %v: %v, want Failure(retry_after_too_long) carrying the hint", hint.AsDuration(), r)
+				}
+			}
+		})
+	}
+	t.Run("described", func(t *testing.T) {
+		h := start(t, harnessOpts{yaml: hintConfig})
+		d, err := h.client.DescribeScope(h.ctx, &admissionv1.DescribeScopeRequest{Scope: "chat"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := d.GetScope().GetConfig().GetMaxRetryAfter().AsDuration(); got != 10*time.Minute {
+			t.Fatalf("max_retry_after: %v", got)
+		}
+	})
 }
