@@ -2,6 +2,7 @@ package server
 
 import (
 	"math"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -253,4 +254,37 @@ func TestHintsHaveACeiling(t *testing.T) {
 			t.Fatalf("max_retry_after: %v", got)
 		}
 	})
+}
+
+// Call and permit ids carry 128 random bits each (26 base32 characters of
+// crypto/rand): two consecutive ids share no guessable part, so a client
+// that knows its own ids cannot settle or cancel another client's call.
+func TestIDsAreUnguessable(t *testing.T) {
+	h := start(t, harnessOpts{yaml: twoSources})
+	callRE := regexp.MustCompile(`^c-[A-Z2-7]{26}$`)
+	permitRE := regexp.MustCompile(`^p-[A-Z2-7]{26}$`)
+	var prev *admissionv1.PickResponse
+	for range 3 {
+		p := h.pick(t, &admissionv1.PickRequest{Scope: "chat"})
+		if !callRE.MatchString(p.GetCallId()) || !permitRE.MatchString(p.GetGrant().GetPermitId()) {
+			t.Fatalf("ids %q, %q: want 128 random bits each", p.GetCallId(), p.GetGrant().GetPermitId())
+		}
+		if prev != nil {
+			for _, pair := range [][2]string{{prev.GetCallId(), p.GetCallId()}, {prev.GetGrant().GetPermitId(), p.GetGrant().GetPermitId()}} {
+				if n := commonPrefix(pair[0][2:], pair[1][2:]); n >= 8 {
+					t.Fatalf("ids %q and %q share %d leading characters", pair[0], pair[1], n)
+				}
+			}
+		}
+		h.record(t, "chat", p, admissionv1.Outcome_OUTCOME_SUCCESS)
+		prev = p
+	}
+}
+
+func commonPrefix(a, b string) int {
+	n := 0
+	for n < len(a) && n < len(b) && a[n] == b[n] {
+		n++
+	}
+	return n
 }
