@@ -69,6 +69,8 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		code, reason = codes.ResourceExhausted, admissionv1.ErrorReason_ERROR_REASON_TOO_MANY_CALLS
 	case errors.Is(err, errUnauthenticated):
 		code, reason = codes.Unauthenticated, admissionv1.ErrorReason_ERROR_REASON_UNAUTHENTICATED
+	case errors.Is(err, errPermissionDenied):
+		code, reason = codes.PermissionDenied, admissionv1.ErrorReason_ERROR_REASON_PERMISSION_DENIED
 	case errors.Is(err, policy.ErrUnknownSource):
 		code, reason = codes.InvalidArgument, admissionv1.ErrorReason_ERROR_REASON_UNKNOWN_SOURCE
 	case errors.Is(err, policy.ErrEstimateTooLarge):

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"math"
 	"regexp"
 	"strings"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -287,4 +289,58 @@ func commonPrefix(a, b string) int {
 		n++
 	}
 	return n
+}
+
+// With auth.operator_token set, the application's token runs the
+// application's RPCs but gets PERMISSION_DENIED for OverrideBreaker and
+// WatchEvents; the operator's token runs everything.
+func TestOperatorRole(t *testing.T) {
+	h := start(t, harnessOpts{token: "app-token", operator: "operator-token"})
+	as := func(token string) context.Context {
+		return metadata.AppendToOutgoingContext(h.ctx, "authorization", "Bearer "+token)
+	}
+	override := func(ctx context.Context) error {
+		_, err := h.client.OverrideBreaker(ctx, &admissionv1.OverrideBreakerRequest{Scope: "chat", Source: "primary",
+			Action: admissionv1.OverrideAction_OVERRIDE_ACTION_FORCE_OPEN, Actor: "me", Reason: "test"})
+		return err
+	}
+	watch := func(ctx context.Context) error {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		s, err := h.client.WatchEvents(ctx, &admissionv1.WatchEventsRequest{})
+		if err != nil {
+			return err
+		}
+		md, err := s.Header() // sent once the watch is registered
+		if err == nil && md == nil {
+			_, err = s.Recv() // ended without headers: the status says why
+		}
+		return err
+	}
+	for name, call := range map[string]func(context.Context) error{"override": override, "watch": watch} {
+		t.Run(name, func(t *testing.T) {
+			wantStatus(t, call(as("app-token")), codes.PermissionDenied, admissionv1.ErrorReason_ERROR_REASON_PERMISSION_DENIED, "")
+			wantStatus(t, call(as("wrong")), codes.Unauthenticated, admissionv1.ErrorReason_ERROR_REASON_UNAUTHENTICATED, "")
+			wantStatus(t, call(h.ctx), codes.Unauthenticated, admissionv1.ErrorReason_ERROR_REASON_UNAUTHENTICATED, "")
+			if err := call(as("operator-token")); err != nil {
+				t.Fatalf("operator: %v", err)
+			}
+		})
+	}
+	for _, token := range []string{"app-token", "operator-token"} {
+		p, err := h.client.Pick(as(token), &admissionv1.PickRequest{Scope: "other"})
+		if err != nil {
+			t.Fatalf("Pick with %s: %v", token, err)
+		}
+		if _, err := h.client.CancelCall(as(token), &admissionv1.CancelCallRequest{Scope: "other", CallId: p.GetCallId()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Without an operator token, the application's token runs everything.
+	h2 := start(t, harnessOpts{token: "app-token"})
+	ctx := metadata.AppendToOutgoingContext(h2.ctx, "authorization", "Bearer app-token")
+	if _, err := h2.client.OverrideBreaker(ctx, &admissionv1.OverrideBreakerRequest{Scope: "chat", Source: "primary",
+		Action: admissionv1.OverrideAction_OVERRIDE_ACTION_CLEAR, Actor: "me", Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -59,8 +59,7 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 	level := new(slog.LevelVar)
 	log := newLogger(cfg.Log, level, stderr)
-	var token atomic.Pointer[string]
-	token.Store(&cfg.Auth.Token)
+	tokens := NewTokens(cfg.Auth)
 
 	// The backend reports its health from the moment it opens; the server
 	// that publishes and counts the reports exists only afterwards.
@@ -76,7 +75,7 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return err
 	}
 	defer b.close()
-	sc, err := startSidecar(cfg, log, sidecarDeps{backend: b, backendName: b.describe, health: hs, created: started.Store, token: func() string { return *token.Load() }})
+	sc, err := startSidecar(cfg, log, sidecarDeps{backend: b, backendName: b.describe, health: hs, created: started.Store, tokens: tokens})
 	if err != nil {
 		return err
 	}
@@ -114,7 +113,7 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 			return err
 		case <-hup:
 			if next := reload(log, sc.srv, cfg, opts, environ); next != nil {
-				token.Store(&next.Auth.Token)
+				tokens.Set(next.Auth)
 				_ = level.UnmarshalText([]byte(next.Log.Level))
 			}
 		case <-sweep.C:
@@ -152,8 +151,8 @@ type sidecarDeps struct {
 	// created is told the server as soon as it exists, before anything
 	// listens (a scrape reads the backend, which may report its health).
 	created func(*Server)
-	// token is the bearer token of the moment (nil: cfg.Auth.Token, fixed).
-	token func() string
+	// tokens are the bearer tokens of the moment (nil: cfg.Auth's, fixed).
+	tokens *Tokens
 }
 
 // startSidecar wires the sidecar and starts serving: telemetry (when
@@ -206,10 +205,10 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 	if cfg.MetricsListen != "" {
 		reg.MustRegister(sc.srv.Collector(), metrics.NewStateCollector(sc.srv.scopeStates, 10*time.Second))
 	}
-	if d.token == nil {
-		d.token = func() string { return cfg.Auth.Token }
+	if d.tokens == nil {
+		d.tokens = NewTokens(cfg.Auth)
 	}
-	sc.gs = grpc.NewServer(append(ServerOptions(log, d.token, extra), LimitOptions(cfg.Limits)...)...)
+	sc.gs = grpc.NewServer(append(ServerOptions(log, d.tokens, extra), LimitOptions(cfg.Limits)...)...)
 	admissionv1.RegisterAdmissionServiceServer(sc.gs, sc.srv)
 	sc.health = d.health
 	if sc.health == nil {
@@ -327,7 +326,7 @@ func reload(log *slog.Logger, srv *Server, running *config.Config, opts config.O
 		log.Warn("configuration reload: listen, metrics_listen, backend, telemetry, events and log.format changes need a restart and were not applied")
 	}
 	srv.Apply(next)
-	log.Info("configuration reloaded", "config", configName(opts), "scopes", srv.Scopes(), "log_level", next.Log.Level, "auth", next.Auth.Token != "")
+	log.Info("configuration reloaded", "config", configName(opts), "scopes", srv.Scopes(), "log_level", next.Log.Level, "auth", next.Auth.Token != "", "operator_auth", next.Auth.OperatorToken != "")
 	return next
 }
 

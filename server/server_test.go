@@ -56,6 +56,8 @@ type harnessOpts struct {
 	yaml    string
 	backend gate.Backend
 	token   string
+	// operator is auth.operator_token.
+	operator string
 	// loopback serves on a real TCP port instead of bufconn (benchmarks).
 	loopback bool
 }
@@ -75,7 +77,7 @@ func start(t testing.TB, o harnessOpts) *harness {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	srv := New(cfg, o.backend, log, Options{Now: clock.Now})
-	gs := grpc.NewServer(append(ServerOptions(log, func() string { return o.token }, Interceptors{}), LimitOptions(cfg.Limits)...)...)
+	gs := grpc.NewServer(append(ServerOptions(log, NewTokens(config.Auth{Token: o.token, OperatorToken: o.operator}), Interceptors{}), LimitOptions(cfg.Limits)...)...)
 	admissionv1.RegisterAdmissionServiceServer(gs, srv)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
