@@ -25,6 +25,7 @@ var (
 	errUnknownScope    = errors.New("unknown scope")
 	errUnknownCall     = errors.New("unknown or expired call")
 	errTooManyCalls    = errors.New("too many live calls")
+	errTooManyWatchers = errors.New("too many WatchEvents streams")
 	errUnauthenticated = errors.New("missing or wrong bearer token")
 )
 
@@ -67,6 +68,8 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		code, reason = codes.NotFound, admissionv1.ErrorReason_ERROR_REASON_UNKNOWN_CALL
 	case errors.Is(err, errTooManyCalls):
 		code, reason = codes.ResourceExhausted, admissionv1.ErrorReason_ERROR_REASON_TOO_MANY_CALLS
+	case errors.Is(err, errTooManyWatchers):
+		code, reason = codes.ResourceExhausted, admissionv1.ErrorReason_ERROR_REASON_TOO_MANY_WATCHERS
 	case errors.Is(err, errUnauthenticated):
 		code, reason = codes.Unauthenticated, admissionv1.ErrorReason_ERROR_REASON_UNAUTHENTICATED
 	case errors.Is(err, errPermissionDenied):

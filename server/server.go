@@ -55,7 +55,7 @@ func New(cfg *config.Config, backend gate.Backend, log *slog.Logger, o Options) 
 	if o.BackendName == nil {
 		o.BackendName = func() string { return "memory" }
 	}
-	events := newHub(o.Now, o.WatchBuffer)
+	events := newHub(o.Now, o.WatchBuffer, cfg.Events.MaxWatchers)
 	s := &Server{
 		backend: backend, backendName: o.BackendName, log: log, now: o.Now,
 		observer: append(observers{logObserver{log: log, now: o.Now}, events}, o.Observers...),
