@@ -290,10 +290,11 @@ func (h *hub) backend(c BackendChange) {
 }
 
 var (
-	watchersDesc  = prometheus.NewDesc("polygate_event_watchers", "WatchEvents streams connected now.", nil, nil)
-	publishedDesc = prometheus.NewDesc("polygate_events_published_total", "Events published while at least one watcher was connected.", nil, nil)
-	droppedDesc   = prometheus.NewDesc("polygate_events_dropped_total", "Events lost by watchers whose buffer was full, summed over watchers, and events the fan-out queue refused.", nil, nil)
-	refusedDesc   = prometheus.NewDesc("polygate_event_watchers_refused_total", "WatchEvents streams refused because events.max_watchers were open.", nil, nil)
+	watchersDesc    = prometheus.NewDesc("polygate_event_watchers", "WatchEvents streams connected now.", nil, nil)
+	publishedDesc   = prometheus.NewDesc("polygate_events_published_total", "Events published while at least one watcher was connected.", nil, nil)
+	droppedDesc     = prometheus.NewDesc("polygate_events_dropped_total", "Events lost by watchers whose buffer was full, summed over watchers, and events the fan-out queue refused.", nil, nil)
+	undecodableDesc = prometheus.NewDesc("polygate_undecodable_requests_total", "Admission requests that did not decode (invalid UTF-8, malformed bytes), answered INVALID_ARGUMENT.", nil, nil)
+	refusedDesc     = prometheus.NewDesc("polygate_event_watchers_refused_total", "WatchEvents streams refused because events.max_watchers were open.", nil, nil)
 )
 
 // Describe implements prometheus.Collector.
@@ -302,6 +303,7 @@ func (h *hub) Describe(ch chan<- *prometheus.Desc) {
 	ch <- publishedDesc
 	ch <- droppedDesc
 	ch <- refusedDesc
+	ch <- undecodableDesc
 }
 
 // Collect implements prometheus.Collector.
@@ -310,6 +312,7 @@ func (h *hub) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(publishedDesc, prometheus.CounterValue, float64(h.published.Load()))
 	ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(h.dropped.Load()))
 	ch <- prometheus.MustNewConstMetric(refusedDesc, prometheus.CounterValue, float64(h.refused.Load()))
+	ch <- prometheus.MustNewConstMetric(undecodableDesc, prometheus.CounterValue, float64(undecodableRequests.Load()))
 }
 
 // WatchEvents implements admissionv1.AdmissionServiceServer.

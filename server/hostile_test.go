@@ -8,10 +8,16 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
+	encproto "google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 )
@@ -342,5 +348,49 @@ func TestOperatorRole(t *testing.T) {
 	if _, err := h2.client.OverrideBreaker(ctx, &admissionv1.OverrideBreakerRequest{Scope: "chat", Source: "primary",
 		Action: admissionv1.OverrideAction_OVERRIDE_ACTION_CLEAR, Actor: "me", Reason: "test"}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// rawCodec sends pre-encoded bytes as a request, so a test can send what
+// no well-behaved client would (invalid UTF-8 in a string field).
+type rawCodec struct{ encoding.CodecV2 }
+
+type rawRequest []byte
+
+func (c rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	if r, ok := v.(rawRequest); ok {
+		return mem.BufferSlice{mem.SliceBuffer(r)}, nil
+	}
+	return c.CodecV2.Marshal(v)
+}
+
+// Undecodable requests (invalid UTF-8 in a string, malformed bytes) answer
+// INVALID_ARGUMENT with an ErrorInfo naming the field, not INTERNAL, and are
+// counted.
+func TestUndecodableRequestsAreInvalid(t *testing.T) {
+	h := start(t, harnessOpts{})
+	str := func(num protowire.Number, s string) []byte {
+		return protowire.AppendString(protowire.AppendTag(nil, num, protowire.BytesType), s)
+	}
+	before := undecodableRequests.Load()
+	for _, tc := range []struct {
+		name, method string
+		req          []byte
+		field        string
+	}{
+		{"pick scope", admissionv1.AdmissionService_Pick_FullMethodName, str(1, "\xff\xfe"), "scope"},
+		{"record detail", admissionv1.AdmissionService_RecordOutcome_FullMethodName,
+			append(append(str(1, "chat"), str(2, "c-x")...), str(8, "bad \xc3\x28 detail")...), "detail"},
+		{"retry_after sources", admissionv1.AdmissionService_RetryAfter_FullMethodName, append(str(1, "chat"), str(2, "\x80")...), "sources"},
+		{"truncated", admissionv1.AdmissionService_Pick_FullMethodName, []byte{0x0a, 0x05, 'c'}, "request"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var resp emptypb.Empty
+			err := h.conn.Invoke(h.ctx, tc.method, rawRequest(tc.req), &resp, grpc.ForceCodecV2(rawCodec{encoding.GetCodecV2(encproto.Name)}))
+			wantStatus(t, err, codes.InvalidArgument, admissionv1.ErrorReason_ERROR_REASON_INVALID_FIELD, tc.field)
+		})
+	}
+	if got := undecodableRequests.Load() - before; got != 4 {
+		t.Fatalf("counted %d undecodable requests, want 4", got)
 	}
 }

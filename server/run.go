@@ -208,7 +208,7 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 	if d.tokens == nil {
 		d.tokens = NewTokens(cfg.Auth)
 	}
-	sc.gs = grpc.NewServer(append(ServerOptions(log, d.tokens, extra), LimitOptions(cfg.Limits)...)...)
+	sc.gs = grpc.NewServer(append(ServerOptions(log, d.tokens, extra), append(LimitOptions(cfg.Limits), CodecOption())...)...)
 	admissionv1.RegisterAdmissionServiceServer(sc.gs, sc.srv)
 	sc.health = d.health
 	if sc.health == nil {

@@ -33,6 +33,9 @@ const (
 // error names the field, the value (an escaped prefix of it) and what is
 // allowed.
 func validate(req any) error {
+	if field, ok := undecodable(req); ok {
+		return badField(field, "does not decode: a string that is not valid UTF-8, or malformed bytes")
+	}
 	switch r := req.(type) {
 	case *admissionv1.PickRequest:
 		if err := needScope(r.GetScope()); err != nil {
