@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"time"
@@ -52,9 +51,11 @@ func openRedis(r config.Redis, log *slog.Logger, onChange func(bool, error)) (*b
 		DialTimeout: r.Timeout, ReadTimeout: r.Timeout, WriteTimeout: r.Timeout,
 		ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1,
 	}
-	if r.TLS {
-		opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	tc, err := RedisTLSConfig(r)
+	if err != nil {
+		return nil, err
 	}
+	opts.TLSConfig = tc
 	client := redis.NewUniversalClient(opts)
 	shared, err := redisgate.New(client, redisgate.Options{Prefix: r.KeyPrefix})
 	if err != nil {

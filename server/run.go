@@ -208,7 +208,11 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 	if d.tokens == nil {
 		d.tokens = NewTokens(cfg.Auth)
 	}
-	sc.gs = grpc.NewServer(append(ServerOptions(log, d.tokens, extra), append(LimitOptions(cfg.Limits), CodecOption())...)...)
+	transport, err := TransportOptions(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	sc.gs = grpc.NewServer(append(ServerOptions(log, d.tokens, extra), transport...)...)
 	admissionv1.RegisterAdmissionServiceServer(sc.gs, sc.srv)
 	sc.health = d.health
 	if sc.health == nil {
@@ -235,7 +239,7 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 	}
 	sc.lis = d.lis
 	if sc.lis == nil {
-		if sc.lis, err = listen(cfg.Listen); err != nil {
+		if sc.lis, err = listen(cfg.Listen, cfg.ListenMode); err != nil {
 			return nil, err
 		}
 	}
@@ -356,16 +360,9 @@ func backendHealth(hs *health.Server, cfg *config.Config, degraded bool) {
 	hs.SetServingStatus(admissionv1.AdmissionService_ServiceDesc.ServiceName, admission)
 }
 
-func listen(addr string) (net.Listener, error) {
+func listen(addr string, mode os.FileMode) (net.Listener, error) {
 	if path, ok := strings.CutPrefix(addr, "unix://"); ok {
-		if fi, err := os.Stat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
-			_ = os.Remove(path) // a stale socket of an earlier run
-		}
-		lis, err := net.Listen("unix", path)
-		if err != nil {
-			return nil, fmt.Errorf("listen %s: %w", addr, err)
-		}
-		return lis, nil
+		return ListenUnix(path, mode)
 	}
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
