@@ -407,7 +407,9 @@ func resolve(f *fileConfig) (*Config, error) {
 	if lim.MaxRequestBytes < 1<<10 || lim.MaxRequestBytes > 4<<20 {
 		c.fail("limits.max_request_bytes", lim.MaxRequestBytes, "must be 1024 to 4194304 (1 KiB to 4 MiB)")
 	}
-	c.atLeast("limits.max_streams_per_connection", int64(lim.MaxStreamsPerConnection), 1)
+	if lim.MaxStreamsPerConnection < 1 || lim.MaxStreamsPerConnection > 1<<16 {
+		c.fail("limits.max_streams_per_connection", lim.MaxStreamsPerConnection, "must be 1 to 65536")
+	}
 	c.duration("limits.keepalive_min_time", lim.KeepaliveMinTime, time.Second)
 	c.duration("limits.max_connection_idle", lim.MaxConnectionIdle, 0)
 	c.atLeast("events.max_watchers", int64(cfg.Events.MaxWatchers), 1)
