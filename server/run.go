@@ -326,8 +326,9 @@ func reload(log *slog.Logger, srv *Server, running *config.Config, opts config.O
 		return nil
 	}
 	if next.Listen != running.Listen || next.MetricsListen != running.MetricsListen || fmt.Sprint(next.Backend) != fmt.Sprint(running.Backend) ||
-		next.Telemetry != running.Telemetry || next.Events != running.Events || next.Log.Format != running.Log.Format {
-		log.Warn("configuration reload: listen, metrics_listen, backend, telemetry, events and log.format changes need a restart and were not applied")
+		next.Telemetry != running.Telemetry || next.Events != running.Events || next.Log.Format != running.Log.Format ||
+		next.ListenMode != running.ListenMode || next.TLS != running.TLS || next.Limits != running.Limits {
+		log.Warn("configuration reload: listen, listen_mode, tls, limits, metrics_listen, backend, telemetry, events and log.format changes need a restart and were not applied")
 	}
 	srv.Apply(next)
 	log.Info("configuration reloaded", "config", configName(opts), "scopes", srv.Scopes(), "log_level", next.Log.Level, "auth", next.Auth.Token != "", "operator_auth", next.Auth.OperatorToken != "")
