@@ -394,3 +394,27 @@ func TestUndecodableRequestsAreInvalid(t *testing.T) {
 		t.Fatalf("counted %d undecodable requests, want 4", got)
 	}
 }
+
+// limits.max_streams_per_connection bounds one connection's concurrent
+// RPCs: with one WatchEvents stream open, a Pick on the same connection
+// waits for a free stream (and runs once the watch ends).
+func TestStreamsPerConnectionAreLimited(t *testing.T) {
+	h := start(t, harnessOpts{yaml: "limits: {max_streams_per_connection: 1}\n" + testConfig})
+	wctx, stop := context.WithCancel(h.ctx)
+	w, err := h.client.WatchEvents(wctx, &admissionv1.WatchEventsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Header(); err != nil {
+		t.Fatal(err)
+	}
+	// Without the limit this Pick would be answered at once; with it, it
+	// cannot start while the watch holds the connection's only stream.
+	short, cancel := context.WithTimeout(h.ctx, 200*time.Millisecond)
+	defer cancel()
+	if _, err := h.client.Pick(short, &admissionv1.PickRequest{Scope: "other"}); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("a second RPC on the connection: %v, want it held until its deadline", err)
+	}
+	stop()
+	h.pick(t, &admissionv1.PickRequest{Scope: "other"})
+}
