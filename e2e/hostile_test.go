@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 	"github.com/polygate/polygate/internal/sidecartest"
@@ -148,5 +150,67 @@ func TestRoles_OperatorTokenFromFile(t *testing.T) {
 	}
 	if !strings.Contains(sc.Logs(), "configuration reloaded") {
 		t.Fatal("no reload in the log")
+	}
+}
+
+// TestHostileInputs_RealBinary: the hostile inputs against the real
+// binary get bounded answers: the RetryAfter amplifier, an overlong name, a
+// token count that would wrap TPM, a century-long hint, and 500 watchers.
+func TestHostileInputs_RealBinary(t *testing.T) {
+	sc := startWith(t, hostileScopes)
+	c := dial(t, sc.Addr, insecure.NewCredentials())
+	ctx := ctxT(t)
+	dup := make([]string, 20000)
+	for i := range dup {
+		dup[i] = "a"
+	}
+	if _, err := c.RetryAfter(ctx, &admissionv1.RetryAfterRequest{Scope: "chat", Sources: dup}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("RetryAfter with 20000 copies of one source: %v, want INVALID_ARGUMENT", err)
+	}
+	if _, err := c.RetryAfter(ctx, &admissionv1.RetryAfterRequest{Scope: "chat", Sources: append(dup, dup...)}); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a 120 KB request: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	long := strings.Repeat("x", 60000)
+	_, err := c.Pick(ctx, &admissionv1.PickRequest{Scope: long})
+	if status.Code(err) != codes.InvalidArgument || len(status.Convert(err).Message()) > 300 {
+		t.Fatalf("a 60 KB scope: %v, want a short INVALID_ARGUMENT", status.Convert(err).Code())
+	}
+	p, err := c.Pick(ctx, &admissionv1.PickRequest{Scope: "chat"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	huge := int64(1<<63 - 1)
+	if _, err := c.RecordOutcome(ctx, &admissionv1.RecordOutcomeRequest{Scope: "chat", CallId: p.GetCallId(), PermitId: p.GetGrant().GetPermitId(),
+		Outcome: admissionv1.Outcome_OUTCOME_SUCCESS, ActualTokens: &huge}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("actual_tokens MaxInt64: %v, want INVALID_ARGUMENT", err)
+	}
+	r, err := c.RecordOutcome(ctx, &admissionv1.RecordOutcomeRequest{Scope: "chat", CallId: p.GetCallId(), PermitId: p.GetGrant().GetPermitId(),
+		Outcome: admissionv1.Outcome_OUTCOME_TRANSIENT, RetryAfterHint: durationpb.New(100 * 365 * 24 * time.Hour)})
+	if err != nil || r.GetFailure().GetReason() != admissionv1.FailureReason_FAILURE_REASON_RETRY_AFTER_TOO_LONG {
+		t.Fatalf("a century-long TRANSIENT hint: %v %v, want Failure(retry_after_too_long)", r, err)
+	}
+
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	open, refused := 0, 0
+	for range 500 {
+		s, err := c.WatchEvents(wctx, &admissionv1.WatchEventsRequest{})
+		if err == nil {
+			var md metadata.MD
+			if md, err = s.Header(); err == nil && md == nil {
+				_, err = s.Recv()
+			}
+		}
+		switch status.Code(err) {
+		case codes.OK:
+			open++
+		case codes.ResourceExhausted:
+			refused++
+		default:
+			t.Fatalf("watch: %v", err)
+		}
+	}
+	if open != 64 || refused != 436 {
+		t.Fatalf("500 watchers: %d open, %d refused; want 64 (events.max_watchers) and 436", open, refused)
 	}
 }
