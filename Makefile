@@ -13,7 +13,7 @@ PY := $(VENV)/bin/python
 PYSDK := clientsdk/python
 PYGEN := $(PYSDK)/src/polygate/_gen
 
-.PHONY: all run test ci generate check-generated lint pytypes gotest pytest redis-server tools venv
+.PHONY: all run test ci generate check-generated lint pytypes gotest fuzz pytest redis-server tools venv
 
 all: test
 
@@ -22,7 +22,7 @@ run:
 	go run ./cmd/sidecar
 
 ## test: everything CI runs
-test: tools redis-server check-generated lint pytypes gotest pytest
+test: tools redis-server check-generated lint pytypes gotest fuzz pytest
 
 ci: test
 
@@ -78,6 +78,18 @@ pytypes: venv
 
 gotest:
 	go test -race -count=1 ./...
+
+## fuzz: each fuzz target for FUZZTIME (seed corpora under testdata/fuzz run in gotest too)
+# One package:Target per line; add yours on a line of its own.
+FUZZ_TARGETS += ./config:FuzzParse
+FUZZ_TARGETS += ./server:FuzzValidate
+FUZZ_TARGETS += ./gate/redisgate:FuzzReplyParser
+FUZZTIME ?= 5s
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $$t for $(FUZZTIME)"; \
+		go test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) "$${t%%:*}" || exit 1; \
+	done
 
 ## pytest: install the Python SDK into .venv and run its tests and the Python e2e tests
 pytest: venv

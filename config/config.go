@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"os"
 	"time"
 )
 
@@ -9,6 +10,13 @@ import (
 type Config struct {
 	// Listen is "host:port" or "unix:///path/to/socket".
 	Listen string
+	// ListenMode is the unix socket's permission bits (0: the process umask
+	// decides).
+	ListenMode os.FileMode
+	// TLS serves the gRPC listener over TLS when CertFile is set.
+	TLS TLS
+	// Limits bound what one client may ask of the gRPC server.
+	Limits Limits
 	// MetricsListen is the Prometheus listener's "host:port"; empty turns it off.
 	MetricsListen string
 	Backend       Backend
@@ -45,6 +53,14 @@ type Redis struct {
 	// Timeout bounds every backend operation, dial included.
 	Timeout time.Duration
 	TLS     bool
+	// TLSCAFile verifies the server (default: the system roots);
+	// TLSCertFile and TLSKeyFile are a client certificate; TLSServerName
+	// is the name the server's certificate must carry (default: the host
+	// of the address). Any of them implies TLS.
+	TLSCAFile     string
+	TLSCertFile   string
+	TLSKeyFile    string
+	TLSServerName string
 	// OnUnavailable is "fail_closed" (answer UNAVAILABLE) or "local" (a memory
 	// gate takes over with limits divided by Replicas).
 	OnUnavailable string
@@ -66,6 +82,34 @@ type Events struct {
 	// WatchBuffer is how many events each watcher may have waiting; a
 	// watcher that falls further behind loses events (and is told how many).
 	WatchBuffer int
+	// MaxWatchers caps the WatchEvents streams open at once; one more is
+	// refused with RESOURCE_EXHAUSTED.
+	MaxWatchers int
+}
+
+// TLS configures the gRPC listener's TLS. Certificate files are re-read
+// when they change, so a rotation needs no restart.
+type TLS struct {
+	// CertFile and KeyFile (PEM) serve TLS; empty: plaintext.
+	CertFile string
+	KeyFile  string
+	// ClientCAFile (PEM), when set, requires every client to present a
+	// certificate it signed (mutual TLS).
+	ClientCAFile string
+}
+
+// Limits bound what one client may ask of the gRPC server.
+type Limits struct {
+	// MaxRequestBytes is the largest request message the server decodes.
+	MaxRequestBytes int
+	// MaxStreamsPerConnection caps concurrent RPCs on one connection.
+	MaxStreamsPerConnection int
+	// KeepaliveMinTime is the shortest keepalive ping interval a client may
+	// use; a client pinging more often is disconnected.
+	KeepaliveMinTime time.Duration
+	// MaxConnectionIdle closes a connection without RPCs for this long
+	// (0: never); clients reconnect transparently.
+	MaxConnectionIdle time.Duration
 }
 
 // Log configures log/slog.
@@ -78,8 +122,13 @@ type Log struct {
 // Auth guards the admission service.
 type Auth struct {
 	// Token, when set, must come with every call of the admission service as
-	// "authorization: Bearer <token>" (health and reflection stay open).
+	// "authorization: Bearer <token>" (health and reflection stay open). It
+	// is auth.token, or the content of auth.token_file.
 	Token string
+	// OperatorToken, when set, is required for OverrideBreaker and
+	// WatchEvents (Token is then refused for them). It is
+	// auth.operator_token, or the content of auth.operator_token_file.
+	OperatorToken string
 }
 
 // Calls bounds the sidecar's memory of calls.

@@ -3,10 +3,13 @@ package config
 import (
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net"
+	"os"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -20,6 +23,9 @@ import (
 type fileConfig struct {
 	Listen        *string              `koanf:"listen"`
 	MetricsListen *string              `koanf:"metrics_listen"`
+	ListenMode    any                  `koanf:"listen_mode"`
+	TLS           fileTLS              `koanf:"tls"`
+	Limits        fileLimits           `koanf:"limits"`
 	Backend       fileBackend          `koanf:"backend"`
 	Telemetry     fileTelemetry        `koanf:"telemetry"`
 	Events        fileEvents           `koanf:"events"`
@@ -44,6 +50,10 @@ type fileRedis struct {
 	KeyPrefix     *string        `koanf:"key_prefix"`
 	Timeout       *time.Duration `koanf:"timeout"`
 	TLS           *bool          `koanf:"tls"`
+	TLSCAFile     *string        `koanf:"tls_ca_file"`
+	TLSCertFile   *string        `koanf:"tls_cert_file"`
+	TLSKeyFile    *string        `koanf:"tls_key_file"`
+	TLSServerName *string        `koanf:"tls_server_name"`
 	OnUnavailable *string        `koanf:"on_unavailable"`
 	Replicas      *int           `koanf:"replicas"`
 }
@@ -56,6 +66,20 @@ type fileTelemetry struct {
 
 type fileEvents struct {
 	WatchBuffer *int `koanf:"watch_buffer"`
+	MaxWatchers *int `koanf:"max_watchers"`
+}
+
+type fileTLS struct {
+	CertFile     *string `koanf:"cert_file"`
+	KeyFile      *string `koanf:"key_file"`
+	ClientCAFile *string `koanf:"client_ca_file"`
+}
+
+type fileLimits struct {
+	MaxRequestBytes         *int           `koanf:"max_request_bytes"`
+	MaxStreamsPerConnection *int           `koanf:"max_streams_per_connection"`
+	KeepaliveMinTime        *time.Duration `koanf:"keepalive_min_time"`
+	MaxConnectionIdle       *time.Duration `koanf:"max_connection_idle"`
 }
 
 type fileLog struct {
@@ -64,7 +88,10 @@ type fileLog struct {
 }
 
 type fileAuth struct {
-	Token *string `koanf:"token"`
+	Token             *string `koanf:"token"`
+	TokenFile         *string `koanf:"token_file"`
+	OperatorToken     *string `koanf:"operator_token"`
+	OperatorTokenFile *string `koanf:"operator_token_file"`
 }
 
 type fileCalls struct {
@@ -84,8 +111,9 @@ type fileScope struct {
 }
 
 type fileBackoff struct {
-	Base *time.Duration `koanf:"base"`
-	Max  *time.Duration `koanf:"max"`
+	Base          *time.Duration `koanf:"base"`
+	Max           *time.Duration `koanf:"max"`
+	MaxRetryAfter *time.Duration `koanf:"max_retry_after"`
 }
 
 type fileBackpressure struct {
@@ -139,11 +167,23 @@ const (
 	DefaultRetention      = 30 * 24 * time.Hour
 	DefaultTelemetryQueue = 8192
 	DefaultWatchBuffer    = 1024
+	DefaultMaxWatchers    = 64
+	DefaultMaxRetryAfter  = 10 * time.Minute
+	// DefaultMaxRequestBytes is far above the largest valid request (a few
+	// KiB) and far below gRPC's 4 MiB.
+	DefaultMaxRequestBytes   = 64 << 10
+	DefaultMaxStreamsPerConn = 256
+	DefaultKeepaliveMinTime  = 10 * time.Second
+	DefaultMaxConnectionIdle = 30 * time.Minute
 )
 
-var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+// MaxName is the longest scope or source name, in bytes; the sidecar refuses
+// longer names in requests before looking them up.
+const MaxName = 63
 
-const nameAllowed = "a name is 1 to 63 lowercase letters, digits, '_' or '-', starting with a letter or digit"
+var nameRE = regexp.MustCompile(fmt.Sprintf(`^[a-z0-9][a-z0-9_-]{0,%d}$`, MaxName-1))
+
+var nameAllowed = fmt.Sprintf("a name is 1 to %d lowercase letters, digits, '_' or '-', starting with a letter or digit", MaxName)
 
 // checker collects every problem of a configuration, so that one start
 // reports all of them.
@@ -191,6 +231,94 @@ func (c *checker) address(key, addr string, unix bool) {
 	}
 }
 
+// pair refuses one of two keys that only make sense together.
+func (c *checker) pair(keyA, a, keyB, b string) {
+	switch {
+	case a != "" && b == "":
+		c.fail(keyB, b, "must be set with "+keyA)
+	case a == "" && b != "":
+		c.fail(keyA, a, "must be set with "+keyB)
+	}
+}
+
+// readable checks that a configured file can be read now.
+func (c *checker) readable(key, path string) {
+	if path == "" {
+		return
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		c.fail(key, path, fmt.Sprintf("a readable file (%v)", errors.Unwrap(err)))
+		return
+	}
+	f.Close()
+}
+
+// maxSecret bounds a token read from a file.
+const maxSecret = 4096
+
+// secret is a token given inline (key) or in a file (key_file, e.g. a
+// Kubernetes secret), without its trailing newline; "" when neither is set.
+func (c *checker) secret(key string, inline, file *string) string {
+	switch {
+	case inline != nil && file != nil:
+		c.fail(key+"_file", *file, "set "+key+" or "+key+"_file, not both")
+		return ""
+	case inline != nil:
+		if strings.TrimSpace(*inline) == "" {
+			c.fail(key, "(blank)", "a token must not be blank; remove the key to turn it off")
+		}
+		return *inline
+	case file != nil:
+		b, err := readBounded(*file, maxSecret)
+		if err != nil {
+			c.fail(key+"_file", *file, fmt.Sprintf("a readable file of at most %d bytes holding the token (%v)", maxSecret, err))
+			return ""
+		}
+		tok := strings.TrimRight(string(b), "\r\n")
+		if strings.TrimSpace(tok) == "" {
+			c.fail(key+"_file", *file, "the file holds no token")
+		}
+		return tok
+	}
+	return ""
+}
+
+func readBounded(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, errors.Unwrap(err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("longer than %d bytes", limit)
+	}
+	return b, nil
+}
+
+// fileMode reads a unix socket mode written as an octal string ("0660").
+// A YAML number is refused: 0660 and 660 would read as different modes.
+func (c *checker) fileMode(key string, v any) os.FileMode {
+	const allowed = "an octal mode in quotes, e.g. \"0660\" (at most 0777)"
+	switch v := v.(type) {
+	case nil:
+		return 0
+	case string:
+		m, err := strconv.ParseUint(strings.TrimPrefix(v, "0o"), 8, 32)
+		if err != nil || m > 0o777 || m == 0 {
+			c.fail(key, v, allowed)
+			return 0
+		}
+		return os.FileMode(m)
+	}
+	c.fail(key, v, allowed)
+	return 0
+}
+
 func or[T any](p *T, def T) T {
 	if p == nil {
 		return def
@@ -216,6 +344,10 @@ func resolve(f *fileConfig) (*Config, error) {
 				KeyPrefix:     or(f.Backend.Redis.KeyPrefix, "polygate:"),
 				Timeout:       or(f.Backend.Redis.Timeout, DefaultRedisTimeout),
 				TLS:           or(f.Backend.Redis.TLS, false),
+				TLSCAFile:     or(f.Backend.Redis.TLSCAFile, ""),
+				TLSCertFile:   or(f.Backend.Redis.TLSCertFile, ""),
+				TLSKeyFile:    or(f.Backend.Redis.TLSKeyFile, ""),
+				TLSServerName: or(f.Backend.Redis.TLSServerName, ""),
 				OnUnavailable: or(f.Backend.Redis.OnUnavailable, "fail_closed"),
 				Replicas:      or(f.Backend.Redis.Replicas, 1),
 			},
@@ -224,10 +356,16 @@ func resolve(f *fileConfig) (*Config, error) {
 			Path: or(f.Telemetry.Path, ""), Retention: or(f.Telemetry.Retention, DefaultRetention),
 			QueueSize: or(f.Telemetry.QueueSize, DefaultTelemetryQueue),
 		},
-		Events: Events{WatchBuffer: or(f.Events.WatchBuffer, DefaultWatchBuffer)},
+		TLS: TLS{CertFile: or(f.TLS.CertFile, ""), KeyFile: or(f.TLS.KeyFile, ""), ClientCAFile: or(f.TLS.ClientCAFile, "")},
+		Limits: Limits{
+			MaxRequestBytes:         or(f.Limits.MaxRequestBytes, DefaultMaxRequestBytes),
+			MaxStreamsPerConnection: or(f.Limits.MaxStreamsPerConnection, DefaultMaxStreamsPerConn),
+			KeepaliveMinTime:        or(f.Limits.KeepaliveMinTime, DefaultKeepaliveMinTime),
+			MaxConnectionIdle:       or(f.Limits.MaxConnectionIdle, DefaultMaxConnectionIdle),
+		},
+		Events: Events{WatchBuffer: or(f.Events.WatchBuffer, DefaultWatchBuffer), MaxWatchers: or(f.Events.MaxWatchers, DefaultMaxWatchers)},
 		Log:    Log{Format: or(f.Log.Format, "text"), Level: or(f.Log.Level, "info")},
 		Calls:  Calls{MaxLive: or(f.Calls.MaxLive, DefaultMaxLiveCalls), IdleTimeout: or(f.Calls.IdleTimeout, DefaultCallIdle)},
-		Auth:   Auth{Token: or(f.Auth.Token, "")},
 		Scopes: make(map[string]*Scope, len(f.Scopes)),
 	}
 	c.address("listen", cfg.Listen, true)
@@ -246,6 +384,39 @@ func resolve(f *fileConfig) (*Config, error) {
 		c.duration("backend.redis.timeout", r.Timeout, time.Millisecond)
 		c.oneOf("backend.redis.on_unavailable", r.OnUnavailable, "fail_closed", "local")
 		c.atLeast("backend.redis.replicas", int64(r.Replicas), 1)
+		if !r.TLS && (r.TLSCAFile != "" || r.TLSCertFile != "" || r.TLSKeyFile != "" || r.TLSServerName != "") {
+			c.fail("backend.redis.tls", false, "must be true when backend.redis.tls_ca_file, tls_cert_file, tls_key_file or tls_server_name is set")
+		}
+		c.pair("backend.redis.tls_cert_file", r.TLSCertFile, "backend.redis.tls_key_file", r.TLSKeyFile)
+		for key, path := range map[string]string{"backend.redis.tls_ca_file": r.TLSCAFile, "backend.redis.tls_cert_file": r.TLSCertFile, "backend.redis.tls_key_file": r.TLSKeyFile} {
+			c.readable(key, path)
+		}
+	}
+	cfg.ListenMode = c.fileMode("listen_mode", f.ListenMode)
+	if cfg.ListenMode != 0 && !strings.HasPrefix(cfg.Listen, "unix://") {
+		c.fail("listen_mode", fmt.Sprintf("%04o", cfg.ListenMode), "applies to a unix socket only; listen is "+cfg.Listen)
+	}
+	c.pair("tls.cert_file", cfg.TLS.CertFile, "tls.key_file", cfg.TLS.KeyFile)
+	if cfg.TLS.ClientCAFile != "" && cfg.TLS.CertFile == "" {
+		c.fail("tls.client_ca_file", cfg.TLS.ClientCAFile, "needs tls.cert_file and tls.key_file: client certificates are checked over TLS")
+	}
+	for key, path := range map[string]string{"tls.cert_file": cfg.TLS.CertFile, "tls.key_file": cfg.TLS.KeyFile, "tls.client_ca_file": cfg.TLS.ClientCAFile} {
+		c.readable(key, path)
+	}
+	lim := cfg.Limits
+	if lim.MaxRequestBytes < 1<<10 || lim.MaxRequestBytes > 4<<20 {
+		c.fail("limits.max_request_bytes", lim.MaxRequestBytes, "must be 1024 to 4194304 (1 KiB to 4 MiB)")
+	}
+	if lim.MaxStreamsPerConnection < 1 || lim.MaxStreamsPerConnection > 1<<16 {
+		c.fail("limits.max_streams_per_connection", lim.MaxStreamsPerConnection, "must be 1 to 65536")
+	}
+	c.duration("limits.keepalive_min_time", lim.KeepaliveMinTime, time.Second)
+	c.duration("limits.max_connection_idle", lim.MaxConnectionIdle, 0)
+	c.atLeast("events.max_watchers", int64(cfg.Events.MaxWatchers), 1)
+	cfg.Auth.Token = c.secret("auth.token", f.Auth.Token, f.Auth.TokenFile)
+	cfg.Auth.OperatorToken = c.secret("auth.operator_token", f.Auth.OperatorToken, f.Auth.OperatorTokenFile)
+	if cfg.Auth.OperatorToken != "" && cfg.Auth.OperatorToken == cfg.Auth.Token {
+		c.fail("auth.operator_token", "(same as auth.token)", "must differ from auth.token, or the application could act as the operator")
 	}
 	c.duration("telemetry.retention", cfg.Telemetry.Retention, time.Minute)
 	if cfg.Telemetry.Path != "" && strings.TrimSpace(cfg.Telemetry.Path) == "" {
@@ -260,9 +431,6 @@ func resolve(f *fileConfig) (*Config, error) {
 	c.oneOf("log.level", cfg.Log.Level, "debug", "info", "warn", "error")
 	c.atLeast("calls.max_live", int64(cfg.Calls.MaxLive), 1)
 	c.duration("calls.idle_timeout", cfg.Calls.IdleTimeout, time.Second)
-	if f.Auth.Token != nil && strings.TrimSpace(cfg.Auth.Token) == "" {
-		c.fail("auth.token", "(blank)", "a token must not be blank; remove the key to turn auth off")
-	}
 
 	if len(f.Scopes) == 0 {
 		c.fail("scopes", nil, "configure at least one scope")
@@ -299,15 +467,16 @@ func resolve(f *fileConfig) (*Config, error) {
 func resolveScope(c *checker, name string, f *fileScope) *Scope {
 	key := "scopes." + name
 	s := &Scope{
-		Name:         name,
-		CircuitOpen:  OnRefusal(or(f.CircuitOpen, string(FailFast))),
-		QuotaFull:    OnRefusal(or(f.QuotaFull, string(Wait))),
-		MaxAttempts:  or(f.MaxAttempts, DefaultMaxAttempts),
-		BackoffBase:  or(f.Backoff.Base, DefaultBackoffBase),
-		BackoffMax:   or(f.Backoff.Max, DefaultBackoffMax),
-		StallWindow:  or(f.Backpressure.StallWindow, DefaultStallWindow),
-		PollInterval: or(f.Backpressure.PollInterval, DefaultPollInterval),
-		LeaseGrace:   or(f.LeaseGrace, DefaultLeaseGrace),
+		Name:          name,
+		CircuitOpen:   OnRefusal(or(f.CircuitOpen, string(FailFast))),
+		QuotaFull:     OnRefusal(or(f.QuotaFull, string(Wait))),
+		MaxAttempts:   or(f.MaxAttempts, DefaultMaxAttempts),
+		BackoffBase:   or(f.Backoff.Base, DefaultBackoffBase),
+		BackoffMax:    or(f.Backoff.Max, DefaultBackoffMax),
+		MaxRetryAfter: or(f.Backoff.MaxRetryAfter, DefaultMaxRetryAfter),
+		StallWindow:   or(f.Backpressure.StallWindow, DefaultStallWindow),
+		PollInterval:  or(f.Backpressure.PollInterval, DefaultPollInterval),
+		LeaseGrace:    or(f.LeaseGrace, DefaultLeaseGrace),
 	}
 	c.oneOf(key+".circuit_open", string(s.CircuitOpen), string(FailFast), string(Wait))
 	c.oneOf(key+".quota_full", string(s.QuotaFull), string(Wait), string(FailFast))
@@ -317,6 +486,7 @@ func resolveScope(c *checker, name string, f *fileScope) *Scope {
 	if s.BackoffMax < s.BackoffBase {
 		c.fail(key+".backoff.max", s.BackoffMax, fmt.Sprintf("must be at least backoff.base (%v)", s.BackoffBase))
 	}
+	c.duration(key+".backoff.max_retry_after", s.MaxRetryAfter, time.Millisecond)
 	c.duration(key+".backpressure.stall_window", s.StallWindow, time.Millisecond)
 	c.duration(key+".backpressure.poll_interval", s.PollInterval, time.Millisecond)
 	if s.PollInterval > s.StallWindow {

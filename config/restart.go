@@ -15,6 +15,14 @@ var restartKeys = []struct {
 	secret bool
 }{
 	{key: "listen", field: func(c *Config) any { return &c.Listen }},
+	{key: "listen_mode", field: func(c *Config) any { return &c.ListenMode }},
+	{key: "tls.cert_file", field: func(c *Config) any { return &c.TLS.CertFile }},
+	{key: "tls.key_file", field: func(c *Config) any { return &c.TLS.KeyFile }},
+	{key: "tls.client_ca_file", field: func(c *Config) any { return &c.TLS.ClientCAFile }},
+	{key: "limits.max_request_bytes", field: func(c *Config) any { return &c.Limits.MaxRequestBytes }},
+	{key: "limits.max_streams_per_connection", field: func(c *Config) any { return &c.Limits.MaxStreamsPerConnection }},
+	{key: "limits.keepalive_min_time", field: func(c *Config) any { return &c.Limits.KeepaliveMinTime }},
+	{key: "limits.max_connection_idle", field: func(c *Config) any { return &c.Limits.MaxConnectionIdle }},
 	{key: "metrics_listen", field: func(c *Config) any { return &c.MetricsListen }},
 	{key: "backend.kind", field: func(c *Config) any { return &c.Backend.Kind }},
 	{key: "backend.redis.addrs", field: func(c *Config) any { return &c.Backend.Redis.Addrs }},
@@ -26,12 +34,17 @@ var restartKeys = []struct {
 	{key: "backend.redis.key_prefix", field: func(c *Config) any { return &c.Backend.Redis.KeyPrefix }},
 	{key: "backend.redis.timeout", field: func(c *Config) any { return &c.Backend.Redis.Timeout }},
 	{key: "backend.redis.tls", field: func(c *Config) any { return &c.Backend.Redis.TLS }},
+	{key: "backend.redis.tls_ca_file", field: func(c *Config) any { return &c.Backend.Redis.TLSCAFile }},
+	{key: "backend.redis.tls_cert_file", field: func(c *Config) any { return &c.Backend.Redis.TLSCertFile }},
+	{key: "backend.redis.tls_key_file", field: func(c *Config) any { return &c.Backend.Redis.TLSKeyFile }},
+	{key: "backend.redis.tls_server_name", field: func(c *Config) any { return &c.Backend.Redis.TLSServerName }},
 	{key: "backend.redis.on_unavailable", field: func(c *Config) any { return &c.Backend.Redis.OnUnavailable }},
 	{key: "backend.redis.replicas", field: func(c *Config) any { return &c.Backend.Redis.Replicas }},
 	{key: "telemetry.path", field: func(c *Config) any { return &c.Telemetry.Path }},
 	{key: "telemetry.retention", field: func(c *Config) any { return &c.Telemetry.Retention }},
 	{key: "telemetry.queue_size", field: func(c *Config) any { return &c.Telemetry.QueueSize }},
 	{key: "events.watch_buffer", field: func(c *Config) any { return &c.Events.WatchBuffer }},
+	{key: "events.max_watchers", field: func(c *Config) any { return &c.Events.MaxWatchers }},
 	{key: "log.format", field: func(c *Config) any { return &c.Log.Format }},
 }
 

@@ -105,7 +105,7 @@ func TestKeepRestartKeys(t *testing.T) {
 // the restart table fails here.
 func TestEveryRestartSectionFieldIsAKey(t *testing.T) {
 	running := parse(t, restartBase)
-	sections := []string{"Listen", "MetricsListen", "Backend", "Telemetry", "Events"}
+	sections := []string{"Listen", "ListenMode", "TLS", "Limits", "MetricsListen", "Backend", "Telemetry", "Events"}
 	var leaves [][]int
 	var walk func(tp reflect.Type, path []int)
 	walk = func(tp reflect.Type, path []int) {
@@ -135,8 +135,10 @@ func TestEveryRestartSectionFieldIsAKey(t *testing.T) {
 			v.SetInt(v.Int() + int64(time.Second))
 		case v.Kind() == reflect.String:
 			v.SetString(v.String() + "x")
-		case v.Kind() == reflect.Int:
+		case v.Kind() == reflect.Int || v.Kind() == reflect.Int64:
 			v.SetInt(v.Int() + 1)
+		case v.Kind() == reflect.Uint32 || v.Kind() == reflect.Uint64 || v.Kind() == reflect.Uint:
+			v.SetUint(v.Uint() + 1)
 		case v.Kind() == reflect.Bool:
 			v.SetBool(!v.Bool())
 		case v.Kind() == reflect.Slice && v.Type().Elem().Kind() == reflect.String:
@@ -148,7 +150,7 @@ func TestEveryRestartSectionFieldIsAKey(t *testing.T) {
 			t.Errorf("changing %s: %d restart changes reported, want 1", name, len(got))
 		}
 		if !reflect.DeepEqual(next.Backend, running.Backend) || next.Telemetry != running.Telemetry || next.Events != running.Events ||
-			next.Listen != running.Listen || next.MetricsListen != running.MetricsListen || next.Log != running.Log {
+			next.Listen != running.Listen || next.ListenMode != running.ListenMode || next.TLS != running.TLS || next.Limits != running.Limits || next.MetricsListen != running.MetricsListen || next.Log != running.Log {
 			t.Errorf("changing %s: not set back to the running value", name)
 		}
 	}

@@ -27,6 +27,9 @@ type Scope struct {
 	// BackoffBase and BackoffMax bound the exponential backoff after a failed attempt.
 	BackoffBase time.Duration
 	BackoffMax  time.Duration
+	// MaxRetryAfter caps an upstream Retry-After that lengthens a backoff:
+	// a longer hint fails the call (retry_after_too_long) instead.
+	MaxRetryAfter time.Duration
 	// StallWindow is the stall budget: non-productive time a call may spend
 	// while the scope makes no progress; PollInterval paces re-asking when
 	// there is no certain time to wait for.

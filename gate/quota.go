@@ -46,7 +46,7 @@ func (q *Quota) expire(now int64) {
 	}
 	for q.head < len(q.log) && q.log[q.head].at+Minute <= now {
 		e := q.log[q.head]
-		q.tokens -= e.tokens
+		q.tokens = addTokens(q.tokens, -e.tokens)
 		delete(q.index, e.permit)
 		q.log[q.head] = logEntry{}
 		q.head++
@@ -87,6 +87,17 @@ func (q *Quota) check(l Limits, ceiling int, tokens, now int64) (Reason, int64) 
 	return reason, 0
 }
 
+// MaxTokenSum bounds a token count: a minute's sum (and each admission's
+// count) saturates at 0 and at MaxTokenSum, so that no report can wrap it
+// below a TPM limit. 2^53 is exact in Lua's doubles too.
+const MaxTokenSum = 1 << 53
+
+// addTokens is sum + n, saturating at [0, MaxTokenSum]; sum must be in it.
+func addTokens(sum, n int64) int64 {
+	n = min(max(n, -MaxTokenSum), MaxTokenSum)
+	return min(max(sum+n, 0), MaxTokenSum)
+}
+
 // take holds a slot for the permit and counts its admission.
 func (q *Quota) take(l Limits, permit string, tokens, now int64) {
 	if q.Leases == nil {
@@ -100,8 +111,9 @@ func (q *Quota) take(l Limits, permit string, tokens, now int64) {
 		q.index = make(map[string]int64)
 	}
 	q.index[permit] = q.base + int64(len(q.log))
+	tokens = addTokens(0, tokens)
 	q.log = append(q.log, logEntry{at: now, tokens: tokens, permit: permit})
-	q.tokens += tokens
+	q.tokens = addTokens(q.tokens, tokens)
 }
 
 // release frees the permit's slot and settles its token count to actual
@@ -112,7 +124,8 @@ func (q *Quota) release(permit string, actual, now int64) bool {
 	delete(q.Leases, permit)
 	if pos, ok := q.index[permit]; ok && actual >= 0 {
 		e := &q.log[pos-q.base]
-		q.tokens += actual - e.tokens
+		actual = addTokens(0, actual)
+		q.tokens = addTokens(q.tokens, actual-e.tokens)
 		e.tokens = actual
 	}
 	return held
@@ -154,7 +167,7 @@ func (q *Quota) view(now int64) QuotaView {
 	for _, e := range q.log[q.head:] {
 		if e.at+Minute > now {
 			requests++
-			tokens += e.tokens
+			tokens = addTokens(tokens, e.tokens)
 		}
 	}
 	return QuotaView{InFlight: inFlight, Requests: requests, Tokens: tokens}

@@ -2,28 +2,17 @@ package policy
 
 import (
 	"crypto/rand"
-	"encoding/hex"
-	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/polygate/polygate/gate"
 )
 
-var (
-	idBase = func() string {
-		var b [6]byte
-		_, _ = rand.Read(b[:])
-		return hex.EncodeToString(b[:])
-	}()
-	idSeq atomic.Uint64
-)
-
-// NewID returns an id unique across processes: kind, a random per-process
-// part and a sequence number.
+// NewID returns an unguessable id: kind, then 128 random bits from
+// crypto/rand (26 base32 characters). Knowing one's own ids tells nothing
+// of another client's.
 func NewID(kind string) string {
-	return fmt.Sprintf("%s-%s-%d", kind, idBase, idSeq.Add(1))
+	return kind + "-" + rand.Text()
 }
 
 // Call is one logical request of the application: the accounting of its two

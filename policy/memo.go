@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"math"
 	"sync"
 	"time"
 )
@@ -53,6 +54,9 @@ func (m *Memo) Remaining(source string, now time.Time) time.Duration {
 // exactly is never early.
 func ceilMs(d time.Duration) time.Duration {
 	if r := d % time.Millisecond; r > 0 {
+		if d > math.MaxInt64-time.Millisecond {
+			return d - r // saturate rather than wrap negative
+		}
 		d += time.Millisecond - r
 	}
 	return d

@@ -90,6 +90,9 @@ const (
 	FailDeadlineExceeded
 	// FailCancelled: the caller reported CANCELLED.
 	FailCancelled
+	// FailRetryAfterTooLong: an upstream Retry-After is longer than the
+	// scope's backoff.max_retry_after.
+	FailRetryAfterTooLong
 )
 
 var failureReasonNames = []string{
@@ -100,6 +103,7 @@ var failureReasonNames = []string{
 	FailNonRetryable:     "non_retryable",
 	FailDeadlineExceeded: "deadline_exceeded",
 	FailCancelled:        "cancelled",
+	FailRetryAfterTooLong: "retry_after_too_long",
 }
 
 func (r FailureReason) String() string { return enum.String(r, failureReasonNames) }

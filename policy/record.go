@@ -70,9 +70,11 @@ func (s *Scope) record(ctx context.Context, c *Call, a Attempt) (Recorded, Attem
 	if !ok {
 		return Recorded{}, a, nil, fmt.Errorf("%w: %d", ErrUnknownOutcome, a.Outcome)
 	}
+	// An upstream hint is a floor with a ceiling: a dead source's OPEN
+	// lasts at least the hint, at most max_cooldown.
 	var floor time.Duration
 	if a.Outcome == SourceDead {
-		floor = a.RetryAfter
+		floor = min(a.RetryAfter, c.permitSrc.Breaker.MaxCooldown)
 	}
 	p := c.permit
 	// As in Pick, the caller's cancellation does not cut the decision (the
@@ -148,7 +150,16 @@ func (s *Scope) next(c *Call, cfg *config.Scope, r rule, a Attempt, progressAge 
 		// the full backoff applies.)
 		backoff = min(backoff, left)
 	}
-	backoff = max(backoff, ceilMs(a.RetryAfter))
+	hint := a.RetryAfter
+	switch {
+	case a.Outcome == SourceDead:
+		// The hint lengthened the source's OPEN (up to max_cooldown); the
+		// retry may go to another source.
+		hint = min(hint, c.permitSrc.Breaker.MaxCooldown, cfg.MaxRetryAfter)
+	case hint > cfg.MaxRetryAfter:
+		return Action{Failure: &Failure{Reason: FailRetryAfterTooLong, RetryAfter: ceilMs(hint)}}
+	}
+	backoff = max(backoff, ceilMs(hint))
 	if !c.Deadline.IsZero() && now.Add(backoff).After(c.Deadline) {
 		return Action{Failure: &Failure{Reason: FailDeadlineExceeded, RetryAfter: backoff}}
 	}

@@ -23,13 +23,14 @@ var reasons = map[gate.Reason]admissionv1.Reason{
 }
 
 var failureReasons = map[policy.FailureReason]admissionv1.FailureReason{
-	policy.FailCircuitOpen:      admissionv1.FailureReason_FAILURE_REASON_CIRCUIT_OPEN,
-	policy.FailQuotaExhausted:   admissionv1.FailureReason_FAILURE_REASON_QUOTA_EXHAUSTED,
-	policy.FailStalled:          admissionv1.FailureReason_FAILURE_REASON_STALLED,
-	policy.FailRetryExhausted:   admissionv1.FailureReason_FAILURE_REASON_RETRY_EXHAUSTED,
-	policy.FailNonRetryable:     admissionv1.FailureReason_FAILURE_REASON_NON_RETRYABLE,
-	policy.FailDeadlineExceeded: admissionv1.FailureReason_FAILURE_REASON_DEADLINE_EXCEEDED,
-	policy.FailCancelled:        admissionv1.FailureReason_FAILURE_REASON_CANCELLED,
+	policy.FailCircuitOpen:       admissionv1.FailureReason_FAILURE_REASON_CIRCUIT_OPEN,
+	policy.FailQuotaExhausted:    admissionv1.FailureReason_FAILURE_REASON_QUOTA_EXHAUSTED,
+	policy.FailStalled:           admissionv1.FailureReason_FAILURE_REASON_STALLED,
+	policy.FailRetryExhausted:    admissionv1.FailureReason_FAILURE_REASON_RETRY_EXHAUSTED,
+	policy.FailNonRetryable:      admissionv1.FailureReason_FAILURE_REASON_NON_RETRYABLE,
+	policy.FailDeadlineExceeded:  admissionv1.FailureReason_FAILURE_REASON_DEADLINE_EXCEEDED,
+	policy.FailCancelled:         admissionv1.FailureReason_FAILURE_REASON_CANCELLED,
+	policy.FailRetryAfterTooLong: admissionv1.FailureReason_FAILURE_REASON_RETRY_AFTER_TOO_LONG,
 }
 
 var states = map[gate.State]admissionv1.BreakerState{
@@ -183,6 +184,7 @@ func scopeConfig(c *config.Scope) *admissionv1.ScopeConfig {
 		Name: c.Name, CircuitOpen: onRefusal[c.CircuitOpen], QuotaFull: onRefusal[c.QuotaFull],
 		MaxAttempts: int32(c.MaxAttempts), BackoffBase: dur(c.BackoffBase), BackoffMax: dur(c.BackoffMax),
 		StallWindow: dur(c.StallWindow), PollInterval: dur(c.PollInterval), LeaseGrace: dur(c.LeaseGrace),
+		MaxRetryAfter: dur(c.MaxRetryAfter),
 	}
 }
 

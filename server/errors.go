@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -24,6 +25,7 @@ var (
 	errUnknownScope    = errors.New("unknown scope")
 	errUnknownCall     = errors.New("unknown or expired call")
 	errTooManyCalls    = errors.New("too many live calls")
+	errTooManyWatchers = errors.New("too many WatchEvents streams")
 	errUnauthenticated = errors.New("missing or wrong bearer token")
 )
 
@@ -66,8 +68,12 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		code, reason = codes.NotFound, admissionv1.ErrorReason_ERROR_REASON_UNKNOWN_CALL
 	case errors.Is(err, errTooManyCalls):
 		code, reason = codes.ResourceExhausted, admissionv1.ErrorReason_ERROR_REASON_TOO_MANY_CALLS
+	case errors.Is(err, errTooManyWatchers):
+		code, reason = codes.ResourceExhausted, admissionv1.ErrorReason_ERROR_REASON_TOO_MANY_WATCHERS
 	case errors.Is(err, errUnauthenticated):
 		code, reason = codes.Unauthenticated, admissionv1.ErrorReason_ERROR_REASON_UNAUTHENTICATED
+	case errors.Is(err, errPermissionDenied):
+		code, reason = codes.PermissionDenied, admissionv1.ErrorReason_ERROR_REASON_PERMISSION_DENIED
 	case errors.Is(err, policy.ErrUnknownSource):
 		code, reason = codes.InvalidArgument, admissionv1.ErrorReason_ERROR_REASON_UNKNOWN_SOURCE
 	case errors.Is(err, policy.ErrEstimateTooLarge):
@@ -87,9 +93,10 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		log.ErrorContext(ctx, "internal error", "err", err)
 		return withInfo(status.New(codes.Internal, "internal error"), admissionv1.ErrorReason_ERROR_REASON_INTERNAL, nil)
 	}
-	st := status.New(code, err.Error())
+	msg := message(err)
+	st := status.New(code, msg)
 	if field := meta["field"]; code == codes.InvalidArgument && field != "" {
-		st = withDetails(st, &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: field, Description: err.Error()}}})
+		st = withDetails(st, &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: field, Description: msg}}})
 	}
 	return withInfo(st, reason, meta)
 }
@@ -104,6 +111,30 @@ func withDetails(st *status.Status, d ...protoadapt.MessageV1) *status.Status {
 		return st
 	}
 	return out
+}
+
+// clipBytes is how much of an input a status message or a log line shows.
+const clipBytes = 64
+
+// clip shows an input in a status message or a log line: quoted and escaped,
+// cut to its first clipBytes bytes with its length when longer, so that no
+// answer or log line carries more than a short prefix of what a client sent.
+func clip(s string) string {
+	if len(s) <= clipBytes {
+		return fmt.Sprintf("%q", s)
+	}
+	return fmt.Sprintf("%q…(%d bytes)", s[:clipBytes], len(s))
+}
+
+// maxMessage bounds a status message, whatever error it comes from.
+const maxMessage = 512
+
+func message(err error) string {
+	msg := err.Error()
+	if len(msg) > maxMessage {
+		msg = strings.ToValidUTF8(msg[:maxMessage], "") + "…"
+	}
+	return msg
 }
 
 func errorf(sentinel error, format string, args ...any) error {

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/polygate/polygate/config"
 	"github.com/polygate/polygate/gate"
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 	"github.com/polygate/polygate/policy"
@@ -20,46 +22,77 @@ const DefaultWatchBuffer = 1024
 
 // hub publishes typed events to the watchers of WatchEvents. It is a
 // policy.Observer: it is told of decisions outside every lock of the
-// decision, converts the event once, and offers it to each watcher's
-// bounded buffer without ever waiting; a watcher whose buffer is full loses
-// the event, and the next event it gets carries the count. With no watcher,
-// publishing costs one atomic load.
+// decision, converts the event once and queues it; one goroutine fans the
+// queue out to the watchers. A decision's cost is therefore the same
+// whatever the number of watchers: an atomic load with none, a conversion
+// and a non-blocking send with any. Each watcher has a bounded buffer; a
+// watcher whose buffer is full (or every watcher, when the queue itself is
+// full) loses the event, and the next event it gets carries the count.
+// At most max watchers are connected at once.
 type hub struct {
 	policy.NopObserver
 	now    func() time.Time
 	buffer int
+	max    int
 
 	watching atomic.Int32
+	queue    chan published
+	// lost counts events the queue refused, not yet told to the watchers.
+	lost    atomic.Uint64
+	fanning sync.Once
+
 	mu       sync.Mutex
-	seq      uint64
 	watchers map[*watcher]struct{}
 	closed   chan struct{}
 
 	published atomic.Uint64
 	dropped   atomic.Uint64
+	refused   atomic.Uint64
 }
+
+// published is one event on its way to the watchers; a nil ev with a done
+// channel is a marker that the fan-out closes when it gets there (sync).
+type published struct {
+	scope string
+	at    time.Time
+	ev    *admissionv1.WatchEventsResponse
+	done  chan struct{}
+}
+
+// queueSize bounds the events published but not yet fanned out.
+const queueSize = 4096
 
 // watcher is one WatchEvents stream.
 type watcher struct {
 	scope string
 	ch    chan *admissionv1.WatchEventsResponse
-	lost  uint64 // lost since the last event queued; guarded by hub.mu
+	lost  uint64 // lost since the last event queued; owned by the fan-out
 }
 
-func newHub(now func() time.Time, buffer int) *hub {
+func newHub(now func() time.Time, buffer, max int) *hub {
 	if buffer <= 0 {
 		buffer = DefaultWatchBuffer
 	}
-	return &hub{now: now, buffer: buffer, watchers: make(map[*watcher]struct{}), closed: make(chan struct{})}
+	if max <= 0 {
+		max = config.DefaultMaxWatchers
+	}
+	return &hub{now: now, buffer: buffer, max: max, queue: make(chan published, queueSize),
+		watchers: make(map[*watcher]struct{}), closed: make(chan struct{})}
 }
 
-func (h *hub) subscribe(scope string) *watcher {
+// subscribe registers a watcher, unless max are connected already.
+func (h *hub) subscribe(scope string) (*watcher, error) {
 	w := &watcher{scope: scope, ch: make(chan *admissionv1.WatchEventsResponse, h.buffer)}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if len(h.watchers) >= h.max {
+		h.refused.Add(1)
+		return nil, fmt.Errorf("%w: %d streams are open (events.max_watchers)", errTooManyWatchers, len(h.watchers))
+	}
 	h.watchers[w] = struct{}{}
 	h.watching.Add(1)
-	return w
+	h.fanning.Do(func() { go h.fanOut() })
+	return w, nil
 }
 
 func (h *hub) unsubscribe(w *watcher) {
@@ -71,7 +104,7 @@ func (h *hub) unsubscribe(w *watcher) {
 	}
 }
 
-// close ends every watch stream, now and later.
+// close ends every watch stream and the fan-out, now and later.
 func (h *hub) close() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -86,30 +119,78 @@ func (h *hub) close() {
 // build an event.
 func (h *hub) active() bool { return h.watching.Load() > 0 }
 
-// publish offers one event to every watcher of its scope (all watchers when
-// scope is empty). It never blocks.
-// ev carries only the event (its oneof); the hub stamps each watcher's copy.
+// publish queues one event for the watchers of its scope (all watchers when
+// scope is empty). It never blocks: when the queue is full the event is
+// lost, and every watcher's next event counts it.
+// ev carries only the event (its oneof); the fan-out stamps each watcher's copy.
 func (h *hub) publish(scope string, ev *admissionv1.WatchEventsResponse) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if len(h.watchers) == 0 {
+	if !h.active() {
 		return
 	}
-	h.seq++
-	h.published.Add(1)
-	at := timestamppb.New(h.now())
-	for w := range h.watchers {
-		if w.scope != "" && scope != "" && w.scope != scope {
+	select {
+	case h.queue <- published{scope: scope, at: h.now(), ev: ev}:
+	default:
+		h.lost.Add(1)
+		h.dropped.Add(1)
+	}
+}
+
+// sync waits until every event published before it has been fanned out
+// (tests), or the hub is closed.
+func (h *hub) sync() {
+	done := make(chan struct{})
+	select {
+	case h.queue <- published{done: done}:
+	case <-h.closed:
+		return
+	}
+	select {
+	case <-done:
+	case <-h.closed:
+	}
+}
+
+// fanOut offers each queued event to every watcher of its scope, without
+// ever waiting for one. It runs from the first subscription until close.
+func (h *hub) fanOut() {
+	var seq uint64
+	var targets []*watcher
+	for {
+		var p published
+		select {
+		case p = <-h.queue:
+		case <-h.closed:
+			return
+		}
+		if p.ev == nil {
+			close(p.done)
 			continue
 		}
-		// The event message is shared, read-only, by every watcher's copy.
-		msg := &admissionv1.WatchEventsResponse{Sequence: h.seq, Time: at, Scope: scope, Dropped: w.lost, Event: ev.Event}
-		select {
-		case w.ch <- msg:
-			w.lost = 0
-		default:
-			w.lost++
-			h.dropped.Add(1)
+		// Events the queue refused take their sequence numbers too, so a
+		// watcher sees the gap as well as the count.
+		lost := h.lost.Swap(0)
+		seq += lost + 1
+		h.published.Add(1)
+		h.mu.Lock()
+		targets = targets[:0]
+		for w := range h.watchers {
+			if w.scope == "" || p.scope == "" || w.scope == p.scope {
+				targets = append(targets, w)
+			}
+		}
+		h.mu.Unlock()
+		at := timestamppb.New(p.at)
+		for _, w := range targets {
+			w.lost += lost
+			// The event message is shared, read-only, by every watcher's copy.
+			msg := &admissionv1.WatchEventsResponse{Sequence: seq, Time: at, Scope: p.scope, Dropped: w.lost, Event: p.ev.Event}
+			select {
+			case w.ch <- msg:
+				w.lost = 0
+			default:
+				w.lost++
+				h.dropped.Add(1)
+			}
 		}
 	}
 }
@@ -209,12 +290,18 @@ func (h *hub) backend(c BackendChange) {
 
 // WatchEvents implements admissionv1.AdmissionServiceServer.
 func (s *Server) WatchEvents(req *admissionv1.WatchEventsRequest, stream grpc.ServerStreamingServer[admissionv1.WatchEventsResponse]) error {
+	if err := validate(req); err != nil {
+		return err
+	}
 	if scope := req.GetScope(); scope != "" {
 		if _, err := s.Scope(scope); err != nil {
 			return err
 		}
 	}
-	w := s.events.subscribe(req.GetScope())
+	w, err := s.events.subscribe(req.GetScope())
+	if err != nil {
+		return err
+	}
 	defer s.events.unsubscribe(w)
 	// The headers tell the client that the watch is registered: every event
 	// published from now on reaches it (or is counted as dropped).

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -265,6 +266,7 @@ func TestSlowWatcherLosesEventsNotDecisions(t *testing.T) {
 		t.Fatal("released early")
 	default:
 	}
+	e.sc.srv.events.sync()
 	if got := e.sc.srv.events.dropped.Load(); got != calls-buffer {
 		t.Fatalf("dropped %d events, want %d", got, calls-buffer)
 	}
@@ -302,5 +304,64 @@ func TestWatchEventsEnds(t *testing.T) {
 	e.sc.stop()
 	if _, err := w.Recv(); !errors.Is(err, io.EOF) {
 		t.Fatalf("after stop: %v, want the stream to end", err)
+	}
+}
+
+// TestWatchersAreCapped: events.max_watchers streams are admitted, one more
+// is RESOURCE_EXHAUSTED (TOO_MANY_WATCHERS), and a closed stream frees its
+// place.
+func TestWatchersAreCapped(t *testing.T) {
+	e := startOps(t, opsOpts{yaml: "events: {max_watchers: 2}\n" + eventsConfig})
+	e.watch(t, "")
+	ctx, cancel := context.WithCancel(e.ctx)
+	second, err := e.client.WatchEvents(ctx, &admissionv1.WatchEventsRequest{Scope: "chat"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := second.Header(); err != nil {
+		t.Fatal(err)
+	}
+	third := func() error {
+		s, err := e.client.WatchEvents(e.ctx, &admissionv1.WatchEventsRequest{})
+		if err != nil {
+			return err
+		}
+		md, err := s.Header()
+		if err == nil && md == nil {
+			_, err = s.Recv()
+		}
+		return err
+	}
+	wantStatus(t, third(), codes.ResourceExhausted, admissionv1.ErrorReason_ERROR_REASON_TOO_MANY_WATCHERS, "")
+	cancel()
+	deadline := time.Now().Add(10 * time.Second)
+	for e.sc.srv.events.watching.Load() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the closed stream was not unregistered")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	e.watch(t, "other")
+}
+
+// BenchmarkPublish: the cost of one published event to the decision that
+// publishes it, by the number of watchers (none of which reads). It should
+// not grow with the number of watchers: the fan-out runs on its own goroutine.
+func BenchmarkPublish(b *testing.B) {
+	for _, n := range []int{0, 1, 100, 500} {
+		b.Run(fmt.Sprintf("watchers=%d", n), func(b *testing.B) {
+			h := newHub(time.Now, 1024, 1000)
+			defer h.close()
+			for range n {
+				if _, err := h.subscribe(""); err != nil {
+					b.Fatal(err)
+				}
+			}
+			ev := &admissionv1.WatchEventsResponse{Event: &admissionv1.WatchEventsResponse_BackendHealth{BackendHealth: &admissionv1.BackendHealth{Backend: "memory"}}}
+			b.ResetTimer()
+			for b.Loop() {
+				h.publish("chat", ev)
+			}
+		})
 	}
 }

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/subtle"
 	"log/slog"
 	"runtime/debug"
 
@@ -30,9 +29,9 @@ type Interceptors struct {
 // and validation (admission service only, so health and reflection stay
 // open), recovery innermost so that logging and metrics still see a panic.
 //
-// token returns the bearer token every admission call must carry ("" turns
-// auth off); it is read per call, so a reload can change it.
-func ServerOptions(log *slog.Logger, token func() string, extra Interceptors) []grpc.ServerOption {
+// tokens are the bearer tokens of the application and operator roles (see
+// Tokens); they are read per call, so a reload can change them.
+func ServerOptions(log *slog.Logger, tokens *Tokens, extra Interceptors) []grpc.ServerOption {
 	logger := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
 		log.Log(ctx, slog.Level(lvl), msg, fields...)
 	})
@@ -43,17 +42,7 @@ func ServerOptions(log *slog.Logger, token func() string, extra Interceptors) []
 	admission := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
 		return c.Service == admissionv1.AdmissionService_ServiceDesc.ServiceName
 	})
-	authFn := func(ctx context.Context) (context.Context, error) {
-		want := token()
-		if want == "" {
-			return ctx, nil
-		}
-		got, err := auth.AuthFromMD(ctx, "bearer")
-		if err != nil || subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
-			return nil, errUnauthenticated
-		}
-		return ctx, nil
-	}
+	authFn := tokens.authenticate
 	recover := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		log.ErrorContext(ctx, "panic in handler", "panic", p, "stack", string(debug.Stack()))
 		return status.Error(codes.Internal, "internal error")

@@ -83,7 +83,7 @@ func startOps(t *testing.T, o opsOpts) *opsEnv {
 	logs := &lockedBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	srv := New(cfg, inmem.New(clock.Now), log, Options{Now: clock.Now, WatchBuffer: o.watchBuffer})
-	gs := grpc.NewServer(ServerOptions(log, func() string { return cfg.Auth.Token }, o.interceptors)...)
+	gs := grpc.NewServer(append(ServerOptions(log, NewTokens(cfg.Auth), o.interceptors), append(LimitOptions(cfg.Limits), CodecOption())...)...)
 	admissionv1.RegisterAdmissionServiceServer(gs, srv)
 	lis := bufconn.Listen(1 << 20)
 	go func() { _ = gs.Serve(lis) }()

@@ -53,7 +53,7 @@ func New(cfg *config.Config, backend gate.Backend, log *slog.Logger, o Options) 
 	if o.BackendName == nil {
 		o.BackendName = func() string { return "memory" }
 	}
-	events := newHub(o.Now, o.WatchBuffer)
+	events := newHub(o.Now, o.WatchBuffer, cfg.Events.MaxWatchers)
 	s := &Server{
 		backend: backend, backendName: o.BackendName, log: log, now: o.Now,
 		observer: append(observers{logObserver{log: log, now: o.Now}, events}, o.Observers...),
@@ -111,11 +111,15 @@ type EventCounts struct {
 	// Published counts events published while a watcher was connected;
 	// Dropped, events lost by watchers whose buffer was full (summed).
 	Published, Dropped uint64
+	// Refused counts streams refused at events.max_watchers; Undecodable,
+	// admission requests that did not decode.
+	Refused, Undecodable uint64
 }
 
 // EventCounts reads the event hub's counters.
 func (s *Server) EventCounts() EventCounts {
-	return EventCounts{Watchers: int(s.events.watching.Load()), Published: s.events.published.Load(), Dropped: s.events.dropped.Load()}
+	return EventCounts{Watchers: int(s.events.watching.Load()), Published: s.events.published.Load(), Dropped: s.events.dropped.Load(),
+		Refused: s.events.refused.Load(), Undecodable: undecodableRequests.Load()}
 }
 
 // abandon tells the observers that care of calls that end without a decision.
@@ -168,7 +172,7 @@ func (s *Server) Scope(name string) (*policy.Scope, error) {
 	defer s.mu.RUnlock()
 	sc, ok := s.scopes[name]
 	if !ok {
-		return nil, errorf(errUnknownScope, "%q", name)
+		return nil, errorf(errUnknownScope, "%s", clip(name))
 	}
 	return sc, nil
 }
@@ -297,6 +301,9 @@ func (s *Server) call(scope, id string) (*policy.Scope, *session, error) {
 func (s *Server) RetryAfter(ctx context.Context, req *admissionv1.RetryAfterRequest) (*admissionv1.RetryAfterResponse, error) {
 	sc, err := s.Scope(req.GetScope())
 	if err != nil {
+		return nil, err
+	}
+	if err := checkSources(req.GetSources(), len(sc.Config().Sources)); err != nil {
 		return nil, err
 	}
 	least, views, err := sc.RetryAfter(ctx, req.GetSources())

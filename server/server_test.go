@@ -45,6 +45,7 @@ scopes:
 
 // harness is a server over bufconn with the real interceptor chain.
 type harness struct {
+	conn   *grpc.ClientConn
 	client admissionv1.AdmissionServiceClient
 	health healthpb.HealthClient
 	srv    *Server
@@ -56,6 +57,8 @@ type harnessOpts struct {
 	yaml    string
 	backend gate.Backend
 	token   string
+	// operator is auth.operator_token.
+	operator string
 	// loopback serves on a real TCP port instead of bufconn (benchmarks).
 	loopback bool
 }
@@ -75,7 +78,7 @@ func start(t testing.TB, o harnessOpts) *harness {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	srv := New(cfg, o.backend, log, Options{Now: clock.Now})
-	gs := grpc.NewServer(ServerOptions(log, func() string { return o.token }, Interceptors{})...)
+	gs := grpc.NewServer(append(ServerOptions(log, NewTokens(config.Auth{Token: o.token, OperatorToken: o.operator}), Interceptors{}), append(LimitOptions(cfg.Limits), CodecOption())...)...)
 	admissionv1.RegisterAdmissionServiceServer(gs, srv)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
@@ -107,7 +110,7 @@ func start(t testing.TB, o harnessOpts) *harness {
 		srv.Close()
 		gs.Stop()
 	})
-	return &harness{client: admissionv1.NewAdmissionServiceClient(conn), health: healthpb.NewHealthClient(conn), srv: srv, clock: clock, ctx: ctx}
+	return &harness{conn: conn, client: admissionv1.NewAdmissionServiceClient(conn), health: healthpb.NewHealthClient(conn), srv: srv, clock: clock, ctx: ctx}
 }
 
 // wantStatus checks an error's code, its ErrorInfo reason and, for

@@ -70,10 +70,10 @@ func (s *sessions) acquire(id, scope string) (*session, error) {
 	defer s.mu.Unlock()
 	sess, ok := s.calls[id]
 	if !ok {
-		return nil, fmt.Errorf("%w: %q", errUnknownCall, id)
+		return nil, fmt.Errorf("%w: %s", errUnknownCall, clip(id))
 	}
 	if sess.call.Scope != scope {
-		return nil, badField("scope", "call %s belongs to scope %q, not %q", id, sess.call.Scope, scope)
+		return nil, badField("scope", "call %s belongs to scope %q, not %s", id, sess.call.Scope, clip(scope))
 	}
 	sess.busy++
 	sess.touched = s.now()

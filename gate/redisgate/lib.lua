@@ -457,6 +457,15 @@ local function limits(i)
   }
 end
 
+-- addTokens: a token count saturating at [0, MAX_TOKEN_SUM], so that no
+-- report can wrap the minute's sum (or print it in exponent form).
+local function tadd(sum, n)
+  local s = sum + n
+  if s < 0 then return 0 end
+  if s > MAX_TOKEN_SUM then return MAX_TOKEN_SUM end
+  return s
+end
+
 local function q_sum(q)
   return tonumber(redis.call('HGET', q.data, 'sum') or 0)
 end
@@ -482,7 +491,7 @@ local function q_expire(q, now)
     end
     local vals = redis.call('HMGET', q.data, unpack(fields))
     for k = 1, #fields, 2 do
-      sum = sum - tonumber(vals[k] or 0)
+      sum = tadd(sum, -tonumber(vals[k] or 0))
       if vals[k + 1] then
         fields[#fields + 1] = 'i' .. vals[k + 1]
       end
@@ -558,9 +567,10 @@ local function q_take(q, l, permit, tokens, now)
   if l.rpm == 0 and l.tpm == 0 then
     return
   end
+  tokens = tadd(0, tokens)
   local m = string.format('%016d', redis.call('HINCRBY', q.data, 'next', 1))
   redis.call('ZADD', q.log, I(now), m)
-  redis.call('HSET', q.data, 't' .. m, I(tokens), 'p' .. m, permit, 'i' .. permit, m, 'sum', I(q_sum(q) + tokens))
+  redis.call('HSET', q.data, 't' .. m, I(tokens), 'p' .. m, permit, 'i' .. permit, m, 'sum', I(tadd(q_sum(q), tokens)))
   redis.call('PEXPIRE', q.log, I(MINUTE + SLACK))
   redis.call('PEXPIRE', q.data, I(MINUTE + SLACK))
 end
@@ -573,7 +583,8 @@ local function q_release(q, permit, actual, now)
   local m = redis.call('HGET', q.data, 'i' .. permit)
   if m and actual >= 0 then
     local old = tonumber(redis.call('HGET', q.data, 't' .. m) or 0)
-    redis.call('HSET', q.data, 't' .. m, I(actual), 'sum', I(q_sum(q) + actual - old))
+    actual = tadd(0, actual)
+    redis.call('HSET', q.data, 't' .. m, I(actual), 'sum', I(tadd(q_sum(q), actual - old)))
   end
   return held
 end
@@ -594,7 +605,7 @@ local function q_view(q, now)
       fields[#fields + 1] = 't' .. m
     end
     for _, t in ipairs(redis.call('HMGET', q.data, unpack(fields))) do
-      tokens = tokens - tonumber(t or 0)
+      tokens = tadd(tokens, -tonumber(t or 0))
     end
     offset = offset + PAGE
   end

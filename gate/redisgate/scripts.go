@@ -84,5 +84,6 @@ func prelude() string {
 	def("C_RESET", gate.CauseReset)
 	def("MINUTE", gate.Minute)
 	def("BUCKETS", gate.WindowBuckets)
+	def("MAX_TOKEN_SUM", int64(gate.MaxTokenSum))
 	return b.String()
 }

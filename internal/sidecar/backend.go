@@ -2,7 +2,6 @@ package sidecar
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/polygate/polygate/gate/fallback"
 	"github.com/polygate/polygate/gate/inmem"
 	"github.com/polygate/polygate/gate/redisgate"
+	"github.com/polygate/polygate/server"
 )
 
 // backend is the configured gate.Backend with what Run needs around it.
@@ -52,9 +52,11 @@ func openRedis(r config.Redis, log *slog.Logger, onChange func(bool, error)) (*b
 		DialTimeout: r.Timeout, ReadTimeout: r.Timeout, WriteTimeout: r.Timeout,
 		ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1,
 	}
-	if r.TLS {
-		opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	tc, err := server.RedisTLSConfig(r)
+	if err != nil {
+		return nil, err
 	}
+	opts.TLSConfig = tc
 	client := redis.NewUniversalClient(opts)
 	shared, err := redisgate.New(client, redisgate.Options{Prefix: r.KeyPrefix})
 	if err != nil {

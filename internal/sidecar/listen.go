@@ -5,20 +5,15 @@ import (
 	"net"
 	"os"
 	"strings"
+
+	"github.com/polygate/polygate/server"
 )
 
 // listen opens the gRPC listener: "host:port", or "unix:///path" (a stale
 // socket file of an earlier run is replaced).
-func listen(addr string) (net.Listener, error) {
+func listen(addr string, mode os.FileMode) (net.Listener, error) {
 	if path, ok := strings.CutPrefix(addr, "unix://"); ok {
-		if fi, err := os.Stat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
-			_ = os.Remove(path) // a stale socket of an earlier run
-		}
-		lis, err := net.Listen("unix", path)
-		if err != nil {
-			return nil, fmt.Errorf("listen %s: %w", addr, err)
-		}
-		return lis, nil
+		return server.ListenUnix(path, mode)
 	}
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {

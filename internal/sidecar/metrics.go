@@ -52,9 +52,11 @@ func scopeStates(srv *server.Server) metrics.ReadStates {
 }
 
 var (
-	watchersDesc  = prometheus.NewDesc("polygate_event_watchers", "WatchEvents streams connected now.", nil, nil)
-	publishedDesc = prometheus.NewDesc("polygate_events_published_total", "Events published while at least one watcher was connected.", nil, nil)
-	droppedDesc   = prometheus.NewDesc("polygate_events_dropped_total", "Events lost by watchers whose buffer was full, summed over watchers.", nil, nil)
+	watchersDesc    = prometheus.NewDesc("polygate_event_watchers", "WatchEvents streams connected now.", nil, nil)
+	publishedDesc   = prometheus.NewDesc("polygate_events_published_total", "Events published while at least one watcher was connected.", nil, nil)
+	droppedDesc     = prometheus.NewDesc("polygate_events_dropped_total", "Events lost by watchers whose buffer was full, summed over watchers, and events the fan-out queue refused.", nil, nil)
+	refusedDesc     = prometheus.NewDesc("polygate_event_watchers_refused_total", "WatchEvents streams refused because events.max_watchers were open.", nil, nil)
+	undecodableDesc = prometheus.NewDesc("polygate_undecodable_requests_total", "Admission requests that did not decode (invalid UTF-8, malformed bytes), answered INVALID_ARGUMENT.", nil, nil)
 )
 
 // eventsCollector exports the event hub's watchers and dropped events.
@@ -65,6 +67,8 @@ func (eventsCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- watchersDesc
 	ch <- publishedDesc
 	ch <- droppedDesc
+	ch <- refusedDesc
+	ch <- undecodableDesc
 }
 
 // Collect implements prometheus.Collector.
@@ -73,4 +77,6 @@ func (c eventsCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(watchersDesc, prometheus.GaugeValue, float64(n.Watchers))
 	ch <- prometheus.MustNewConstMetric(publishedDesc, prometheus.CounterValue, float64(n.Published))
 	ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(n.Dropped))
+	ch <- prometheus.MustNewConstMetric(refusedDesc, prometheus.CounterValue, float64(n.Refused))
+	ch <- prometheus.MustNewConstMetric(undecodableDesc, prometheus.CounterValue, float64(n.Undecodable))
 }

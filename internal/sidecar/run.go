@@ -41,8 +41,7 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 	level := new(slog.LevelVar)
 	log := newLogger(cfg.Log, level, stderr)
-	var token atomic.Pointer[string]
-	token.Store(&cfg.Auth.Token)
+	tokens := server.NewTokens(cfg.Auth)
 
 	// The backend reports its health from the moment it opens; the server
 	// that publishes and counts the reports exists only afterwards.
@@ -58,7 +57,7 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return err
 	}
 	defer b.close()
-	sc, err := startSidecar(cfg, log, sidecarDeps{backend: b, backendName: b.describe, health: hs, created: started.Store, token: func() string { return *token.Load() }})
+	sc, err := startSidecar(cfg, log, sidecarDeps{backend: b, backendName: b.describe, health: hs, created: started.Store, tokens: tokens})
 	if err != nil {
 		return err
 	}
@@ -98,7 +97,7 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 			return err
 		case <-hup:
 			if next := reload(log, sc.srv, cfg, opts, environ); next != nil {
-				token.Store(&next.Auth.Token)
+				tokens.Set(next.Auth)
 				_ = level.UnmarshalText([]byte(next.Log.Level))
 			}
 		case <-sweep.C:

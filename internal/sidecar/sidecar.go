@@ -58,8 +58,8 @@ type sidecarDeps struct {
 	// created is told the server as soon as it exists, before anything
 	// listens (a scrape reads the backend, which may report its health).
 	created func(*server.Server)
-	// token is the bearer token of the moment (nil: cfg.Auth.Token, fixed).
-	token func() string
+	// tokens are the bearer tokens of the moment (nil: cfg.Auth's, fixed).
+	tokens *server.Tokens
 }
 
 // startSidecar wires the sidecar and starts serving: telemetry (when
@@ -112,10 +112,14 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 	if cfg.MetricsListen != "" {
 		reg.MustRegister(eventsCollector{sc.srv}, metrics.NewStateCollector(scopeStates(sc.srv), 10*time.Second))
 	}
-	if d.token == nil {
-		d.token = func() string { return cfg.Auth.Token }
+	if d.tokens == nil {
+		d.tokens = server.NewTokens(cfg.Auth)
 	}
-	sc.gs = grpc.NewServer(server.ServerOptions(log, d.token, extra)...)
+	transport, err := server.TransportOptions(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	sc.gs = grpc.NewServer(append(server.ServerOptions(log, d.tokens, extra), transport...)...)
 	admissionv1.RegisterAdmissionServiceServer(sc.gs, sc.srv)
 	sc.health = d.health
 	if sc.health == nil {
@@ -134,7 +138,7 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 	}
 	sc.lis = d.lis
 	if sc.lis == nil {
-		if sc.lis, err = listen(cfg.Listen); err != nil {
+		if sc.lis, err = listen(cfg.Listen, cfg.ListenMode); err != nil {
 			return nil, err
 		}
 	}

@@ -186,6 +186,10 @@ const (
 	FailureReason_FAILURE_REASON_DEADLINE_EXCEEDED FailureReason = 6
 	// The caller reported CANCELLED.
 	FailureReason_FAILURE_REASON_CANCELLED FailureReason = 7
+	// An upstream Retry-After (retry_after_hint of a RATE_LIMITED or TRANSIENT
+	// outcome) is longer than the scope's backoff.max_retry_after: the call
+	// fails rather than sleeping that long; retry_after is the hint.
+	FailureReason_FAILURE_REASON_RETRY_AFTER_TOO_LONG FailureReason = 8
 )
 
 // Enum value maps for FailureReason.
@@ -199,16 +203,18 @@ var (
 		5: "FAILURE_REASON_NON_RETRYABLE",
 		6: "FAILURE_REASON_DEADLINE_EXCEEDED",
 		7: "FAILURE_REASON_CANCELLED",
+		8: "FAILURE_REASON_RETRY_AFTER_TOO_LONG",
 	}
 	FailureReason_value = map[string]int32{
-		"FAILURE_REASON_UNSPECIFIED":       0,
-		"FAILURE_REASON_CIRCUIT_OPEN":      1,
-		"FAILURE_REASON_QUOTA_EXHAUSTED":   2,
-		"FAILURE_REASON_STALLED":           3,
-		"FAILURE_REASON_RETRY_EXHAUSTED":   4,
-		"FAILURE_REASON_NON_RETRYABLE":     5,
-		"FAILURE_REASON_DEADLINE_EXCEEDED": 6,
-		"FAILURE_REASON_CANCELLED":         7,
+		"FAILURE_REASON_UNSPECIFIED":          0,
+		"FAILURE_REASON_CIRCUIT_OPEN":         1,
+		"FAILURE_REASON_QUOTA_EXHAUSTED":      2,
+		"FAILURE_REASON_STALLED":              3,
+		"FAILURE_REASON_RETRY_EXHAUSTED":      4,
+		"FAILURE_REASON_NON_RETRYABLE":        5,
+		"FAILURE_REASON_DEADLINE_EXCEEDED":    6,
+		"FAILURE_REASON_CANCELLED":            7,
+		"FAILURE_REASON_RETRY_AFTER_TOO_LONG": 8,
 	}
 )
 
@@ -540,6 +546,8 @@ const (
 	ErrorReason_ERROR_REASON_BACKEND_UNAVAILABLE ErrorReason = 11 // UNAVAILABLE
 	ErrorReason_ERROR_REASON_UNAUTHENTICATED     ErrorReason = 12 // UNAUTHENTICATED
 	ErrorReason_ERROR_REASON_INTERNAL            ErrorReason = 13 // INTERNAL
+	ErrorReason_ERROR_REASON_PERMISSION_DENIED   ErrorReason = 14 // PERMISSION_DENIED: the RPC needs auth.operator_token
+	ErrorReason_ERROR_REASON_TOO_MANY_WATCHERS   ErrorReason = 15 // RESOURCE_EXHAUSTED: events.max_watchers streams are open
 )
 
 // Enum value maps for ErrorReason.
@@ -559,6 +567,8 @@ var (
 		11: "ERROR_REASON_BACKEND_UNAVAILABLE",
 		12: "ERROR_REASON_UNAUTHENTICATED",
 		13: "ERROR_REASON_INTERNAL",
+		14: "ERROR_REASON_PERMISSION_DENIED",
+		15: "ERROR_REASON_TOO_MANY_WATCHERS",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":         0,
@@ -575,6 +585,8 @@ var (
 		"ERROR_REASON_BACKEND_UNAVAILABLE": 11,
 		"ERROR_REASON_UNAUTHENTICATED":     12,
 		"ERROR_REASON_INTERNAL":            13,
+		"ERROR_REASON_PERMISSION_DENIED":   14,
+		"ERROR_REASON_TOO_MANY_WATCHERS":   15,
 	}
 )
 
@@ -2509,16 +2521,18 @@ func (x *SourceState) GetConfig() *SourceConfig {
 
 // ScopeConfig is a scope's effective configuration.
 type ScopeConfig struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	CircuitOpen   OnRefusal              `protobuf:"varint,2,opt,name=circuit_open,json=circuitOpen,proto3,enum=polygate.admission.v1.OnRefusal" json:"circuit_open,omitempty"`
-	QuotaFull     OnRefusal              `protobuf:"varint,3,opt,name=quota_full,json=quotaFull,proto3,enum=polygate.admission.v1.OnRefusal" json:"quota_full,omitempty"`
-	MaxAttempts   int32                  `protobuf:"varint,4,opt,name=max_attempts,json=maxAttempts,proto3" json:"max_attempts,omitempty"`
-	BackoffBase   *durationpb.Duration   `protobuf:"bytes,5,opt,name=backoff_base,json=backoffBase,proto3" json:"backoff_base,omitempty"`
-	BackoffMax    *durationpb.Duration   `protobuf:"bytes,6,opt,name=backoff_max,json=backoffMax,proto3" json:"backoff_max,omitempty"`
-	StallWindow   *durationpb.Duration   `protobuf:"bytes,7,opt,name=stall_window,json=stallWindow,proto3" json:"stall_window,omitempty"`
-	PollInterval  *durationpb.Duration   `protobuf:"bytes,8,opt,name=poll_interval,json=pollInterval,proto3" json:"poll_interval,omitempty"`
-	LeaseGrace    *durationpb.Duration   `protobuf:"bytes,9,opt,name=lease_grace,json=leaseGrace,proto3" json:"lease_grace,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Name         string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	CircuitOpen  OnRefusal              `protobuf:"varint,2,opt,name=circuit_open,json=circuitOpen,proto3,enum=polygate.admission.v1.OnRefusal" json:"circuit_open,omitempty"`
+	QuotaFull    OnRefusal              `protobuf:"varint,3,opt,name=quota_full,json=quotaFull,proto3,enum=polygate.admission.v1.OnRefusal" json:"quota_full,omitempty"`
+	MaxAttempts  int32                  `protobuf:"varint,4,opt,name=max_attempts,json=maxAttempts,proto3" json:"max_attempts,omitempty"`
+	BackoffBase  *durationpb.Duration   `protobuf:"bytes,5,opt,name=backoff_base,json=backoffBase,proto3" json:"backoff_base,omitempty"`
+	BackoffMax   *durationpb.Duration   `protobuf:"bytes,6,opt,name=backoff_max,json=backoffMax,proto3" json:"backoff_max,omitempty"`
+	StallWindow  *durationpb.Duration   `protobuf:"bytes,7,opt,name=stall_window,json=stallWindow,proto3" json:"stall_window,omitempty"`
+	PollInterval *durationpb.Duration   `protobuf:"bytes,8,opt,name=poll_interval,json=pollInterval,proto3" json:"poll_interval,omitempty"`
+	LeaseGrace   *durationpb.Duration   `protobuf:"bytes,9,opt,name=lease_grace,json=leaseGrace,proto3" json:"lease_grace,omitempty"`
+	// The longest upstream Retry-After a backoff may take (backoff.max_retry_after).
+	MaxRetryAfter *durationpb.Duration `protobuf:"bytes,10,opt,name=max_retry_after,json=maxRetryAfter,proto3" json:"max_retry_after,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2612,6 +2626,13 @@ func (x *ScopeConfig) GetPollInterval() *durationpb.Duration {
 func (x *ScopeConfig) GetLeaseGrace() *durationpb.Duration {
 	if x != nil {
 		return x.LeaseGrace
+	}
+	return nil
+}
+
+func (x *ScopeConfig) GetMaxRetryAfter() *durationpb.Duration {
+	if x != nil {
+		return x.MaxRetryAfter
 	}
 	return nil
 }
@@ -3702,7 +3723,7 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\rpacer_ceiling\x18\x12 \x01(\x05R\fpacerCeiling\x12>\n" +
 	"\rcooldown_memo\x18\x13 \x01(\v2\x19.google.protobuf.DurationR\fcooldownMemo\x12'\n" +
 	"\x0ffailed_recently\x18\x14 \x01(\bR\x0efailedRecently\x12;\n" +
-	"\x06config\x18\x15 \x01(\v2#.polygate.admission.v1.SourceConfigR\x06config\"\xfe\x03\n" +
+	"\x06config\x18\x15 \x01(\v2#.polygate.admission.v1.SourceConfigR\x06config\"\xc1\x04\n" +
 	"\vScopeConfig\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12C\n" +
 	"\fcircuit_open\x18\x02 \x01(\x0e2 .polygate.admission.v1.OnRefusalR\vcircuitOpen\x12?\n" +
@@ -3715,7 +3736,9 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\fstall_window\x18\a \x01(\v2\x19.google.protobuf.DurationR\vstallWindow\x12>\n" +
 	"\rpoll_interval\x18\b \x01(\v2\x19.google.protobuf.DurationR\fpollInterval\x12:\n" +
 	"\vlease_grace\x18\t \x01(\v2\x19.google.protobuf.DurationR\n" +
-	"leaseGrace\"\xc9\x03\n" +
+	"leaseGrace\x12A\n" +
+	"\x0fmax_retry_after\x18\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\rmaxRetryAfter\"\xc9\x03\n" +
 	"\fSourceConfig\x12\x1a\n" +
 	"\bpriority\x18\x01 \x01(\x05R\bpriority\x12\x16\n" +
 	"\x06weight\x18\x02 \x01(\x05R\x06weight\x12'\n" +
@@ -3809,7 +3832,7 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\x16REASON_PROBE_IN_FLIGHT\x10\x03\x12\x16\n" +
 	"\x12REASON_FORCED_OPEN\x10\x04\x12\x19\n" +
 	"\x15REASON_ADAPTIVE_PACED\x10\x05\x12\x17\n" +
-	"\x13REASON_RATE_LIMITED\x10\x06*\x9a\x02\n" +
+	"\x13REASON_RATE_LIMITED\x10\x06*\xc3\x02\n" +
 	"\rFailureReason\x12\x1e\n" +
 	"\x1aFAILURE_REASON_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bFAILURE_REASON_CIRCUIT_OPEN\x10\x01\x12\"\n" +
@@ -3818,7 +3841,8 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\x1eFAILURE_REASON_RETRY_EXHAUSTED\x10\x04\x12 \n" +
 	"\x1cFAILURE_REASON_NON_RETRYABLE\x10\x05\x12$\n" +
 	" FAILURE_REASON_DEADLINE_EXCEEDED\x10\x06\x12\x1c\n" +
-	"\x18FAILURE_REASON_CANCELLED\x10\a*|\n" +
+	"\x18FAILURE_REASON_CANCELLED\x10\a\x12'\n" +
+	"#FAILURE_REASON_RETRY_AFTER_TOO_LONG\x10\b*|\n" +
 	"\fBreakerState\x12\x1d\n" +
 	"\x19BREAKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14BREAKER_STATE_CLOSED\x10\x01\x12\x16\n" +
@@ -3845,7 +3869,7 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\tOnRefusal\x12\x1a\n" +
 	"\x16ON_REFUSAL_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14ON_REFUSAL_FAIL_FAST\x10\x01\x12\x13\n" +
-	"\x0fON_REFUSAL_WAIT\x10\x02*\xd8\x03\n" +
+	"\x0fON_REFUSAL_WAIT\x10\x02*\xa0\x04\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aERROR_REASON_INVALID_FIELD\x10\x01\x12\x1e\n" +
@@ -3861,7 +3885,9 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\x12$\n" +
 	" ERROR_REASON_BACKEND_UNAVAILABLE\x10\v\x12 \n" +
 	"\x1cERROR_REASON_UNAUTHENTICATED\x10\f\x12\x19\n" +
-	"\x15ERROR_REASON_INTERNAL\x10\r*\xaf\x02\n" +
+	"\x15ERROR_REASON_INTERNAL\x10\r\x12\"\n" +
+	"\x1eERROR_REASON_PERMISSION_DENIED\x10\x0e\x12\"\n" +
+	"\x1eERROR_REASON_TOO_MANY_WATCHERS\x10\x0f*\xaf\x02\n" +
 	"\x0fTransitionCause\x12 \n" +
 	"\x1cTRANSITION_CAUSE_UNSPECIFIED\x10\x00\x12)\n" +
 	"%TRANSITION_CAUSE_CONSECUTIVE_FAILURES\x10\x01\x12!\n" +
@@ -4008,56 +4034,57 @@ var file_polygate_admission_v1_admission_proto_depIdxs = []int32{
 	49, // 46: polygate.admission.v1.ScopeConfig.stall_window:type_name -> google.protobuf.Duration
 	49, // 47: polygate.admission.v1.ScopeConfig.poll_interval:type_name -> google.protobuf.Duration
 	49, // 48: polygate.admission.v1.ScopeConfig.lease_grace:type_name -> google.protobuf.Duration
-	49, // 49: polygate.admission.v1.SourceConfig.timeout:type_name -> google.protobuf.Duration
-	49, // 50: polygate.admission.v1.SourceConfig.lease:type_name -> google.protobuf.Duration
-	48, // 51: polygate.admission.v1.SourceConfig.attributes:type_name -> polygate.admission.v1.SourceConfig.AttributesEntry
-	38, // 52: polygate.admission.v1.SourceConfig.breaker:type_name -> polygate.admission.v1.BreakerConfig
-	49, // 53: polygate.admission.v1.BreakerConfig.window:type_name -> google.protobuf.Duration
-	49, // 54: polygate.admission.v1.BreakerConfig.cooldown:type_name -> google.protobuf.Duration
-	49, // 55: polygate.admission.v1.BreakerConfig.max_cooldown:type_name -> google.protobuf.Duration
-	49, // 56: polygate.admission.v1.BreakerConfig.probe_ttl:type_name -> google.protobuf.Duration
-	50, // 57: polygate.admission.v1.WatchEventsResponse.time:type_name -> google.protobuf.Timestamp
-	41, // 58: polygate.admission.v1.WatchEventsResponse.breaker_transition:type_name -> polygate.admission.v1.BreakerTransition
-	42, // 59: polygate.admission.v1.WatchEventsResponse.probe:type_name -> polygate.admission.v1.ProbeEvent
-	43, // 60: polygate.admission.v1.WatchEventsResponse.stale_outcome:type_name -> polygate.admission.v1.StaleOutcome
-	44, // 61: polygate.admission.v1.WatchEventsResponse.override_changed:type_name -> polygate.admission.v1.OverrideChanged
-	45, // 62: polygate.admission.v1.WatchEventsResponse.wait_started:type_name -> polygate.admission.v1.WaitStarted
-	46, // 63: polygate.admission.v1.WatchEventsResponse.backend_health:type_name -> polygate.admission.v1.BackendHealth
-	3,  // 64: polygate.admission.v1.BreakerTransition.from:type_name -> polygate.admission.v1.BreakerState
-	3,  // 65: polygate.admission.v1.BreakerTransition.to:type_name -> polygate.admission.v1.BreakerState
-	9,  // 66: polygate.admission.v1.BreakerTransition.cause:type_name -> polygate.admission.v1.TransitionCause
-	49, // 67: polygate.admission.v1.BreakerTransition.cooldown:type_name -> google.protobuf.Duration
-	10, // 68: polygate.admission.v1.ProbeEvent.kind:type_name -> polygate.admission.v1.ProbeEventKind
-	0,  // 69: polygate.admission.v1.ProbeEvent.outcome:type_name -> polygate.admission.v1.Outcome
-	3,  // 70: polygate.admission.v1.ProbeEvent.state:type_name -> polygate.admission.v1.BreakerState
-	3,  // 71: polygate.admission.v1.StaleOutcome.state:type_name -> polygate.admission.v1.BreakerState
-	4,  // 72: polygate.admission.v1.OverrideChanged.override:type_name -> polygate.admission.v1.Override
-	3,  // 73: polygate.admission.v1.OverrideChanged.state:type_name -> polygate.admission.v1.BreakerState
-	49, // 74: polygate.admission.v1.WaitStarted.sleep:type_name -> google.protobuf.Duration
-	11, // 75: polygate.admission.v1.WaitStarted.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
-	12, // 76: polygate.admission.v1.AdmissionService.Pick:input_type -> polygate.admission.v1.PickRequest
-	17, // 77: polygate.admission.v1.AdmissionService.OnNoRunnable:input_type -> polygate.admission.v1.OnNoRunnableRequest
-	20, // 78: polygate.admission.v1.AdmissionService.RecordOutcome:input_type -> polygate.admission.v1.RecordOutcomeRequest
-	24, // 79: polygate.admission.v1.AdmissionService.CancelCall:input_type -> polygate.admission.v1.CancelCallRequest
-	26, // 80: polygate.admission.v1.AdmissionService.RetryAfter:input_type -> polygate.admission.v1.RetryAfterRequest
-	28, // 81: polygate.admission.v1.AdmissionService.DescribeScope:input_type -> polygate.admission.v1.DescribeScopeRequest
-	30, // 82: polygate.admission.v1.AdmissionService.ListScopes:input_type -> polygate.admission.v1.ListScopesRequest
-	32, // 83: polygate.admission.v1.AdmissionService.OverrideBreaker:input_type -> polygate.admission.v1.OverrideBreakerRequest
-	39, // 84: polygate.admission.v1.AdmissionService.WatchEvents:input_type -> polygate.admission.v1.WatchEventsRequest
-	13, // 85: polygate.admission.v1.AdmissionService.Pick:output_type -> polygate.admission.v1.PickResponse
-	18, // 86: polygate.admission.v1.AdmissionService.OnNoRunnable:output_type -> polygate.admission.v1.OnNoRunnableResponse
-	21, // 87: polygate.admission.v1.AdmissionService.RecordOutcome:output_type -> polygate.admission.v1.RecordOutcomeResponse
-	25, // 88: polygate.admission.v1.AdmissionService.CancelCall:output_type -> polygate.admission.v1.CancelCallResponse
-	27, // 89: polygate.admission.v1.AdmissionService.RetryAfter:output_type -> polygate.admission.v1.RetryAfterResponse
-	29, // 90: polygate.admission.v1.AdmissionService.DescribeScope:output_type -> polygate.admission.v1.DescribeScopeResponse
-	31, // 91: polygate.admission.v1.AdmissionService.ListScopes:output_type -> polygate.admission.v1.ListScopesResponse
-	33, // 92: polygate.admission.v1.AdmissionService.OverrideBreaker:output_type -> polygate.admission.v1.OverrideBreakerResponse
-	40, // 93: polygate.admission.v1.AdmissionService.WatchEvents:output_type -> polygate.admission.v1.WatchEventsResponse
-	85, // [85:94] is the sub-list for method output_type
-	76, // [76:85] is the sub-list for method input_type
-	76, // [76:76] is the sub-list for extension type_name
-	76, // [76:76] is the sub-list for extension extendee
-	0,  // [0:76] is the sub-list for field type_name
+	49, // 49: polygate.admission.v1.ScopeConfig.max_retry_after:type_name -> google.protobuf.Duration
+	49, // 50: polygate.admission.v1.SourceConfig.timeout:type_name -> google.protobuf.Duration
+	49, // 51: polygate.admission.v1.SourceConfig.lease:type_name -> google.protobuf.Duration
+	48, // 52: polygate.admission.v1.SourceConfig.attributes:type_name -> polygate.admission.v1.SourceConfig.AttributesEntry
+	38, // 53: polygate.admission.v1.SourceConfig.breaker:type_name -> polygate.admission.v1.BreakerConfig
+	49, // 54: polygate.admission.v1.BreakerConfig.window:type_name -> google.protobuf.Duration
+	49, // 55: polygate.admission.v1.BreakerConfig.cooldown:type_name -> google.protobuf.Duration
+	49, // 56: polygate.admission.v1.BreakerConfig.max_cooldown:type_name -> google.protobuf.Duration
+	49, // 57: polygate.admission.v1.BreakerConfig.probe_ttl:type_name -> google.protobuf.Duration
+	50, // 58: polygate.admission.v1.WatchEventsResponse.time:type_name -> google.protobuf.Timestamp
+	41, // 59: polygate.admission.v1.WatchEventsResponse.breaker_transition:type_name -> polygate.admission.v1.BreakerTransition
+	42, // 60: polygate.admission.v1.WatchEventsResponse.probe:type_name -> polygate.admission.v1.ProbeEvent
+	43, // 61: polygate.admission.v1.WatchEventsResponse.stale_outcome:type_name -> polygate.admission.v1.StaleOutcome
+	44, // 62: polygate.admission.v1.WatchEventsResponse.override_changed:type_name -> polygate.admission.v1.OverrideChanged
+	45, // 63: polygate.admission.v1.WatchEventsResponse.wait_started:type_name -> polygate.admission.v1.WaitStarted
+	46, // 64: polygate.admission.v1.WatchEventsResponse.backend_health:type_name -> polygate.admission.v1.BackendHealth
+	3,  // 65: polygate.admission.v1.BreakerTransition.from:type_name -> polygate.admission.v1.BreakerState
+	3,  // 66: polygate.admission.v1.BreakerTransition.to:type_name -> polygate.admission.v1.BreakerState
+	9,  // 67: polygate.admission.v1.BreakerTransition.cause:type_name -> polygate.admission.v1.TransitionCause
+	49, // 68: polygate.admission.v1.BreakerTransition.cooldown:type_name -> google.protobuf.Duration
+	10, // 69: polygate.admission.v1.ProbeEvent.kind:type_name -> polygate.admission.v1.ProbeEventKind
+	0,  // 70: polygate.admission.v1.ProbeEvent.outcome:type_name -> polygate.admission.v1.Outcome
+	3,  // 71: polygate.admission.v1.ProbeEvent.state:type_name -> polygate.admission.v1.BreakerState
+	3,  // 72: polygate.admission.v1.StaleOutcome.state:type_name -> polygate.admission.v1.BreakerState
+	4,  // 73: polygate.admission.v1.OverrideChanged.override:type_name -> polygate.admission.v1.Override
+	3,  // 74: polygate.admission.v1.OverrideChanged.state:type_name -> polygate.admission.v1.BreakerState
+	49, // 75: polygate.admission.v1.WaitStarted.sleep:type_name -> google.protobuf.Duration
+	11, // 76: polygate.admission.v1.WaitStarted.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
+	12, // 77: polygate.admission.v1.AdmissionService.Pick:input_type -> polygate.admission.v1.PickRequest
+	17, // 78: polygate.admission.v1.AdmissionService.OnNoRunnable:input_type -> polygate.admission.v1.OnNoRunnableRequest
+	20, // 79: polygate.admission.v1.AdmissionService.RecordOutcome:input_type -> polygate.admission.v1.RecordOutcomeRequest
+	24, // 80: polygate.admission.v1.AdmissionService.CancelCall:input_type -> polygate.admission.v1.CancelCallRequest
+	26, // 81: polygate.admission.v1.AdmissionService.RetryAfter:input_type -> polygate.admission.v1.RetryAfterRequest
+	28, // 82: polygate.admission.v1.AdmissionService.DescribeScope:input_type -> polygate.admission.v1.DescribeScopeRequest
+	30, // 83: polygate.admission.v1.AdmissionService.ListScopes:input_type -> polygate.admission.v1.ListScopesRequest
+	32, // 84: polygate.admission.v1.AdmissionService.OverrideBreaker:input_type -> polygate.admission.v1.OverrideBreakerRequest
+	39, // 85: polygate.admission.v1.AdmissionService.WatchEvents:input_type -> polygate.admission.v1.WatchEventsRequest
+	13, // 86: polygate.admission.v1.AdmissionService.Pick:output_type -> polygate.admission.v1.PickResponse
+	18, // 87: polygate.admission.v1.AdmissionService.OnNoRunnable:output_type -> polygate.admission.v1.OnNoRunnableResponse
+	21, // 88: polygate.admission.v1.AdmissionService.RecordOutcome:output_type -> polygate.admission.v1.RecordOutcomeResponse
+	25, // 89: polygate.admission.v1.AdmissionService.CancelCall:output_type -> polygate.admission.v1.CancelCallResponse
+	27, // 90: polygate.admission.v1.AdmissionService.RetryAfter:output_type -> polygate.admission.v1.RetryAfterResponse
+	29, // 91: polygate.admission.v1.AdmissionService.DescribeScope:output_type -> polygate.admission.v1.DescribeScopeResponse
+	31, // 92: polygate.admission.v1.AdmissionService.ListScopes:output_type -> polygate.admission.v1.ListScopesResponse
+	33, // 93: polygate.admission.v1.AdmissionService.OverrideBreaker:output_type -> polygate.admission.v1.OverrideBreakerResponse
+	40, // 94: polygate.admission.v1.AdmissionService.WatchEvents:output_type -> polygate.admission.v1.WatchEventsResponse
+	86, // [86:95] is the sub-list for method output_type
+	77, // [77:86] is the sub-list for method input_type
+	77, // [77:77] is the sub-list for extension type_name
+	77, // [77:77] is the sub-list for extension extendee
+	0,  // [0:77] is the sub-list for field type_name
 }
 
 func init() { file_polygate_admission_v1_admission_proto_init() }

@@ -41,6 +41,7 @@ class FailureReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FAILURE_REASON_NON_RETRYABLE: _ClassVar[FailureReason]
     FAILURE_REASON_DEADLINE_EXCEEDED: _ClassVar[FailureReason]
     FAILURE_REASON_CANCELLED: _ClassVar[FailureReason]
+    FAILURE_REASON_RETRY_AFTER_TOO_LONG: _ClassVar[FailureReason]
 
 class BreakerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -95,6 +96,8 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_REASON_BACKEND_UNAVAILABLE: _ClassVar[ErrorReason]
     ERROR_REASON_UNAUTHENTICATED: _ClassVar[ErrorReason]
     ERROR_REASON_INTERNAL: _ClassVar[ErrorReason]
+    ERROR_REASON_PERMISSION_DENIED: _ClassVar[ErrorReason]
+    ERROR_REASON_TOO_MANY_WATCHERS: _ClassVar[ErrorReason]
 
 class TransitionCause(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -136,6 +139,7 @@ FAILURE_REASON_RETRY_EXHAUSTED: FailureReason
 FAILURE_REASON_NON_RETRYABLE: FailureReason
 FAILURE_REASON_DEADLINE_EXCEEDED: FailureReason
 FAILURE_REASON_CANCELLED: FailureReason
+FAILURE_REASON_RETRY_AFTER_TOO_LONG: FailureReason
 BREAKER_STATE_UNSPECIFIED: BreakerState
 BREAKER_STATE_CLOSED: BreakerState
 BREAKER_STATE_OPEN: BreakerState
@@ -172,6 +176,8 @@ ERROR_REASON_TOO_MANY_CALLS: ErrorReason
 ERROR_REASON_BACKEND_UNAVAILABLE: ErrorReason
 ERROR_REASON_UNAUTHENTICATED: ErrorReason
 ERROR_REASON_INTERNAL: ErrorReason
+ERROR_REASON_PERMISSION_DENIED: ErrorReason
+ERROR_REASON_TOO_MANY_WATCHERS: ErrorReason
 TRANSITION_CAUSE_UNSPECIFIED: TransitionCause
 TRANSITION_CAUSE_CONSECUTIVE_FAILURES: TransitionCause
 TRANSITION_CAUSE_FAILURE_RATE: TransitionCause
@@ -470,7 +476,7 @@ class SourceState(_message.Message):
     def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[BreakerState, str]] = ..., reason: _Optional[_Union[Reason, str]] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., epoch: _Optional[int] = ..., reopens: _Optional[int] = ..., probe_out: _Optional[bool] = ..., probe_left: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., window_calls: _Optional[int] = ..., window_failures: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., override: _Optional[_Union[Override, str]] = ..., override_actor: _Optional[str] = ..., override_reason: _Optional[str] = ..., in_flight: _Optional[int] = ..., requests_last_minute: _Optional[int] = ..., tokens_last_minute: _Optional[int] = ..., pacer_ceiling: _Optional[int] = ..., cooldown_memo: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., failed_recently: _Optional[bool] = ..., config: _Optional[_Union[SourceConfig, _Mapping]] = ...) -> None: ...
 
 class ScopeConfig(_message.Message):
-    __slots__ = ("name", "circuit_open", "quota_full", "max_attempts", "backoff_base", "backoff_max", "stall_window", "poll_interval", "lease_grace")
+    __slots__ = ("name", "circuit_open", "quota_full", "max_attempts", "backoff_base", "backoff_max", "stall_window", "poll_interval", "lease_grace", "max_retry_after")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CIRCUIT_OPEN_FIELD_NUMBER: _ClassVar[int]
     QUOTA_FULL_FIELD_NUMBER: _ClassVar[int]
@@ -480,6 +486,7 @@ class ScopeConfig(_message.Message):
     STALL_WINDOW_FIELD_NUMBER: _ClassVar[int]
     POLL_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     LEASE_GRACE_FIELD_NUMBER: _ClassVar[int]
+    MAX_RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
     name: str
     circuit_open: OnRefusal
     quota_full: OnRefusal
@@ -489,7 +496,8 @@ class ScopeConfig(_message.Message):
     stall_window: _duration_pb2.Duration
     poll_interval: _duration_pb2.Duration
     lease_grace: _duration_pb2.Duration
-    def __init__(self, name: _Optional[str] = ..., circuit_open: _Optional[_Union[OnRefusal, str]] = ..., quota_full: _Optional[_Union[OnRefusal, str]] = ..., max_attempts: _Optional[int] = ..., backoff_base: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., backoff_max: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., stall_window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., poll_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    max_retry_after: _duration_pb2.Duration
+    def __init__(self, name: _Optional[str] = ..., circuit_open: _Optional[_Union[OnRefusal, str]] = ..., quota_full: _Optional[_Union[OnRefusal, str]] = ..., max_attempts: _Optional[int] = ..., backoff_base: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., backoff_max: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., stall_window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., poll_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class SourceConfig(_message.Message):
     __slots__ = ("priority", "weight", "max_concurrency", "rpm", "tpm", "timeout", "lease", "attributes", "breaker")
