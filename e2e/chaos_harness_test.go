@@ -21,6 +21,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -255,25 +256,47 @@ func (s stats) String() string {
 		s.n, s.errs, s.grants, s.p50.Round(time.Millisecond), s.worst.took.Round(time.Millisecond), s.worst.rpc, s.worst.code)
 }
 
-// waitInFlight polls DescribeScope until the source's in_flight equals the
-// load's real holders (read before and after, unchanged) or ctx ends. It
-// returns when that first held, and the last in_flight seen. With the load
-// drained the holders are 0, so the check is exact; under a running load it
-// can only hold at a quiet moment.
-func waitInFlight(ctx context.Context, sc *chaosSidecar, l *loadDriver, scope, source string) (time.Time, int32) {
-	var last int32 = -1
+// freeAgain is what waitInFlight saw.
+type freeAgain struct {
+	// backAt: the first DescribeScope that read the shared backend again
+	// (not a local fallback); freeAt: the first whose in_flight equalled
+	// the real holders, at or after backAt. Zero if never.
+	backAt, freeAt time.Time
+	// firstInFlight is the in_flight of the first read at backAt (with a
+	// drained load: the permits nobody holds); inFlight the last one.
+	firstInFlight, inFlight int32
+}
+
+// waitInFlight polls DescribeScope until the source's in_flight, read from
+// the shared backend (the scope's backend does not say "unavailable"),
+// equals the load's real holders (read before and after, unchanged), or ctx
+// ends. With the load drained the holders are 0, so the check is exact;
+// under a running load it can only hold at a quiet moment.
+func waitInFlight(ctx context.Context, sc *chaosSidecar, l *loadDriver, scope, source string) freeAgain {
+	f := freeAgain{firstInFlight: -1, inFlight: -1}
 	for {
 		before := l.holders.Load()
-		s, err := sc.source(ctx, scope, source)
-		if err == nil {
-			last = s.GetInFlight()
-			if int64(last) == before && l.holders.Load() == before {
-				return time.Now(), last
+		d, err := sc.raw.DescribeScope(ctx, &admissionv1.DescribeScopeRequest{Scope: scope})
+		if err == nil && !strings.Contains(d.GetScope().GetBackend(), "unavailable") {
+			if f.backAt.IsZero() {
+				f.backAt = time.Now()
+			}
+			for _, s := range d.GetScope().GetSources() {
+				if s.GetName() == source {
+					f.inFlight = s.GetInFlight()
+				}
+			}
+			if f.firstInFlight < 0 {
+				f.firstInFlight = f.inFlight
+			}
+			if int64(f.inFlight) == before && l.holders.Load() == before {
+				f.freeAt = time.Now()
+				return f
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return time.Time{}, last
+			return f
 		case <-time.After(5 * time.Millisecond):
 		}
 	}

@@ -1,0 +1,108 @@
+package e2e
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/polygate/polygate/internal/redistest"
+)
+
+// pendingLostReplyGiveBack: today a permit whose Admit reply was lost stays
+// held until its lease ends, and an answer can outlive the backend timeout
+// (issue 9). While true, a violation of those two invariants skips the test
+// with the measured numbers instead of failing it; whoever lands the
+// give-back sets it to false.
+const pendingLostReplyGiveBack = true
+
+func redisChaosConfig(addr, onUnavailable string, redisTimeout, pollInterval time.Duration, maxConcurrency int, timeout, leaseGrace time.Duration) string {
+	return fmt.Sprintf(`
+backend:
+  kind: redis
+  redis: {addrs: ["%s"], timeout: %s, on_unavailable: %s}
+scopes:
+  chaos:
+    quota_full: wait
+    lease_grace: %s
+    backpressure: {stall_window: 60s, poll_interval: %s}
+    sources:
+      - {name: primary, max_concurrency: %d, timeout: %s, attributes: {base_url: "http://127.0.0.1:1"}}
+`, addr, redisTimeout, onUnavailable, leaseGrace, pollInterval, maxConcurrency, timeout)
+}
+
+// Redis stalls for 3 s (SIGSTOP, then SIGCONT) under a load of twice
+// max_concurrency callers. Invariants: never more holders than
+// max_concurrency; every answer during the stall within the Redis timeout
+// (plus scheduling slack); once the load has drained after SIGCONT, the
+// source's in_flight equals the real holders (0) within one poll_interval
+// plus the Redis timeout. The test logs what it measured either way.
+func TestChaos_RedisStall(t *testing.T) {
+	const (
+		stall          = 3 * time.Second
+		maxConcurrency = 4
+		callers        = 2 * maxConcurrency
+		redisTimeout   = 300 * time.Millisecond
+		pollInterval   = 20 * time.Millisecond
+		sourceTimeout  = 5 * time.Second
+		leaseGrace     = time.Second
+		lease          = sourceTimeout + leaseGrace
+		hold           = 20 * time.Millisecond
+		// answerSlack is a loaded machine's scheduling, not a speed claim.
+		answerSlack = 100 * time.Millisecond
+	)
+	for _, mode := range []string{"fail_closed", "local"} {
+		t.Run(mode, func(t *testing.T) {
+			rs := redistest.Start(t)
+			sc := startChaosSidecar(t, redisChaosConfig(rs.Addr, mode, redisTimeout, pollInterval, maxConcurrency, sourceTimeout, leaseGrace))
+			ctx := ctxT(t)
+			load := startLoad(t, sc.raw, "chaos", callers, maxConcurrency, hold, pollInterval)
+			eventually(t, "the load is granted permits", func() bool { return load.grants.Load() >= 20 })
+
+			stopped := time.Now()
+			rs.Pause()
+			time.Sleep(stall) // the fault's length, the scenario's parameter
+			rs.Resume()
+			resumed := time.Now()
+			load.drain()
+			drained := time.Now()
+			free := waitInFlight(ctx, sc, load, "chaos", "primary")
+			if free.freeAt.IsZero() {
+				t.Fatalf("in_flight %d never came back to the real holders (0) within %v of SIGCONT (shared backend back: %v)", free.inFlight, timeout, !free.backAt.IsZero())
+			}
+			// The clock of "slots free again" starts when the load has
+			// drained and the sidecar reads Redis again, whichever is later.
+			from := drained
+			if free.backAt.After(from) {
+				from = free.backAt
+			}
+
+			during := load.stats(stopped, resumed)
+			t.Logf("%s: Redis stopped %v; during the stall: %v (redis timeout %v)", mode, stall, during, redisTimeout)
+			t.Logf("%s: after SIGCONT: load drained in %v, Redis read again after %v with in_flight %d, in_flight equal to the real holders (0) %v after SIGCONT (lease %v, bound poll_interval + timeout = %v)",
+				mode, drained.Sub(resumed).Round(time.Millisecond), free.backAt.Sub(resumed).Round(time.Millisecond), free.firstInFlight,
+				free.freeAt.Sub(resumed).Round(time.Millisecond), lease, pollInterval+redisTimeout)
+			t.Logf("%s: whole run: %v; peak holders %d of max_concurrency %d", mode, load.stats(time.Time{}, time.Now()), load.peak.Load(), maxConcurrency)
+
+			if v := load.violations.Load(); v > 0 {
+				t.Errorf("%d grants made more than max_concurrency %d holders (peak %d)", v, maxConcurrency, load.peak.Load())
+			}
+			var pending []string
+			if during.worst.took > redisTimeout+answerSlack {
+				pending = append(pending, fmt.Sprintf("an answer during the stall took %v (%s), over the %v timeout + %v",
+					during.worst.took.Round(time.Millisecond), during.worst.rpc, redisTimeout, answerSlack))
+			}
+			if late := free.freeAt.Sub(from); late > pollInterval+redisTimeout {
+				pending = append(pending, fmt.Sprintf("in_flight came back to the real holders %v after the load drained and Redis answered, over poll_interval + timeout = %v",
+					late.Round(time.Millisecond), pollInterval+redisTimeout))
+			}
+			for _, p := range pending {
+				if !pendingLostReplyGiveBack {
+					t.Error(p)
+				}
+			}
+			if len(pending) > 0 {
+				t.Skipf("pending lost-reply give-back, issue 9: %v", pending)
+			}
+		})
+	}
+}
