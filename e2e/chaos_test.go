@@ -2,13 +2,17 @@ package e2e
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/internal/sidecartest"
 )
 
 // restartConfig has three single-source scopes, one per thing a restart
@@ -165,4 +169,30 @@ func stateTokens(t *testing.T, path, scope string) int64 {
 		sum += c[1]
 	}
 	return sum
+}
+
+// A state file that cannot be read stops the start with an error that names
+// the key and the path; the sidecar never starts over silently.
+func TestChaos_CorruptStateFileStopsStart(t *testing.T) {
+	dir := t.TempDir()
+	statePath := filepath.Join(dir, "state.json")
+	if err := os.WriteFile(statePath, []byte(`{"version":1,"scopes":{"dead":`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "polygate.yaml")
+	if err := os.WriteFile(file, []byte(restartConfig(statePath, time.Minute)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctxT(t), sidecartest.Binary(t), "--config", file, "--listen", "127.0.0.1:0")
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("sidecar on a corrupt state file: %v, want exit status 1\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "backend.memory.state_path") || !strings.Contains(string(out), statePath) {
+		t.Errorf("start-up error does not name the key and the path:\n%s", out)
+	}
+	if data, _ := os.ReadFile(statePath); string(data) != `{"version":1,"scopes":{"dead":` {
+		t.Error("the corrupt state file was changed")
+	}
 }
