@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -328,10 +330,9 @@ func TestStateFileFormat(t *testing.T) {
 // TestContractWithStateFile: keeping a state file changes no decision.
 func TestContractWithStateFile(t *testing.T) {
 	dir := t.TempDir()
-	n := 0
+	var n atomic.Int64
 	gatetest.Run(t, func(t *testing.T, clock *gatetest.Clock) gate.Backend {
-		n++
-		b, err := Open(Options{Now: clock.Now, StatePath: filepath.Join(dir, "state"+strings.Repeat("x", n%7)+t.Name()[len(t.Name())-1:]+".json")})
+		b, err := Open(Options{Now: clock.Now, StatePath: filepath.Join(dir, fmt.Sprintf("state-%d.json", n.Add(1)))})
 		if err != nil {
 			t.Fatal(err)
 		}
