@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 	"github.com/polygate/polygate/internal/redistest"
 )
 
@@ -102,6 +103,93 @@ func TestChaos_RedisStall(t *testing.T) {
 			}
 			if len(pending) > 0 {
 				t.Skipf("pending lost-reply give-back, issue 9: %v", pending)
+			}
+		})
+	}
+}
+
+// pendingStateReassert: today a Redis that restarts empty forgets overrides
+// and OPEN breakers, and no replica re-asserts them (issue 9). While true, a
+// lost override skips the test with what was measured.
+const pendingStateReassert = true
+
+// Redis is killed with SIGKILL under load and restarted on the same port,
+// with AOF (appendfsync always) and without persistence. Invariants: never
+// more holders than max_concurrency; an operator's FORCE_OPEN is still in
+// force afterwards; once the load has drained, in_flight equals the real
+// holders (0) within one poll_interval plus the Redis timeout.
+func TestChaos_RedisKill9Restart(t *testing.T) {
+	const (
+		maxConcurrency = 4
+		redisTimeout   = 300 * time.Millisecond
+		pollInterval   = 20 * time.Millisecond
+		sourceTimeout  = 5 * time.Second
+		leaseGrace     = time.Second
+		hold           = 20 * time.Millisecond
+	)
+	for _, persist := range []bool{true, false} {
+		t.Run(map[bool]string{true: "aof", false: "no persistence"}[persist], func(t *testing.T) {
+			var extra []string
+			if persist {
+				extra = redistest.AppendFsyncAlways
+			}
+			rs := redistest.Start(t, extra...)
+			cfg := redisChaosConfig(rs.Addr, "fail_closed", redisTimeout, pollInterval, maxConcurrency, sourceTimeout, leaseGrace) +
+				"  held:\n    sources: [{name: primary, attributes: {base_url: \"http://127.0.0.1:1\"}}]\n"
+			sc := startChaosSidecar(t, cfg)
+			ctx := ctxT(t)
+			if _, err := sc.raw.OverrideBreaker(ctx, &admissionv1.OverrideBreakerRequest{Scope: "held", Source: "primary",
+				Action: admissionv1.OverrideAction_OVERRIDE_ACTION_FORCE_OPEN, Actor: "alice", Reason: "INC-42"}); err != nil {
+				t.Fatal(err)
+			}
+			load := startLoad(t, sc.raw, "chaos", 2*maxConcurrency, maxConcurrency, hold, pollInterval)
+			eventually(t, "the load is granted permits", func() bool { return load.grants.Load() >= 20 })
+
+			rs.Stop() // kill -9
+			killed := time.Now()
+			rs.Start()
+			restarted := time.Now()
+			eventually(t, "the load is granted permits again", func() bool {
+				return load.stats(restarted, time.Now()).grants > 0
+			})
+			granting := time.Now()
+			load.drain()
+			drained := time.Now()
+			free := waitInFlight(ctx, sc, load, "chaos", "primary")
+			if free.freeAt.IsZero() {
+				t.Fatalf("in_flight %d never came back to the real holders (0) within %v", free.inFlight, timeout)
+			}
+			held, err := sc.source(ctx, "held", "primary")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("Redis down %v; grants again %v after the restart; from the kill until then: %v",
+				restarted.Sub(killed).Round(time.Millisecond), granting.Sub(restarted).Round(time.Millisecond), load.stats(killed, granting))
+			t.Logf("after draining: in_flight %d, equal to the real holders (0) %v after the drain; override after the restart: %v by %q; peak holders %d of %d",
+				free.firstInFlight, free.freeAt.Sub(drained).Round(time.Millisecond), held.GetOverride(), held.GetOverrideActor(), load.peak.Load(), maxConcurrency)
+
+			if v := load.violations.Load(); v > 0 {
+				t.Errorf("%d grants made more than max_concurrency %d holders (peak %d)", v, maxConcurrency, load.peak.Load())
+			}
+			var pending []string
+			if held.GetOverride() != admissionv1.Override_OVERRIDE_FORCED_OPEN || held.GetOverrideActor() != "alice" {
+				msg := fmt.Sprintf("the FORCE_OPEN override was lost: %v by %q", held.GetOverride(), held.GetOverrideActor())
+				if persist || !pendingStateReassert {
+					t.Error(msg)
+				} else {
+					pending = append(pending, msg+" (state re-assert)")
+				}
+			}
+			if late := free.freeAt.Sub(drained); late > pollInterval+redisTimeout {
+				msg := fmt.Sprintf("in_flight came back to the real holders %v after the drain, over poll_interval + timeout = %v", late.Round(time.Millisecond), pollInterval+redisTimeout)
+				if !pendingLostReplyGiveBack {
+					t.Error(msg)
+				} else {
+					pending = append(pending, msg+" (lost-reply give-back)")
+				}
+			}
+			if len(pending) > 0 {
+				t.Skipf("pending, issue 9: %v", pending)
 			}
 		})
 	}
