@@ -186,6 +186,8 @@ func TestStateFileErrors(t *testing.T) {
 		{"unknown override", strings.Replace(valid, `"epoch":0`, `"epoch":0,"override":"maybe"`, 1)},
 		{"negative tokens", strings.Replace(valid, `"epoch":0}`, `"epoch":0},"minute":[[1,-5]]`, 1)},
 		{"trailing data", valid + valid},
+		{"tokens that would wrap", strings.Replace(valid, `"epoch":0}`, `"epoch":0},"minute":[[1,1099511627776],[2,1099511627776]]`, 1)},
+		{"minute out of order", strings.Replace(valid, `"epoch":0}`, `"epoch":0},"minute":[[5,1],[2,1]]`, 1)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "state.json")

@@ -21,7 +21,7 @@ const (
 	maxStateBytes = 64 << 20
 	maxNameLen    = 256
 	maxTextLen    = 1024
-	maxTokens     = int64(1) << 40
+	maxTokens     = int64(1) << 40 // of one source's minute, and calls of one bucket: sums cannot wrap
 	maxReopens    = 1 << 20
 )
 
@@ -70,7 +70,7 @@ type breakerState struct {
 	OverrideAtMs  int64         `json:"override_at_ms,omitempty"`
 }
 
-// encode takes what survives a restart from one source. A probe lease is not
+// encodeSource takes what survives a restart from one source. A probe lease is not
 // kept: its holder's call dies with the process, so the first entrant after
 // the restart gets the probe. Permits' slots are not kept either, for the
 // same reason: no outcome could ever release them.
@@ -107,7 +107,7 @@ func init() {
 	}
 }
 
-// decode checks one source's saved state and rebuilds it at now.
+// decodeSource checks one source's saved state and rebuilds it at now.
 func decodeSource(in sourceState, now int64) (*gate.SourceState, error) {
 	b := in.Breaker
 	st := &gate.SourceState{}
@@ -137,7 +137,7 @@ func decodeSource(in sourceState, now int64) (*gate.SourceState, error) {
 	st.Breaker.Consecutive, st.Breaker.Width = b.Consecutive, b.BucketWidthMs
 	st.Breaker.Actor, st.Breaker.Why, st.Breaker.OverrideAt = b.Actor, b.Reason, b.OverrideAtMs
 	for _, bk := range b.Buckets {
-		if bk.Index < 0 || bk.Calls < 0 || bk.Fails < 0 || bk.Fails > bk.Calls {
+		if bk.Index < 0 || bk.Calls < 0 || bk.Calls > maxTokens || bk.Fails < 0 || bk.Fails > bk.Calls {
 			return nil, fmt.Errorf("breaker.buckets: %+v is not a count", bk)
 		}
 		st.Breaker.Buckets[bk.Index%gate.WindowBuckets] = gate.Bucket{Index: bk.Index, Calls: bk.Calls, Fails: bk.Fails}
@@ -145,12 +145,12 @@ func decodeSource(in sourceState, now int64) (*gate.SourceState, error) {
 	// An OPEN whose cooldown has ended stays OPEN here: the breaker itself
 	// turns it HALF_OPEN for the first entrant, who gets the probe.
 	charges := make([]gate.Charge, 0, len(in.Minute))
-	last := int64(0)
+	last, sum := int64(0), int64(0)
 	for _, c := range in.Minute {
-		if c[0] < last || c[1] < 0 || c[1] > maxTokens {
-			return nil, fmt.Errorf("minute: [%d, %d] is out of order or out of range (tokens 0 to %d)", c[0], c[1], maxTokens)
+		if c[0] < last || c[1] < 0 || c[1] > maxTokens-sum {
+			return nil, fmt.Errorf("minute: [%d, %d] is out of order or out of range (tokens 0 to %d in all)", c[0], c[1], maxTokens)
 		}
-		last = c[0]
+		last, sum = c[0], sum+c[1]
 		charges = append(charges, gate.Charge{At: c[0], Tokens: c[1]})
 	}
 	st.Quota.RestoreMinute(charges, now)
