@@ -32,8 +32,17 @@ type Config struct {
 // Backend selects where breakers and quotas live.
 type Backend struct {
 	// Kind is "memory" or "redis".
-	Kind  string
-	Redis Redis
+	Kind   string
+	Memory Memory
+	Redis  Redis
+}
+
+// Memory configures the memory backend.
+type Memory struct {
+	// StatePath is the file that keeps overrides, breaker states and the
+	// current minute's RPM and TPM use across restarts; empty (the default)
+	// keeps nothing.
+	StatePath string
 }
 
 // Redis configures the Redis backend.

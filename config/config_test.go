@@ -51,6 +51,23 @@ func TestDefaultsAndDerivedValues(t *testing.T) {
 	}
 }
 
+func TestMemoryStatePath(t *testing.T) {
+	cfg, err := config.Parse([]byte(base), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Backend.Memory.StatePath != "" {
+		t.Fatalf("state_path defaults to %q, want empty (off)", cfg.Backend.Memory.StatePath)
+	}
+	cfg, err = config.Parse([]byte(base), []string{"POLYGATE_BACKEND__MEMORY__STATE_PATH=/var/lib/polygate/state.json"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Backend.Memory.StatePath != "/var/lib/polygate/state.json" {
+		t.Fatalf("state_path from the environment = %q", cfg.Backend.Memory.StatePath)
+	}
+}
+
 func TestSourceBreakerOverridesKeyByKey(t *testing.T) {
 	cfg, err := config.Parse([]byte(`
 scopes:
@@ -94,6 +111,9 @@ func TestBadValues(t *testing.T) {
 		{"calls.idle_timeout", "calls: {idle_timeout: 10ms}", "calls.idle_timeout", "at least 1s"},
 		{"calls.idle_timeout below a lease", "calls: {idle_timeout: 1m}\nscopes: {chat: {sources: [{name: a, timeout: 5m}]}}", "calls.idle_timeout", "longer than the longest permit lease (scopes.chat.sources.a: timeout + lease_grace = 5m5s)"},
 		{"telemetry.retention", "telemetry: {retention: 1s}", "telemetry.retention", "at least 1m"},
+		{"state_path blank", "backend: {memory: {state_path: '  '}}", "backend.memory.state_path", "must not be blank"},
+		{"state_path directory", "backend: {memory: {state_path: /var/lib/polygate/}}", "backend.memory.state_path", "not a directory"},
+		{"state_path with redis", "backend: {kind: redis, redis: {addrs: ['127.0.0.1:6379']}, memory: {state_path: /x.json}}", "backend.memory.state_path", "only the memory backend"},
 		{"telemetry.path blank", "telemetry: {path: '  '}", "telemetry.path", "must not be blank"},
 		{"telemetry.path query", "telemetry: {path: '/var/x.db?mode=ro'}", "telemetry.path", "without '?'"},
 		{"telemetry.queue_size", "telemetry: {queue_size: 0}", "telemetry.queue_size", "at least 1"},

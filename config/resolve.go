@@ -36,8 +36,13 @@ type fileConfig struct {
 }
 
 type fileBackend struct {
-	Kind  *string   `koanf:"kind"`
-	Redis fileRedis `koanf:"redis"`
+	Kind   *string    `koanf:"kind"`
+	Memory fileMemory `koanf:"memory"`
+	Redis  fileRedis  `koanf:"redis"`
+}
+
+type fileMemory struct {
+	StatePath *string `koanf:"state_path"`
 }
 
 type fileRedis struct {
@@ -333,7 +338,8 @@ func resolve(f *fileConfig) (*Config, error) {
 		Listen:        or(f.Listen, DefaultListen),
 		MetricsListen: or(f.MetricsListen, ""),
 		Backend: Backend{
-			Kind: or(f.Backend.Kind, "memory"),
+			Kind:   or(f.Backend.Kind, "memory"),
+			Memory: Memory{StatePath: or(f.Backend.Memory.StatePath, "")},
 			Redis: Redis{
 				Addrs:         f.Backend.Redis.Addrs,
 				Cluster:       or(f.Backend.Redis.Cluster, false),
@@ -373,6 +379,15 @@ func resolve(f *fileConfig) (*Config, error) {
 		c.address("metrics_listen", cfg.MetricsListen, false)
 	}
 	c.oneOf("backend.kind", cfg.Backend.Kind, "memory", "redis")
+	switch p := cfg.Backend.Memory.StatePath; {
+	case p == "":
+	case strings.TrimSpace(p) == "":
+		c.fail("backend.memory.state_path", "(blank)", "a path must not be blank; leave it empty to keep no state")
+	case cfg.Backend.Kind != "memory":
+		c.fail("backend.memory.state_path", p, "only the memory backend keeps a state file; remove it with backend.kind "+cfg.Backend.Kind)
+	case strings.HasSuffix(p, "/"):
+		c.fail("backend.memory.state_path", p, "a file path, not a directory")
+	}
 	if r := &cfg.Backend.Redis; cfg.Backend.Kind == "redis" {
 		if len(r.Addrs) == 0 {
 			c.fail("backend.redis.addrs", r.Addrs, "the redis backend needs at least one host:port")

@@ -17,6 +17,8 @@ type Backend struct {
 
 	mu     sync.Mutex
 	scopes map[string]*scope
+	// store keeps the state file (persist.go); nil when there is none.
+	store *store
 }
 
 type scope struct {
@@ -70,10 +72,9 @@ func named(events []gate.Event, source string) []gate.Event {
 }
 
 // Admit implements gate.Backend.
-func (b *Backend) Admit(_ context.Context, req gate.AdmitRequest) (gate.Admission, error) {
+func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (out gate.Admission, _ error) {
 	s, now := b.lock(req.Scope)
-	defer s.mu.Unlock()
-	var out gate.Admission
+	defer b.unlock(ctx, s, &out.Events)
 	for _, c := range req.Candidates {
 		permit, rej, events := s.source(c.Source.Name).Admit(c, req.PermitID, req.Tokens, now)
 		out.Events = append(out.Events, named(events, c.Source.Name)...)
@@ -88,9 +89,9 @@ func (b *Backend) Admit(_ context.Context, req gate.AdmitRequest) (gate.Admissio
 }
 
 // Settle implements gate.Backend.
-func (b *Backend) Settle(_ context.Context, req gate.SettleRequest) (gate.Settlement, error) {
+func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (out gate.Settlement, _ error) {
 	s, now := b.lock(req.Scope)
-	defer s.mu.Unlock()
+	defer b.unlock(ctx, s, &out.Events)
 	out, events := s.source(req.Source.Name).Settle(req, now)
 	out.Events = named(events, req.Source.Name)
 	if req.Progress {
@@ -118,9 +119,9 @@ func (b *Backend) Peek(_ context.Context, req gate.PeekRequest) (gate.Snapshot, 
 }
 
 // Override implements gate.Backend.
-func (b *Backend) Override(_ context.Context, req gate.OverrideRequest) (gate.OverrideResult, error) {
+func (b *Backend) Override(ctx context.Context, req gate.OverrideRequest) (out gate.OverrideResult, _ error) {
 	s, now := b.lock(req.Scope)
-	defer s.mu.Unlock()
+	defer b.unlock(ctx, s, &out.Events)
 	st := s.source(req.Source.Name)
 	events, err := st.Breaker.Apply(req.Action, req.Actor, req.Why, now)
 	if err != nil {

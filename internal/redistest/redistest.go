@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -45,6 +46,11 @@ func serverPath(t testing.TB) string {
 	}
 	return p
 }
+
+// AppendFsyncAlways are the arguments of a server that persists every write
+// before answering it (AOF, fsync always): what it acknowledged survives a
+// kill -9 and Start.
+var AppendFsyncAlways = []string{"--appendonly", "yes", "--appendfsync", "always"}
 
 // Start runs a redis-server with no persistence on a free loopback port,
 // waits until it answers PING, and stops it when the test ends. extra are
@@ -156,6 +162,25 @@ func (s *Server) Stop() {
 	_ = s.cmd.Process.Kill()
 	<-s.done
 	s.cmd = nil
+}
+
+// Pause stops the process with SIGSTOP, as a stalled host or a long fork
+// would: connections stay open and commands queue unanswered until Resume.
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused process with SIGCONT.
+func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		s.t.Fatalf("redistest: %v to %s, which is not running", sig, s.Addr)
+	}
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		s.t.Fatalf("redistest: %v to %s: %v", sig, s.Addr, err)
+	}
 }
 
 // Client returns a client of the server, closed when the test ends.

@@ -33,6 +33,40 @@ func TestServerStopStart(t *testing.T) {
 	}
 }
 
+func TestServerRestartWithPersistence(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s := redistest.Start(t, redistest.AppendFsyncAlways...)
+	c := s.Client(t)
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.Stop() // kill -9
+	s.Start()
+	if v, err := c.Get(ctx, "k").Result(); err != nil || v != "v" {
+		t.Fatalf("GET after kill -9 and restart with AOF always = %q, %v; want v", v, err)
+	}
+}
+
+func TestServerPauseResume(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, ReadTimeout: 100 * time.Millisecond, MaxRetries: -1})
+	defer c.Close()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.Pause()
+	if err := c.Ping(ctx).Err(); err == nil {
+		t.Fatal("PING answered by a paused server")
+	}
+	s.Resume()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING after resume: %v", err)
+	}
+}
+
 func TestCluster(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -35,7 +35,11 @@ type backend struct {
 func openBackend(cfg *config.Config, log *slog.Logger, onChange func(degraded bool, cause error)) (*backend, error) {
 	switch cfg.Backend.Kind {
 	case "memory":
-		return &backend{Backend: inmem.New(nil), describe: func() string { return "memory" }, close: func() error { return nil }}, nil
+		mem, err := inmem.Open(inmem.Options{StatePath: cfg.Backend.Memory.StatePath, Log: log})
+		if err != nil {
+			return nil, fmt.Errorf("backend.memory.state_path: %w", err)
+		}
+		return &backend{Backend: mem, describe: func() string { return "memory" }, close: mem.Close}, nil
 	case "redis":
 		return openRedis(cfg.Backend.Redis, log, onChange)
 	}

@@ -1,0 +1,303 @@
+package e2e
+
+// The chaos harness: faults injected into the real processes (the sidecar
+// binary, redis-server) while a load of callers drives the sidecar over
+// gRPC, and the invariants checked on what the callers saw.
+//
+//   - chaosSidecar: a sidecar whose configuration file stays put, so the test
+//     can kill -9 it and start it again on the same file (and state_path).
+//   - Redis faults come from internal/redistest: Server.Pause / Resume
+//     (SIGSTOP / SIGCONT), Server.Stop then Start (kill -9, restart on the same
+//     port and directory), and redistest.AppendFsyncAlways as Start's extra
+//     arguments for a server that keeps every acknowledged write across that.
+//   - loadDriver: N callers doing Pick → hold → RecordOutcome(SUCCESS), with
+//     every answer's time recorded and the holders counted.
+//   - waitInFlight: the "slots free again" check: DescribeScope's in_flight
+//     equals the callers' real holders.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/internal/sidecartest"
+)
+
+// chaosSidecar is a sidecar that can be killed and started again on the
+// same configuration file.
+type chaosSidecar struct {
+	t    *testing.T
+	file string
+	proc *sidecartest.Sidecar
+	raw  admissionv1.AdmissionServiceClient
+}
+
+// startChaosSidecar writes config to a file and starts the binary on it.
+func startChaosSidecar(t *testing.T, config string) *chaosSidecar {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "polygate.yaml")
+	if err := os.WriteFile(file, []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := &chaosSidecar{t: t, file: file}
+	c.start()
+	return c
+}
+
+func (c *chaosSidecar) start() {
+	c.t.Helper()
+	proc := sidecartest.Start(c.t, []string{"--config", c.file, "--listen", "127.0.0.1:0"})
+	c.t.Cleanup(func() {
+		if c.t.Failed() {
+			c.t.Logf("sidecar %s logs:\n%s", proc.Addr, proc.Logs())
+		}
+	})
+	conn, err := grpc.NewClient(proc.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { conn.Close() })
+	c.proc, c.raw = proc, admissionv1.NewAdmissionServiceClient(conn)
+}
+
+// kill9 kills the sidecar with SIGKILL, as a crash or the OOM killer would
+// (no drain, no last write), and waits until it is gone.
+func (c *chaosSidecar) kill9() {
+	c.t.Helper()
+	c.proc.Signal(c.t, syscall.SIGKILL)
+	if err := c.proc.Stop(c.t); err == nil {
+		c.t.Fatal("the sidecar exited cleanly after SIGKILL")
+	}
+}
+
+// restart starts the binary again on the same configuration file (on a new
+// port); raw then talks to the new process.
+func (c *chaosSidecar) restart() { c.t.Helper(); c.start() }
+
+// source reads one source of a scope with DescribeScope.
+func (c *chaosSidecar) source(ctx context.Context, scope, name string) (*admissionv1.SourceState, error) {
+	d, err := c.raw.DescribeScope(ctx, &admissionv1.DescribeScopeRequest{Scope: scope})
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range d.GetScope().GetSources() {
+		if s.GetName() == name {
+			return s, nil
+		}
+	}
+	return nil, fmt.Errorf("scope %s has no source %s", scope, name)
+}
+
+// answer is one RPC a caller of the load made.
+type answer struct {
+	rpc     string
+	start   time.Time
+	took    time.Duration
+	code    codes.Code
+	granted bool
+}
+
+// loadDriver runs callers against one scope. Each caller loops: Pick (a new
+// call); on a grant it holds the permit for hold, then reports SUCCESS; on
+// NoRunnable it cancels the call; on an error it pauses for pause. A caller
+// is a holder from the grant's arrival until it sends RecordOutcome: the
+// sidecar must never let more of them hold than max_concurrency.
+type loadDriver struct {
+	raw         admissionv1.AdmissionServiceClient
+	scope       string
+	tokens      int64
+	hold, pause time.Duration
+	max         int64
+
+	holders    atomic.Int64
+	peak       atomic.Int64
+	grants     atomic.Int64
+	violations atomic.Int64
+
+	mu      sync.Mutex
+	answers []answer
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// startLoad starts n callers; maxHolders is the invariant's bound (the
+// source's max_concurrency).
+func startLoad(t *testing.T, raw admissionv1.AdmissionServiceClient, scope string, n, maxHolders int, hold, pause time.Duration) *loadDriver {
+	l := &loadDriver{raw: raw, scope: scope, hold: hold, pause: pause, max: int64(maxHolders), stop: make(chan struct{})}
+	for range n {
+		l.wg.Go(l.caller)
+	}
+	t.Cleanup(l.drain)
+	return l
+}
+
+func (l *loadDriver) stopped() bool {
+	select {
+	case <-l.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+func (l *loadDriver) record(rpc string, start time.Time, err error, granted bool) {
+	a := answer{rpc: rpc, start: start, took: time.Since(start), code: status.Code(err), granted: granted}
+	l.mu.Lock()
+	l.answers = append(l.answers, a)
+	l.mu.Unlock()
+}
+
+// wait sleeps d: the load's pacing, not a test's waiting for a condition.
+func (l *loadDriver) wait(d time.Duration) {
+	select {
+	case <-l.stop:
+	case <-time.After(d):
+	}
+}
+
+func (l *loadDriver) caller() {
+	// Every RPC is bounded by the harness's timeout, never by the fault.
+	for !l.stopped() {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		start := time.Now()
+		resp, err := l.raw.Pick(ctx, &admissionv1.PickRequest{Scope: l.scope, EstimatedTokens: l.tokens})
+		g := resp.GetGrant()
+		l.record("Pick", start, err, g != nil)
+		switch {
+		case err != nil:
+			l.wait(l.pause)
+		case g != nil:
+			l.grants.Add(1)
+			h := l.holders.Add(1)
+			for p := l.peak.Load(); h > p && !l.peak.CompareAndSwap(p, h); p = l.peak.Load() {
+			}
+			if h > l.max {
+				l.violations.Add(1)
+			}
+			time.Sleep(l.hold) // the attempt
+			l.holders.Add(-1)
+			start = time.Now()
+			_, err = l.raw.RecordOutcome(ctx, &admissionv1.RecordOutcomeRequest{Scope: l.scope, CallId: resp.GetCallId(),
+				PermitId: g.GetPermitId(), Outcome: admissionv1.Outcome_OUTCOME_SUCCESS})
+			l.record("RecordOutcome", start, err, false)
+		default:
+			start = time.Now()
+			_, err = l.raw.CancelCall(ctx, &admissionv1.CancelCallRequest{Scope: l.scope, CallId: resp.GetCallId()})
+			l.record("CancelCall", start, err, false)
+			l.wait(l.pause)
+		}
+		cancel()
+	}
+}
+
+// drain stops the callers: each finishes its step (a held permit is
+// reported) and returns. Afterwards nobody holds a permit.
+func (l *loadDriver) drain() {
+	select {
+	case <-l.stop:
+	default:
+		close(l.stop)
+	}
+	l.wg.Wait()
+}
+
+// stats summarizes the answers to RPCs that started in [from, to).
+type stats struct {
+	n, errs, grants int
+	worst           answer
+	p50             time.Duration
+}
+
+func (l *loadDriver) stats(from, to time.Time) stats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var s stats
+	var took []time.Duration
+	for _, a := range l.answers {
+		if a.start.Before(from) || !a.start.Before(to) {
+			continue
+		}
+		s.n++
+		took = append(took, a.took)
+		if a.code != codes.OK {
+			s.errs++
+		}
+		if a.granted {
+			s.grants++
+		}
+		if a.took > s.worst.took {
+			s.worst = a
+		}
+	}
+	if len(took) > 0 {
+		slices.Sort(took)
+		s.p50 = took[len(took)/2]
+	}
+	return s
+}
+
+func (s stats) String() string {
+	return fmt.Sprintf("%d answers (%d errors, %d grants), p50 %v, worst %v (%s, %v)",
+		s.n, s.errs, s.grants, s.p50.Round(time.Millisecond), s.worst.took.Round(time.Millisecond), s.worst.rpc, s.worst.code)
+}
+
+// freeAgain is what waitInFlight saw.
+type freeAgain struct {
+	// backAt: the first DescribeScope that read the shared backend again
+	// (not a local fallback); freeAt: the first whose in_flight equalled
+	// the real holders, at or after backAt. Zero if never.
+	backAt, freeAt time.Time
+	// firstInFlight is the in_flight of the first read at backAt (with a
+	// drained load: the permits nobody holds); inFlight the last one.
+	firstInFlight, inFlight int32
+}
+
+// waitInFlight polls DescribeScope until the source's in_flight, read from
+// the shared backend (the scope's backend does not say "unavailable"),
+// equals the load's real holders (read before and after, unchanged), or ctx
+// ends. With the load drained the holders are 0, so the check is exact;
+// under a running load it can only hold at a quiet moment.
+func waitInFlight(ctx context.Context, sc *chaosSidecar, l *loadDriver, scope, source string) freeAgain {
+	f := freeAgain{firstInFlight: -1, inFlight: -1}
+	for {
+		before := l.holders.Load()
+		d, err := sc.raw.DescribeScope(ctx, &admissionv1.DescribeScopeRequest{Scope: scope})
+		if err == nil && !strings.Contains(d.GetScope().GetBackend(), "unavailable") {
+			if f.backAt.IsZero() {
+				f.backAt = time.Now()
+			}
+			for _, s := range d.GetScope().GetSources() {
+				if s.GetName() == source {
+					f.inFlight = s.GetInFlight()
+				}
+			}
+			if f.firstInFlight < 0 {
+				f.firstInFlight = f.inFlight
+			}
+			if int64(f.inFlight) == before && l.holders.Load() == before {
+				f.freeAt = time.Now()
+				return f
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return f
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}

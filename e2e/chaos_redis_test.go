@@ -1,0 +1,196 @@
+package e2e
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/internal/redistest"
+)
+
+// pendingLostReplyGiveBack: today a permit whose Admit reply was lost stays
+// held until its lease ends, and an answer can outlive the backend timeout
+// (issue 9). While true, a violation of those two invariants skips the test
+// with the measured numbers instead of failing it; whoever lands the
+// give-back sets it to false.
+const pendingLostReplyGiveBack = true
+
+func redisChaosConfig(addr, onUnavailable string, redisTimeout, pollInterval time.Duration, maxConcurrency int, timeout, leaseGrace time.Duration) string {
+	return fmt.Sprintf(`
+backend:
+  kind: redis
+  redis: {addrs: ["%s"], timeout: %s, on_unavailable: %s}
+scopes:
+  chaos:
+    quota_full: wait
+    lease_grace: %s
+    backpressure: {stall_window: 60s, poll_interval: %s}
+    sources:
+      - {name: primary, max_concurrency: %d, timeout: %s, attributes: {base_url: "http://127.0.0.1:1"}}
+`, addr, redisTimeout, onUnavailable, leaseGrace, pollInterval, maxConcurrency, timeout)
+}
+
+// Redis stalls for 3 s (SIGSTOP, then SIGCONT) under a load of twice
+// max_concurrency callers. Invariants: never more holders than
+// max_concurrency; every answer during the stall within the Redis timeout
+// (plus scheduling slack); once the load has drained after SIGCONT, the
+// source's in_flight equals the real holders (0) within one poll_interval
+// plus the Redis timeout. The test logs what it measured either way.
+func TestChaos_RedisStall(t *testing.T) {
+	const (
+		stall          = 3 * time.Second
+		maxConcurrency = 4
+		callers        = 2 * maxConcurrency
+		redisTimeout   = 300 * time.Millisecond
+		pollInterval   = 20 * time.Millisecond
+		sourceTimeout  = 5 * time.Second
+		leaseGrace     = time.Second
+		lease          = sourceTimeout + leaseGrace
+		hold           = 20 * time.Millisecond
+		// answerSlack is a loaded machine's scheduling, not a speed claim.
+		answerSlack = 100 * time.Millisecond
+	)
+	for _, mode := range []string{"fail_closed", "local"} {
+		t.Run(mode, func(t *testing.T) {
+			rs := redistest.Start(t)
+			sc := startChaosSidecar(t, redisChaosConfig(rs.Addr, mode, redisTimeout, pollInterval, maxConcurrency, sourceTimeout, leaseGrace))
+			ctx := ctxT(t)
+			load := startLoad(t, sc.raw, "chaos", callers, maxConcurrency, hold, pollInterval)
+			eventually(t, "the load is granted permits", func() bool { return load.grants.Load() >= 20 })
+
+			stopped := time.Now()
+			rs.Pause()
+			time.Sleep(stall) // the fault's length, the scenario's parameter
+			rs.Resume()
+			resumed := time.Now()
+			load.drain()
+			drained := time.Now()
+			free := waitInFlight(ctx, sc, load, "chaos", "primary")
+			if free.freeAt.IsZero() {
+				t.Fatalf("in_flight %d never came back to the real holders (0) within %v of SIGCONT (shared backend back: %v)", free.inFlight, timeout, !free.backAt.IsZero())
+			}
+			// The clock of "slots free again" starts when the load has
+			// drained and the sidecar reads Redis again, whichever is later.
+			from := drained
+			if free.backAt.After(from) {
+				from = free.backAt
+			}
+
+			during := load.stats(stopped, resumed)
+			t.Logf("%s: Redis stopped %v; during the stall: %v (redis timeout %v)", mode, stall, during, redisTimeout)
+			t.Logf("%s: after SIGCONT: load drained in %v, Redis read again after %v with in_flight %d, in_flight equal to the real holders (0) %v after SIGCONT (lease %v, bound poll_interval + timeout = %v)",
+				mode, drained.Sub(resumed).Round(time.Millisecond), free.backAt.Sub(resumed).Round(time.Millisecond), free.firstInFlight,
+				free.freeAt.Sub(resumed).Round(time.Millisecond), lease, pollInterval+redisTimeout)
+			t.Logf("%s: whole run: %v; peak holders %d of max_concurrency %d", mode, load.stats(time.Time{}, time.Now()), load.peak.Load(), maxConcurrency)
+
+			if v := load.violations.Load(); v > 0 {
+				t.Errorf("%d grants made more than max_concurrency %d holders (peak %d)", v, maxConcurrency, load.peak.Load())
+			}
+			var pending []string
+			if during.worst.took > redisTimeout+answerSlack {
+				pending = append(pending, fmt.Sprintf("an answer during the stall took %v (%s), over the %v timeout + %v",
+					during.worst.took.Round(time.Millisecond), during.worst.rpc, redisTimeout, answerSlack))
+			}
+			if late := free.freeAt.Sub(from); late > pollInterval+redisTimeout {
+				pending = append(pending, fmt.Sprintf("in_flight came back to the real holders %v after the load drained and Redis answered, over poll_interval + timeout = %v",
+					late.Round(time.Millisecond), pollInterval+redisTimeout))
+			}
+			for _, p := range pending {
+				if !pendingLostReplyGiveBack {
+					t.Error(p)
+				}
+			}
+			if len(pending) > 0 {
+				t.Skipf("pending lost-reply give-back, issue 9: %v", pending)
+			}
+		})
+	}
+}
+
+// pendingStateReassert: today a Redis that restarts empty forgets overrides
+// and OPEN breakers, and no replica re-asserts them (issue 9). While true, a
+// lost override skips the test with what was measured.
+const pendingStateReassert = true
+
+// Redis is killed with SIGKILL under load and restarted on the same port,
+// with AOF (appendfsync always) and without persistence. Invariants: never
+// more holders than max_concurrency; an operator's FORCE_OPEN is still in
+// force afterwards; once the load has drained, in_flight equals the real
+// holders (0) within one poll_interval plus the Redis timeout.
+func TestChaos_RedisKill9Restart(t *testing.T) {
+	const (
+		maxConcurrency = 4
+		redisTimeout   = 300 * time.Millisecond
+		pollInterval   = 20 * time.Millisecond
+		sourceTimeout  = 5 * time.Second
+		leaseGrace     = time.Second
+		hold           = 20 * time.Millisecond
+	)
+	for _, persist := range []bool{true, false} {
+		t.Run(map[bool]string{true: "aof", false: "no persistence"}[persist], func(t *testing.T) {
+			var extra []string
+			if persist {
+				extra = redistest.AppendFsyncAlways
+			}
+			rs := redistest.Start(t, extra...)
+			cfg := redisChaosConfig(rs.Addr, "fail_closed", redisTimeout, pollInterval, maxConcurrency, sourceTimeout, leaseGrace) +
+				"  held:\n    sources: [{name: primary, attributes: {base_url: \"http://127.0.0.1:1\"}}]\n"
+			sc := startChaosSidecar(t, cfg)
+			ctx := ctxT(t)
+			if _, err := sc.raw.OverrideBreaker(ctx, &admissionv1.OverrideBreakerRequest{Scope: "held", Source: "primary",
+				Action: admissionv1.OverrideAction_OVERRIDE_ACTION_FORCE_OPEN, Actor: "alice", Reason: "INC-42"}); err != nil {
+				t.Fatal(err)
+			}
+			load := startLoad(t, sc.raw, "chaos", 2*maxConcurrency, maxConcurrency, hold, pollInterval)
+			eventually(t, "the load is granted permits", func() bool { return load.grants.Load() >= 20 })
+
+			rs.Stop() // kill -9
+			killed := time.Now()
+			rs.Start()
+			restarted := time.Now()
+			eventually(t, "the load is granted permits again", func() bool {
+				return load.stats(restarted, time.Now()).grants > 0
+			})
+			granting := time.Now()
+			load.drain()
+			drained := time.Now()
+			free := waitInFlight(ctx, sc, load, "chaos", "primary")
+			if free.freeAt.IsZero() {
+				t.Fatalf("in_flight %d never came back to the real holders (0) within %v", free.inFlight, timeout)
+			}
+			held, err := sc.source(ctx, "held", "primary")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("Redis down %v; grants again %v after the restart; from the kill until then: %v",
+				restarted.Sub(killed).Round(time.Millisecond), granting.Sub(restarted).Round(time.Millisecond), load.stats(killed, granting))
+			t.Logf("after draining: in_flight %d, equal to the real holders (0) %v after the drain; override after the restart: %v by %q; peak holders %d of %d",
+				free.firstInFlight, free.freeAt.Sub(drained).Round(time.Millisecond), held.GetOverride(), held.GetOverrideActor(), load.peak.Load(), maxConcurrency)
+
+			if v := load.violations.Load(); v > 0 {
+				t.Errorf("%d grants made more than max_concurrency %d holders (peak %d)", v, maxConcurrency, load.peak.Load())
+			}
+			var pending []string
+			if held.GetOverride() != admissionv1.Override_OVERRIDE_FORCED_OPEN || held.GetOverrideActor() != "alice" {
+				msg := fmt.Sprintf("the FORCE_OPEN override was lost: %v by %q", held.GetOverride(), held.GetOverrideActor())
+				if persist || !pendingStateReassert {
+					t.Error(msg)
+				} else {
+					pending = append(pending, msg+" (state re-assert)")
+				}
+			}
+			if late := free.freeAt.Sub(drained); late > pollInterval+redisTimeout {
+				msg := fmt.Sprintf("in_flight came back to the real holders %v after the drain, over poll_interval + timeout = %v", late.Round(time.Millisecond), pollInterval+redisTimeout)
+				if !pendingLostReplyGiveBack {
+					t.Error(msg)
+				} else {
+					pending = append(pending, msg+" (lost-reply give-back)")
+				}
+			}
+			if len(pending) > 0 {
+				t.Skipf("pending, issue 9: %v", pending)
+			}
+		})
+	}
+}

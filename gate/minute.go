@@ -1,0 +1,33 @@
+package gate
+
+// Charge is one admission counted in a quota's sliding minute: when it was
+// admitted (Unix ms) and the tokens it is charged.
+type Charge struct {
+	At     int64
+	Tokens int64
+}
+
+// Minute returns the admissions still counted at now, oldest first, without
+// changing the quota. It is what a restart must remember of RPM and TPM.
+func (q *Quota) Minute(now int64) []Charge {
+	var out []Charge
+	for _, e := range q.log[q.head:] {
+		if e.at+Minute > now {
+			out = append(out, Charge{At: e.at, Tokens: e.tokens})
+		}
+	}
+	return out
+}
+
+// RestoreMinute counts charges (oldest first) as admissions of permits that
+// nobody holds any more: they use RPM and TPM until they leave the minute,
+// and hold no slot. Charges already out of the minute at now are skipped.
+func (q *Quota) RestoreMinute(charges []Charge, now int64) {
+	for _, c := range charges {
+		if c.At+Minute <= now {
+			continue
+		}
+		q.log = append(q.log, logEntry{at: c.At, tokens: c.Tokens})
+		q.tokens += c.Tokens
+	}
+}
