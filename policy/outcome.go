@@ -96,13 +96,13 @@ const (
 )
 
 var failureReasonNames = []string{
-	FailCircuitOpen:      "circuit_open",
-	FailQuotaExhausted:   "quota_exhausted",
-	FailStalled:          "stalled",
-	FailRetryExhausted:   "retry_exhausted",
-	FailNonRetryable:     "non_retryable",
-	FailDeadlineExceeded: "deadline_exceeded",
-	FailCancelled:        "cancelled",
+	FailCircuitOpen:       "circuit_open",
+	FailQuotaExhausted:    "quota_exhausted",
+	FailStalled:           "stalled",
+	FailRetryExhausted:    "retry_exhausted",
+	FailNonRetryable:      "non_retryable",
+	FailDeadlineExceeded:  "deadline_exceeded",
+	FailCancelled:         "cancelled",
 	FailRetryAfterTooLong: "retry_after_too_long",
 }
 
