@@ -1,0 +1,222 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Options say what to run and for how long. Zero values are not defaults:
+// cmd/polybench's flags are.
+type Options struct {
+	// Sidecar is the sidecar binary; Floor the command that serves the floor
+	// (it prints "listening on ADDR").
+	Sidecar string
+	Floor   []string
+	// RedisAddr is a redis-server the Redis rows use ("" skips them).
+	RedisAddr string
+	// Conns is the number of connections every target gets.
+	Conns int
+	// Callers are the closed-loop concurrency levels; Rate (ops/s, shared by
+	// RateCallers callers) adds a paced level when > 0.
+	Callers     []int
+	Rate        float64
+	RateCallers int
+	// Warm and Cell are the unmeasured and measured time of each cell.
+	Warm, Cell time.Duration
+	// Held calls are held in OnNoRunnable (0 skips the mode); Settle is the
+	// time given to the sidecar to take them in, HoldWindow the time their
+	// CPU is measured over.
+	Held               int
+	Settle, HoldWindow time.Duration
+	// Dir holds the generated configurations and the servers' logs.
+	Dir string
+}
+
+// Report is what a run measured.
+type Report struct {
+	cells []cell
+	held  []held
+}
+
+// Run measures the floor, then the sidecar on memory, then (with RedisAddr)
+// on Redis, one target at a time, and prints progress to progress.
+func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
+	levels := make([]level, 0, len(o.Callers)+1)
+	for _, n := range o.Callers {
+		levels = append(levels, level{callers: n})
+	}
+	if o.Rate > 0 {
+		levels = append(levels, level{callers: o.RateCallers, rate: o.Rate})
+	}
+	type target struct {
+		name    string
+		argv    []string
+		backend string // "" for the floor
+		ops     []op
+	}
+	sidecarOps := []op{opHealth, opRetryAfter, opAttempt}
+	targets := []target{
+		{name: "floor", argv: o.Floor, ops: []op{opHealth}},
+		{name: "memory", argv: []string{o.Sidecar}, backend: "memory", ops: sidecarOps},
+	}
+	if o.RedisAddr != "" {
+		targets = append(targets, target{name: "redis", argv: []string{o.Sidecar}, backend: "redis", ops: sidecarOps})
+	}
+	var rdb *redis.Client
+	if o.RedisAddr != "" {
+		rdb = redis.NewClient(&redis.Options{Addr: o.RedisAddr})
+		defer rdb.Close()
+	}
+	rep := &Report{}
+	for _, t := range targets {
+		argv := t.argv
+		if t.backend != "" {
+			cfg := filepath.Join(o.Dir, t.name+".yaml")
+			if err := os.WriteFile(cfg, []byte(sidecarConfig(t.backend, o.RedisAddr, o.Held)), 0o600); err != nil {
+				return nil, err
+			}
+			argv = append(argv, "--config", cfg, "--listen", "127.0.0.1:0")
+		}
+		p, err := startProcess(t.name, argv, nil, filepath.Join(o.Dir, t.name+".log"))
+		if err != nil {
+			return nil, err
+		}
+		err = func() error {
+			defer p.stop()
+			cl, err := dial(p.addr, o.Conns)
+			if err != nil {
+				return err
+			}
+			defer cl.close()
+			pr := probe{pid: p.pid()}
+			if t.backend == "redis" {
+				pr.redis = func(ctx context.Context) (redisStats, error) {
+					s, err := rdb.Info(ctx, "commandstats", "cpu").Result()
+					if err != nil {
+						return redisStats{}, err
+					}
+					return parseInfo(s)
+				}
+			}
+			for _, o2 := range t.ops {
+				for _, lv := range levels {
+					c, err := cl.run(ctx, o2, lv, o.Warm, o.Cell, pr)
+					if err != nil {
+						return fmt.Errorf("%s %s at %v: %w", t.name, o2, lv, err)
+					}
+					c.target = t.name
+					rep.cells = append(rep.cells, c)
+					fmt.Fprintf(progress, "%-7s %-10s %6v  %8.0f ops/s  %6.1f µs CPU/op  errors %d\n",
+						t.name, o2, lv, c.perSec(), us(c.cpuPerOp()), c.errs)
+				}
+			}
+			if t.backend != "" && o.Held > 0 {
+				h, err := cl.hold(ctx, p.pid(), p.log, o.Held, o.Settle, o.HoldWindow)
+				if err != nil {
+					return fmt.Errorf("%s held waiters: %w", t.name, err)
+				}
+				h.target = t.name
+				rep.held = append(rep.held, h)
+				fmt.Fprintf(progress, "%-7s held      %6d  %6.1f KB RSS/call, last answer %v after the clear\n",
+					t.name, h.calls, float64(h.rssDelta)/float64(h.calls)/1024, h.last.Round(time.Millisecond))
+			}
+			return nil
+		}()
+		if err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
+}
+
+// sidecarConfig is the sidecar's configuration for the bench: the bench
+// scope (one source no limit refuses) and the held scope (one source whose
+// breaker the held mode forces open; callers wait for it).
+func sidecarConfig(backend, redisAddr string, held int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "backend:\n  kind: %s\n", backend)
+	if backend == "redis" {
+		fmt.Fprintf(&b, "  redis: {addrs: [%q], key_prefix: \"polybench-%d:\"}\n", redisAddr, time.Now().UnixNano())
+	}
+	fmt.Fprintf(&b, "calls: {max_live: %d}\n", max(10000, 2*held+1000))
+	b.WriteString(`log: {level: info}
+scopes:
+  bench:
+    sources:
+      - {name: only, max_concurrency: 1000, timeout: 60s}
+  held:
+    circuit_open: wait
+    backpressure: {stall_window: 600s, poll_interval: 50ms}
+    sources:
+      - {name: only, max_concurrency: 1000, timeout: 60s}
+`)
+	return b.String()
+}
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// Print writes the report: one table of every cell with its ratios to the
+// floor at the same level, then the held-waiters table.
+func (r *Report) Print(w io.Writer) {
+	floor := map[string]cell{}
+	for _, c := range r.cells {
+		if c.target == "floor" {
+			floor[c.level.String()] = c
+		}
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "target\top\tcallers\tops/s\t× floor ops/s\tCPU µs/op\t× floor CPU\tp50 µs\tp99 µs\tredis script µs/call\tredis CPU µs/op\terrors\t")
+	for _, c := range r.cells {
+		f := floor[c.level.String()]
+		ratio := func(a, b float64) string {
+			if b == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.2f", a/b)
+		}
+		script, rcpu := "-", "-"
+		if c.redis != nil {
+			if c.redis.scriptCalls > 0 {
+				script = fmt.Sprintf("%.1f", float64(c.redis.scriptUsec)/float64(c.redis.scriptCalls))
+			}
+			if c.ops > 0 {
+				rcpu = fmt.Sprintf("%.1f", us(c.redis.cpu)/float64(c.ops))
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%v\t%.0f\t%s\t%.1f\t%s\t%.0f\t%.0f\t%s\t%s\t%d\t\n",
+			c.target, c.op, c.level, c.perSec(), ratio(c.perSec(), f.perSec()),
+			us(c.cpuPerOp()), ratio(us(c.cpuPerOp()), us(f.cpuPerOp())),
+			us(c.p50), us(c.p99), script, rcpu, c.errs)
+	}
+	_ = tw.Flush()
+	for _, c := range r.cells {
+		if c.err != nil {
+			fmt.Fprintf(w, "first error of %s %s at %v: %v\n", c.target, c.op, c.level, c.err)
+		}
+	}
+	if len(r.held) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "target\theld calls\tRSS KB/call\tCPU while held (% core)\tanswered after clear\tlast answer ms\tanswered early\t\"call waiting\" log lines\t")
+	for _, h := range r.held {
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.2f\t%d\t%.0f\t%d\t%d\t\n", h.target, h.calls,
+			float64(h.rssDelta)/float64(h.calls)/1024, 100*h.cpu.Seconds()/h.window.Seconds(),
+			h.answered, float64(h.last)/float64(time.Millisecond), h.early, h.logLines)
+	}
+	_ = tw.Flush()
+	for _, h := range r.held {
+		if h.err != nil {
+			fmt.Fprintf(w, "first error of %s held: %v\n", h.target, h.err)
+		}
+	}
+}
