@@ -46,8 +46,11 @@ type Report struct {
 	held  []held
 }
 
-// Run measures the floor, then the sidecar on memory, then (with RedisAddr)
-// on Redis, one target at a time, and prints progress to progress.
+// Run starts the floor and the sidecar on memory and (with RedisAddr) on
+// Redis, then measures every operation at every level on each sidecar, each
+// cell right after a floor cell at the same level (on a shared machine the
+// pair sees the same neighbours), then the held-waiters mode. It prints
+// progress to progress.
 func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 	levels := make([]level, 0, len(o.Callers)+1)
 	for _, n := range o.Callers {
@@ -57,81 +60,90 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 		levels = append(levels, level{callers: o.RateCallers, rate: o.Rate})
 	}
 	type target struct {
-		name    string
-		argv    []string
-		backend string // "" for the floor
-		ops     []op
+		name string
+		p    *process
+		cl   *client
+		pr   probe
 	}
-	sidecarOps := []op{opHealth, opRetryAfter, opAttempt}
-	targets := []target{
-		{name: "floor", argv: o.Floor, ops: []op{opHealth}},
-		{name: "memory", argv: []string{o.Sidecar}, backend: "memory", ops: sidecarOps},
-	}
-	if o.RedisAddr != "" {
-		targets = append(targets, target{name: "redis", argv: []string{o.Sidecar}, backend: "redis", ops: sidecarOps})
-	}
-	var rdb *redis.Client
-	if o.RedisAddr != "" {
-		rdb = redis.NewClient(&redis.Options{Addr: o.RedisAddr})
-		defer rdb.Close()
-	}
-	rep := &Report{}
-	for _, t := range targets {
-		argv := t.argv
-		if t.backend != "" {
-			cfg := filepath.Join(o.Dir, t.name+".yaml")
-			if err := os.WriteFile(cfg, []byte(sidecarConfig(t.backend, o.RedisAddr, o.Held)), 0o600); err != nil {
-				return nil, err
-			}
-			argv = append(argv, "--config", cfg, "--listen", "127.0.0.1:0")
-		}
-		p, err := startProcess(t.name, argv, nil, filepath.Join(o.Dir, t.name+".log"))
+	start := func(name string, argv []string) (*target, error) {
+		p, err := startProcess(name, argv, nil, filepath.Join(o.Dir, name+".log"))
 		if err != nil {
 			return nil, err
 		}
-		err = func() error {
-			defer p.stop()
-			cl, err := dial(p.addr, o.Conns)
-			if err != nil {
-				return err
-			}
-			defer cl.close()
-			pr := probe{pid: p.pid()}
-			if t.backend == "redis" {
-				pr.redis = func(ctx context.Context) (redisStats, error) {
-					s, err := rdb.Info(ctx, "commandstats", "cpu").Result()
-					if err != nil {
-						return redisStats{}, err
-					}
-					return parseInfo(s)
-				}
-			}
-			for _, o2 := range t.ops {
-				for _, lv := range levels {
-					c, err := cl.run(ctx, o2, lv, o.Warm, o.Cell, pr)
-					if err != nil {
-						return fmt.Errorf("%s %s at %v: %w", t.name, o2, lv, err)
-					}
-					c.target = t.name
-					rep.cells = append(rep.cells, c)
-					fmt.Fprintf(progress, "%-7s %-10s %6v  %8.0f ops/s  %6.1f µs CPU/op  errors %d\n",
-						t.name, o2, lv, c.perSec(), us(c.cpuPerOp()), c.errs)
-				}
-			}
-			if t.backend != "" && o.Held > 0 {
-				h, err := cl.hold(ctx, p.pid(), p.log, o.Held, o.Settle, o.HoldWindow)
-				if err != nil {
-					return fmt.Errorf("%s held waiters: %w", t.name, err)
-				}
-				h.target = t.name
-				rep.held = append(rep.held, h)
-				fmt.Fprintf(progress, "%-7s held      %6d  %6.1f KB RSS/call, last answer %v after the clear\n",
-					t.name, h.calls, float64(h.rssDelta)/float64(h.calls)/1024, h.last.Round(time.Millisecond))
-			}
-			return nil
-		}()
+		cl, err := dial(p.addr, o.Conns)
 		if err != nil {
-			return rep, err
+			p.stop()
+			return nil, err
+		}
+		return &target{name: name, p: p, cl: cl, pr: probe{pid: p.pid()}}, nil
+	}
+	var started []*target
+	defer func() {
+		for _, t := range started {
+			t.cl.close()
+			t.p.stop()
+		}
+	}()
+	floor, err := start("floor", o.Floor)
+	if err != nil {
+		return nil, err
+	}
+	started = append(started, floor)
+	backends := []string{"memory"}
+	if o.RedisAddr != "" {
+		backends = append(backends, "redis")
+	}
+	var sidecars []*target
+	for _, b := range backends {
+		cfg := filepath.Join(o.Dir, b+".yaml")
+		if err := os.WriteFile(cfg, []byte(sidecarConfig(b, o.RedisAddr, o.Held)), 0o600); err != nil {
+			return nil, err
+		}
+		t, err := start(b, []string{o.Sidecar, "--config", cfg, "--listen", "127.0.0.1:0"})
+		if err != nil {
+			return nil, err
+		}
+		started = append(started, t)
+		sidecars = append(sidecars, t)
+		if b == "redis" {
+			rdb := redis.NewClient(&redis.Options{Addr: o.RedisAddr})
+			defer rdb.Close()
+			t.pr.redis = func(ctx context.Context) (redisStats, error) {
+				s, err := rdb.Info(ctx, "commandstats", "cpu").Result()
+				if err != nil {
+					return redisStats{}, err
+				}
+				return parseInfo(s)
+			}
+		}
+	}
+	rep := &Report{}
+	for _, t := range sidecars {
+		for _, op := range []op{opHealth, opRetryAfter, opAttempt} {
+			for _, lv := range levels {
+				f, err := floor.cl.run(ctx, opHealth, lv, o.Warm, o.Cell, floor.pr)
+				if err != nil {
+					return rep, fmt.Errorf("floor health at %v: %w", lv, err)
+				}
+				c, err := t.cl.run(ctx, op, lv, o.Warm, o.Cell, t.pr)
+				if err != nil {
+					return rep, fmt.Errorf("%s %s at %v: %w", t.name, op, lv, err)
+				}
+				f.target, c.target, c.floor = floor.name, t.name, &f
+				rep.cells = append(rep.cells, c)
+				fmt.Fprintf(progress, "%-7s %-10s %6v  %8.0f ops/s  %6.1f µs CPU/op (floor %8.0f ops/s %6.1f µs)  errors %d\n",
+					t.name, op, lv, c.perSec(), us(c.cpuPerOp()), f.perSec(), us(f.cpuPerOp()), c.errs)
+			}
+		}
+		if o.Held > 0 {
+			h, err := t.cl.hold(ctx, t.pr.pid, t.p.log, o.Held, o.Settle, o.HoldWindow)
+			if err != nil {
+				return rep, fmt.Errorf("%s held waiters: %w", t.name, err)
+			}
+			h.target = t.name
+			rep.held = append(rep.held, h)
+			fmt.Fprintf(progress, "%-7s held      %6d  %6.1f KB RSS/call, last answer %v after the clear\n",
+				t.name, h.calls, float64(h.rssDelta)/float64(h.calls)/1024, h.last.Round(time.Millisecond))
 		}
 	}
 	return rep, nil
@@ -163,24 +175,22 @@ scopes:
 
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
-// Print writes the report: one table of every cell with its ratios to the
-// floor at the same level, then the held-waiters table.
+// Print writes the report: one table of every sidecar cell with the floor
+// cell measured just before it at the same level and the ratios, then the
+// held-waiters table.
 func (r *Report) Print(w io.Writer) {
-	floor := map[string]cell{}
-	for _, c := range r.cells {
-		if c.target == "floor" {
-			floor[c.level.String()] = c
+	ratio := func(a, b float64) string {
+		if b == 0 {
+			return "-"
 		}
+		return fmt.Sprintf("%.2f", a/b)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "target\top\tcallers\tops/s\t× floor ops/s\tCPU µs/op\t× floor CPU\tp50 µs\tp99 µs\tredis script µs/call\tredis CPU µs/op\terrors\t")
+	fmt.Fprintln(tw, "backend\top\tcallers\tops/s\tfloor ops/s\t× floor ops/s\tCPU µs/op\tfloor CPU µs/op\t× floor CPU\tp50 µs\tp99 µs\tredis script µs/call\tredis CPU µs/op\terrors\t")
 	for _, c := range r.cells {
-		f := floor[c.level.String()]
-		ratio := func(a, b float64) string {
-			if b == 0 {
-				return "-"
-			}
-			return fmt.Sprintf("%.2f", a/b)
+		f := cell{}
+		if c.floor != nil {
+			f = *c.floor
 		}
 		script, rcpu := "-", "-"
 		if c.redis != nil {
@@ -191,9 +201,9 @@ func (r *Report) Print(w io.Writer) {
 				rcpu = fmt.Sprintf("%.1f", us(c.redis.cpu)/float64(c.ops))
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%v\t%.0f\t%s\t%.1f\t%s\t%.0f\t%.0f\t%s\t%s\t%d\t\n",
-			c.target, c.op, c.level, c.perSec(), ratio(c.perSec(), f.perSec()),
-			us(c.cpuPerOp()), ratio(us(c.cpuPerOp()), us(f.cpuPerOp())),
+		fmt.Fprintf(tw, "%s\t%s\t%v\t%.0f\t%.0f\t%s\t%.1f\t%.1f\t%s\t%.0f\t%.0f\t%s\t%s\t%d\t\n",
+			c.target, c.op, c.level, c.perSec(), f.perSec(), ratio(c.perSec(), f.perSec()),
+			us(c.cpuPerOp()), us(f.cpuPerOp()), ratio(us(c.cpuPerOp()), us(f.cpuPerOp())),
 			us(c.p50), us(c.p99), script, rcpu, c.errs)
 	}
 	_ = tw.Flush()
@@ -207,11 +217,11 @@ func (r *Report) Print(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "target\theld calls\tRSS KB/call\tCPU while held (% core)\tanswered after clear\tlast answer ms\tanswered early\t\"call waiting\" log lines\t")
+	fmt.Fprintln(tw, "target\theld calls\tRSS KB/call\tCPU while held (% core)\tanswered after clear\tlast answer ms\tanswered early\t\"call waiting\" log lines\tfailed\t")
 	for _, h := range r.held {
-		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.2f\t%d\t%.0f\t%d\t%d\t\n", h.target, h.calls,
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.2f\t%d\t%.0f\t%d\t%d\t%d\t\n", h.target, h.calls,
 			float64(h.rssDelta)/float64(h.calls)/1024, 100*h.cpu.Seconds()/h.window.Seconds(),
-			h.answered, float64(h.last)/float64(time.Millisecond), h.early, h.logLines)
+			h.answered, float64(h.last)/float64(time.Millisecond), h.early, h.logLines, h.failed)
 	}
 	_ = tw.Flush()
 	for _, h := range r.held {

@@ -125,10 +125,13 @@ func TestRunSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := 2 + 2*3*2; len(rep.cells) != want {
-		t.Fatalf("%d cells, want %d (floor health, then 3 operations on memory and on Redis, 2 levels each)", len(rep.cells), want)
+	if want := 2 * 3 * 2; len(rep.cells) != want {
+		t.Fatalf("%d cells, want %d (3 operations on memory and on Redis, 2 levels each)", len(rep.cells), want)
 	}
 	for _, c := range rep.cells {
+		if c.floor == nil || c.floor.ops == 0 || c.floor.errs != 0 {
+			t.Errorf("%s %s at %v: the floor cell before it is %+v; want some operations and no errors", c.target, c.op, c.level, c.floor)
+		}
 		if c.ops == 0 || c.errs != 0 {
 			t.Errorf("%s %s at %v: %d operations, %d errors (first: %v); want some and none", c.target, c.op, c.level, c.ops, c.errs, c.err)
 		}

@@ -28,6 +28,7 @@ type held struct {
 	window   time.Duration
 	answered int           // OnNoRunnable answers after the breaker was cleared
 	early    int           // answers before it was cleared (should be 0)
+	failed   int           // calls whose Pick or OnNoRunnable failed
 	last     time.Duration // clear → the last answer
 	logLines int           // "call waiting" lines the target logged meanwhile
 	err      error         // the first failed call
@@ -64,18 +65,24 @@ func (c *client) hold(ctx context.Context, pid int, logPath string, n int, settl
 	fail := func(err error) {
 		mu.Lock()
 		defer mu.Unlock()
+		h.failed++
 		if firstErr == nil {
 			firstErr = err
 		}
 	}
 	lastAnswer := make([]int64, n) // unix nanos of each call's answer
+	// The calls open at most pickers at a time, as a client's pool would:
+	// what is measured is holding them, not a burst of 10 000 Picks.
+	pickers := make(chan struct{}, 64)
 	picked.Add(n)
 	answers.Add(n)
 	for i := range n {
 		go func() {
 			defer answers.Done()
 			k := i % len(c.conns)
+			pickers <- struct{}{}
 			p, err := c.adm[k].Pick(ctx, &admissionv1.PickRequest{Scope: heldScope})
+			<-pickers
 			picked.Done()
 			if err != nil {
 				fail(fmt.Errorf("pick: %w", err))
@@ -86,10 +93,11 @@ func (c *client) hold(ctx context.Context, pid int, logPath string, n int, settl
 				return
 			}
 			_, err = c.adm[k].OnNoRunnable(ctx, &admissionv1.OnNoRunnableRequest{Scope: heldScope, CallId: p.GetCallId()})
-			lastAnswer[i] = time.Now().UnixNano()
-			if err != nil && ctx.Err() == nil {
+			if err != nil {
 				fail(fmt.Errorf("on_no_runnable: %w", err))
+				return
 			}
+			lastAnswer[i] = time.Now().UnixNano()
 		}()
 	}
 	picked.Wait()

@@ -111,6 +111,7 @@ type cell struct {
 	errs   int64
 	err    error // the first error
 	redis  *redisDelta
+	floor  *cell // the floor's health cell measured just before, same level
 }
 
 func (c cell) perSec() float64 { return float64(c.ops) / c.wall.Seconds() }
