@@ -98,8 +98,19 @@ func ServerOptions(log *slog.Logger, token func() string, extra Interceptors) []
 	for i, in := range stream {
 		stream[i] = admissionStream(in)
 	}
-	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...)}
+	return []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...),
+		grpc.NumStreamWorkers(streamWorkers),
+	}
 }
+
+// streamWorkers is the number of goroutines kept to serve RPCs. A new
+// goroutine per RPC grew (copied) its stack a few times on every call: 20% of
+// the sidecar's CPU at 64 callers (docs/performance.md); reused ones have
+// grown already. More RPCs at once than workers (calls held in OnNoRunnable)
+// get a goroutine each, as before. 128 workers keep at most a few MB of
+// stacks.
+const streamWorkers = 128
 
 // admissionPrefix starts the full method name of every admission RPC.
 var admissionPrefix = "/" + admissionv1.AdmissionService_ServiceDesc.ServiceName + "/"

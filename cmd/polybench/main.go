@@ -6,6 +6,11 @@
 //
 //	polybench -sidecar PATH [flags]
 //	polybench floor [-listen ADDR]
+//	polybench sidecar -cpuprofile FILE -- [sidecar flags]
+//
+// The last form is the sidecar (server.Run) inside polybench, CPU-profiled
+// until it stops; polybench -cpuprofile FILE runs the memory backend's
+// sidecar that way.
 package main
 
 import (
@@ -14,6 +19,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -22,6 +28,7 @@ import (
 
 	"github.com/polygate/polygate/internal/bench"
 	"github.com/polygate/polygate/internal/redistest"
+	"github.com/polygate/polygate/server"
 )
 
 func main() {
@@ -33,6 +40,8 @@ func main() {
 		listen := fs.String("listen", "127.0.0.1:0", "address to serve the bare health server on")
 		_ = fs.Parse(os.Args[2:])
 		err = bench.ServeFloor(ctx, *listen, os.Stdout)
+	} else if len(os.Args) > 1 && os.Args[1] == "sidecar" {
+		err = profiledSidecar(ctx, os.Args[2:])
 	} else {
 		err = run(ctx, os.Args[1:])
 	}
@@ -47,7 +56,9 @@ func run(ctx context.Context, args []string) (err error) {
 	var (
 		o       bench.Options
 		callers string
+		ops     string
 		noRedis bool
+		profile string
 	)
 	fs.StringVar(&o.Sidecar, "sidecar", "", "the sidecar binary (required; make bench builds it)")
 	fs.IntVar(&o.Conns, "conns", 1, "connections to each target")
@@ -60,6 +71,8 @@ func run(ctx context.Context, args []string) (err error) {
 	fs.DurationVar(&o.Settle, "settle", 2*time.Second, "time the sidecar gets to take the held calls in")
 	fs.DurationVar(&o.HoldWindow, "hold-window", 3*time.Second, "time the sidecar's CPU is measured over while calls are held")
 	fs.BoolVar(&noRedis, "no-redis", false, "skip the Redis backend")
+	fs.StringVar(&ops, "ops", "health,retryafter,attempt", "operations measured on the sidecars, comma separated")
+	fs.StringVar(&profile, "cpuprofile", "", "write a CPU profile of the memory backend's sidecar (run inside polybench) to this file")
 	_ = fs.Parse(args)
 	if o.Sidecar == "" {
 		return fmt.Errorf("-sidecar: the sidecar binary is required (go build -o PATH ./cmd/sidecar)")
@@ -74,11 +87,17 @@ func run(ctx context.Context, args []string) (err error) {
 	if o.Conns < 1 || o.Conns > 1000 || o.RateCallers < 1 || o.Held < 0 || o.Held > 1000000 {
 		return fmt.Errorf("-conns (1..1000), -rate-callers (≥ 1) or -held (0..1000000) out of range")
 	}
+	for _, s := range strings.Split(ops, ",") {
+		o.Ops = append(o.Ops, strings.TrimSpace(s))
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return err
 	}
 	o.Floor = []string{self, "floor"}
+	if profile != "" {
+		o.MemorySidecar = []string{self, "sidecar", "-cpuprofile", profile, "--"}
+	}
 	h := &harness{}
 	defer h.cleanup()
 	defer func() {
@@ -95,8 +114,11 @@ func run(ctx context.Context, args []string) (err error) {
 	}
 	rep, err := bench.Run(ctx, o, os.Stderr)
 	if rep != nil {
-		fmt.Printf("\npolybench: %d connection(s), cells of %v after %v warm-up, paced level %g/s over %d callers\n\n",
-			o.Conns, o.Cell, o.Warm, o.Rate, o.RateCallers)
+		fmt.Printf("\npolybench: %d connection(s), cells of %v after %v warm-up", o.Conns, o.Cell, o.Warm)
+		if o.Rate > 0 {
+			fmt.Printf(", paced level %g/s over %d callers", o.Rate, o.RateCallers)
+		}
+		fmt.Print("\n\n")
 		rep.Print(os.Stdout)
 	}
 	return err
@@ -129,4 +151,22 @@ func (h *harness) cleanup() {
 	for i := len(h.cleanups) - 1; i >= 0; i-- {
 		h.cleanups[i]()
 	}
+}
+
+// profiledSidecar runs the sidecar in this process with a CPU profile
+// written to -cpuprofile when it stops.
+func profiledSidecar(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("sidecar", flag.ExitOnError)
+	path := fs.String("cpuprofile", "", "the CPU profile to write")
+	_ = fs.Parse(args)
+	f, err := os.Create(*path)
+	if err != nil {
+		return fmt.Errorf("-cpuprofile: %w", err)
+	}
+	defer f.Close()
+	if err := pprof.StartCPUProfile(f); err != nil {
+		return err
+	}
+	defer pprof.StopCPUProfile()
+	return server.Run(ctx, fs.Args(), os.Environ(), os.Stdout, os.Stderr)
 }

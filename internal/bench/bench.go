@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -20,6 +21,12 @@ type Options struct {
 	// (it prints "listening on ADDR").
 	Sidecar string
 	Floor   []string
+	// MemorySidecar, when set, is the command that runs the memory
+	// backend's sidecar instead of Sidecar (a profiled one).
+	MemorySidecar []string
+	// Ops are the operations measured on the sidecars: health, retryafter,
+	// attempt.
+	Ops []string
 	// RedisAddr is a redis-server the Redis rows use ("" skips them).
 	RedisAddr string
 	// Conns is the number of connections every target gets.
@@ -99,7 +106,11 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 		if err := os.WriteFile(cfg, []byte(sidecarConfig(b, o.RedisAddr, o.Held)), 0o600); err != nil {
 			return nil, err
 		}
-		t, err := start(b, []string{o.Sidecar, "--config", cfg, "--listen", "127.0.0.1:0"})
+		argv := []string{o.Sidecar}
+		if b == "memory" && len(o.MemorySidecar) > 0 {
+			argv = o.MemorySidecar
+		}
+		t, err := start(b, append(slices.Clone(argv), "--config", cfg, "--listen", "127.0.0.1:0"))
 		if err != nil {
 			return nil, err
 		}
@@ -117,9 +128,16 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 			}
 		}
 	}
+	var ops []op
+	for _, name := range o.Ops {
+		if !slices.Contains([]op{opHealth, opRetryAfter, opAttempt}, op(name)) {
+			return nil, fmt.Errorf("operation %q: allowed: health, retryafter, attempt", name)
+		}
+		ops = append(ops, op(name))
+	}
 	rep := &Report{}
 	for _, t := range sidecars {
-		for _, op := range []op{opHealth, opRetryAfter, opAttempt} {
+		for _, op := range ops {
 			for _, lv := range levels {
 				f, err := floor.cl.run(ctx, opHealth, lv, o.Warm, o.Cell, floor.pr)
 				if err != nil {

@@ -118,7 +118,7 @@ func TestRunSmoke(t *testing.T) {
 	defer cancel()
 	o := Options{
 		Sidecar: sidecartest.Binary(t), Floor: []string{os.Args[0], "floor"}, RedisAddr: redistest.Start(t).Addr,
-		Conns: 2, Callers: []int{2}, Rate: 200, RateCallers: 2, Warm: 50 * time.Millisecond, Cell: 200 * time.Millisecond,
+		Ops: []string{"health", "retryafter", "attempt"}, Conns: 2, Callers: []int{2}, Rate: 200, RateCallers: 2, Warm: 50 * time.Millisecond, Cell: 200 * time.Millisecond,
 		Held: 20, Settle: 100 * time.Millisecond, HoldWindow: 100 * time.Millisecond, Dir: t.TempDir(),
 	}
 	rep, err := Run(ctx, o, t.Output())
