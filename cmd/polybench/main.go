@@ -67,6 +67,7 @@ func run(ctx context.Context, args []string) (err error) {
 	fs.IntVar(&o.RateCallers, "rate-callers", 16, "callers sharing the paced rate")
 	fs.DurationVar(&o.Warm, "warm", 300*time.Millisecond, "unmeasured warm-up of each cell")
 	fs.DurationVar(&o.Cell, "cell", 2*time.Second, "measured time of each cell")
+	fs.IntVar(&o.Rounds, "rounds", 1, "runs of each (floor, sidecar) pair; the pair with the median CPU ratio is reported")
 	fs.IntVar(&o.Held, "held", 10000, "calls held in OnNoRunnable (0: skip the mode)")
 	fs.DurationVar(&o.Settle, "settle", 2*time.Second, "time the sidecar gets to take the held calls in")
 	fs.DurationVar(&o.HoldWindow, "hold-window", 3*time.Second, "time the sidecar's CPU is measured over while calls are held")
@@ -84,8 +85,8 @@ func run(ctx context.Context, args []string) (err error) {
 		}
 		o.Callers = append(o.Callers, n)
 	}
-	if o.Conns < 1 || o.Conns > 1000 || o.RateCallers < 1 || o.Held < 0 || o.Held > 1000000 {
-		return fmt.Errorf("-conns (1..1000), -rate-callers (≥ 1) or -held (0..1000000) out of range")
+	if o.Conns < 1 || o.Conns > 1000 || o.RateCallers < 1 || o.Held < 0 || o.Held > 1000000 || o.Rounds < 1 || o.Rounds > 100 {
+		return fmt.Errorf("-conns (1..1000), -rate-callers (≥ 1), -held (0..1000000) or -rounds (1..100) out of range")
 	}
 	for _, s := range strings.Split(ops, ",") {
 		o.Ops = append(o.Ops, strings.TrimSpace(s))
@@ -114,7 +115,7 @@ func run(ctx context.Context, args []string) (err error) {
 	}
 	rep, err := bench.Run(ctx, o, os.Stderr)
 	if rep != nil {
-		fmt.Printf("\npolybench: %d connection(s), cells of %v after %v warm-up", o.Conns, o.Cell, o.Warm)
+		fmt.Printf("\npolybench: %d connection(s), cells of %v after %v warm-up, median of %d round(s)", o.Conns, o.Cell, o.Warm, o.Rounds)
 		if o.Rate > 0 {
 			fmt.Printf(", paced level %g/s over %d callers", o.Rate, o.RateCallers)
 		}

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -38,6 +39,9 @@ type Options struct {
 	RateCallers int
 	// Warm and Cell are the unmeasured and measured time of each cell.
 	Warm, Cell time.Duration
+	// Rounds is how many times each pair (floor cell, sidecar cell) runs;
+	// the report keeps the pair with the median CPU ratio.
+	Rounds int
 	// Held calls are held in OnNoRunnable (0 skips the mode); Settle is the
 	// time given to the sidecar to take them in, HoldWindow the time their
 	// CPU is measured over.
@@ -139,18 +143,22 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 	for _, t := range sidecars {
 		for _, op := range ops {
 			for _, lv := range levels {
-				f, err := floor.cl.run(ctx, opHealth, lv, o.Warm, o.Cell, floor.pr)
-				if err != nil {
-					return rep, fmt.Errorf("floor health at %v: %w", lv, err)
+				var pairs []cell
+				for range max(1, o.Rounds) {
+					f, err := floor.cl.run(ctx, opHealth, lv, o.Warm, o.Cell, floor.pr)
+					if err != nil {
+						return rep, fmt.Errorf("floor health at %v: %w", lv, err)
+					}
+					c, err := t.cl.run(ctx, op, lv, o.Warm, o.Cell, t.pr)
+					if err != nil {
+						return rep, fmt.Errorf("%s %s at %v: %w", t.name, op, lv, err)
+					}
+					f.target, c.target, c.floor = floor.name, t.name, &f
+					pairs = append(pairs, c)
+					fmt.Fprintf(progress, "%-7s %-10s %6v  %8.0f ops/s  %6.1f µs CPU/op (floor %8.0f ops/s %6.1f µs)  errors %d\n",
+						t.name, op, lv, c.perSec(), us(c.cpuPerOp()), f.perSec(), us(f.cpuPerOp()), c.errs)
 				}
-				c, err := t.cl.run(ctx, op, lv, o.Warm, o.Cell, t.pr)
-				if err != nil {
-					return rep, fmt.Errorf("%s %s at %v: %w", t.name, op, lv, err)
-				}
-				f.target, c.target, c.floor = floor.name, t.name, &f
-				rep.cells = append(rep.cells, c)
-				fmt.Fprintf(progress, "%-7s %-10s %6v  %8.0f ops/s  %6.1f µs CPU/op (floor %8.0f ops/s %6.1f µs)  errors %d\n",
-					t.name, op, lv, c.perSec(), us(c.cpuPerOp()), f.perSec(), us(f.cpuPerOp()), c.errs)
+				rep.cells = append(rep.cells, medianPair(pairs))
 			}
 		}
 		if o.Held > 0 {
@@ -165,6 +173,19 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 		}
 	}
 	return rep, nil
+}
+
+// medianPair returns the pair whose CPU per operation relative to its floor
+// is the median of pairs (the lower middle one of an even count).
+func medianPair(pairs []cell) cell {
+	ratio := func(c cell) float64 {
+		if c.floor == nil || c.floor.cpuPerOp() == 0 {
+			return 0
+		}
+		return float64(c.cpuPerOp()) / float64(c.floor.cpuPerOp())
+	}
+	sorted := slices.SortedFunc(slices.Values(pairs), func(a, b cell) int { return cmp.Compare(ratio(a), ratio(b)) })
+	return sorted[(len(sorted)-1)/2]
 }
 
 // sidecarConfig is the sidecar's configuration for the bench: the bench

@@ -79,6 +79,27 @@ func TestParseRSS(t *testing.T) {
 	}
 }
 
+func TestMedianPair(t *testing.T) {
+	pair := func(cpu, floorCPU time.Duration) cell {
+		return cell{ops: 1, cpu: cpu, floor: &cell{ops: 1, cpu: floorCPU}}
+	}
+	for _, tc := range []struct {
+		name  string
+		pairs []cell
+		want  time.Duration // the cpu of the pair kept
+	}{
+		{name: "one", pairs: []cell{pair(3, 1)}, want: 3},
+		{name: "odd: the middle ratio, not the middle cpu", pairs: []cell{pair(9, 1), pair(4, 2), pair(10, 4)}, want: 10},
+		{name: "even: the lower middle", pairs: []cell{pair(4, 1), pair(1, 1), pair(3, 1), pair(2, 1)}, want: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := medianPair(tc.pairs); got.cpu != tc.want {
+				t.Fatalf("medianPair kept the pair with cpu %v, want %v", got.cpu, tc.want)
+			}
+		})
+	}
+}
+
 func TestParseInfoAndDelta(t *testing.T) {
 	before, err := parseInfo("# Commandstats\r\ncmdstat_evalsha:calls=10,usec=400,usec_per_call=40.00,rejected_calls=0,failed_calls=0\r\n" +
 		"cmdstat_info:calls=3,usec=90,usec_per_call=30.00\r\n\r\n# CPU\r\nused_cpu_sys:1.500000\r\nused_cpu_user:0.500000\r\nused_cpu_sys_children:9.0\r\n")
@@ -118,7 +139,7 @@ func TestRunSmoke(t *testing.T) {
 	defer cancel()
 	o := Options{
 		Sidecar: sidecartest.Binary(t), Floor: []string{os.Args[0], "floor"}, RedisAddr: redistest.Start(t).Addr,
-		Ops: []string{"health", "retryafter", "attempt"}, Conns: 2, Callers: []int{2}, Rate: 200, RateCallers: 2, Warm: 50 * time.Millisecond, Cell: 200 * time.Millisecond,
+		Ops: []string{"health", "retryafter", "attempt"}, Rounds: 1, Conns: 2, Callers: []int{2}, Rate: 200, RateCallers: 2, Warm: 50 * time.Millisecond, Cell: 200 * time.Millisecond,
 		Held: 20, Settle: 100 * time.Millisecond, HoldWindow: 100 * time.Millisecond, Dir: t.TempDir(),
 	}
 	rep, err := Run(ctx, o, t.Output())
