@@ -109,7 +109,7 @@ func ServerOptions(log *slog.Logger, token func() string, extra Interceptors) []
 // the sidecar's CPU at 64 callers (docs/performance.md); reused ones have
 // grown already. More RPCs at once than workers (calls held in OnNoRunnable)
 // get a goroutine each, as before. 128 workers keep at most a few MB of
-// stacks.
+// stacks. (grpc.NumStreamWorkers is marked experimental in grpc-go.)
 const streamWorkers = 128
 
 // admissionPrefix starts the full method name of every admission RPC.
