@@ -13,13 +13,22 @@ PY := $(VENV)/bin/python
 PYSDK := clientsdk/python
 PYGEN := $(PYSDK)/src/polygate/_gen
 
-.PHONY: all run test ci generate check-generated lint pytypes gotest fuzz pytest redis-server tools venv
+.PHONY: all run test ci generate check-generated lint pytypes gotest fuzz pytest redis-server tools venv bench
 
 all: test
 
 ## run: the sidecar with its embedded demo configuration
 run:
 	go run ./cmd/sidecar
+
+## bench: what a decision costs (docs/performance.md): the real sidecar on the
+## memory and Redis backends against a bare grpc-go health server, ratios to it.
+## Not part of test. BENCH_FLAGS passes flags to polybench (e.g. -cell 5s).
+BENCH_FLAGS ?=
+bench: redis-server
+	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \
+	go build -o "$$d/sidecar" ./cmd/sidecar && go build -o "$$d/polybench" ./cmd/polybench && \
+	"$$d/polybench" -sidecar "$$d/sidecar" $(BENCH_FLAGS)
 
 ## test: everything CI runs
 test: tools redis-server check-generated lint pytypes gotest fuzz pytest

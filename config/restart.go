@@ -25,6 +25,7 @@ var restartKeys = []struct {
 	{key: "limits.max_connection_idle", field: func(c *Config) any { return &c.Limits.MaxConnectionIdle }},
 	{key: "metrics_listen", field: func(c *Config) any { return &c.MetricsListen }},
 	{key: "backend.kind", field: func(c *Config) any { return &c.Backend.Kind }},
+	{key: "backend.memory.state_path", field: func(c *Config) any { return &c.Backend.Memory.StatePath }},
 	{key: "backend.redis.addrs", field: func(c *Config) any { return &c.Backend.Redis.Addrs }},
 	{key: "backend.redis.cluster", field: func(c *Config) any { return &c.Backend.Redis.Cluster }},
 	{key: "backend.redis.master_name", field: func(c *Config) any { return &c.Backend.Redis.MasterName }},

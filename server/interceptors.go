@@ -4,14 +4,15 @@ import (
 	"context"
 	"log/slog"
 	"runtime/debug"
+	"slices"
+	"strings"
+	"time"
 
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
@@ -25,23 +26,17 @@ type Interceptors struct {
 }
 
 // ServerOptions builds the interceptor chain in one place, outermost first:
-// metrics, logging (slog), the error edge (domain errors → statuses), auth
-// and validation (admission service only, so health and reflection stay
-// open), recovery innermost so that logging and metrics still see a panic.
+// extra (metrics), logging (slog), the error edge (domain errors →
+// statuses), auth and validation, recovery innermost so that logging and
+// metrics still see a panic.
+//
+// The chain is the admission service's: health and reflection skip every
+// link of it (they are never behind the token, and a probe every second is
+// neither logged nor counted), so a health check costs what grpc-go's does.
 //
 // tokens are the bearer tokens of the application and operator roles (see
 // Tokens); they are read per call, so a reload can change them.
 func ServerOptions(log *slog.Logger, tokens *Tokens, extra Interceptors) []grpc.ServerOption {
-	logger := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
-		log.Log(ctx, slog.Level(lvl), msg, fields...)
-	})
-	logOpts := []logging.Option{
-		logging.WithLogOnEvents(logging.FinishCall),
-		logging.WithLevels(codeToLevel),
-	}
-	admission := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
-		return c.Service == admissionv1.AdmissionService_ServiceDesc.ServiceName
-	})
 	authFn := tokens.authenticate
 	recover := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		log.ErrorContext(ctx, "panic in handler", "panic", p, "stack", string(debug.Stack()))
@@ -60,31 +55,110 @@ func ServerOptions(log *slog.Logger, tokens *Tokens, extra Interceptors) []grpc.
 		}
 		return handler(ctx, req)
 	}
+	logUnary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		start := time.Now()
+		resp, err := handler(ctx, req)
+		logFinished(ctx, log, info.FullMethod, "unary", start, err)
+		return resp, err
+	}
+	logStream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		start := time.Now()
+		err := handler(srv, ss)
+		logFinished(ss.Context(), log, info.FullMethod, "server_stream", start, err)
+		return err
+	}
 
-	unary := append(extra.Unary,
-		logging.UnaryServerInterceptor(logger, logOpts...),
+	unary := slices.Concat(extra.Unary, []grpc.UnaryServerInterceptor{
+		logUnary,
 		edge,
-		selector.UnaryServerInterceptor(auth.UnaryServerInterceptor(authFn), admission),
-		selector.UnaryServerInterceptor(check, admission),
+		auth.UnaryServerInterceptor(authFn),
+		check,
 		recovery.UnaryServerInterceptor(recover),
-	)
-	stream := append(extra.Stream,
-		logging.StreamServerInterceptor(logger, logOpts...),
+	})
+	stream := slices.Concat(extra.Stream, []grpc.StreamServerInterceptor{
+		logStream,
 		streamEdge,
-		selector.StreamServerInterceptor(auth.StreamServerInterceptor(authFn), admission),
+		auth.StreamServerInterceptor(authFn),
 		recovery.StreamServerInterceptor(recover),
-	)
-	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...)}
+	})
+	for i, in := range unary {
+		unary[i] = admissionUnary(in)
+	}
+	for i, in := range stream {
+		stream[i] = admissionStream(in)
+	}
+	return []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...),
+		grpc.NumStreamWorkers(streamWorkers),
+	}
+}
+
+// streamWorkers is the number of goroutines kept to serve RPCs. A new
+// goroutine per RPC grew (copied) its stack a few times on every call: 20% of
+// the sidecar's CPU at 64 callers (docs/performance.md); reused ones have
+// grown already. More RPCs at once than workers (calls held in OnNoRunnable)
+// get a goroutine each, as before. 128 workers keep at most a few MB of
+// stacks. (grpc.NumStreamWorkers is marked experimental in grpc-go.)
+const streamWorkers = 128
+
+// admissionPrefix starts the full method name of every admission RPC.
+var admissionPrefix = "/" + admissionv1.AdmissionService_ServiceDesc.ServiceName + "/"
+
+// admissionUnary runs in for the admission service's RPCs only; others go
+// straight on.
+func admissionUnary(in grpc.UnaryServerInterceptor) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if !strings.HasPrefix(info.FullMethod, admissionPrefix) {
+			return handler(ctx, req)
+		}
+		return in(ctx, req, info, handler)
+	}
+}
+
+// admissionStream is admissionUnary for streams.
+func admissionStream(in grpc.StreamServerInterceptor) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if !strings.HasPrefix(info.FullMethod, admissionPrefix) {
+			return handler(srv, ss)
+		}
+		return in(srv, ss, info, handler)
+	}
+}
+
+// logFinished logs a finished RPC at the level of its code. Nothing is built
+// unless that level is enabled: a successful RPC logs at debug, which is
+// off by default.
+func logFinished(ctx context.Context, log *slog.Logger, fullMethod, kind string, start time.Time, err error) {
+	code := status.Code(err)
+	level := codeToLevel(code)
+	if !log.Enabled(ctx, level) {
+		return
+	}
+	service, method, _ := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
+	attrs := []slog.Attr{
+		slog.String("grpc.service", service),
+		slog.String("grpc.method", method),
+		slog.String("grpc.method_type", kind),
+		slog.String("grpc.code", code.String()),
+		slog.Float64("grpc.time_ms", float64(time.Since(start).Microseconds())/1000),
+	}
+	if err != nil {
+		attrs = append(attrs, slog.String("grpc.error", err.Error()))
+	}
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		attrs = append(attrs, slog.String("peer.address", p.Addr.String()))
+	}
+	log.LogAttrs(ctx, level, "finished call", attrs...)
 }
 
 // codeToLevel logs successful RPCs at debug, misuse at warn and failures of
 // the sidecar at error.
-func codeToLevel(c codes.Code) logging.Level {
+func codeToLevel(c codes.Code) slog.Level {
 	switch c {
 	case codes.OK, codes.Canceled:
-		return logging.LevelDebug
+		return slog.LevelDebug
 	case codes.Internal, codes.Unknown, codes.DataLoss, codes.Unimplemented:
-		return logging.LevelError
+		return slog.LevelError
 	}
-	return logging.LevelWarn
+	return slog.LevelWarn
 }

@@ -1,0 +1,271 @@
+package bench
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Options say what to run and for how long. Zero values are not defaults:
+// cmd/polybench's flags are.
+type Options struct {
+	// Sidecar is the sidecar binary; Floor the command that serves the floor
+	// (it prints "listening on ADDR").
+	Sidecar string
+	Floor   []string
+	// MemorySidecar, when set, is the command that runs the memory
+	// backend's sidecar instead of Sidecar (a profiled one).
+	MemorySidecar []string
+	// Ops are the operations measured on the sidecars: health, retryafter,
+	// attempt.
+	Ops []string
+	// RedisAddr is a redis-server the Redis rows use ("" skips them).
+	RedisAddr string
+	// Conns is the number of connections every target gets.
+	Conns int
+	// Callers are the closed-loop concurrency levels; Rate (ops/s, shared by
+	// RateCallers callers) adds a paced level when > 0.
+	Callers     []int
+	Rate        float64
+	RateCallers int
+	// Warm and Cell are the unmeasured and measured time of each cell.
+	Warm, Cell time.Duration
+	// Rounds is how many times each pair (floor cell, sidecar cell) runs;
+	// the report keeps the pair with the median CPU ratio.
+	Rounds int
+	// Held calls are held in OnNoRunnable (0 skips the mode); Settle is the
+	// time given to the sidecar to take them in, HoldWindow the time their
+	// CPU is measured over.
+	Held               int
+	Settle, HoldWindow time.Duration
+	// Dir holds the generated configurations and the servers' logs.
+	Dir string
+}
+
+// Report is what a run measured.
+type Report struct {
+	cells []cell
+	held  []held
+}
+
+// Run starts the floor and the sidecar on memory and (with RedisAddr) on
+// Redis, then measures every operation at every level on each sidecar, each
+// cell right after a floor cell at the same level (on a shared machine the
+// pair sees the same neighbours), then the held-waiters mode. It prints
+// progress to progress.
+func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
+	levels := make([]level, 0, len(o.Callers)+1)
+	for _, n := range o.Callers {
+		levels = append(levels, level{callers: n})
+	}
+	if o.Rate > 0 {
+		levels = append(levels, level{callers: o.RateCallers, rate: o.Rate})
+	}
+	type target struct {
+		name string
+		p    *process
+		cl   *client
+		pr   probe
+	}
+	start := func(name string, argv []string) (*target, error) {
+		p, err := startProcess(name, argv, nil, filepath.Join(o.Dir, name+".log"))
+		if err != nil {
+			return nil, err
+		}
+		cl, err := dial(p.addr, o.Conns)
+		if err != nil {
+			p.stop()
+			return nil, err
+		}
+		return &target{name: name, p: p, cl: cl, pr: probe{pid: p.pid()}}, nil
+	}
+	var started []*target
+	defer func() {
+		for _, t := range started {
+			t.cl.close()
+			t.p.stop()
+		}
+	}()
+	floor, err := start("floor", o.Floor)
+	if err != nil {
+		return nil, err
+	}
+	started = append(started, floor)
+	backends := []string{"memory"}
+	if o.RedisAddr != "" {
+		backends = append(backends, "redis")
+	}
+	var sidecars []*target
+	for _, b := range backends {
+		cfg := filepath.Join(o.Dir, b+".yaml")
+		if err := os.WriteFile(cfg, []byte(sidecarConfig(b, o.RedisAddr, o.Held)), 0o600); err != nil {
+			return nil, err
+		}
+		argv := []string{o.Sidecar}
+		if b == "memory" && len(o.MemorySidecar) > 0 {
+			argv = o.MemorySidecar
+		}
+		t, err := start(b, append(slices.Clone(argv), "--config", cfg, "--listen", "127.0.0.1:0"))
+		if err != nil {
+			return nil, err
+		}
+		started = append(started, t)
+		sidecars = append(sidecars, t)
+		if b == "redis" {
+			rdb := redis.NewClient(&redis.Options{Addr: o.RedisAddr})
+			defer rdb.Close()
+			t.pr.redis = func(ctx context.Context) (redisStats, error) {
+				s, err := rdb.Info(ctx, "commandstats", "cpu").Result()
+				if err != nil {
+					return redisStats{}, err
+				}
+				return parseInfo(s)
+			}
+		}
+	}
+	var ops []op
+	for _, name := range o.Ops {
+		if !slices.Contains([]op{opHealth, opRetryAfter, opAttempt}, op(name)) {
+			return nil, fmt.Errorf("operation %q: allowed: health, retryafter, attempt", name)
+		}
+		ops = append(ops, op(name))
+	}
+	rep := &Report{}
+	for _, t := range sidecars {
+		for _, op := range ops {
+			for _, lv := range levels {
+				var pairs []cell
+				for range max(1, o.Rounds) {
+					f, err := floor.cl.run(ctx, opHealth, lv, o.Warm, o.Cell, floor.pr)
+					if err != nil {
+						return rep, fmt.Errorf("floor health at %v: %w", lv, err)
+					}
+					c, err := t.cl.run(ctx, op, lv, o.Warm, o.Cell, t.pr)
+					if err != nil {
+						return rep, fmt.Errorf("%s %s at %v: %w", t.name, op, lv, err)
+					}
+					f.target, c.target, c.floor = floor.name, t.name, &f
+					pairs = append(pairs, c)
+					fmt.Fprintf(progress, "%-7s %-10s %6v  %8.0f ops/s  %6.1f µs CPU/op (floor %8.0f ops/s %6.1f µs)  errors %d\n",
+						t.name, op, lv, c.perSec(), us(c.cpuPerOp()), f.perSec(), us(f.cpuPerOp()), c.errs)
+				}
+				rep.cells = append(rep.cells, medianPair(pairs))
+			}
+		}
+		if o.Held > 0 {
+			h, err := t.cl.hold(ctx, t.pr.pid, t.p.log, o.Held, o.Settle, o.HoldWindow)
+			if err != nil {
+				return rep, fmt.Errorf("%s held waiters: %w", t.name, err)
+			}
+			h.target = t.name
+			rep.held = append(rep.held, h)
+			fmt.Fprintf(progress, "%-7s held      %6d  %6.1f KB RSS/call, last answer %v after the clear\n",
+				t.name, h.calls, float64(h.rssDelta)/float64(h.calls)/1024, h.last.Round(time.Millisecond))
+		}
+	}
+	return rep, nil
+}
+
+// medianPair returns the pair whose CPU per operation relative to its floor
+// is the median of pairs (the lower middle one of an even count).
+func medianPair(pairs []cell) cell {
+	ratio := func(c cell) float64 {
+		if c.floor == nil || c.floor.cpuPerOp() == 0 {
+			return 0
+		}
+		return float64(c.cpuPerOp()) / float64(c.floor.cpuPerOp())
+	}
+	sorted := slices.SortedFunc(slices.Values(pairs), func(a, b cell) int { return cmp.Compare(ratio(a), ratio(b)) })
+	return sorted[(len(sorted)-1)/2]
+}
+
+// sidecarConfig is the sidecar's configuration for the bench: the bench
+// scope (one source no limit refuses) and the held scope (one source whose
+// breaker the held mode forces open; callers wait for it).
+func sidecarConfig(backend, redisAddr string, held int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "backend:\n  kind: %s\n", backend)
+	if backend == "redis" {
+		fmt.Fprintf(&b, "  redis: {addrs: [%q], key_prefix: \"polybench-%d:\"}\n", redisAddr, time.Now().UnixNano())
+	}
+	fmt.Fprintf(&b, "calls: {max_live: %d}\n", max(10000, 2*held+1000))
+	b.WriteString(`log: {level: info}
+scopes:
+  bench:
+    sources:
+      - {name: only, max_concurrency: 1000, timeout: 60s}
+  held:
+    circuit_open: wait
+    backpressure: {stall_window: 600s, poll_interval: 50ms}
+    sources:
+      - {name: only, max_concurrency: 1000, timeout: 60s}
+`)
+	return b.String()
+}
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// Print writes the report: one table of every sidecar cell with the floor
+// cell measured just before it at the same level and the ratios, then the
+// held-waiters table.
+func (r *Report) Print(w io.Writer) {
+	ratio := func(a, b float64) string {
+		if b == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.2f", a/b)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "backend\top\tcallers\tops/s\tfloor ops/s\t× floor ops/s\tCPU µs/op\tfloor CPU µs/op\t× floor CPU\tp50 µs\tp99 µs\tredis script µs/call\tredis CPU µs/op\terrors\t")
+	for _, c := range r.cells {
+		f := cell{}
+		if c.floor != nil {
+			f = *c.floor
+		}
+		script, rcpu := "-", "-"
+		if c.redis != nil {
+			if c.redis.scriptCalls > 0 {
+				script = fmt.Sprintf("%.1f", float64(c.redis.scriptUsec)/float64(c.redis.scriptCalls))
+			}
+			if c.ops > 0 {
+				rcpu = fmt.Sprintf("%.1f", us(c.redis.cpu)/float64(c.ops))
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%v\t%.0f\t%.0f\t%s\t%.1f\t%.1f\t%s\t%.0f\t%.0f\t%s\t%s\t%d\t\n",
+			c.target, c.op, c.level, c.perSec(), f.perSec(), ratio(c.perSec(), f.perSec()),
+			us(c.cpuPerOp()), us(f.cpuPerOp()), ratio(us(c.cpuPerOp()), us(f.cpuPerOp())),
+			us(c.p50), us(c.p99), script, rcpu, c.errs)
+	}
+	_ = tw.Flush()
+	for _, c := range r.cells {
+		if c.err != nil {
+			fmt.Fprintf(w, "first error of %s %s at %v: %v\n", c.target, c.op, c.level, c.err)
+		}
+	}
+	if len(r.held) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "target\theld calls\tRSS KB/call\tCPU while held (% core)\tanswered after clear\tlast answer ms\tanswered early\t\"call waiting\" log lines\tfailed\t")
+	for _, h := range r.held {
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.2f\t%d\t%.0f\t%d\t%d\t%d\t\n", h.target, h.calls,
+			float64(h.rssDelta)/float64(h.calls)/1024, 100*h.cpu.Seconds()/h.window.Seconds(),
+			h.answered, float64(h.last)/float64(time.Millisecond), h.early, h.logLines, h.failed)
+	}
+	_ = tw.Flush()
+	for _, h := range r.held {
+		if h.err != nil {
+			fmt.Fprintf(w, "first error of %s held: %v\n", h.target, h.err)
+		}
+	}
+}

@@ -1,0 +1,176 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/polygate/polygate/internal/redistest"
+	"github.com/polygate/polygate/internal/sidecartest"
+)
+
+// TestMain lets the test binary serve the floor: Run starts it as
+// "<test binary> floor", as polybench starts itself.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "floor" {
+		if err := ServeFloor(context.Background(), "127.0.0.1:0", os.Stdout); err != nil {
+			os.Exit(1)
+		}
+		return
+	}
+	sidecartest.Main(m)
+}
+
+func TestParseStat(t *testing.T) {
+	for _, tc := range []struct {
+		name, in string
+		want     time.Duration
+		bad      bool
+	}{
+		{name: "plain", in: "1234 (sidecar) S 1 1234 1234 0 -1 4194560 2725 0 0 0 150 37 0 0 20 0 9 0 1000 1300000000 4000 18446744073709551615",
+			want: 187 * clockTick},
+		{name: "command with spaces and parentheses", in: "7 (a) b (c)) R 1 7 7 0 -1 0 0 0 0 0 3 4 0 0 20 0 1 0 1 1 1 1",
+			want: 7 * clockTick},
+		{name: "truncated", in: "7 (x) R 1 7 7 0 -1 0 0 0 0 0 3", bad: true},
+		{name: "no command", in: "7 x R", bad: true},
+		{name: "negative ticks", in: "7 (x) R 1 7 7 0 -1 0 0 0 0 0 -3 4 0", bad: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseStat(tc.in)
+			if tc.bad {
+				if err == nil {
+					t.Fatalf("parseStat(%q) = %v, want an error", tc.in, got)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("parseStat(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseRSS(t *testing.T) {
+	for _, tc := range []struct {
+		name, in string
+		want     int64
+		bad      bool
+	}{
+		{name: "status", in: "Name:\tsidecar\nVmPeak:\t 1000 kB\nVmRSS:\t   19456 kB\nRssAnon:\t 100 kB\n", want: 19456 * 1024},
+		{name: "no VmRSS", in: "Name:\tsidecar\n", bad: true},
+		{name: "other unit", in: "VmRSS:\t 19 MB\n", bad: true},
+		{name: "not a number", in: "VmRSS:\t x kB\n", bad: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseRSS(bufio.NewScanner(strings.NewReader(tc.in)))
+			if tc.bad {
+				if err == nil {
+					t.Fatalf("parseRSS = %d, want an error", got)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("parseRSS = %d, %v; want %d", got, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestMedianPair(t *testing.T) {
+	pair := func(cpu, floorCPU time.Duration) cell {
+		return cell{ops: 1, cpu: cpu, floor: &cell{ops: 1, cpu: floorCPU}}
+	}
+	for _, tc := range []struct {
+		name  string
+		pairs []cell
+		want  time.Duration // the cpu of the pair kept
+	}{
+		{name: "one", pairs: []cell{pair(3, 1)}, want: 3},
+		{name: "odd: the middle ratio, not the middle cpu", pairs: []cell{pair(9, 1), pair(4, 2), pair(10, 4)}, want: 10},
+		{name: "even: the lower middle", pairs: []cell{pair(4, 1), pair(1, 1), pair(3, 1), pair(2, 1)}, want: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := medianPair(tc.pairs); got.cpu != tc.want {
+				t.Fatalf("medianPair kept the pair with cpu %v, want %v", got.cpu, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseInfoAndDelta(t *testing.T) {
+	before, err := parseInfo("# Commandstats\r\ncmdstat_evalsha:calls=10,usec=400,usec_per_call=40.00,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_info:calls=3,usec=90,usec_per_call=30.00\r\n\r\n# CPU\r\nused_cpu_sys:1.500000\r\nused_cpu_user:0.500000\r\nused_cpu_sys_children:9.0\r\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if before.cpu != 2*time.Second || before.cmds["evalsha"] != (cmdStat{calls: 10, usec: 400}) {
+		t.Fatalf("parseInfo = %+v", before)
+	}
+	after, err := parseInfo("cmdstat_evalsha:calls=30,usec=1400,usec_per_call=46.67\ncmdstat_fcall:calls=5,usec=100,usec_per_call=20.00\n" +
+		"cmdstat_get:calls=7,usec=7,usec_per_call=1.00\ncmdstat_info:calls=5,usec=150,usec_per_call=30.00\nused_cpu_sys:1.750000\nused_cpu_user:0.750000\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := after.sub(before)
+	want := redisDelta{cpu: 500 * time.Millisecond, calls: 32, usec: 1107, scriptCalls: 25, scriptUsec: 1100}
+	if got != want {
+		t.Fatalf("delta = %+v, want %+v (INFO itself excluded, scripts and functions counted)", got, want)
+	}
+	for _, bad := range []string{
+		"cmdstat_get:calls=x,usec=1\nused_cpu_sys:1\nused_cpu_user:1\n",
+		"used_cpu_sys:1\n",
+		"used_cpu_sys:-1\nused_cpu_user:1\n",
+	} {
+		if _, err := parseInfo(bad); err == nil {
+			t.Errorf("parseInfo(%q) gave no error", bad)
+		}
+	}
+}
+
+// TestRunSmoke runs every mode of the generator for a fraction of a second
+// against the real sidecar binary (memory and Redis) and the floor, and
+// checks that each cell did work without errors and that every held call was
+// answered once the breaker was cleared. It asserts no timing.
+func TestRunSmoke(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	o := Options{
+		Sidecar: sidecartest.Binary(t), Floor: []string{os.Args[0], "floor"}, RedisAddr: redistest.Start(t).Addr,
+		Ops: []string{"health", "retryafter", "attempt"}, Rounds: 1, Conns: 2, Callers: []int{2}, Rate: 200, RateCallers: 2, Warm: 50 * time.Millisecond, Cell: 200 * time.Millisecond,
+		Held: 20, Settle: 100 * time.Millisecond, HoldWindow: 100 * time.Millisecond, Dir: t.TempDir(),
+	}
+	rep, err := Run(ctx, o, t.Output())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 2 * 3 * 2; len(rep.cells) != want {
+		t.Fatalf("%d cells, want %d (3 operations on memory and on Redis, 2 levels each)", len(rep.cells), want)
+	}
+	for _, c := range rep.cells {
+		if c.floor == nil || c.floor.ops == 0 || c.floor.errs != 0 {
+			t.Errorf("%s %s at %v: the floor cell before it is %+v; want some operations and no errors", c.target, c.op, c.level, c.floor)
+		}
+		if c.ops == 0 || c.errs != 0 {
+			t.Errorf("%s %s at %v: %d operations, %d errors (first: %v); want some and none", c.target, c.op, c.level, c.ops, c.errs, c.err)
+		}
+		if c.target == "redis" && c.op == opAttempt && (c.redis == nil || c.redis.scriptCalls == 0) {
+			t.Errorf("redis attempts at %v: Redis reports no script calls: %+v", c.level, c.redis)
+		}
+	}
+	if len(rep.held) != 2 {
+		t.Fatalf("%d held results, want memory and redis", len(rep.held))
+	}
+	for _, h := range rep.held {
+		if h.answered != o.Held || h.early != 0 || h.err != nil {
+			t.Errorf("%s: %d of %d held calls answered after the clear, %d before; first error %v", h.target, h.answered, o.Held, h.early, h.err)
+		}
+	}
+	var out strings.Builder
+	rep.Print(&out)
+	if !strings.Contains(out.String(), "× floor CPU") {
+		t.Errorf("the report has no ratio column:\n%s", out.String())
+	}
+}
