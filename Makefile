@@ -13,7 +13,7 @@ PY := $(VENV)/bin/python
 PYSDK := clientsdk/python
 PYGEN := $(PYSDK)/src/polygate/_gen
 
-.PHONY: all run test ci generate check-generated lint pytypes gotest pytest redis-server tools venv
+.PHONY: all run test ci generate check-generated lint pytypes gotest fuzz pytest redis-server tools venv
 
 all: test
 
@@ -22,7 +22,7 @@ run:
 	go run ./cmd/sidecar
 
 ## test: everything CI runs
-test: tools redis-server check-generated lint pytypes gotest pytest
+test: tools redis-server check-generated lint pytypes gotest fuzz pytest
 
 ci: test
 
@@ -51,6 +51,7 @@ $(VENV)/.installed: $(PYSDK)/requirements-dev.txt
 # stubs import each other as polygate._gen.polygate.admission.v1, with no
 # hand-edited imports.
 generate: tools venv
+	rm -rf gen/polygate # not buf's clean, which would delete gen/go.mod
 	$(BIN)/buf generate
 	touch gen # the directory's time says when it was last generated
 	rm -rf $(PYGEN)
@@ -76,8 +77,14 @@ lint: tools
 pytypes: venv
 	cd $(PYSDK) && $(PY) -m mypy --config-file pyproject.toml src/polygate
 
+# The Go SDK (clientsdk/go) is a module of its own, which ./... leaves out.
 gotest:
 	go test -race -count=1 ./...
+	cd clientsdk/go && go vet ./... && go test -race -count=1 ./...
+
+## fuzz: each fuzz target for a few seconds (its committed corpus under testdata/fuzz runs in gotest too)
+fuzz:
+	cd clientsdk/go && go test -run '^$$' -fuzz '^FuzzClassify$$' -fuzztime 5s . && go test -run '^$$' -fuzz '^FuzzRetryAfter$$' -fuzztime 5s .
 
 ## pytest: install the Python SDK into .venv and run its tests and the Python e2e tests
 pytest: venv

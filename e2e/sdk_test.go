@@ -1,8 +1,12 @@
-package polygate_test
+package e2e
+
+// The Go SDK's behaviour against the real sidecar: cancellation at every
+// stage, panics, verdicts and gRPC errors, deadlines, token and unix socket.
 
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -15,6 +19,7 @@ import (
 
 	polygate "github.com/polygate/polygate/clientsdk/go"
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/internal/sidecartest"
 )
 
 // oneSlot is a single-source scope with one concurrency slot and a long
@@ -81,32 +86,28 @@ func waitFor(t *testing.T, ch chan string, name string) {
 	}
 }
 
-type fixture struct {
+type sdkFixture struct {
 	addr   string
 	client *polygate.Client
 	raw    admissionv1.AdmissionServiceClient
 	log    *rpcLog
 }
 
-// setup starts a sidecar with config and a client whose RPCs are logged.
-func setup(t *testing.T, config string, opts ...polygate.Option) *fixture {
+// setupSDK starts a sidecar with config and a client whose RPCs are logged.
+func setupSDK(t *testing.T, config string, opts ...polygate.Option) *sdkFixture {
 	t.Helper()
-	addr, stop, err := startSidecar(config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stop)
+	addr := startSidecar(t, config).addr
 	log := newRPCLog()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(log.intercept))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return &fixture{addr: addr, client: polygate.New(conn, opts...), raw: admissionv1.NewAdmissionServiceClient(conn), log: log}
+	return &sdkFixture{addr: addr, client: polygate.New(conn, opts...), raw: admissionv1.NewAdmissionServiceClient(conn), log: log}
 }
 
 // inFlight reads the permits a source holds from DescribeScope.
-func (f *fixture) inFlight(t *testing.T, scope string) int32 {
+func (f *sdkFixture) inFlight(t *testing.T, scope string) int32 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -121,10 +122,8 @@ func (f *fixture) inFlight(t *testing.T, scope string) int32 {
 	return n
 }
 
-// admittedAtOnce opens a new call with a raw Pick and reports whether its
-// first Pick is a grant, settling it again.
 // liveCalls is the number of calls the sidecar holds open in scope.
-func (f *fixture) liveCalls(t *testing.T, scope string) int32 {
+func (f *sdkFixture) liveCalls(t *testing.T, scope string) int32 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -146,7 +145,9 @@ func (l *rpcLog) sent(name string) bool {
 	return false
 }
 
-func (f *fixture) admittedAtOnce(t *testing.T, scope string) bool {
+// admittedAtOnce opens a new call with a raw Pick and reports whether its
+// first Pick is a grant, settling it again.
+func (f *sdkFixture) admittedAtOnce(t *testing.T, scope string) bool {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -166,16 +167,17 @@ func (f *fixture) admittedAtOnce(t *testing.T, scope string) bool {
 }
 
 func TestDo_CancelDuringAttemptReportsCancelledAndReleasesPermit(t *testing.T) {
-	f := setup(t, oneSlot)
+	f := setupSDK(t, oneSlot)
 	ctx, cancel := context.WithCancel(context.Background())
 	inAttempt := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- f.client.Do(ctx, "one", func(ctx context.Context, g polygate.Grant) polygate.Result {
+		_, err := polygate.Do(ctx, f.client, "one", func(ctx context.Context, g polygate.Attempt) (struct{}, polygate.Result) {
 			close(inAttempt)
 			<-ctx.Done() // a hung upstream request, abandoned with its context
-			return polygate.ResultOf(nil, nil, ctx.Err())
+			return struct{}{}, polygate.ResultOf(nil, nil, ctx.Err())
 		})
+		done <- err
 	}()
 	<-inAttempt
 	cancel()
@@ -199,13 +201,14 @@ func TestDo_CancelDuringAttemptReportsCancelledAndReleasesPermit(t *testing.T) {
 }
 
 func TestDo_CancelDuringBackoffReturnsWithoutReport(t *testing.T) {
-	f := setup(t, oneSlot)
+	f := setupSDK(t, oneSlot)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- f.client.Do(ctx, "one", func(context.Context, polygate.Grant) polygate.Result {
-			return polygate.Result{Outcome: polygate.Transient, HTTPStatus: 503} // backoff base is 30s
+		_, err := polygate.Do(ctx, f.client, "one", func(context.Context, polygate.Attempt) (int, polygate.Result) {
+			return 503, polygate.Result{Outcome: polygate.Transient, HTTPStatus: 503} // backoff base is 30s
 		})
+		done <- err
 	}()
 	waitFor(t, f.log.ended, "RecordOutcome") // the SDK now sleeps the backoff
 	cancel()
@@ -229,7 +232,7 @@ func TestDo_CancelDuringBackoffReturnsWithoutReport(t *testing.T) {
 }
 
 func TestDo_CancelDuringOnNoRunnableReturnsAtOnce(t *testing.T) {
-	f := setup(t, oneSlot)
+	f := setupSDK(t, oneSlot)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	// Another caller holds the only slot, so Do's Pick is refused and the
@@ -241,10 +244,11 @@ func TestDo_CancelDuringOnNoRunnableReturnsAtOnce(t *testing.T) {
 	callCtx, cancelCall := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- f.client.Do(callCtx, "one", func(context.Context, polygate.Grant) polygate.Result {
+		_, err := polygate.Do(callCtx, f.client, "one", func(context.Context, polygate.Attempt) (int, polygate.Result) {
 			t.Error("the attempt ran although the slot was held")
-			return polygate.Result{Outcome: polygate.Success}
+			return 0, polygate.Result{Outcome: polygate.Success}
 		})
+		done <- err
 	}()
 	waitFor(t, f.log.started, "OnNoRunnable")
 	cancelled := time.Now()
@@ -272,14 +276,14 @@ func TestDo_CancelDuringOnNoRunnableReturnsAtOnce(t *testing.T) {
 }
 
 func TestDo_SuccessAfterCancellationIsReportedAsSuccess(t *testing.T) {
-	f := setup(t, oneSlot)
+	f := setupSDK(t, oneSlot)
 	ctx, cancel := context.WithCancel(context.Background())
-	err := f.client.Do(ctx, "one", func(context.Context, polygate.Grant) polygate.Result {
+	got, err := polygate.Do(ctx, f.client, "one", func(context.Context, polygate.Attempt) (string, polygate.Result) {
 		cancel() // the caller gives up just as the upstream answered
-		return polygate.Result{Outcome: polygate.Success, HTTPStatus: 200}
+		return "answer", polygate.Result{Outcome: polygate.Success, HTTPStatus: 200}
 	})
-	if err != nil {
-		t.Fatalf("Do = %v; want nil: the attempt succeeded", err)
+	if err != nil || got != "answer" {
+		t.Fatalf("Do = %q, %v; want the answer and nil: the attempt succeeded", got, err)
 	}
 	if got := f.log.outcomes(); len(got) != 1 || got[0] != admissionv1.Outcome_OUTCOME_SUCCESS {
 		t.Errorf("reported outcomes %v; want one SUCCESS", got)
@@ -287,14 +291,14 @@ func TestDo_SuccessAfterCancellationIsReportedAsSuccess(t *testing.T) {
 }
 
 func TestDo_PanicInAttemptReleasesPermit(t *testing.T) {
-	f := setup(t, oneSlot)
+	f := setupSDK(t, oneSlot)
 	func() {
 		defer func() {
 			if recover() == nil {
 				t.Error("the attempt's panic was swallowed")
 			}
 		}()
-		_ = f.client.Do(context.Background(), "one", func(context.Context, polygate.Grant) polygate.Result {
+		_, _ = polygate.Do(context.Background(), f.client, "one", func(context.Context, polygate.Attempt) (int, polygate.Result) {
 			panic("bug in the application")
 		})
 	}()
@@ -307,9 +311,9 @@ func TestDo_PanicInAttemptReleasesPermit(t *testing.T) {
 }
 
 func TestDo_AttemptWithoutOutcomeIsAnError(t *testing.T) {
-	f := setup(t, oneSlot)
-	err := f.client.Do(context.Background(), "one", func(context.Context, polygate.Grant) polygate.Result {
-		return polygate.Result{}
+	f := setupSDK(t, oneSlot)
+	_, err := polygate.Do(context.Background(), f.client, "one", func(context.Context, polygate.Attempt) (int, polygate.Result) {
+		return 0, polygate.Result{}
 	})
 	if err == nil {
 		t.Fatal("Do = nil for an attempt that reported no outcome")
@@ -320,7 +324,7 @@ func TestDo_AttemptWithoutOutcomeIsAnError(t *testing.T) {
 }
 
 func TestDo_VerdictsAreTypedErrors(t *testing.T) {
-	f := setup(t, `
+	f := setupSDK(t, `
 scopes:
   nr:
     sources: [{name: only}]
@@ -344,9 +348,14 @@ scopes:
 	}
 	for _, tt := range tests {
 		t.Run(tt.scope, func(t *testing.T) {
-			err := f.client.Do(ctx, tt.scope, func(context.Context, polygate.Grant) polygate.Result {
-				return polygate.Result{Outcome: tt.outcome, HTTPStatus: 400}
+			calls := 0
+			last, err := polygate.Do(ctx, f.client, tt.scope, func(_ context.Context, a polygate.Attempt) (int, polygate.Result) {
+				calls++
+				return a.Number, polygate.Result{Outcome: tt.outcome, HTTPStatus: 400}
 			})
+			if last != calls || last != tt.attempts {
+				t.Errorf("Do's value = %d; want the last attempt's (%d of %d)", last, calls, tt.attempts)
+			}
 			var fe *polygate.FailureError
 			if !errors.As(err, &fe) || fe.Reason != tt.reason || !errors.Is(err, tt.sentinel) || fe.Attempts != tt.attempts {
 				t.Fatalf("Do = %#v; want a FailureError %v after %d attempts", err, tt.reason, tt.attempts)
@@ -362,7 +371,7 @@ scopes:
 }
 
 func TestDo_StatusErrorsKeepCodeAndReason(t *testing.T) {
-	f := setup(t, `
+	f := setupSDK(t, `
 auth: {token: s3cret}
 scopes:
   chat:
@@ -371,9 +380,9 @@ scopes:
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	wrong := polygate.New(grpcConn(t, f.addr), polygate.WithToken("wrong"))
-	never := func(context.Context, polygate.Grant) polygate.Result {
+	never := func(context.Context, polygate.Attempt) (int, polygate.Result) {
 		t.Error("attempt ran")
-		return polygate.Result{Outcome: polygate.Success}
+		return 0, polygate.Result{Outcome: polygate.Success}
 	}
 	tests := []struct {
 		name     string
@@ -392,7 +401,7 @@ scopes:
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := tt.client.Do(ctx, tt.scope, never, tt.opts...)
+			_, err := polygate.Do(ctx, tt.client, tt.scope, never, tt.opts...)
 			var se *polygate.StatusError
 			if !errors.As(err, &se) {
 				t.Fatalf("Do = %v; want a *StatusError", err)
@@ -405,8 +414,8 @@ scopes:
 			}
 		})
 	}
-	if err := f.client.Do(ctx, "chat", func(context.Context, polygate.Grant) polygate.Result {
-		return polygate.Result{Outcome: polygate.Success}
+	if _, err := polygate.Do(ctx, f.client, "chat", func(context.Context, polygate.Attempt) (int, polygate.Result) {
+		return 0, polygate.Result{Outcome: polygate.Success}
 	}); err != nil {
 		t.Errorf("Do with the right token = %v", err)
 	}
@@ -423,7 +432,7 @@ func grpcConn(t *testing.T, addr string) *grpc.ClientConn {
 }
 
 func TestDo_DeadlineIsSentFromContextOrOption(t *testing.T) {
-	f := setup(t, oneSlot)
+	f := setupSDK(t, oneSlot)
 	var got []time.Duration
 	var mu sync.Mutex
 	conn, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -440,36 +449,46 @@ func TestDo_DeadlineIsSentFromContextOrOption(t *testing.T) {
 	}
 	defer conn.Close()
 	c := polygate.New(conn)
-	ok := func(context.Context, polygate.Grant) polygate.Result {
-		return polygate.Result{Outcome: polygate.Success}
+	ok := func(context.Context, polygate.Attempt) (int, polygate.Result) {
+		return 0, polygate.Result{Outcome: polygate.Success}
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	for _, opts := range [][]polygate.CallOption{nil, {polygate.WithDeadline(5 * time.Second)}, {polygate.WithDeadline(time.Hour)}} {
-		if err := c.Do(ctx, "one", ok, opts...); err != nil {
+	for _, opts := range [][]polygate.CallOption{
+		nil,
+		{polygate.WithTimeout(5 * time.Second)},
+		{polygate.WithTimeout(time.Hour)},
+		{polygate.WithDeadline(time.Now().Add(3 * time.Second))},
+	} {
+		if _, err := polygate.Do(ctx, c, "one", ok, opts...); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := c.Do(context.Background(), "one", ok); err != nil {
+	if _, err := polygate.Do(context.Background(), c, "one", ok); err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 4 {
-		t.Fatalf("saw %d opening Picks; want 4", len(got))
+	if len(got) != 5 {
+		t.Fatalf("saw %d opening Picks; want 5", len(got))
 	}
 	if !(got[0] > 0 && got[0] <= 20*time.Second) || !(got[1] > 0 && got[1] <= 5*time.Second) ||
-		!(got[2] > 5*time.Second && got[2] <= 20*time.Second) || got[3] != 0 {
-		t.Errorf("deadlines sent %v; want ≤20s (context), ≤5s (option), ≤20s (the earlier), 0 (none)", got)
+		!(got[2] > 5*time.Second && got[2] <= 20*time.Second) || !(got[3] > 0 && got[3] <= 3*time.Second) || got[4] != 0 {
+		t.Errorf("deadlines sent %v; want ≤20s (context), ≤5s (WithTimeout), ≤20s (the earlier), ≤3s (WithDeadline), 0 (none)", got)
+	}
+	for _, opt := range []polygate.CallOption{polygate.WithTimeout(0), polygate.WithDeadline(time.Now().Add(-time.Second))} {
+		if _, err := polygate.Do(ctx, c, "one", ok, opt); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Do with no time left = %v; want context.DeadlineExceeded", err)
+		}
 	}
 }
 
 func TestDial_UnixSocket(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "polygate.sock")
-	_, stop, err := startSidecar(oneSlot, "--listen", "unix://"+sock)
-	if err != nil {
+	dir := t.TempDir()
+	sock, file := filepath.Join(dir, "polygate.sock"), filepath.Join(dir, "polygate.yaml")
+	if err := os.WriteFile(file, []byte(oneSlot), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	defer stop()
+	sidecartest.Start(t, []string{"--config", file, "--listen", "unix://" + sock})
 	c, err := polygate.Dial("unix://" + sock)
 	if err != nil {
 		t.Fatal(err)
@@ -477,10 +496,8 @@ func TestDial_UnixSocket(t *testing.T) {
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	var source string
-	err = c.Do(ctx, "one", func(_ context.Context, g polygate.Grant) polygate.Result {
-		source = g.Source
-		return polygate.Result{Outcome: polygate.Success, ActualTokens: polygate.Tokens(3)}
+	source, err := polygate.Do(ctx, c, "one", func(_ context.Context, g polygate.Attempt) (string, polygate.Result) {
+		return g.Source, polygate.Result{Outcome: polygate.Success, ActualTokens: polygate.Tokens(3)}
 	})
 	if err != nil || source != "only" {
 		t.Fatalf("Do over %s = %v (source %q)", sock, err, source)
