@@ -247,8 +247,11 @@ func pointAt(req *http.Request, a Attempt) error {
 	}
 	u := *req.URL
 	u.Scheme, u.Host, u.User = base.Scheme, base.Host, base.User
-	u.Path = strings.TrimSuffix(base.Path, "/") + "/" + strings.TrimPrefix(u.Path, "/")
-	u.RawPath = ""
+	escaped := strings.TrimSuffix(base.EscapedPath(), "/") + "/" + strings.TrimPrefix(u.EscapedPath(), "/")
+	if u.Path, err = url.PathUnescape(escaped); err != nil {
+		return fmt.Errorf("source %s: joining base_url and the request's path: %w", a.Source, err)
+	}
+	u.RawPath = escaped
 	if base.RawQuery != "" {
 		u.RawQuery = joinQuery(base.RawQuery, u.RawQuery)
 	}
