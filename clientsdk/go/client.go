@@ -122,6 +122,8 @@ func (cfg clientConfig) transportCredentials() (credentials.TransportCredentials
 			if tc.RootCAs, err = x509.SystemCertPool(); err != nil {
 				tc.RootCAs = x509.NewCertPool()
 			}
+		} else {
+			tc.RootCAs = tc.RootCAs.Clone() // the caller's pool stays as it is
 		}
 		if !tc.RootCAs.AppendCertsFromPEM(pem) {
 			return nil, fmt.Errorf("polygate: WithTLSCAFile %q: no PEM certificate in the file", cfg.caFile)

@@ -91,6 +91,7 @@ func TestDial_TLSAndToken(t *testing.T) {
 	pool := x509.NewCertPool()
 	ca, _ := os.ReadFile(caFile)
 	pool.AppendCertsFromPEM(ca)
+	empty := x509.NewCertPool() // WithTLSCAFile adds to a copy: it stays empty
 
 	tests := []struct {
 		name string
@@ -99,9 +100,10 @@ func TestDial_TLSAndToken(t *testing.T) {
 	}{
 		{"CA file and token", []polygate.Option{polygate.WithTLSCAFile(caFile), polygate.WithToken("s3cret")}, polygate.ErrCircuitOpen},
 		{"tls.Config and token", []polygate.Option{polygate.WithTLS(&tls.Config{RootCAs: pool}), polygate.WithToken("s3cret")}, polygate.ErrCircuitOpen},
+		{"tls.Config and CA file", []polygate.Option{polygate.WithTLS(&tls.Config{RootCAs: empty}), polygate.WithTLSCAFile(caFile), polygate.WithToken("s3cret")}, polygate.ErrCircuitOpen},
 		{"wrong token", []polygate.Option{polygate.WithTLSCAFile(caFile), polygate.WithToken("wrong")}, polygate.ErrUnauthenticated},
 		{"plaintext to a TLS sidecar", []polygate.Option{polygate.WithToken("s3cret")}, polygate.ErrUnavailable},
-		{"untrusted certificate", []polygate.Option{polygate.WithTLS(&tls.Config{RootCAs: x509.NewCertPool()}), polygate.WithToken("s3cret")}, polygate.ErrUnavailable},
+		{"untrusted certificate", []polygate.Option{polygate.WithTLS(&tls.Config{RootCAs: empty}), polygate.WithToken("s3cret")}, polygate.ErrUnavailable},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
