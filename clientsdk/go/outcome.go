@@ -54,8 +54,9 @@ var outcomeProto = map[Outcome]admissionv1.Outcome{
 type Result struct {
 	Outcome Outcome
 	// RetryAfter is the upstream's retry hint (Retry-After and friends; see
-	// Classify): a floor of the sidecar's backoff, which the sidecar caps
-	// again (backoff.max_retry_after, breaker.max_cooldown).
+	// Classify): a floor of the sidecar's backoff. It is sent capped at
+	// MaxRetryHint, and the sidecar caps it again (backoff.max_retry_after,
+	// breaker.max_cooldown).
 	RetryAfter time.Duration
 	// HTTPStatus is the upstream's status, for telemetry (0 if none).
 	HTTPStatus int
