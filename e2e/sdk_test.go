@@ -42,6 +42,7 @@ type rpcLog struct {
 	mu      sync.Mutex
 	calls   []string
 	outcome []admissionv1.Outcome
+	hints   []time.Duration // of the RecordOutcome requests
 	started chan string
 	ended   chan string
 }
@@ -56,6 +57,7 @@ func (l *rpcLog) intercept(ctx context.Context, method string, req, reply any, c
 	l.calls = append(l.calls, name)
 	if r, ok := req.(*admissionv1.RecordOutcomeRequest); ok {
 		l.outcome = append(l.outcome, r.GetOutcome())
+		l.hints = append(l.hints, r.GetRetryAfterHint().AsDuration())
 	}
 	l.mu.Unlock()
 	l.started <- name
@@ -501,5 +503,28 @@ func TestDial_UnixSocket(t *testing.T) {
 	})
 	if err != nil || source != "only" {
 		t.Fatalf("Do over %s = %v (source %q)", sock, err, source)
+	}
+}
+
+// A hint the application sets itself (not through Classify) is sent capped
+// at MaxRetryHint: 100 years never reach the sidecar.
+func TestDo_HintIsSentCapped(t *testing.T) {
+	f := setupSDK(t, oneSlot)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := polygate.Do(ctx, f.client, "one", func(context.Context, polygate.Attempt) (int, polygate.Result) {
+			return 0, polygate.Result{Outcome: polygate.RateLimited, HTTPStatus: 429, RetryAfter: 100 * 365 * 24 * time.Hour}
+		})
+		done <- err
+	}()
+	waitFor(t, f.log.ended, "RecordOutcome")
+	cancel()
+	<-done
+	f.log.mu.Lock()
+	defer f.log.mu.Unlock()
+	if len(f.log.hints) == 0 || f.log.hints[0] != polygate.MaxRetryHint {
+		t.Errorf("hints sent %v; want the first %v", f.log.hints, polygate.MaxRetryHint)
 	}
 }
