@@ -8,6 +8,9 @@
 FROM golang:1.26 AS build
 WORKDIR /src
 COPY go.mod go.sum ./
+# Modules of the repository the main module requires by path (replace ./...).
+COPY gen/go.mod gen/go.sum gen/
+COPY clientsdk/go/go.mod clientsdk/go/go.sum clientsdk/go/
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \

@@ -60,6 +60,7 @@ $(VENV)/.installed: $(PYSDK)/requirements-dev.txt
 # stubs import each other as polygate._gen.polygate.admission.v1, with no
 # hand-edited imports.
 generate: tools venv
+	rm -rf gen/polygate # not buf's clean, which would delete gen/go.mod
 	$(BIN)/buf generate
 	touch gen # the directory's time says when it was last generated
 	rm -rf $(PYGEN)
@@ -85,19 +86,23 @@ lint: tools
 pytypes: venv
 	cd $(PYSDK) && $(PY) -m mypy --config-file pyproject.toml src/polygate
 
+# The Go SDK (clientsdk/go) is a module of its own, which ./... leaves out.
 gotest:
 	go test -race -count=1 ./...
+	cd clientsdk/go && go vet ./... && go test -race -count=1 ./...
 
 ## fuzz: each fuzz target for FUZZTIME (seed corpora under testdata/fuzz run in gotest too)
-# One package:Target per line; add yours on a line of its own.
-FUZZ_TARGETS += ./config:FuzzParse
-FUZZ_TARGETS += ./server:FuzzValidate
-FUZZ_TARGETS += ./gate/redisgate:FuzzReplyParser
+# One directory:Target per line (the directory's own module runs it); add yours on a line of its own.
+FUZZ_TARGETS += config:FuzzParse
+FUZZ_TARGETS += server:FuzzValidate
+FUZZ_TARGETS += gate/redisgate:FuzzReplyParser
+FUZZ_TARGETS += clientsdk/go:FuzzClassify
+FUZZ_TARGETS += clientsdk/go:FuzzRetryAfter
 FUZZTIME ?= 5s
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		echo "fuzz $$t for $(FUZZTIME)"; \
-		go test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) "$${t%%:*}" || exit 1; \
+		go -C "$${t%%:*}" test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) . || exit 1; \
 	done
 
 ## pytest: install the Python SDK into .venv and run its tests and the Python e2e tests

@@ -11,6 +11,8 @@ require (
 	github.com/knadh/koanf/providers/file v1.2.1
 	github.com/knadh/koanf/providers/rawbytes v1.0.0
 	github.com/knadh/koanf/v2 v2.4.1
+	github.com/polygate/polygate/clientsdk/go v0.0.0
+	github.com/polygate/polygate/gen v0.0.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.72.0
@@ -45,4 +47,12 @@ require (
 	modernc.org/libc v1.80.1 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
+)
+
+// The generated stubs (gen/) and the Go SDK (clientsdk/go) are modules of
+// their own, so that an application importing the SDK pulls only gRPC and
+// protobuf; the sidecar and its tests use the copies in this repository.
+replace (
+	github.com/polygate/polygate/clientsdk/go => ./clientsdk/go
+	github.com/polygate/polygate/gen => ./gen
 )

@@ -46,14 +46,14 @@ func TestDeadline_NeverOverslept(t *testing.T) {
 
 	t.Run("certain retry after the deadline fails at once", func(t *testing.T) {
 		up.Set("open", upstream.Step{Status: 401})
-		if err := client.Do(ctx, "open", (&attempt{}).fn); !errors.Is(err, polygate.ErrRetryExhausted) {
+		if _, err := polygate.Do(ctx, client, "open", (&attempt{}).fn); !errors.Is(err, polygate.ErrRetryExhausted) {
 			t.Fatalf("the dead key's call = %v; want retry_exhausted", err)
 		}
 		const deadline = 10 * time.Second
 		dctx, cancel := context.WithTimeout(ctx, deadline)
 		defer cancel()
 		start := time.Now()
-		err := client.Do(dctx, "open", (&attempt{}).fn)
+		_, err := polygate.Do(dctx, client, "open", (&attempt{}).fn)
 		elapsed := time.Since(start)
 		var f *polygate.FailureError
 		if !errors.As(err, &f) || f.Reason != polygate.DeadlineExceeded || !errors.Is(err, context.DeadlineExceeded) {
@@ -73,7 +73,7 @@ func TestDeadline_NeverOverslept(t *testing.T) {
 		up.Set("limited", upstream.Step{Status: 429, Headers: map[string]string{"Retry-After": "30"}})
 		const deadline = 10 * time.Second
 		start := time.Now()
-		err := client.Do(ctx, "limited", (&attempt{}).fn, polygate.WithDeadline(deadline))
+		_, err := polygate.Do(ctx, client, "limited", (&attempt{}).fn, polygate.WithTimeout(deadline))
 		elapsed := time.Since(start)
 		var f *polygate.FailureError
 		if !errors.As(err, &f) || f.Reason != polygate.DeadlineExceeded {
@@ -91,7 +91,7 @@ func TestDeadline_NeverOverslept(t *testing.T) {
 		up.Set("slot", upstream.Step{Hang: true})
 		hctx, release := context.WithCancel(ctx)
 		held := make(chan error, 1)
-		go func() { held <- client.Do(hctx, "slot", (&attempt{}).fn) }()
+		go func() { _, err := polygate.Do(hctx, client, "slot", (&attempt{}).fn); held <- err }()
 		if err := up.WaitCount(ctx, "slot", 1); err != nil {
 			t.Fatal(err)
 		}
@@ -101,7 +101,7 @@ func TestDeadline_NeverOverslept(t *testing.T) {
 		// capping of its sleeps ends the wait.
 		const deadline = 4 * time.Second
 		start := time.Now()
-		err := client.Do(ctx, "slot", (&attempt{}).fn, polygate.WithDeadline(deadline))
+		_, err := polygate.Do(ctx, client, "slot", (&attempt{}).fn, polygate.WithTimeout(deadline))
 		elapsed := time.Since(start)
 		var f *polygate.FailureError
 		if !errors.As(err, &f) || f.Reason != polygate.DeadlineExceeded {
@@ -129,13 +129,13 @@ func TestCancel_ReleasesPermit(t *testing.T) {
 
 	actx, cancelA := context.WithCancel(ctx)
 	aDone := make(chan error, 1)
-	go func() { aDone <- client.Do(actx, "slot", (&attempt{}).fn) }()
+	go func() { _, err := polygate.Do(actx, client, "slot", (&attempt{}).fn); aDone <- err }()
 	if err := up.WaitCount(ctx, "slot", 1); err != nil { // A's request hangs upstream
 		t.Fatal(err)
 	}
 	b := &attempt{}
 	bDone := make(chan error, 1)
-	go func() { bDone <- client.Do(ctx, "slot", b.fn) }()
+	go func() { _, err := polygate.Do(ctx, client, "slot", b.fn); bDone <- err }()
 	eventually(t, "B's call open and waiting", func() bool { return sc.liveCalls(t, "slot") == 2 })
 
 	cancelled := time.Now()

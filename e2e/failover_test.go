@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	polygate "github.com/polygate/polygate/clientsdk/go"
 	"github.com/polygate/polygate/e2e/upstream"
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 )
@@ -33,7 +34,7 @@ scopes:
 	served := func() (string, bool) {
 		t.Helper()
 		a := &attempt{}
-		if err := client.Do(ctx, "failover", a.fn); err != nil {
+		if _, err := polygate.Do(ctx, client, "failover", a.fn); err != nil {
 			t.Fatalf("call = %v; want success on one of the sources", err)
 		}
 		grants, _, _ := a.log()

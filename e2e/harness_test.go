@@ -126,12 +126,13 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // it ran under.
 type attempt struct {
 	mu     sync.Mutex
-	grants []polygate.Grant
+	grants []polygate.Attempt
 	starts []time.Time
 	ends   []time.Time
 }
 
-func (a *attempt) fn(ctx context.Context, g polygate.Grant) polygate.Result {
+// fn returns the upstream's answer: the response body.
+func (a *attempt) fn(ctx context.Context, g polygate.Attempt) ([]byte, polygate.Result) {
 	a.mu.Lock()
 	a.grants = append(a.grants, g)
 	a.starts = append(a.starts, time.Now())
@@ -143,21 +144,21 @@ func (a *attempt) fn(ctx context.Context, g polygate.Grant) polygate.Result {
 	}()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, g.Attributes["base_url"]+"/chat/completions", strings.NewReader(`{"model":"x"}`))
 	if err != nil {
-		return polygate.Result{Outcome: polygate.ClientError, Detail: err.Error()}
+		return nil, polygate.Result{Outcome: polygate.ClientError, Detail: err.Error()}
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return polygate.ResultOf(nil, nil, err)
+		return nil, polygate.ResultOf(nil, nil, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
-	return polygate.ResultOf(resp, body, err)
+	return body, polygate.ResultOf(resp, body, err)
 }
 
-func (a *attempt) log() ([]polygate.Grant, []time.Time, []time.Time) {
+func (a *attempt) log() ([]polygate.Attempt, []time.Time, []time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return append([]polygate.Grant(nil), a.grants...), append([]time.Time(nil), a.starts...), append([]time.Time(nil), a.ends...)
+	return append([]polygate.Attempt(nil), a.grants...), append([]time.Time(nil), a.starts...), append([]time.Time(nil), a.ends...)
 }
 
 // newUpstream starts the fake provider for a test.

@@ -44,7 +44,7 @@ func TestIncident_FailFast(t *testing.T) {
 
 	up.Set("primary", upstream.Step{Status: 503})
 	trip := &attempt{}
-	err := client.Do(ctx, "incident", trip.fn)
+	_, err := polygate.Do(ctx, client, "incident", trip.fn)
 	tripped := time.Now()
 	if !errors.Is(err, polygate.ErrRetryExhausted) {
 		t.Fatalf("the call during the outage = %v; want retry_exhausted after 3 attempts", err)
@@ -63,7 +63,7 @@ func TestIncident_FailFast(t *testing.T) {
 	var last *polygate.FailureError
 	for i := range 5 {
 		start := time.Now()
-		err := client.Do(ctx, "incident", trip.fn)
+		_, err := polygate.Do(ctx, client, "incident", trip.fn)
 		elapsed := time.Since(start)
 		var f *polygate.FailureError
 		if !errors.As(err, &f) || f.Reason != polygate.CircuitOpen || !errors.Is(err, polygate.ErrCircuitOpen) {
@@ -97,14 +97,14 @@ func TestIncident_FailFast(t *testing.T) {
 	up.Set("primary", upstream.Step{Status: 200})
 	time.Sleep(last.RetryAfter)
 	probe := &attempt{}
-	if err := client.Do(ctx, "incident", probe.fn); err != nil {
+	if _, err := polygate.Do(ctx, client, "incident", probe.fn); err != nil {
 		t.Fatalf("the first call after the cooldown = %v; want success on the probe", err)
 	}
 	if g, _, _ := probe.log(); len(g) != 1 || !g[0].Probe {
 		t.Errorf("the first call after the cooldown ran %+v; want one probe", g)
 	}
 	after := &attempt{}
-	if err := client.Do(ctx, "incident", after.fn); err != nil {
+	if _, err := polygate.Do(ctx, client, "incident", after.fn); err != nil {
 		t.Fatal(err)
 	}
 	if g, _, _ := after.log(); len(g) != 1 || g[0].Probe {
@@ -131,7 +131,7 @@ func TestIncident_Wait(t *testing.T) {
 	var mu sync.Mutex
 	call := func() {
 		wg.Go(func() {
-			err := client.Do(ctx, "incident", (&attempt{}).fn)
+			_, err := polygate.Do(ctx, client, "incident", (&attempt{}).fn)
 			mu.Lock()
 			results = append(results, err)
 			mu.Unlock()

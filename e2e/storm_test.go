@@ -35,7 +35,7 @@ scopes:
 
 	a := &attempt{}
 	start := time.Now()
-	err := client.Do(ctxT(t), "storm", a.fn)
+	_, err := polygate.Do(ctxT(t), client, "storm", a.fn)
 	elapsed := time.Since(start)
 
 	var f *polygate.FailureError

@@ -21,10 +21,12 @@ import (
 //	other 4xx, 1xx, 3xx          CLIENT_ERROR
 //	outside 100..599             TRANSIENT (a malformed response)
 //
-// Hints: Retry-After (seconds or an HTTP date); when there is no usable
-// Retry-After, OpenAI's x-ratelimit-reset-requests / x-ratelimit-reset-tokens
-// of each exhausted dimension; a retryDelay anywhere in a JSON body (Google's
-// RetryInfo). The largest wins.
+// Hints: retry-after-ms (milliseconds), else Retry-After (seconds or an HTTP
+// date); when neither is usable, OpenAI's x-ratelimit-reset-requests /
+// x-ratelimit-reset-tokens of each exhausted dimension; a retryDelay anywhere
+// in a JSON body (Google's RetryInfo). The largest wins. Every hint saturates
+// at MaxRetryHint and is never negative: a date in the year 9999 or a
+// 20-digit number of seconds is MaxRetryHint, not an overflow.
 func Classify(status int, header http.Header, body []byte) (Outcome, time.Duration) {
 	return ClassifyAt(time.Now(), status, header, body)
 }
@@ -72,17 +74,38 @@ func ResultOf(resp *http.Response, body []byte, err error) Result {
 	return Result{Outcome: outcome, RetryAfter: hint, HTTPStatus: resp.StatusCode}
 }
 
-// retryHint is the largest hint of the response.
+// MaxRetryHint caps every hint the SDK parses from a response. An upstream
+// hint longer than this is reported as MaxRetryHint: still "very long" to the
+// sidecar, which caps it again with its own limits (backoff.max_retry_after
+// for RATE_LIMITED and TRANSIENT, breaker.max_cooldown for SOURCE_DEAD) and
+// decides.
+const MaxRetryHint = 24 * time.Hour
+
+// retryHint is the largest hint of the response, in [0, MaxRetryHint].
 func retryHint(now time.Time, header http.Header, body []byte) time.Duration {
-	hint, ok := retryAfterHeader(now, header.Get("Retry-After"))
+	hint, ok := retryAfterMs(header.Get("retry-after-ms"))
+	if !ok {
+		hint, ok = retryAfterHeader(now, header.Get("Retry-After"))
+	}
 	if !ok {
 		hint = max(resetHint(header, "requests"), resetHint(header, "tokens"))
 	}
 	return max(hint, bodyRetryDelay(body))
 }
 
+// retryAfterMs parses retry-after-ms (OpenAI, Azure): milliseconds, decimals
+// accepted; ok is false when it is absent or unusable.
+func retryAfterMs(v string) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	return parseNumber(v, time.Millisecond)
+}
+
 // retryAfterHeader parses Retry-After: delay-seconds (decimals accepted) or
-// an HTTP date; ok is false when it is absent or unusable.
+// an HTTP date; ok is false when it is absent or unusable. The result is in
+// [0, MaxRetryHint].
 func retryAfterHeader(now time.Time, v string) (time.Duration, bool) {
 	v = strings.TrimSpace(v)
 	if v == "" {
@@ -92,7 +115,8 @@ func retryAfterHeader(now time.Time, v string) (time.Duration, bool) {
 		return d, true
 	}
 	if t, err := http.ParseTime(v); err == nil {
-		return max(t.Sub(now), 0), true
+		// Sub saturates at the extremes of Duration; the cap does the rest.
+		return min(max(t.Sub(now), 0), MaxRetryHint), true
 	}
 	return 0, false
 }
@@ -174,7 +198,7 @@ var durationUnits = []struct {
 
 // parseDuration parses a non-negative duration as OpenAI and Google write
 // them ("1s", "6m0s", "20ms", "7.66s", "1h2m3.5s"); a bare number is seconds.
-// The grammar is the Python SDK's too.
+// The sum saturates at MaxRetryHint. The grammar is the Python SDK's too.
 func parseDuration(s string) (time.Duration, bool) {
 	s = strings.TrimSpace(s)
 	if s == "" {
@@ -197,7 +221,7 @@ func parseDuration(s string) (time.Duration, bool) {
 				if !ok {
 					return 0, false
 				}
-				total += d
+				total = min(total+d, MaxRetryHint) // both ≤ MaxRetryHint: no overflow
 				s = rest[len(u.name):]
 				found = true
 				break
@@ -211,20 +235,22 @@ func parseDuration(s string) (time.Duration, bool) {
 }
 
 // parseNumber parses digits with an optional fraction ("7", "1.5", ".5",
-// "2.") as a count of unit, exactly (no floating point).
+// "2.") as a count of unit, exactly (no floating point), saturating at
+// MaxRetryHint however many digits there are. unit is at most an hour.
 func parseNumber(s string, unit time.Duration) (time.Duration, bool) {
 	whole, frac, dot := strings.Cut(s, ".")
 	if whole == "" && frac == "" || !digits(whole) || !digits(frac) || (!dot && frac != "") {
 		return 0, false
 	}
-	var d time.Duration
-	if whole != "" {
-		n, err := strconv.ParseInt(whole, 10, 64)
-		if err != nil || n > int64(1<<62)/int64(unit) {
-			return 0, false
+	limit := int64(MaxRetryHint / unit)
+	var n int64
+	for _, c := range whole {
+		n = n*10 + int64(c-'0')
+		if n > limit {
+			return MaxRetryHint, true
 		}
-		d = time.Duration(n) * unit
 	}
+	d := time.Duration(n) * unit
 	scale := unit
 	for _, c := range frac {
 		scale /= 10
@@ -233,7 +259,7 @@ func parseNumber(s string, unit time.Duration) (time.Duration, bool) {
 		}
 		d += time.Duration(c-'0') * scale
 	}
-	return d, true
+	return min(d, MaxRetryHint), true
 }
 
 func digits(s string) bool {

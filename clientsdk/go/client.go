@@ -2,13 +2,17 @@ package polygate
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
+	"io"
+	"os"
 	"time"
 	"unicode/utf8"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
@@ -23,26 +27,39 @@ const maxDetail = 1024
 
 // Client asks a polygate sidecar for admission. It is safe for concurrent use.
 type Client struct {
-	rpc   admissionv1.AdmissionServiceClient
-	conn  *grpc.ClientConn // nil when the connection is the caller's
-	token string
+	rpc  admissionv1.AdmissionServiceClient
+	conn *grpc.ClientConn  // nil when the connection is the caller's
+	call []grpc.CallOption // sent with every RPC: the token's credentials
 }
 
 // Option configures a Client.
 type Option func(*clientConfig)
 
 type clientConfig struct {
-	token string
-	dial  []grpc.DialOption
+	token  string
+	tls    *tls.Config
+	caFile string
+	dial   []grpc.DialOption
 }
 
-// WithToken sends "authorization: Bearer token" with every call, for a
-// sidecar configured with auth.token.
+// WithToken sends "authorization: Bearer token" with every RPC, for a sidecar
+// configured with auth.token (or auth.operator_token). Over a plaintext
+// connection the token travels in clear: keep plaintext to loopback and unix
+// sockets, and use WithTLS or WithTLSCAFile for a sidecar beyond the host.
 func WithToken(token string) Option { return func(c *clientConfig) { c.token = token } }
 
-// WithDialOptions adds gRPC dial options (Dial only); without transport
-// credentials among them the connection is plaintext, as a sidecar on the
-// same host or pod usually is.
+// WithTLS makes Dial connect with TLS configured by cfg (server CA, client
+// certificate for mTLS, server name). Without WithTLS or WithTLSCAFile the
+// connection is plaintext, as a sidecar on the same host or pod usually is.
+func WithTLS(cfg *tls.Config) Option { return func(c *clientConfig) { c.tls = cfg } }
+
+// WithTLSCAFile makes Dial connect with TLS, trusting the PEM certificates in
+// file (the sidecar's tls.cert_file or its CA) in addition to the system's.
+// With WithTLS too, the file's certificates are added to that configuration's
+// RootCAs.
+func WithTLSCAFile(file string) Option { return func(c *clientConfig) { c.caFile = file } }
+
+// WithDialOptions adds gRPC dial options (Dial only), e.g. interceptors.
 func WithDialOptions(opts ...grpc.DialOption) Option {
 	return func(c *clientConfig) { c.dial = append(c.dial, opts...) }
 }
@@ -51,18 +68,30 @@ func WithDialOptions(opts ...grpc.DialOption) Option {
 // "unix:///path/to/socket". It does not wait for the connection.
 func Dial(target string, opts ...Option) (*Client, error) {
 	cfg := configure(opts)
-	dial := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.dial...)
+	creds, err := cfg.transportCredentials()
+	if err != nil {
+		return nil, err
+	}
+	dial := append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, cfg.dial...)
 	conn, err := grpc.NewClient(target, dial...)
 	if err != nil {
 		return nil, fmt.Errorf("polygate: dial sidecar %q: %w", target, err)
 	}
-	return &Client{rpc: admissionv1.NewAdmissionServiceClient(conn), conn: conn, token: cfg.token}, nil
+	c := New(conn, opts...)
+	c.conn = conn
+	return c, nil
 }
 
-// New returns a client over a connection the caller owns (Close leaves it open).
+// New returns a client over a connection the caller owns (Close leaves it
+// open). Of the options, only WithToken applies: the connection's transport
+// is the caller's.
 func New(conn grpc.ClientConnInterface, opts ...Option) *Client {
 	cfg := configure(opts)
-	return &Client{rpc: admissionv1.NewAdmissionServiceClient(conn), token: cfg.token}
+	c := &Client{rpc: admissionv1.NewAdmissionServiceClient(conn)}
+	if cfg.token != "" {
+		c.call = []grpc.CallOption{grpc.PerRPCCredentials(bearer(cfg.token))}
+	}
+	return c
 }
 
 func configure(opts []Option) clientConfig {
@@ -72,6 +101,63 @@ func configure(opts []Option) clientConfig {
 	}
 	return cfg
 }
+
+// maxCAFile bounds the CA file WithTLSCAFile reads.
+const maxCAFile = 1 << 20
+
+func (cfg clientConfig) transportCredentials() (credentials.TransportCredentials, error) {
+	if cfg.tls == nil && cfg.caFile == "" {
+		return insecure.NewCredentials(), nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if cfg.tls != nil {
+		tc = cfg.tls.Clone()
+	}
+	if cfg.caFile != "" {
+		pem, err := readBounded(cfg.caFile, maxCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("polygate: WithTLSCAFile %q: %w", cfg.caFile, err)
+		}
+		if tc.RootCAs == nil {
+			if tc.RootCAs, err = x509.SystemCertPool(); err != nil {
+				tc.RootCAs = x509.NewCertPool()
+			}
+		} else {
+			tc.RootCAs = tc.RootCAs.Clone() // the caller's pool stays as it is
+		}
+		if !tc.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("polygate: WithTLSCAFile %q: no PEM certificate in the file", cfg.caFile)
+		}
+	}
+	return credentials.NewTLS(tc), nil
+}
+
+func readBounded(file string, limit int64) ([]byte, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("larger than %d bytes", limit)
+	}
+	return b, nil
+}
+
+// bearer is the token's per-RPC credentials. It does not require transport
+// security, so that plaintext loopback and unix sockets keep working (see
+// WithToken).
+type bearer string
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+}
+
+func (bearer) RequireTransportSecurity() bool { return false }
 
 // Close closes the connection Dial opened.
 func (c *Client) Close() error {
@@ -86,110 +172,125 @@ type CallOption func(*callConfig)
 
 type callConfig struct {
 	tokens   int64
-	deadline time.Duration
+	timeout  *time.Duration
+	deadline *time.Time
 }
 
 // WithEstimatedTokens charges n tokens to the TPM limit of each attempt's
 // source, settled by Result.ActualTokens.
 func WithEstimatedTokens(n int64) CallOption { return func(c *callConfig) { c.tokens = n } }
 
-// WithDeadline gives the call a budget of d from now, capping every wait of
-// the sidecar. Without it the budget is the context's deadline, if any; with
-// both, the earlier wins.
-func WithDeadline(d time.Duration) CallOption { return func(c *callConfig) { c.deadline = d } }
+// WithTimeout gives the call a budget of d from the moment Do starts: the
+// sidecar never waits or backs off past it, and fails the call with
+// DeadlineExceeded when the earliest certain retry is after it. A d of zero
+// or less has no time left. With the context's deadline, or WithDeadline,
+// the earliest wins.
+func WithTimeout(d time.Duration) CallOption { return func(c *callConfig) { c.timeout = &d } }
+
+// WithDeadline is WithTimeout with a moment instead of a duration.
+func WithDeadline(t time.Time) CallOption { return func(c *callConfig) { c.deadline = &t } }
 
 // Do runs one call of scope: it asks the sidecar for a source, runs fn for
 // the attempt, reports fn's Result, and does what the sidecar answers (done,
-// retry after a backoff, wait, or fail) until the call ends. It returns nil
-// once an attempt succeeded, a *FailureError for the sidecar's verdict, a
-// *StatusError for a gRPC error of the sidecar, or the context's error.
+// retry after a backoff, wait, or fail) until the call ends. It returns the
+// value of the attempt that succeeded and a nil error; a *FailureError for
+// the sidecar's verdict; a *StatusError for a gRPC error of the sidecar; or
+// the context's error. Whatever the error, the value is the last attempt's
+// (the zero T when none ran), so that, for instance, the body of a
+// non_retryable call's 400 is at hand.
 //
 // fn gets a context that ends with ctx or after the source's timeout. When
 // ctx ends while an attempt holds a permit, Do reports CANCELLED for it (so
 // its slot is free at once) and returns ctx's error without waiting for
-// anything else; a Result of SUCCESS is still reported as such.
-func (c *Client) Do(ctx context.Context, scope string, fn func(ctx context.Context, g Grant) Result, opts ...CallOption) error {
+// anything else; a Result of SUCCESS is still reported as such. A panic in fn
+// releases the permit and goes on.
+func Do[T any](ctx context.Context, c *Client, scope string, fn func(context.Context, Attempt) (T, Result), opts ...CallOption) (T, error) {
+	var last T
 	var cfg callConfig
 	for _, o := range opts {
 		o(&cfg)
 	}
 	if err := ctx.Err(); err != nil {
-		return err
+		return last, err
 	}
-	ctx = c.authorize(ctx)
 	req := &admissionv1.PickRequest{Scope: scope, EstimatedTokens: cfg.tokens}
-	budget := cfg.deadline
-	if dl, ok := ctx.Deadline(); ok {
-		if left := time.Until(dl); budget <= 0 || left < budget {
-			budget = left
+	if deadline, ok := cfg.deadlineFrom(ctx, time.Now()); ok {
+		budget := time.Until(deadline)
+		if budget <= 0 {
+			return last, context.DeadlineExceeded // no time left at all
 		}
-	}
-	if budget > 0 {
 		req.Deadline = durationpb.New(budget)
-	} else if cfg.deadline != 0 || hasDeadline(ctx) {
-		return context.DeadlineExceeded // no time left at all
 	}
-	pick, err := c.rpc.Pick(ctx, req)
+	pick, err := c.rpc.Pick(ctx, req, c.call...)
 	if err != nil {
-		return rpcError(ctx, "Pick", err)
+		return last, rpcError(ctx, "Pick", err)
 	}
 	call := &callState{c: c, scope: scope, id: pick.GetCallId()}
 	for {
 		switch r := pick.GetResult().(type) {
 		case *admissionv1.PickResponse_Grant:
-			next, err := call.attempt(ctx, r.Grant, fn)
+			value, next, err := attempt(ctx, call, r.Grant, fn)
+			last = value
 			if err != nil {
-				return call.abandon(ctx, err)
+				return last, call.abandon(ctx, err)
 			}
 			switch n := next.GetNext().(type) {
 			case *admissionv1.RecordOutcomeResponse_Done:
-				return nil
+				return last, nil
 			case *admissionv1.RecordOutcomeResponse_Failure:
-				return call.failure(n.Failure, nil)
+				return last, call.failure(n.Failure, nil)
 			case *admissionv1.RecordOutcomeResponse_Retry:
 				if err := sleep(ctx, n.Retry.GetBackoff().AsDuration()); err != nil {
-					return call.abandon(ctx, err)
+					return last, call.abandon(ctx, err)
 				}
 			default:
-				return fmt.Errorf("polygate: RecordOutcome of call %s answered no next action", call.id)
+				return last, fmt.Errorf("polygate: RecordOutcome of call %s answered no next action", call.id)
 			}
 		case *admissionv1.PickResponse_NoRunnable:
-			d, err := c.rpc.OnNoRunnable(ctx, &admissionv1.OnNoRunnableRequest{Scope: scope, CallId: call.id})
+			d, err := c.rpc.OnNoRunnable(ctx, &admissionv1.OnNoRunnableRequest{Scope: scope, CallId: call.id}, c.call...)
 			if err != nil {
-				return call.abandon(ctx, rpcError(ctx, "OnNoRunnable", err))
+				return last, call.abandon(ctx, rpcError(ctx, "OnNoRunnable", err))
 			}
 			switch n := d.GetDecision().(type) {
 			case *admissionv1.OnNoRunnableResponse_Failure:
-				return call.failure(n.Failure, r.NoRunnable.GetPerSourceReasons())
+				return last, call.failure(n.Failure, r.NoRunnable.GetPerSourceReasons())
 			case *admissionv1.OnNoRunnableResponse_Wait:
 				if err := sleep(ctx, n.Wait.GetSleep().AsDuration()); err != nil {
-					return call.abandon(ctx, err)
+					return last, call.abandon(ctx, err)
 				}
 			default:
-				return fmt.Errorf("polygate: OnNoRunnable of call %s answered no decision", call.id)
+				return last, fmt.Errorf("polygate: OnNoRunnable of call %s answered no decision", call.id)
 			}
 		case *admissionv1.PickResponse_Failure:
-			return call.failure(r.Failure, nil)
+			return last, call.failure(r.Failure, nil)
 		default:
-			return fmt.Errorf("polygate: Pick of call %s answered no result", call.id)
+			return last, fmt.Errorf("polygate: Pick of call %s answered no result", call.id)
 		}
-		pick, err = c.rpc.Pick(ctx, &admissionv1.PickRequest{Scope: scope, CallId: call.id})
+		pick, err = c.rpc.Pick(ctx, &admissionv1.PickRequest{Scope: scope, CallId: call.id}, c.call...)
 		if err != nil {
-			return call.abandon(ctx, rpcError(ctx, "Pick", err))
+			return last, call.abandon(ctx, rpcError(ctx, "Pick", err))
 		}
 	}
 }
 
-func hasDeadline(ctx context.Context) bool {
-	_, ok := ctx.Deadline()
-	return ok
-}
-
-func (c *Client) authorize(ctx context.Context) context.Context {
-	if c.token == "" {
-		return ctx
+// deadlineFrom is the call's deadline: the earliest of the context's and the
+// options'; ok is false when there is none.
+func (cfg callConfig) deadlineFrom(ctx context.Context, now time.Time) (deadline time.Time, ok bool) {
+	earliest := func(t time.Time) {
+		if !ok || t.Before(deadline) {
+			deadline, ok = t, true
+		}
 	}
-	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+c.token)
+	if t, has := ctx.Deadline(); has {
+		earliest(t)
+	}
+	if cfg.timeout != nil {
+		earliest(now.Add(*cfg.timeout))
+	}
+	if cfg.deadline != nil {
+		earliest(*cfg.deadline)
+	}
+	return deadline, ok
 }
 
 // callState is one Do's call.
@@ -201,29 +302,30 @@ type callState struct {
 	last     *Result
 }
 
-// attempt runs fn under the grant and reports its result.
-func (s *callState) attempt(ctx context.Context, pg *admissionv1.Grant, fn func(context.Context, Grant) Result) (*admissionv1.RecordOutcomeResponse, error) {
-	g := Grant{
-		CallID: s.id, Source: pg.GetSource(), Attributes: pg.GetAttributes(), Attempt: int(pg.GetAttempt()),
+// attempt runs fn under the grant and reports its result. It is a function,
+// not a method, because methods cannot have type parameters.
+func attempt[T any](ctx context.Context, s *callState, pg *admissionv1.Grant, fn func(context.Context, Attempt) (T, Result)) (T, *admissionv1.RecordOutcomeResponse, error) {
+	a := Attempt{
+		CallID: s.id, Source: pg.GetSource(), Attributes: pg.GetAttributes(), Number: int(pg.GetAttempt()),
 		Probe: pg.GetProbe(), Timeout: pg.GetTimeout().AsDuration(), PermitID: pg.GetPermitId(),
 	}
 	s.attempts++
-	res := s.run(ctx, g, fn)
+	value, res := run(ctx, s, a, fn)
 	s.last = &res
 	if res.Outcome != Success && ctx.Err() != nil {
-		s.cancel(ctx, g.PermitID)
-		return nil, ctx.Err()
+		s.cancel(ctx, a.PermitID)
+		return value, nil, ctx.Err()
 	}
 	if _, ok := outcomeProto[res.Outcome]; !ok {
-		s.cancel(ctx, g.PermitID)
-		return nil, fmt.Errorf("polygate: the attempt on source %s of call %s returned no outcome (%v)", g.Source, s.id, res.Outcome)
+		s.cancel(ctx, a.PermitID)
+		return value, nil, fmt.Errorf("polygate: the attempt on source %s of call %s returned no outcome (%v)", a.Source, s.id, res.Outcome)
 	}
 	req := &admissionv1.RecordOutcomeRequest{
-		Scope: s.scope, CallId: s.id, PermitId: g.PermitID, Outcome: outcomeProto[res.Outcome],
+		Scope: s.scope, CallId: s.id, PermitId: a.PermitID, Outcome: outcomeProto[res.Outcome],
 		ActualTokens: res.ActualTokens, Detail: truncate(res.Detail, maxDetail),
 	}
 	if res.RetryAfter > 0 {
-		req.RetryAfterHint = durationpb.New(res.RetryAfter)
+		req.RetryAfterHint = durationpb.New(min(res.RetryAfter, MaxRetryHint))
 	}
 	if res.HTTPStatus >= 100 && res.HTTPStatus <= 599 {
 		req.HttpStatus = int32(res.HTTPStatus)
@@ -237,35 +339,35 @@ func (s *callState) attempt(ctx context.Context, pg *admissionv1.Grant, fn func(
 		rctx, stop = context.WithTimeout(context.WithoutCancel(ctx), cancelReport)
 		defer stop()
 	}
-	next, err := s.c.rpc.RecordOutcome(rctx, req)
+	next, err := s.c.rpc.RecordOutcome(rctx, req, s.c.call...)
 	if err != nil {
 		if ctx.Err() != nil {
 			// The report may or may not have landed; RecordOutcome is
 			// idempotent per permit, so this settles it either way.
-			s.cancel(ctx, g.PermitID)
+			s.cancel(ctx, a.PermitID)
 		}
-		return nil, rpcError(rctx, "RecordOutcome", err)
+		return value, nil, rpcError(rctx, "RecordOutcome", err)
 	}
-	return next, nil
+	return value, next, nil
 }
 
 // run calls fn with the attempt's context; a panic in fn releases the permit
 // before it goes on.
-func (s *callState) run(ctx context.Context, g Grant, fn func(context.Context, Grant) Result) Result {
+func run[T any](ctx context.Context, s *callState, a Attempt, fn func(context.Context, Attempt) (T, Result)) (T, Result) {
 	actx, stop := ctx, context.CancelFunc(func() {})
-	if g.Timeout > 0 {
-		actx, stop = context.WithTimeout(ctx, g.Timeout)
+	if a.Timeout > 0 {
+		actx, stop = context.WithTimeout(ctx, a.Timeout)
 	}
 	defer stop()
 	settled := false
 	defer func() {
 		if !settled {
-			s.cancel(ctx, g.PermitID)
+			s.cancel(ctx, a.PermitID)
 		}
 	}()
-	res := fn(actx, g)
+	value, res := fn(actx, a)
 	settled = true
-	return res
+	return value, res
 }
 
 // cancel reports CANCELLED for a permit on a short context detached from
@@ -275,7 +377,7 @@ func (s *callState) cancel(ctx context.Context, permit string) {
 	defer stop()
 	_, _ = s.c.rpc.RecordOutcome(rctx, &admissionv1.RecordOutcomeRequest{
 		Scope: s.scope, CallId: s.id, PermitId: permit, Outcome: admissionv1.Outcome_OUTCOME_CANCELLED,
-	})
+	}, s.c.call...)
 }
 
 // abandon ends the call in the sidecar when Do gives up on it without a
@@ -286,7 +388,7 @@ func (s *callState) cancel(ctx context.Context, permit string) {
 func (s *callState) abandon(ctx context.Context, err error) error {
 	rctx, stop := context.WithTimeout(context.WithoutCancel(ctx), cancelReport)
 	defer stop()
-	_, _ = s.c.rpc.CancelCall(rctx, &admissionv1.CancelCallRequest{Scope: s.scope, CallId: s.id})
+	_, _ = s.c.rpc.CancelCall(rctx, &admissionv1.CancelCallRequest{Scope: s.scope, CallId: s.id}, s.c.call...)
 	return err
 }
 

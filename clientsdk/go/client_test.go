@@ -2,487 +2,131 @@ package polygate_test
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
+	"math/big"
+	"net"
+	"os"
 	"path/filepath"
-	"sync"
+	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	polygate "github.com/polygate/polygate/clientsdk/go"
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 )
 
-// oneSlot is a single-source scope with one concurrency slot and a long
-// lease, so that a permit that is not released blocks everyone for minutes.
-const oneSlot = `
-scopes:
-  one:
-    quota_full: wait
-    backoff: {base: 30s, max: 60s}
-    backpressure: {stall_window: 60s, poll_interval: 10s}
-    sources:
-      - name: only
-        max_concurrency: 1
-        timeout: 120s
-`
-
-// rpcLog is a client interceptor that records each RPC and signals when one
-// starts or ends.
-type rpcLog struct {
-	mu      sync.Mutex
-	calls   []string
-	outcome []admissionv1.Outcome
-	started chan string
-	ended   chan string
+// fakeSidecar answers every Pick with a circuit_open failure after checking
+// the bearer token; it is enough to see what reaches the server.
+type fakeSidecar struct {
+	admissionv1.UnimplementedAdmissionServiceServer
+	token string
 }
 
-func newRPCLog() *rpcLog {
-	return &rpcLog{started: make(chan string, 100), ended: make(chan string, 100)}
-}
-
-func (l *rpcLog) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	name := method[len("/polygate.admission.v1.AdmissionService/"):]
-	l.mu.Lock()
-	l.calls = append(l.calls, name)
-	if r, ok := req.(*admissionv1.RecordOutcomeRequest); ok {
-		l.outcome = append(l.outcome, r.GetOutcome())
+func (f *fakeSidecar) Pick(ctx context.Context, _ *admissionv1.PickRequest) (*admissionv1.PickResponse, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	if got := md.Get("authorization"); len(got) != 1 || got[0] != "Bearer "+f.token {
+		return nil, status.Errorf(codes.Unauthenticated, "authorization %q", got)
 	}
-	l.mu.Unlock()
-	l.started <- name
-	err := invoker(ctx, method, req, reply, cc, opts...)
-	l.ended <- name
-	return err
+	return &admissionv1.PickResponse{CallId: "c1", Result: &admissionv1.PickResponse_Failure{
+		Failure: &admissionv1.Failure{Reason: admissionv1.FailureReason_FAILURE_REASON_CIRCUIT_OPEN},
+	}}, nil
 }
 
-func (l *rpcLog) outcomes() []admissionv1.Outcome {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]admissionv1.Outcome(nil), l.outcome...)
-}
-
-// waitFor reads ch until it yields name.
-func waitFor(t *testing.T, ch chan string, name string) {
+// tlsSidecar serves fakeSidecar over TLS with a fresh self-signed
+// certificate for 127.0.0.1, and returns its address and the certificate's
+// PEM file.
+func tlsSidecar(t *testing.T, token string) (addr, caFile string) {
 	t.Helper()
-	deadline := time.After(timeout)
-	for {
-		select {
-		case got := <-ch:
-			if got == name {
-				return
-			}
-		case <-deadline:
-			t.Fatalf("no %s RPC within %v", name, timeout)
-		}
-	}
-}
-
-type fixture struct {
-	addr   string
-	client *polygate.Client
-	raw    admissionv1.AdmissionServiceClient
-	log    *rpcLog
-}
-
-// setup starts a sidecar with config and a client whose RPCs are logged.
-func setup(t *testing.T, config string, opts ...polygate.Option) *fixture {
-	t.Helper()
-	addr, stop, err := startSidecar(config)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(stop)
-	log := newRPCLog()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(log.intercept))
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "polygate test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close() })
-	return &fixture{addr: addr, client: polygate.New(conn, opts...), raw: admissionv1.NewAdmissionServiceClient(conn), log: log}
+	caFile = filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert := tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	srv := grpc.NewServer(grpc.Creds(credentials.NewServerTLSFromCert(&cert)))
+	admissionv1.RegisterAdmissionServiceServer(srv, &fakeSidecar{token: token})
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	return lis.Addr().String(), caFile
 }
 
-// inFlight reads the permits a source holds from DescribeScope.
-func (f *fixture) inFlight(t *testing.T, scope string) int32 {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+func never(context.Context, polygate.Attempt) (int, polygate.Result) {
+	panic("no attempt may run: the fake sidecar never grants")
+}
+
+func TestDial_TLSAndToken(t *testing.T) {
+	addr, caFile := tlsSidecar(t, "s3cret")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	d, err := f.raw.DescribeScope(ctx, &admissionv1.DescribeScopeRequest{Scope: scope})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n int32
-	for _, s := range d.GetScope().GetSources() {
-		n += s.GetInFlight()
-	}
-	return n
-}
+	pool := x509.NewCertPool()
+	ca, _ := os.ReadFile(caFile)
+	pool.AppendCertsFromPEM(ca)
+	empty := x509.NewCertPool() // WithTLSCAFile adds to a copy: it stays empty
 
-// admittedAtOnce opens a new call with a raw Pick and reports whether its
-// first Pick is a grant, settling it again.
-// liveCalls is the number of calls the sidecar holds open in scope.
-func (f *fixture) liveCalls(t *testing.T, scope string) int32 {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	d, err := f.raw.DescribeScope(ctx, &admissionv1.DescribeScopeRequest{Scope: scope})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return d.GetScope().GetLiveCalls()
-}
-
-func (l *rpcLog) sent(name string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, c := range l.calls {
-		if c == name {
-			return true
-		}
-	}
-	return false
-}
-
-func (f *fixture) admittedAtOnce(t *testing.T, scope string) bool {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	p, err := f.raw.Pick(ctx, &admissionv1.PickRequest{Scope: scope})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := p.GetGrant()
-	if g == nil {
-		return false
-	}
-	_, err = f.raw.RecordOutcome(ctx, &admissionv1.RecordOutcomeRequest{Scope: scope, CallId: p.GetCallId(), PermitId: g.GetPermitId(), Outcome: admissionv1.Outcome_OUTCOME_SUCCESS})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return true
-}
-
-func TestDo_CancelDuringAttemptReportsCancelledAndReleasesPermit(t *testing.T) {
-	f := setup(t, oneSlot)
-	ctx, cancel := context.WithCancel(context.Background())
-	inAttempt := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		done <- f.client.Do(ctx, "one", func(ctx context.Context, g polygate.Grant) polygate.Result {
-			close(inAttempt)
-			<-ctx.Done() // a hung upstream request, abandoned with its context
-			return polygate.ResultOf(nil, nil, ctx.Err())
-		})
-	}()
-	<-inAttempt
-	cancel()
-	select {
-	case err := <-done:
-		if !errors.Is(err, context.Canceled) {
-			t.Fatalf("Do = %v; want context.Canceled", err)
-		}
-	case <-time.After(timeout):
-		t.Fatal("Do did not return after its context was cancelled")
-	}
-	if got := f.log.outcomes(); len(got) != 1 || got[0] != admissionv1.Outcome_OUTCOME_CANCELLED {
-		t.Errorf("reported outcomes %v; want one CANCELLED", got)
-	}
-	if n := f.inFlight(t, "one"); n != 0 {
-		t.Errorf("in_flight = %d after the cancelled call returned; want 0", n)
-	}
-	if !f.admittedAtOnce(t, "one") {
-		t.Error("the next caller was not admitted at once: the cancelled call kept its permit")
-	}
-}
-
-func TestDo_CancelDuringBackoffReturnsWithoutReport(t *testing.T) {
-	f := setup(t, oneSlot)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- f.client.Do(ctx, "one", func(context.Context, polygate.Grant) polygate.Result {
-			return polygate.Result{Outcome: polygate.Transient, HTTPStatus: 503} // backoff base is 30s
-		})
-	}()
-	waitFor(t, f.log.ended, "RecordOutcome") // the SDK now sleeps the backoff
-	cancel()
-	select {
-	case err := <-done:
-		if !errors.Is(err, context.Canceled) {
-			t.Fatalf("Do = %v; want context.Canceled", err)
-		}
-	case <-time.After(timeout):
-		t.Fatal("Do slept through the cancellation")
-	}
-	if got := f.log.outcomes(); len(got) != 1 || got[0] != admissionv1.Outcome_OUTCOME_TRANSIENT {
-		t.Errorf("reported outcomes %v; want only the attempt's TRANSIENT (no permit is held while sleeping)", got)
-	}
-	if n := f.inFlight(t, "one"); n != 0 {
-		t.Errorf("in_flight = %d; want 0", n)
-	}
-	if !f.log.sent("CancelCall") || f.liveCalls(t, "one") != 0 {
-		t.Errorf("the abandoned call is still live in the sidecar (CancelCall sent: %v)", f.log.sent("CancelCall"))
-	}
-}
-
-func TestDo_CancelDuringOnNoRunnableReturnsAtOnce(t *testing.T) {
-	f := setup(t, oneSlot)
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	// Another caller holds the only slot, so Do's Pick is refused and the
-	// sidecar makes OnNoRunnable wait (poll_interval is 10s).
-	held, err := f.raw.Pick(ctx, &admissionv1.PickRequest{Scope: "one"})
-	if err != nil || held.GetGrant() == nil {
-		t.Fatalf("holding the slot: %v %v", held, err)
-	}
-	callCtx, cancelCall := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- f.client.Do(callCtx, "one", func(context.Context, polygate.Grant) polygate.Result {
-			t.Error("the attempt ran although the slot was held")
-			return polygate.Result{Outcome: polygate.Success}
-		})
-	}()
-	waitFor(t, f.log.started, "OnNoRunnable")
-	cancelled := time.Now()
-	cancelCall()
-	select {
-	case err := <-done:
-		if !errors.Is(err, context.Canceled) {
-			t.Fatalf("Do = %v; want context.Canceled", err)
-		}
-	case <-time.After(timeout):
-		t.Fatal("Do waited out the sidecar's sleep after its context was cancelled")
-	}
-	// The sidecar holds the caller until the slot frees (the holder never
-	// releases it) or the 60s stall budget ends; returning within a second
-	// shows the RPC was abandoned, not waited out.
-	if d := time.Since(cancelled); d > time.Second {
-		t.Errorf("Do returned %v after the cancellation; want far below the sidecar's 5-10s wait", d)
-	}
-	if got := f.log.outcomes(); len(got) != 0 {
-		t.Errorf("reported outcomes %v; want none (no permit was held)", got)
-	}
-	if !f.log.sent("CancelCall") || f.liveCalls(t, "one") != 1 {
-		t.Errorf("the abandoned call is still live in the sidecar (CancelCall sent: %v); only the holder should be", f.log.sent("CancelCall"))
-	}
-}
-
-func TestDo_SuccessAfterCancellationIsReportedAsSuccess(t *testing.T) {
-	f := setup(t, oneSlot)
-	ctx, cancel := context.WithCancel(context.Background())
-	err := f.client.Do(ctx, "one", func(context.Context, polygate.Grant) polygate.Result {
-		cancel() // the caller gives up just as the upstream answered
-		return polygate.Result{Outcome: polygate.Success, HTTPStatus: 200}
-	})
-	if err != nil {
-		t.Fatalf("Do = %v; want nil: the attempt succeeded", err)
-	}
-	if got := f.log.outcomes(); len(got) != 1 || got[0] != admissionv1.Outcome_OUTCOME_SUCCESS {
-		t.Errorf("reported outcomes %v; want one SUCCESS", got)
-	}
-}
-
-func TestDo_PanicInAttemptReleasesPermit(t *testing.T) {
-	f := setup(t, oneSlot)
-	func() {
-		defer func() {
-			if recover() == nil {
-				t.Error("the attempt's panic was swallowed")
-			}
-		}()
-		_ = f.client.Do(context.Background(), "one", func(context.Context, polygate.Grant) polygate.Result {
-			panic("bug in the application")
-		})
-	}()
-	if got := f.log.outcomes(); len(got) != 1 || got[0] != admissionv1.Outcome_OUTCOME_CANCELLED {
-		t.Errorf("reported outcomes %v; want one CANCELLED", got)
-	}
-	if !f.admittedAtOnce(t, "one") {
-		t.Error("the panicking call kept its permit")
-	}
-}
-
-func TestDo_AttemptWithoutOutcomeIsAnError(t *testing.T) {
-	f := setup(t, oneSlot)
-	err := f.client.Do(context.Background(), "one", func(context.Context, polygate.Grant) polygate.Result {
-		return polygate.Result{}
-	})
-	if err == nil {
-		t.Fatal("Do = nil for an attempt that reported no outcome")
-	}
-	if !f.admittedAtOnce(t, "one") {
-		t.Error("the call kept its permit")
-	}
-}
-
-func TestDo_VerdictsAreTypedErrors(t *testing.T) {
-	f := setup(t, `
-scopes:
-  nr:
-    sources: [{name: only}]
-  exhausted:
-    max_attempts: 2
-    backoff: {base: 1ms, max: 1ms}
-    breaker: {fail_threshold: 10}
-    sources: [{name: only}]
-`)
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
 	tests := []struct {
-		scope    string
-		outcome  polygate.Outcome
-		reason   polygate.FailureReason
-		sentinel error
-		attempts int
+		name string
+		opts []polygate.Option
+		want error // a sentinel errors.Is matches
 	}{
-		{"nr", polygate.ClientError, polygate.NonRetryable, polygate.ErrNonRetryable, 1},
-		{"exhausted", polygate.Transient, polygate.RetryExhausted, polygate.ErrRetryExhausted, 2},
-	}
-	for _, tt := range tests {
-		t.Run(tt.scope, func(t *testing.T) {
-			err := f.client.Do(ctx, tt.scope, func(context.Context, polygate.Grant) polygate.Result {
-				return polygate.Result{Outcome: tt.outcome, HTTPStatus: 400}
-			})
-			var fe *polygate.FailureError
-			if !errors.As(err, &fe) || fe.Reason != tt.reason || !errors.Is(err, tt.sentinel) || fe.Attempts != tt.attempts {
-				t.Fatalf("Do = %#v; want a FailureError %v after %d attempts", err, tt.reason, tt.attempts)
-			}
-			if fe.Scope != tt.scope || fe.CallID == "" || fe.Last == nil || fe.Last.Outcome != tt.outcome {
-				t.Errorf("FailureError = %+v; want scope, call id and the last result", fe)
-			}
-			if errors.Is(err, polygate.ErrAllSourcesExhausted) {
-				t.Errorf("%v matches ErrAllSourcesExhausted", tt.reason)
-			}
-		})
-	}
-}
-
-func TestDo_StatusErrorsKeepCodeAndReason(t *testing.T) {
-	f := setup(t, `
-auth: {token: s3cret}
-scopes:
-  chat:
-    sources: [{name: only, tpm: 100}]
-`, polygate.WithToken("s3cret"))
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	wrong := polygate.New(grpcConn(t, f.addr), polygate.WithToken("wrong"))
-	never := func(context.Context, polygate.Grant) polygate.Result {
-		t.Error("attempt ran")
-		return polygate.Result{Outcome: polygate.Success}
-	}
-	tests := []struct {
-		name     string
-		client   *polygate.Client
-		scope    string
-		opts     []polygate.CallOption
-		code     codes.Code
-		reason   string
-		field    string
-		sentinel error
-	}{
-		{"unknown scope", f.client, "nope", nil, codes.NotFound, "ERROR_REASON_UNKNOWN_SCOPE", "", polygate.ErrNotFound},
-		{"wrong token", wrong, "chat", nil, codes.Unauthenticated, "ERROR_REASON_UNAUTHENTICATED", "", polygate.ErrUnauthenticated},
-		{"negative estimate", f.client, "chat", []polygate.CallOption{polygate.WithEstimatedTokens(-1)}, codes.InvalidArgument, "ERROR_REASON_INVALID_FIELD", "estimated_tokens", polygate.ErrInvalidArgument},
-		{"estimate above tpm", f.client, "chat", []polygate.CallOption{polygate.WithEstimatedTokens(1000)}, codes.InvalidArgument, "ERROR_REASON_ESTIMATE_TOO_LARGE", "estimated_tokens", polygate.ErrInvalidArgument},
+		{"CA file and token", []polygate.Option{polygate.WithTLSCAFile(caFile), polygate.WithToken("s3cret")}, polygate.ErrCircuitOpen},
+		{"tls.Config and token", []polygate.Option{polygate.WithTLS(&tls.Config{RootCAs: pool}), polygate.WithToken("s3cret")}, polygate.ErrCircuitOpen},
+		{"tls.Config and CA file", []polygate.Option{polygate.WithTLS(&tls.Config{RootCAs: empty}), polygate.WithTLSCAFile(caFile), polygate.WithToken("s3cret")}, polygate.ErrCircuitOpen},
+		{"wrong token", []polygate.Option{polygate.WithTLSCAFile(caFile), polygate.WithToken("wrong")}, polygate.ErrUnauthenticated},
+		{"plaintext to a TLS sidecar", []polygate.Option{polygate.WithToken("s3cret")}, polygate.ErrUnavailable},
+		{"untrusted certificate", []polygate.Option{polygate.WithTLS(&tls.Config{RootCAs: empty}), polygate.WithToken("s3cret")}, polygate.ErrUnavailable},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := tt.client.Do(ctx, tt.scope, never, tt.opts...)
-			var se *polygate.StatusError
-			if !errors.As(err, &se) {
-				t.Fatalf("Do = %v; want a *StatusError", err)
+			c, err := polygate.Dial(addr, tt.opts...)
+			if err != nil {
+				t.Fatal(err)
 			}
-			if se.Code != tt.code || se.Reason != tt.reason || se.Metadata["field"] != tt.field || se.Op != "Pick" {
-				t.Errorf("StatusError = %+v; want %v %s field %q", se, tt.code, tt.reason, tt.field)
-			}
-			if !errors.Is(err, tt.sentinel) || status.Code(err) != tt.code {
-				t.Errorf("errors.Is(%v, %v) = false or status.Code = %v", err, tt.sentinel, status.Code(err))
+			defer c.Close()
+			if _, err := polygate.Do(ctx, c, "chat", never); !errors.Is(err, tt.want) {
+				t.Errorf("Do = %v; want %v", err, tt.want)
 			}
 		})
 	}
-	if err := f.client.Do(ctx, "chat", func(context.Context, polygate.Grant) polygate.Result {
-		return polygate.Result{Outcome: polygate.Success}
-	}); err != nil {
-		t.Errorf("Do with the right token = %v", err)
-	}
 }
 
-func grpcConn(t *testing.T, addr string) *grpc.ClientConn {
-	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
+func TestDial_BadCAFileNamesIt(t *testing.T) {
+	notPEM := filepath.Join(t.TempDir(), "not.pem")
+	if err := os.WriteFile(notPEM, []byte("hello"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close() })
-	return conn
-}
-
-func TestDo_DeadlineIsSentFromContextOrOption(t *testing.T) {
-	f := setup(t, oneSlot)
-	var got []time.Duration
-	var mu sync.Mutex
-	conn, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-			if p, ok := req.(*admissionv1.PickRequest); ok && p.GetCallId() == "" {
-				mu.Lock()
-				got = append(got, p.GetDeadline().AsDuration())
-				mu.Unlock()
-			}
-			return invoker(ctx, method, req, reply, cc, opts...)
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	c := polygate.New(conn)
-	ok := func(context.Context, polygate.Grant) polygate.Result {
-		return polygate.Result{Outcome: polygate.Success}
-	}
-
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	for _, opts := range [][]polygate.CallOption{nil, {polygate.WithDeadline(5 * time.Second)}, {polygate.WithDeadline(time.Hour)}} {
-		if err := c.Do(ctx, "one", ok, opts...); err != nil {
-			t.Fatal(err)
+	for _, file := range []string{filepath.Join(t.TempDir(), "missing.pem"), notPEM} {
+		if _, err := polygate.Dial("127.0.0.1:1", polygate.WithTLSCAFile(file)); err == nil || !strings.Contains(err.Error(), file) {
+			t.Errorf("Dial with CA file %s = %v; want an error naming it", file, err)
 		}
-	}
-	if err := c.Do(context.Background(), "one", ok); err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != 4 {
-		t.Fatalf("saw %d opening Picks; want 4", len(got))
-	}
-	if !(got[0] > 0 && got[0] <= 20*time.Second) || !(got[1] > 0 && got[1] <= 5*time.Second) ||
-		!(got[2] > 5*time.Second && got[2] <= 20*time.Second) || got[3] != 0 {
-		t.Errorf("deadlines sent %v; want ≤20s (context), ≤5s (option), ≤20s (the earlier), 0 (none)", got)
-	}
-}
-
-func TestDial_UnixSocket(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "polygate.sock")
-	_, stop, err := startSidecar(oneSlot, "--listen", "unix://"+sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
-	c, err := polygate.Dial("unix://" + sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	var source string
-	err = c.Do(ctx, "one", func(_ context.Context, g polygate.Grant) polygate.Result {
-		source = g.Source
-		return polygate.Result{Outcome: polygate.Success, ActualTokens: polygate.Tokens(3)}
-	})
-	if err != nil || source != "only" {
-		t.Fatalf("Do over %s = %v (source %q)", sock, err, source)
 	}
 }

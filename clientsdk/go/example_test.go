@@ -6,137 +6,90 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
+	"os"
 	"strings"
-	"sync/atomic"
-	"time"
 
 	polygate "github.com/polygate/polygate/clientsdk/go"
 )
 
-// The application keeps its own HTTP transport: fn makes the request to the
-// granted source and classifies the result; the sidecar decides the rest.
-// Here the upstream fails once with 503 and then answers.
-func ExampleClient_Do() {
-	var hits atomic.Int32
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if hits.Add(1) == 1 {
-			http.Error(w, "overloaded", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprint(w, `{"choices":[{"message":{"content":"hello"}}]}`)
-	}))
-	defer upstream.Close()
-
-	addr, stop, err := startSidecar(`
-scopes:
-  chat:
-    backoff: {base: 10ms, max: 100ms}
-    sources:
-      - name: primary
-        timeout: 5s
-        attributes: {base_url: "` + upstream.URL + `/v1"}
-`)
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	defer stop()
-
-	client, err := polygate.Dial(addr)
+// The application keeps its own HTTP client: the attempt makes the request
+// to the granted source and classifies the result; the sidecar decides the
+// rest. Do returns the successful attempt's value.
+func ExampleDo() {
+	client, err := polygate.Dial("127.0.0.1:50051") // or "unix:///run/polygate.sock"
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	defer client.Close()
 
-	var answer string
-	err = client.Do(context.Background(), "chat", func(ctx context.Context, g polygate.Grant) polygate.Result {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, g.Attributes["base_url"]+"/chat/completions", strings.NewReader(`{}`))
+	answer, err := polygate.Do(context.Background(), client, "chat", func(ctx context.Context, a polygate.Attempt) ([]byte, polygate.Result) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, a.Attributes["base_url"]+"/chat/completions", strings.NewReader(`{}`))
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
-			return polygate.ResultOf(nil, nil, err)
+			return nil, polygate.ResultOf(nil, nil, err) // timeouts, refused connections: TRANSIENT
 		}
 		defer resp.Body.Close()
 		body, err := io.ReadAll(resp.Body)
-		res := polygate.ResultOf(resp, body, err)
-		fmt.Printf("attempt %d on %s: %s\n", g.Attempt, g.Source, res.Outcome)
-		answer = string(body)
-		return res
+		return body, polygate.ResultOf(resp, body, err) // 2xx, 429 + Retry-After, 401, insufficient_quota...
 	}, polygate.WithEstimatedTokens(100))
-	fmt.Println(err, answer)
-	// Output:
-	// attempt 1 on primary: TRANSIENT
-	// attempt 2 on primary: SUCCESS
-	// <nil> {"choices":[{"message":{"content":"hello"}}]}
+
+	var failed *polygate.FailureError
+	switch {
+	case err == nil:
+		fmt.Println(string(answer))
+	case errors.As(err, &failed):
+		fmt.Println("unavailable:", failed.Reason, "retry in", failed.RetryAfter)
+	default:
+		fmt.Println(err) // a *polygate.StatusError of the sidecar, or the context's error
+	}
 }
 
-// Verdicts are typed errors: a dead key opens its source's breaker at once,
-// and the next call of a fail_fast scope fails with circuit_open and the
-// remaining cooldown, without calling the upstream.
-func ExampleFailureError() {
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		http.Error(w, `{"error":{"code":"invalid_api_key"}}`, http.StatusUnauthorized)
-	}))
-	defer upstream.Close()
-	addr, stop, err := startSidecar(`
-scopes:
-  chat:
-    circuit_open: fail_fast
-    max_attempts: 1
-    breaker: {cooldown: 60s, max_cooldown: 60s}
-    sources:
-      - name: primary
-        attributes: {base_url: "` + upstream.URL + `"}
-`)
+// An http.Client whose every request is one governed call: requests are
+// written against http://polygate.invalid and each attempt goes to the
+// granted source's base_url. Provider SDKs built on net/http take such a
+// client (openai-go: option.WithHTTPClient, with option.WithMaxRetries(0)).
+func ExampleTransport() {
+	client, err := polygate.Dial("127.0.0.1:50051")
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	defer stop()
-	client, _ := polygate.Dial(addr)
 	defer client.Close()
-
-	attempt := func(ctx context.Context, g polygate.Grant) polygate.Result {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, g.Attributes["base_url"], nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return polygate.ResultOf(nil, nil, err)
-		}
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		return polygate.ResultOf(resp, body, err)
+	keys := map[string]string{"openai": os.Getenv("OPENAI_API_KEY"), "azure": os.Getenv("AZURE_API_KEY")}
+	httpClient := &http.Client{Transport: &polygate.Transport{
+		Client: client,
+		Scope:  "chat",
+		Prepare: func(req *http.Request, a polygate.Attempt) error {
+			req.Header.Set("Authorization", "Bearer "+keys[a.Source])
+			return nil
+		},
+		Options: []polygate.CallOption{polygate.WithEstimatedTokens(500)},
+	}}
+	resp, err := httpClient.Post("http://polygate.invalid/chat/completions", "application/json",
+		strings.NewReader(`{"messages":[{"role":"user","content":"Hello"}]}`))
+	if err != nil {
+		fmt.Println(err) // errors.As(err, &failed) gives the sidecar's verdict
+		return
 	}
-	for range 2 {
-		err := client.Do(context.Background(), "chat", attempt)
-		var f *polygate.FailureError
-		if errors.As(err, &f) {
-			fmt.Println(f.Reason, f.Attempts, errors.Is(err, polygate.ErrCircuitOpen),
-				f.RetryAfter > 59*time.Second && f.RetryAfter <= 60*time.Second)
-			for _, s := range f.PerSource {
-				fmt.Println(" ", s.Source, s.Reason)
-			}
-		}
-	}
-	// Output:
-	// retry_exhausted 1 false false
-	// circuit_open 0 true true
-	//   primary cooldown
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	fmt.Println(resp.StatusCode, string(body))
 }
 
-// Classify implements DESIGN's outcome table and reads the upstream's retry
-// hints; the largest wins.
+// Classify implements the outcome table and reads the upstream's retry
+// hints; the largest wins, and none exceeds MaxRetryHint.
 func ExampleClassify() {
 	h := http.Header{}
 	h.Set("Retry-After", "2")
 	h.Set("x-ratelimit-reset-requests", "20s") // only used without Retry-After
 	fmt.Println(polygate.Classify(429, h, []byte(`{"error":{"details":[{"retryDelay":"7s"}]}}`)))
 	fmt.Println(polygate.Classify(429, nil, []byte(`{"error":{"code":"insufficient_quota"}}`)))
-	fmt.Println(polygate.Classify(503, nil, nil))
+	fmt.Println(polygate.Classify(503, http.Header{"Retry-After": {"Fri, 31 Dec 9999 23:59:59 GMT"}}, nil))
 	fmt.Println(polygate.Classify(400, nil, nil))
 	// Output:
 	// RATE_LIMITED 7s
 	// SOURCE_DEAD 0s
-	// TRANSIENT 0s
+	// TRANSIENT 24h0m0s
 	// CLIENT_ERROR 0s
 }

@@ -54,7 +54,9 @@ var outcomeProto = map[Outcome]admissionv1.Outcome{
 type Result struct {
 	Outcome Outcome
 	// RetryAfter is the upstream's retry hint (Retry-After and friends; see
-	// Classify): a floor of the sidecar's backoff.
+	// Classify): a floor of the sidecar's backoff. It is sent capped at
+	// MaxRetryHint, and the sidecar caps it again (backoff.max_retry_after,
+	// breaker.max_cooldown).
 	RetryAfter time.Duration
 	// HTTPStatus is the upstream's status, for telemetry (0 if none).
 	HTTPStatus int
@@ -68,16 +70,16 @@ type Result struct {
 // Tokens returns a pointer to n, for Result.ActualTokens.
 func Tokens(n int64) *int64 { return &n }
 
-// Grant is the sidecar's permit to make one attempt on one source now.
-type Grant struct {
+// Attempt is the sidecar's permit to make one attempt on one source now.
+type Attempt struct {
 	// CallID identifies the call in the sidecar's logs and telemetry.
 	CallID string
 	// Source is the granted source's name; Attributes its configured
 	// attributes (base_url, model...), never secrets.
 	Source     string
 	Attributes map[string]string
-	// Attempt is the attempt's number in the call, from 1.
-	Attempt int
+	// Number is the attempt's number in the call, from 1.
+	Number int
 	// Probe: the attempt is the HALF_OPEN probe of the source's breaker.
 	Probe bool
 	// Timeout is the source's configured timeout for one attempt; the

@@ -1,0 +1,21 @@
+module github.com/polygate/polygate/clientsdk/go
+
+go 1.26.0
+
+require (
+	github.com/polygate/polygate/gen v0.0.0
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c
+	google.golang.org/grpc v1.85.0
+	google.golang.org/protobuf v1.36.12
+)
+
+require (
+	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
+)
+
+// The generated stubs are their own module in the same repository (gen/).
+// A release tags gen/vX.Y.Z and clientsdk/go/vX.Y.Z and requires that
+// version here; inside the repository the local copy is used.
+replace github.com/polygate/polygate/gen => ../../gen
