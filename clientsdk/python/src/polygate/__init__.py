@@ -7,7 +7,7 @@ the sidecar. Verdicts are raised as CallFailedError subclasses, gRPC errors
 as SidecarError subclasses, both under PolygateError.
 """
 
-from polygate._classify import classify, classify_exception, classify_response
+from polygate._classify import MAX_HINT_S, classify, classify_exception, classify_response, retry_hint, total_tokens
 from polygate._client import AsyncClient, Client
 from polygate._errors import (
     STATUS_ERRORS,
@@ -61,4 +61,7 @@ __all__ = [
     "classify",
     "classify_exception",
     "classify_response",
+    "MAX_HINT_S",
+    "retry_hint",
+    "total_tokens",
 ]
