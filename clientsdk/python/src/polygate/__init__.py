@@ -8,7 +8,7 @@ as SidecarError subclasses, both under PolygateError.
 """
 
 from polygate._classify import MAX_HINT_S, classify, classify_exception, classify_response, retry_hint, total_tokens
-from polygate._client import AsyncClient, Client
+from polygate._client import TLS, AsyncClient, Client
 from polygate._errors import (
     STATUS_ERRORS,
     AllSourcesExhaustedError,
@@ -30,9 +30,12 @@ from polygate._errors import (
     UnauthenticatedError,
     UnavailableError,
 )
+from polygate._version import __version__
 from polygate._types import Grant, Outcome, Result, SourceReason
 
 __all__ = [
+    "TLS",
+    "__version__",
     "STATUS_ERRORS",
     "AllSourcesExhaustedError",
     "AsyncClient",

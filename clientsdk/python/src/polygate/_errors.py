@@ -35,7 +35,7 @@ class CallFailedError(PolygateError):
         retry_after_s: float = 0.0,
         per_source_reasons: list[SourceReason] | None = None,
         attempts: int = 0,
-        last_result: Result | None = None,
+        last_result: Result[Any] | None = None,
     ) -> None:
         self.scope = scope
         self.call_id = call_id
