@@ -7,6 +7,8 @@ the sidecar. Verdicts are raised as CallFailedError subclasses, gRPC errors
 as SidecarError subclasses, both under PolygateError.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from polygate._classify import MAX_HINT_S, classify, classify_exception, classify_response, retry_hint, total_tokens
 from polygate._client import TLS, AsyncClient, Client
 from polygate._errors import (
@@ -33,7 +35,25 @@ from polygate._errors import (
 from polygate._version import __version__
 from polygate._types import Grant, Outcome, Result, SourceReason
 
+if TYPE_CHECKING:
+    from polygate.transport import AsyncPolygateTransport, PolygateTransport, ProviderRetryWarning
+
+_TRANSPORT = ("AsyncPolygateTransport", "PolygateTransport", "ProviderRetryWarning")
+
+
+def __getattr__(name: str) -> Any:
+    """The httpx transports, imported when first used: httpx is optional."""
+    if name in _TRANSPORT:
+        from polygate import transport
+
+        return getattr(transport, name)
+    raise AttributeError(f"module 'polygate' has no attribute {name!r}")
+
+
 __all__ = [
+    "AsyncPolygateTransport",
+    "PolygateTransport",
+    "ProviderRetryWarning",
     "TLS",
     "__version__",
     "STATUS_ERRORS",
