@@ -1,10 +1,12 @@
 """polygate: the thin Python client of the polygate governance sidecar.
 
 The application keeps its own HTTP transport; ``Client.call`` (or
-``AsyncClient.call``) runs DESIGN's admission loop around one attempt
+``AsyncClient.call``) runs the sidecar's admission loop around one attempt
 function, and every retry, backoff, failover and waiting decision stays in
 the sidecar. Verdicts are raised as CallFailedError subclasses, gRPC errors
-as SidecarError subclasses, both under PolygateError.
+as SidecarError subclasses, both under PolygateError. ``PolygateTransport``
+(``polygate.transport``, needs httpx) governs every request of an
+``httpx.Client`` instead.
 """
 
 from typing import TYPE_CHECKING, Any

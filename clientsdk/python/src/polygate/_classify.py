@@ -1,4 +1,4 @@
-"""DESIGN's outcome table for HTTP results, shared with the Go SDK through
+"""The outcome table for HTTP results, shared with the Go SDK through
 testdata/classification.json."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ class _Unset(enum.Enum):
 
 
 class Outcome(str, enum.Enum):
-    """How one attempt ended (DESIGN's outcome table)."""
+    """How one attempt ended (the outcome table in the package README)."""
 
     SUCCESS = "SUCCESS"
     """2xx. The call is done."""
