@@ -47,10 +47,11 @@ def hint(headers: dict[str, str], body: str = "") -> float:
         ({"Retry-After": "+3"}, "", 0.0),
         ({"Retry-After": "0x10"}, "", 0.0),
         ({"Retry-After": "Fri, 31 Dec 10000 23:59:59 GMT"}, "", 0.0),
-        # retry-after-ms, with Retry-After: the largest.
+        # retry-after-ms, used instead of Retry-After when usable.
         ({"retry-after-ms": "250"}, "", 0.25),
-        ({"retry-after-ms": "250", "Retry-After": "1"}, "", 1.0),
+        ({"retry-after-ms": "250", "Retry-After": "1"}, "", 0.25),
         ({"retry-after-ms": "2500", "Retry-After": "1"}, "", 2.5),
+        ({"retry-after-ms": "soon", "Retry-After": "1"}, "", 1.0),
         ({"retry-after-ms": "0.5"}, "", 0.0005),
         ({"retry-after-ms": "-1"}, "", 0.0),
         ({"retry-after-ms": "nan"}, "", 0.0),
@@ -60,7 +61,7 @@ def hint(headers: dict[str, str], body: str = "") -> float:
         ({"x-ratelimit-reset-requests": "1s", "x-ratelimit-reset-tokens": "6m0s"}, "", 360.0),
         ({"x-ratelimit-reset-tokens": "6m0s", "x-ratelimit-remaining-tokens": "10"}, "", 0.0),
         ({"x-ratelimit-reset-tokens": "20ms", "x-ratelimit-remaining-tokens": "0"}, "", 0.02),
-        ({"x-ratelimit-reset-tokens-day": "2h"}, "", 7200.0),
+        ({"x-ratelimit-reset-tokens-day": "2h"}, "", 0.0),  # OpenAI's two dimensions only
         ({"x-ratelimit-reset-requests": "1281023h1281023h1281023h1281023h"}, "", DAY),
         ({"x-ratelimit-reset-requests": "2562047h47m16.854775807s"}, "", DAY),
         ({"x-ratelimit-reset-requests": "99999999999999999999999999h"}, "", DAY),

@@ -25,8 +25,6 @@ _MAX_BODY = 1 << 20
 _NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "m": 60_000_000_000, "h": 3_600_000_000_000}
 _NUMBER = re.compile(r"([0-9]*)(?:(\.)([0-9]*))?")
 _PART = re.compile(r"([0-9.]*)(ns|us|µs|ms|s|m|h)")
-_RESET = "x-ratelimit-reset-"
-_REMAINING = "x-ratelimit-remaining-"
 _HTTP_DATES = ("%a, %d %b %Y %H:%M:%S GMT", "%A, %d-%b-%y %H:%M:%S GMT", "%a %b %d %H:%M:%S %Y")
 
 
@@ -45,11 +43,12 @@ def classify(
     SOURCE_DEAD; other 4xx, 1xx and 3xx CLIENT_ERROR; a status outside
     100..599 TRANSIENT.
 
-    Hints: ``retry-after-ms`` (milliseconds) and ``Retry-After`` (seconds or
-    an HTTP date measured from ``now``); without a usable one of those,
-    ``x-ratelimit-reset-<dim>`` of each exhausted dimension
-    (``x-ratelimit-remaining-<dim>`` absent or not above 0); a ``retryDelay``
-    anywhere in a JSON body. The largest wins. Numbers saturate: a hint is
+    Hints: ``retry-after-ms`` (milliseconds); without a usable one,
+    ``Retry-After`` (seconds or an HTTP date measured from ``now``); without
+    a usable one of those, OpenAI's ``x-ratelimit-reset-requests`` and
+    ``-tokens`` of each exhausted dimension (``x-ratelimit-remaining-<dim>``
+    absent or not above 0). A ``retryDelay`` anywhere in a JSON body counts
+    too, and the largest wins. Numbers saturate: a hint is
     never negative and never above 24 hours; a value that is not a number or
     a duration (negative, NaN, inf, garbage) is not a hint.
     """
@@ -77,12 +76,11 @@ def retry_hint(
     seconds, saturated to [0, MAX_HINT_S]; see classify."""
     raw = body.encode(errors="replace") if isinstance(body, str) else (body or b"")
     h = _lower(headers)
-    header_hints = [
-        _number(h.get("retry-after-ms", "").strip(), _NS["ms"]),
-        _retry_after_header(h.get("retry-after", ""), now or datetime.now(timezone.utc)),
-    ]
-    usable = [x for x in header_hints if x is not None]
-    hint = max(usable) if usable else _reset_hint(h)
+    hint = _number(h.get("retry-after-ms", "").strip(), _NS["ms"])
+    if hint is None:
+        hint = _retry_after_header(h.get("retry-after", ""), now or datetime.now(timezone.utc))
+    if hint is None:
+        hint = max(_reset_hint(h, "requests"), _reset_hint(h, "tokens"))
     return min(max(hint, _body_retry_delay(raw)), _MAX_HINT_NS) / 1e9
 
 
@@ -175,21 +173,17 @@ def _retry_after_header(v: str, now: datetime) -> int | None:
     return None
 
 
-def _reset_hint(h: dict[str, str]) -> int:
-    """The largest x-ratelimit-reset-<dim> of an exhausted dimension."""
-    most = 0
-    for key, value in h.items():
-        if not key.startswith(_RESET):
-            continue
-        remaining = h.get(_REMAINING + key[len(_RESET) :], "").strip()
-        if remaining:
-            try:
-                if float(remaining) > 0:
-                    continue
-            except ValueError:
-                pass
-        most = max(most, _duration(value) or 0)
-    return most
+def _reset_hint(h: dict[str, str], dim: str) -> int:
+    """OpenAI's x-ratelimit-reset-<dim>, counted only when the dimension is
+    exhausted (x-ratelimit-remaining-<dim> absent or not above 0)."""
+    remaining = h.get(f"x-ratelimit-remaining-{dim}", "").strip()
+    if remaining:
+        try:
+            if float(remaining) > 0:
+                return 0
+        except ValueError:
+            pass
+    return _duration(h.get(f"x-ratelimit-reset-{dim}", "")) or 0
 
 
 def _json(raw: bytes) -> Any:
