@@ -128,13 +128,30 @@ def test_a_stream_is_passed_through_unread() -> None:
     assert (pg.results[0].outcome, pg.results[0].actual_tokens) == (Outcome.SUCCESS, None)
 
 
-def test_verdict_returns_the_last_response_with_the_verdict() -> None:
+def test_non_retryable_returns_the_last_response_with_the_verdict() -> None:
     pg = FakeClient(("a", "http://a.test"), ("b", "http://b.test"))
     answers = {"a.test": httpx.Response(503, json={"n": "a"}), "b.test": httpx.Response(400, json={"n": "b"})}
+
+    def call(scope: str, fn: Any, **kw: Any) -> Any:
+        for g in pg.grants():
+            r = fn(g)
+        raise polygate.NonRetryableError(scope=scope, call_id="c1", attempts=2, last_result=r)
+
+    pg.call = call  # type: ignore[method-assign]
     with httpx.Client(transport=PolygateTransport(pg, "chat", inner=upstream([], answers))) as http:  # type: ignore[arg-type]
         resp = http.get("http://p/x")
     assert (resp.status_code, resp.json()) == (400, {"n": "b"})
-    assert isinstance(resp.extensions["polygate_verdict"], polygate.RetryExhaustedError)
+    assert isinstance(resp.extensions["polygate_verdict"], polygate.NonRetryableError)
+
+
+def test_other_verdicts_are_raised_with_the_last_response() -> None:
+    pg = FakeClient(("a", "http://a.test"), ("b", "http://b.test"))
+    answers = {"a.test": httpx.Response(503, json={"n": "a"}), "b.test": httpx.Response(502, json={"n": "b"})}
+    with httpx.Client(transport=PolygateTransport(pg, "chat", inner=upstream([], answers))) as http:  # type: ignore[arg-type]
+        with pytest.raises(polygate.RetryExhaustedError) as info:
+            http.get("http://p/x")
+    last = info.value.last_result
+    assert last is not None and last.http_status == 502 and last.value.json() == {"n": "b"}
 
 
 def test_verdict_without_a_response_is_raised() -> None:

@@ -17,11 +17,13 @@ of a 2xx JSON body is reported as the attempt's tokens, and the transport
 does what the sidecar answers: return the response, retry (on the same or
 another source) after the backoff, wait, or fail.
 
-When the call fails with a verdict, the last attempt's response is returned
-(the caller's client handles a 503 or a 401 as it would without polygate)
-with the verdict in ``response.extensions["polygate_verdict"]``; a verdict
-with no response to return (no attempt was made, or the last one got no
-response) is raised: a ``polygate.CallFailedError`` subclass.
+When the call fails with the verdict ``non_retryable`` (the upstream refused
+the request itself, e.g. a 400), the last attempt's response is returned, for
+the caller to read as it would without polygate, with the verdict in
+``response.extensions["polygate_verdict"]``. Every other verdict
+(``retry_exhausted``, ``circuit_open``, ``stalled``, ``deadline_exceeded``...)
+is raised: a ``polygate.CallFailedError`` subclass, with the last attempt in
+``last_result``. (The Go SDK's Transport answers the same way.)
 
 There must be one retry layer, the sidecar's: turn the provider SDK's own
 retries off (``max_retries=0`` in ``openai``). A request that says it is an
@@ -40,7 +42,7 @@ import httpx
 
 from polygate._classify import classify, total_tokens
 from polygate._client import AsyncClient, Client
-from polygate._errors import CallFailedError
+from polygate._errors import CallFailedError, NonRetryableError
 from polygate._types import Grant, Outcome, Result
 
 __all__ = ["AsyncPolygateTransport", "PolygateTransport", "ProviderRetryWarning"]
@@ -139,9 +141,10 @@ class _Governor:
 
     @staticmethod
     def verdict(err: CallFailedError) -> httpx.Response:
-        """The answer to a verdict: the last attempt's response, or the verdict raised."""
+        """The answer to a verdict: for non_retryable, the last attempt's
+        response (a 400 is the caller's to read); any other verdict raised."""
         last = err.last_result
-        if last is None or not isinstance(last.value, httpx.Response):
+        if not isinstance(err, NonRetryableError) or last is None or not isinstance(last.value, httpx.Response):
             raise err
         response = last.value
         response.extensions = {**response.extensions, VERDICT_EXTENSION: err}
