@@ -1,14 +1,18 @@
 """polygate: the thin Python client of the polygate governance sidecar.
 
 The application keeps its own HTTP transport; ``Client.call`` (or
-``AsyncClient.call``) runs DESIGN's admission loop around one attempt
+``AsyncClient.call``) runs the sidecar's admission loop around one attempt
 function, and every retry, backoff, failover and waiting decision stays in
 the sidecar. Verdicts are raised as CallFailedError subclasses, gRPC errors
-as SidecarError subclasses, both under PolygateError.
+as SidecarError subclasses, both under PolygateError. ``PolygateTransport``
+(``polygate.transport``, needs httpx) governs every request of an
+``httpx.Client`` instead.
 """
 
-from polygate._classify import classify, classify_exception, classify_response
-from polygate._client import AsyncClient, Client
+from typing import TYPE_CHECKING, Any
+
+from polygate._classify import MAX_HINT_S, classify, classify_exception, classify_response, retry_hint, total_tokens
+from polygate._client import TLS, AsyncClient, Client
 from polygate._errors import (
     STATUS_ERRORS,
     AllSourcesExhaustedError,
@@ -30,9 +34,30 @@ from polygate._errors import (
     UnauthenticatedError,
     UnavailableError,
 )
+from polygate._version import __version__
 from polygate._types import Grant, Outcome, Result, SourceReason
 
+if TYPE_CHECKING:
+    from polygate.transport import AsyncPolygateTransport, PolygateTransport, ProviderRetryWarning
+
+_TRANSPORT = ("AsyncPolygateTransport", "PolygateTransport", "ProviderRetryWarning")
+
+
+def __getattr__(name: str) -> Any:
+    """The httpx transports, imported when first used: httpx is optional."""
+    if name in _TRANSPORT:
+        from polygate import transport
+
+        return getattr(transport, name)
+    raise AttributeError(f"module 'polygate' has no attribute {name!r}")
+
+
 __all__ = [
+    "AsyncPolygateTransport",
+    "PolygateTransport",
+    "ProviderRetryWarning",
+    "TLS",
+    "__version__",
     "STATUS_ERRORS",
     "AllSourcesExhaustedError",
     "AsyncClient",
@@ -61,4 +86,7 @@ __all__ = [
     "classify",
     "classify_exception",
     "classify_response",
+    "MAX_HINT_S",
+    "retry_hint",
+    "total_tokens",
 ]

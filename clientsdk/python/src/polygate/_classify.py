@@ -1,4 +1,4 @@
-"""DESIGN's outcome table for HTTP results, shared with the Go SDK through
+"""The outcome table for HTTP results, shared with the Go SDK through
 testdata/classification.json."""
 
 from __future__ import annotations
@@ -12,6 +12,16 @@ from typing import Any
 
 from polygate._types import Outcome
 
+MAX_HINT_S = 86_400.0
+"""The ceiling of every retry hint the classifier returns: 24 hours. A hint
+beyond it (an HTTP date in year 9999, a huge number) saturates to it; the
+sidecar caps again with the scope's own limits."""
+
+_MAX_HINT_NS = 86_400 * 1_000_000_000
+_MAX_DIGITS = 18
+"""Digits beyond which a number saturates without being converted."""
+_MAX_BODY = 1 << 20
+"""Bodies longer than this are not parsed for insufficient_quota or retryDelay."""
 _NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "m": 60_000_000_000, "h": 3_600_000_000_000}
 _NUMBER = re.compile(r"([0-9]*)(?:(\.)([0-9]*))?")
 _PART = re.compile(r"([0-9.]*)(ns|us|µs|ms|s|m|h)")
@@ -26,19 +36,25 @@ def classify(
     now: datetime | None = None,
 ) -> tuple[Outcome, float]:
     """Maps an upstream HTTP result to its outcome and the largest retry hint
-    it gave, in seconds (0 if none).
+    it gave, in seconds (0 if none, at most MAX_HINT_S).
 
     2xx SUCCESS (hints ignored); 5xx and 408 TRANSIENT; 429 RATE_LIMITED, or
     SOURCE_DEAD when a JSON body says insufficient_quota; 401 and 403
     SOURCE_DEAD; other 4xx, 1xx and 3xx CLIENT_ERROR; a status outside
-    100..599 TRANSIENT. Hints: Retry-After (seconds or an HTTP date measured
-    from ``now``); without a usable one, OpenAI's x-ratelimit-reset-requests
-    and -tokens of each exhausted dimension; a ``retryDelay`` anywhere in a
-    JSON body. The largest wins.
+    100..599 TRANSIENT.
+
+    Hints: ``retry-after-ms`` (milliseconds); without a usable one,
+    ``Retry-After`` (seconds or an HTTP date measured from ``now``); without
+    a usable one of those, OpenAI's ``x-ratelimit-reset-requests`` and
+    ``-tokens`` of each exhausted dimension (``x-ratelimit-remaining-<dim>``
+    absent or not above 0). A ``retryDelay`` anywhere in a JSON body counts
+    too, and the largest wins. Numbers saturate: a hint is
+    never negative and never above 24 hours; a value that is not a number or
+    a duration (negative, NaN, inf, garbage) is not a hint.
     """
     if 200 <= status <= 299:
         return Outcome.SUCCESS, 0.0
-    raw = body.encode() if isinstance(body, str) else (body or b"")
+    raw = body.encode(errors="replace") if isinstance(body, str) else (body or b"")
     if status < 100 or status > 599 or status >= 500 or status == 408:
         outcome = Outcome.TRANSIENT
     elif status == 429:
@@ -47,11 +63,25 @@ def classify(
         outcome = Outcome.SOURCE_DEAD
     else:
         outcome = Outcome.CLIENT_ERROR
+    return outcome, retry_hint(headers, raw, now=now)
+
+
+def retry_hint(
+    headers: Mapping[str, str] | Iterable[tuple[str, str]] | None,
+    body: bytes | str | None = None,
+    *,
+    now: datetime | None = None,
+) -> float:
+    """The largest retry hint of a response's headers and JSON body, in
+    seconds, saturated to [0, MAX_HINT_S]; see classify."""
+    raw = body.encode(errors="replace") if isinstance(body, str) else (body or b"")
     h = _lower(headers)
-    hint = _retry_after_header(h.get("retry-after", ""), now or datetime.now(timezone.utc))
+    hint = _number(h.get("retry-after-ms", "").strip(), _NS["ms"])
+    if hint is None:
+        hint = _retry_after_header(h.get("retry-after", ""), now or datetime.now(timezone.utc))
     if hint is None:
         hint = max(_reset_hint(h, "requests"), _reset_hint(h, "tokens"))
-    return outcome, max(hint, _body_retry_delay(raw)) / 1e9
+    return min(max(hint, _body_retry_delay(raw)), _MAX_HINT_NS) / 1e9
 
 
 def classify_response(response: Any) -> tuple[Outcome, float]:
@@ -83,11 +113,15 @@ def _lower(headers: Mapping[str, str] | Iterable[tuple[str, str]] | None) -> dic
 
 
 def _number(s: str, unit_ns: int) -> int | None:
-    """Digits with an optional fraction, as a count of unit, exactly."""
+    """Digits with an optional fraction, as a count of unit in nanoseconds,
+    exactly, saturated to the 24 h ceiling; None when s is not such a number
+    (a sign, an exponent, NaN, inf)."""
     m = _NUMBER.fullmatch(s)
     if m is None or (not m.group(1) and not m.group(3)):
         return None
-    whole, frac = m.group(1), m.group(3) or ""
+    whole, frac = m.group(1).lstrip("0"), m.group(3) or ""
+    if len(whole) > _MAX_DIGITS:
+        return _MAX_HINT_NS
     ns = int(whole or "0") * unit_ns
     scale = unit_ns
     for c in frac:
@@ -95,12 +129,13 @@ def _number(s: str, unit_ns: int) -> int | None:
         if scale == 0:
             break
         ns += int(c) * scale
-    return ns
+    return min(ns, _MAX_HINT_NS)
 
 
 def _duration(s: str) -> int | None:
     """OpenAI's and Google's durations ("1s", "6m0s", "20ms", "7.66s"); a
-    bare number is seconds. Nanoseconds, or None."""
+    bare number is seconds. Nanoseconds saturated to the 24 h ceiling, or
+    None."""
     s = s.strip()
     if not s:
         return None
@@ -115,7 +150,7 @@ def _duration(s: str) -> int | None:
         n = _number(m.group(1), _NS[m.group(2)])
         if n is None:
             return None
-        total += n
+        total = min(total + n, _MAX_HINT_NS)
         pos = m.end()
     return total
 
@@ -133,11 +168,14 @@ def _retry_after_header(v: str, now: datetime) -> int | None:
         except ValueError:
             continue
         delta = when - now
-        return max(0, (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1_000)
+        ns = (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1_000
+        return min(max(0, ns), _MAX_HINT_NS)
     return None
 
 
 def _reset_hint(h: dict[str, str], dim: str) -> int:
+    """OpenAI's x-ratelimit-reset-<dim>, counted only when the dimension is
+    exhausted (x-ratelimit-remaining-<dim> absent or not above 0)."""
     remaining = h.get(f"x-ratelimit-remaining-{dim}", "").strip()
     if remaining:
         try:
@@ -149,11 +187,13 @@ def _reset_hint(h: dict[str, str], dim: str) -> int:
 
 
 def _json(raw: bytes) -> Any:
-    if not raw:
+    """The body as JSON, or None when it is empty, too long or not JSON
+    (nesting too deep for the parser included)."""
+    if not raw or len(raw) > _MAX_BODY:
         return None
     try:
         return json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 
@@ -185,3 +225,16 @@ def _body_retry_delay(raw: bytes) -> int:
         return most
 
     return walk(_json(raw), 0)
+
+
+def total_tokens(body: bytes) -> int | None:
+    """OpenAI-style ``usage.total_tokens`` of a JSON body: a non-negative
+    integer (a JSON float with no fraction counts), or None."""
+    doc = _json(body)
+    usage = doc.get("usage") if isinstance(doc, dict) else None
+    n = usage.get("total_tokens") if isinstance(usage, dict) else None
+    if isinstance(n, bool) or not isinstance(n, (int, float)) or n != n or n < 0 or n >= 2**63:
+        return None
+    if isinstance(n, float) and not n.is_integer():
+        return None
+    return int(n)

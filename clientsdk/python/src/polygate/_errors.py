@@ -18,7 +18,7 @@ class PolygateError(Exception):
 class CallFailedError(PolygateError):
     """The sidecar's verdict that ended a call.
 
-    ``reason`` is DESIGN's failure reason (``circuit_open``, ``stalled``...);
+    ``reason`` is the sidecar's failure reason (``circuit_open``, ``stalled``...);
     ``retry_after_s`` the time until the earliest certain moment a new call
     could do better (0 when there is none, e.g. the remaining cooldown);
     ``per_source_reasons`` each source's refusal when the call failed waiting
@@ -35,7 +35,7 @@ class CallFailedError(PolygateError):
         retry_after_s: float = 0.0,
         per_source_reasons: list[SourceReason] | None = None,
         attempts: int = 0,
-        last_result: Result | None = None,
+        last_result: Result[Any] | None = None,
     ) -> None:
         self.scope = scope
         self.call_id = call_id

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
+
+T_co = TypeVar("T_co", covariant=True)
+R = TypeVar("R")
+V = TypeVar("V")
+
+
+class _Unset(enum.Enum):
+    UNSET = enum.auto()
 
 
 class Outcome(str, enum.Enum):
-    """How one attempt ended (DESIGN's outcome table)."""
+    """How one attempt ended (the outcome table in the package README)."""
 
     SUCCESS = "SUCCESS"
     """2xx. The call is done."""
@@ -42,43 +50,55 @@ class Grant:
     permit_id: str
 
 
-@dataclass
-class Result:
+@dataclass(frozen=True)
+class Result(Generic[T_co]):
     """What an attempt reports. ``value`` is what ``call`` returns when the
-    attempt succeeded (e.g. the HTTP response)."""
+    attempt succeeded (e.g. the HTTP response, or its parsed body):
+    ``call(scope, fn)`` with ``fn`` returning ``Result[T]`` returns ``T``."""
 
     outcome: Outcome
     retry_after_s: float = 0.0
-    """The upstream's retry hint (Retry-After and friends): a floor of the sidecar's backoff."""
+    """The upstream's retry hint (Retry-After and friends): a floor of the
+    sidecar's backoff. Negative, NaN or infinite values are sent as 0; values
+    over 24 h as 24 h."""
     http_status: int = 0
     detail: str = ""
     """A short note for the sidecar's logs (cut to 1024 bytes)."""
     actual_tokens: int | None = None
     """Tokens the attempt really used, settling its TPM charge; None keeps the estimate."""
-    value: Any = field(default=None, repr=False)
+    value: T_co = field(default=None, repr=False)  # type: ignore[assignment]
+    """None unless the attempt set it; a failed attempt's may be its response."""
+
+    @overload
+    @classmethod
+    def from_response(cls, response: R) -> Result[R]: ...
+
+    @overload
+    @classmethod
+    def from_response(cls, response: Any, *, value: V) -> Result[V]: ...
 
     @classmethod
-    def from_response(cls, response: Any, *, value: Any = None) -> Result:
+    def from_response(cls, response: Any, *, value: Any = _Unset.UNSET) -> Result[Any]:
         """Classifies an ``httpx`` or ``requests`` response (anything with
         ``status_code``, ``headers`` and ``content`` or ``text``); ``value``
         defaults to the response itself."""
         from polygate._classify import classify_response
 
         outcome, hint = classify_response(response)
-        return cls(
+        return Result(
             outcome,
             retry_after_s=hint,
             http_status=int(response.status_code),
-            value=response if value is None else value,
+            value=response if value is _Unset.UNSET else value,
         )
 
     @classmethod
-    def from_exception(cls, exc: BaseException) -> Result:
+    def from_exception(cls, exc: BaseException) -> Result[Any]:
         """A transport error (timeout, refused or reset connection) is
         TRANSIENT; a cancellation is CANCELLED."""
         from polygate._classify import classify_exception
 
-        return cls(classify_exception(exc), detail=f"{type(exc).__name__}: {exc}")
+        return Result(classify_exception(exc), detail=f"{type(exc).__name__}: {exc}")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,251 @@
+"""The call loop as a sans-IO state machine, shared by Client and AsyncClient.
+
+``CallLoop.run()`` is a generator: it yields the next thing to do (an RPC, an
+attempt, a sleep) and is sent what it gave (the RPC's answer, the attempt's
+Result, None after a sleep). Every decision about the sidecar's answers lives
+here once; the clients only perform the steps, sync or async, and, when a
+step or the loop raises, perform ``give_up``'s RPC (if any) before
+propagating.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from polygate._errors import VERDICTS, CallFailedError, DeadlineExceededError, PolygateError, sidecar_error
+from polygate._gen.polygate.admission.v1 import admission_pb2 as pb
+from polygate._types import Grant, Outcome, Result, SourceReason
+
+T = TypeVar("T")
+
+REPORT_TIMEOUT_S = 2.0
+"""Bound of a CANCELLED report or a CancelCall, and the least time a RecordOutcome gets."""
+
+RPC_GRACE_S = 1.0
+"""How much longer than the call's deadline an RPC may take: the sidecar ends
+its waits at the deadline itself."""
+
+MAX_HINT_S = 86_400.0
+_MAX_DETAIL = 1024
+_MAX_INT64 = 2**63 - 1
+
+_OUTCOMES = {
+    Outcome.SUCCESS: pb.OUTCOME_SUCCESS,
+    Outcome.TRANSIENT: pb.OUTCOME_TRANSIENT,
+    Outcome.RATE_LIMITED: pb.OUTCOME_RATE_LIMITED,
+    Outcome.SOURCE_DEAD: pb.OUTCOME_SOURCE_DEAD,
+    Outcome.CLIENT_ERROR: pb.OUTCOME_CLIENT_ERROR,
+    Outcome.CANCELLED: pb.OUTCOME_CANCELLED,
+}
+
+_FAILURES = {
+    pb.FAILURE_REASON_CIRCUIT_OPEN: "circuit_open",
+    pb.FAILURE_REASON_QUOTA_EXHAUSTED: "quota_exhausted",
+    pb.FAILURE_REASON_STALLED: "stalled",
+    pb.FAILURE_REASON_RETRY_EXHAUSTED: "retry_exhausted",
+    pb.FAILURE_REASON_NON_RETRYABLE: "non_retryable",
+    pb.FAILURE_REASON_DEADLINE_EXCEEDED: "deadline_exceeded",
+    pb.FAILURE_REASON_CANCELLED: "cancelled",
+}
+
+_REFUSALS = {
+    pb.REASON_COOLDOWN: "cooldown",
+    pb.REASON_CIRCUIT_OPEN: "circuit_open",
+    pb.REASON_PROBE_IN_FLIGHT: "probe_in_flight",
+    pb.REASON_FORCED_OPEN: "forced_open",
+    pb.REASON_ADAPTIVE_PACED: "adaptive_paced",
+    pb.REASON_RATE_LIMITED: "rate_limited",
+}
+
+
+@dataclass(frozen=True)
+class Rpc:
+    """Call ``method`` of the AdmissionService with ``request``; send back its answer."""
+
+    method: str
+    request: Any
+    timeout: float | None
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """Run the application's attempt function; send back its Result."""
+
+    grant: Grant
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """Sleep; send back None."""
+
+    seconds: float
+
+
+Step = Rpc | Attempt | Sleep
+
+
+def _seconds(d: Any) -> float:
+    return float(d.seconds) + float(d.nanos) / 1e9
+
+
+def _truncate(s: str, n: int) -> str:
+    return s.encode()[:n].decode(errors="ignore")
+
+
+def _hint_ns(seconds: float) -> int:
+    """An attempt's retry hint in nanoseconds: NaN and negatives are 0, the rest at most 24 h."""
+    if math.isnan(seconds) or seconds <= 0:
+        return 0
+    return int(min(seconds, MAX_HINT_S) * 1e9)
+
+
+class CallLoop(Generic[T]):
+    """One call of ``scope``: its bookkeeping and the decisions about the
+    sidecar's answers. ``clock`` is a monotonic clock in seconds."""
+
+    def __init__(
+        self,
+        scope: str,
+        estimated_tokens: int = 0,
+        deadline: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.scope = scope
+        self.call_id = ""
+        self.permit_id = ""
+        """The permit the call holds now ("" between attempts)."""
+        self.attempts = 0
+        self.last: Result[Any] | None = None
+        self._tokens = estimated_tokens
+        self._deadline = deadline
+        self._clock = clock
+        self._end = None if deadline is None else clock() + deadline
+
+    def run(self) -> Generator[Step, Any, T]:
+        """The loop: Pick; a Grant runs the attempt and reports it (done,
+        retry after a backoff, or fail); a NoRunnable asks OnNoRunnable (wait,
+        or fail); then Pick again. Verdicts are raised as CallFailedError."""
+        pick = yield self._rpc("Pick", self._open_request())
+        self.call_id = pick.call_id
+        while True:
+            kind = pick.WhichOneof("result")
+            if kind == "grant":
+                grant = self._grant(pick.grant)
+                result = yield Attempt(grant)
+                req = self._record_request(grant, result)
+                self.last = result
+                rec = yield self._rpc("RecordOutcome", req, report=True)
+                self.permit_id = ""
+                nxt = rec.WhichOneof("next")
+                if nxt == "done":
+                    value: T = result.value
+                    return value
+                if nxt == "failure":
+                    raise self._failure(rec.failure)
+                yield Sleep(_seconds(rec.retry.backoff))
+            elif kind == "no_runnable":
+                d = yield self._rpc("OnNoRunnable", pb.OnNoRunnableRequest(scope=self.scope, call_id=self.call_id))
+                if d.WhichOneof("decision") == "failure":
+                    raise self._failure(d.failure, pick.no_runnable.per_source_reasons)
+                yield Sleep(_seconds(d.wait.sleep))
+            elif kind == "failure":
+                raise self._failure(pick.failure)
+            else:
+                raise PolygateError(f"Pick of call {self.call_id} answered no result")
+            pick = yield self._rpc("Pick", pb.PickRequest(scope=self.scope, call_id=self.call_id))
+
+    def give_up(self, exc: BaseException) -> Rpc | None:
+        """What to tell the sidecar when the call ends by ``exc`` (an
+        exception out of a step or out of run): a held permit is reported
+        CANCELLED (freeing it at once; idempotent per permit); a call given up
+        between attempts without a verdict is ended (CancelCall), so that it
+        stops counting as live; a verdict, or a call never opened, needs
+        nothing."""
+        if self.permit_id:
+            req = pb.RecordOutcomeRequest(scope=self.scope, call_id=self.call_id, permit_id=self.permit_id, outcome=pb.OUTCOME_CANCELLED)
+            return Rpc("RecordOutcome", req, REPORT_TIMEOUT_S)
+        if self.call_id and not isinstance(exc, CallFailedError):
+            return Rpc("CancelCall", pb.CancelCallRequest(scope=self.scope, call_id=self.call_id), REPORT_TIMEOUT_S)
+        return None
+
+    def rpc_error(self, method: str, err: Any) -> PolygateError:
+        """The SDK's exception for a grpc.RpcError of ``method``: past the
+        call's deadline it is the deadline's verdict."""
+        if self._end is not None and (err.code().name == "DEADLINE_EXCEEDED" or self._clock() >= self._end):
+            return self._deadline_exceeded()
+        return sidecar_error(method, err)
+
+    def _rpc(self, method: str, req: Any, report: bool = False) -> Rpc:
+        """The RPC with its timeout: what is left of the deadline plus a grace
+        (the sidecar knows the deadline and answers by it, with a verdict, so
+        the RPC's own deadline must not race it), and at least a report's
+        bound for a RecordOutcome, which must settle the permit."""
+        if self._end is None:
+            return Rpc(method, req, None)
+        left = self._end - self._clock()
+        if report:
+            return Rpc(method, req, max(left, REPORT_TIMEOUT_S))
+        if left <= 0:
+            raise self._deadline_exceeded()
+        return Rpc(method, req, left + RPC_GRACE_S)
+
+    def _open_request(self) -> pb.PickRequest:
+        req = pb.PickRequest(scope=self.scope, estimated_tokens=min(self._tokens, _MAX_INT64))
+        if self._deadline is not None:
+            if not self._deadline > 0:  # NaN included
+                raise self._deadline_exceeded()
+            req.deadline.FromNanoseconds(int(min(self._deadline, 315_576_000_000) * 1e9))
+        return req
+
+    def _grant(self, g: pb.Grant) -> Grant:
+        self.attempts += 1
+        self.permit_id = g.permit_id
+        return Grant(
+            call_id=self.call_id,
+            source=g.source,
+            attributes=dict(g.attributes),
+            attempt=g.attempt,
+            probe=g.probe,
+            timeout_s=_seconds(g.timeout),
+            permit_id=g.permit_id,
+        )
+
+    def _record_request(self, g: Grant, r: Any) -> pb.RecordOutcomeRequest:
+        if not isinstance(r, Result):
+            raise TypeError(f"the attempt on source {g.source} returned {r!r:.200}, not a polygate.Result")
+        req = pb.RecordOutcomeRequest(
+            scope=self.scope,
+            call_id=self.call_id,
+            permit_id=g.permit_id,
+            outcome=_OUTCOMES[Outcome(r.outcome)],
+            detail=_truncate(r.detail, _MAX_DETAIL),
+        )
+        hint = _hint_ns(r.retry_after_s)
+        if hint > 0:
+            req.retry_after_hint.FromNanoseconds(hint)
+        if 100 <= r.http_status <= 599:
+            req.http_status = r.http_status
+        if r.actual_tokens is not None and r.actual_tokens >= 0:
+            req.actual_tokens = min(r.actual_tokens, _MAX_INT64)
+        return req
+
+    def _failure(self, f: pb.Failure, refused: Sequence[pb.SourceReason] = ()) -> CallFailedError:
+        reasons = list(f.per_source_reasons) or list(refused)
+        cls = VERDICTS.get(_FAILURES.get(f.reason, ""), CallFailedError)
+        return cls(
+            scope=self.scope,
+            call_id=self.call_id,
+            retry_after_s=_seconds(f.retry_after),
+            per_source_reasons=[
+                SourceReason(r.source, _REFUSALS.get(r.reason, pb.Reason.Name(r.reason)), _seconds(r.retry_after)) for r in reasons
+            ],
+            attempts=self.attempts,
+            last_result=self.last,
+        )
+
+    def _deadline_exceeded(self) -> DeadlineExceededError:
+        return DeadlineExceededError(scope=self.scope, call_id=self.call_id, attempts=self.attempts, last_result=self.last)
