@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # polygate sidecar: a static binary on a distroless base, running as non-root.
 #   docker build -t polygate:dev .
-#   docker run --rm -v $PWD/polygate.yaml:/etc/polygate/polygate.yaml:ro -p 50051:50051 -p 9090:9090 \
+#   docker run --rm -v $PWD/polygate.yaml:/etc/polygate/polygate.yaml:ro -p 50051:50051 \
 #     polygate:dev --config /etc/polygate/polygate.yaml
 # The telemetry driver is pure Go (modernc.org/sqlite), so CGO stays off.
 
@@ -28,5 +28,12 @@ USER 65532:65532
 #   docker run --rm -e POLYGATE_LISTEN=0.0.0.0:50051 -p 50051:50051 polygate:dev
 # and set auth.token (POLYGATE_AUTH__TOKEN) whenever the port is reachable by
 # anything but your application.
-EXPOSE 50051 9090
+# Only the gRPC port is exposed: metrics are off unless metrics_listen is set
+# (nothing here sets it), and exposing a port nobody listens on would promise
+# what the image does not do. To scrape it, set the port and publish it:
+#   docker run --rm -e POLYGATE_LISTEN=0.0.0.0:50051 -e POLYGATE_METRICS_LISTEN=0.0.0.0:9090 \
+#     -p 50051:50051 -p 9090:9090 polygate:dev
+# (the Kubernetes example sets metrics_listen in its ConfigMap and declares
+# the port on the container).
+EXPOSE 50051
 ENTRYPOINT ["/usr/local/bin/polygate"]
