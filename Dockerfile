@@ -12,10 +12,14 @@ RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/polygate ./cmd/sidecar \
+ && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/polygatectl ./cmd/polygatectl \
  && mkdir -p /out/var/lib/polygate /out/run/polygate
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/polygate /usr/local/bin/polygate
+# The operator CLI, for kubectl exec POD -c polygate -- polygatectl describe SCOPE
+# (it dials 127.0.0.1:50051 and uses the sidecar's POLYGATE_AUTH__TOKEN).
+COPY --from=build /out/polygatectl /usr/local/bin/polygatectl
 # Writable places for the telemetry database and a unix socket; in Kubernetes
 # mount volumes there (the root filesystem can then be read-only).
 COPY --from=build --chown=65532:65532 /out/var/lib/polygate /var/lib/polygate

@@ -365,6 +365,11 @@ func TestUnixSocketAndTokenFile(t *testing.T) {
 	if !strings.Contains(out.String(), "primary=CLOSED backup=CLOSED") {
 		t.Errorf("scopes:\n%s", out.String())
 	}
+	// Inside the sidecar's container (kubectl exec), its own token is used.
+	out = syncBuffer{}
+	if err := run(ctx, []string{"--addr", s.Addr, "scopes"}, env("POLYGATE_AUTH__TOKEN="+token), &out, &out); err != nil {
+		t.Fatalf("with $POLYGATE_AUTH__TOKEN: %v\n%s", err, out.String())
+	}
 }
 
 // TestErrorsAreClear: each mistake fails with a message that says what was

@@ -69,7 +69,7 @@ type options struct {
 // so that flags given before the command carry over to its own flag set.
 func (o *options) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.addr, "addr", o.addr, "the sidecar's gRPC address: host:port or unix:///path")
-	fs.StringVar(&o.token, "token", o.token, "bearer token (default: $POLYGATE_TOKEN)")
+	fs.StringVar(&o.token, "token", o.token, "bearer token (default: $POLYGATE_TOKEN, else the sidecar's own $POLYGATE_AUTH__TOKEN)")
 	fs.StringVar(&o.tokenFile, "token-file", o.tokenFile, "read the bearer token from this file")
 	fs.BoolVar(&o.tls, "tls", o.tls, "connect with TLS (implied by --ca-file, --cert-file, --key-file, --server-name)")
 	fs.StringVar(&o.caFile, "ca-file", o.caFile, "PEM CA certificates that sign the sidecar's certificate (default: the system's)")
@@ -243,6 +243,11 @@ func (o *options) check(getenv func(string) string) (string, error) {
 		}
 	} else if token == "" {
 		token, from = getenv("POLYGATE_TOKEN"), "$POLYGATE_TOKEN"
+		if token == "" {
+			// Run inside the sidecar's own container (kubectl exec), the
+			// sidecar's token.
+			token, from = getenv("POLYGATE_AUTH__TOKEN"), "$POLYGATE_AUTH__TOKEN"
+		}
 	}
 	for _, r := range token {
 		if r < 0x21 || r > 0x7e {
