@@ -287,13 +287,16 @@ func TestWatchPrintsOverrides(t *testing.T) {
 	}
 	want := `chat override backup forced_open actor="alice" reason="INC-42 backup returns garbage" state=CLOSED epoch=0`
 	waitFor(t, ctx, "the override event", func() bool { return strings.Contains(out.String(), want) })
+	openPrimary(t, ctx, s)
+	transition := "chat breaker primary CLOSED -> OPEN cause=source_dead epoch=0 reopens=1 cooldown=10m0s"
+	waitFor(t, ctx, "the transition event", func() bool { return strings.Contains(out.String(), transition) })
 	stopWatch()
 	if err := <-done; err != nil {
 		t.Errorf("watch ended with %v", err)
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	if len(lines) != 1 || !strings.Contains(lines[0], " #") {
-		t.Errorf("watch printed %d lines, want one per event:\n%s", len(lines), out.String())
+	if len(lines) != 2 || !strings.Contains(lines[0], " #1 ") || !strings.HasSuffix(lines[0], want) || !strings.HasSuffix(lines[1], transition) {
+		t.Errorf("watch printed %d lines, want one per event, numbered, in order:\n%s", len(lines), out.String())
 	}
 
 	desc, _, err := ctl(t, ctx, s, "describe", "chat")
