@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # polygate sidecar: a static binary on a distroless base, running as non-root.
 #   docker build -t polygate:dev .
-#   docker run --rm -v $PWD/polygate.yaml:/etc/polygate/polygate.yaml:ro -p 50051:50051 -p 9090:9090 \
+#   docker run --rm -v $PWD/polygate.yaml:/etc/polygate/polygate.yaml:ro -p 50051:50051 \
 #     polygate:dev --config /etc/polygate/polygate.yaml
 # The telemetry driver is pure Go (modernc.org/sqlite), so CGO stays off.
 
@@ -15,10 +15,14 @@ RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/polygate ./cmd/sidecar \
+ && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/polygatectl ./cmd/polygatectl \
  && mkdir -p /out/var/lib/polygate /out/run/polygate
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/polygate /usr/local/bin/polygate
+# The operator CLI, for kubectl exec POD -c polygate -- polygatectl describe SCOPE
+# (it dials 127.0.0.1:50051 and uses the sidecar's POLYGATE_AUTH__TOKEN).
+COPY --from=build /out/polygatectl /usr/local/bin/polygatectl
 # Writable places for the telemetry database and a unix socket; in Kubernetes
 # mount volumes there (the root filesystem can then be read-only).
 COPY --from=build --chown=65532:65532 /out/var/lib/polygate /var/lib/polygate
@@ -31,5 +35,12 @@ USER 65532:65532
 #   docker run --rm -e POLYGATE_LISTEN=0.0.0.0:50051 -p 50051:50051 polygate:dev
 # and set auth.token (POLYGATE_AUTH__TOKEN) whenever the port is reachable by
 # anything but your application.
-EXPOSE 50051 9090
+# Only the gRPC port is exposed: metrics are off unless metrics_listen is set
+# (nothing here sets it), and exposing a port nobody listens on would promise
+# what the image does not do. To scrape it, set the port and publish it:
+#   docker run --rm -e POLYGATE_LISTEN=0.0.0.0:50051 -e POLYGATE_METRICS_LISTEN=0.0.0.0:9090 \
+#     -p 50051:50051 -p 9090:9090 polygate:dev
+# (the Kubernetes example sets metrics_listen in its ConfigMap and declares
+# the port on the container).
+EXPOSE 50051
 ENTRYPOINT ["/usr/local/bin/polygate"]

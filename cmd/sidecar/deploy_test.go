@@ -7,9 +7,11 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"unicode"
 
 	"go.yaml.in/yaml/v3"
 
@@ -46,12 +48,29 @@ type k8sProbe struct {
 	} `yaml:"grpc"`
 }
 
+// k8sIngressRule is a NetworkPolicy's ingress rule: no ports means every
+// port; a port without a number or name means every port.
+type k8sIngressRule struct {
+	From  []map[string]any `yaml:"from"`
+	Ports []struct {
+		Port any `yaml:"port"` // a number or a container port's name
+	} `yaml:"ports"`
+}
+
 type k8sObject struct {
 	APIVersion string            `yaml:"apiVersion"`
 	Kind       string            `yaml:"kind"`
 	Data       map[string]string `yaml:"data"`
 	Spec       struct {
-		Template struct {
+		PodSelector struct {
+			MatchLabels map[string]string `yaml:"matchLabels"`
+		} `yaml:"podSelector"`
+		PolicyTypes []string         `yaml:"policyTypes"`
+		Ingress     []k8sIngressRule `yaml:"ingress"`
+		Template    struct {
+			Metadata struct {
+				Labels map[string]string `yaml:"labels"`
+			} `yaml:"metadata"`
 			Spec struct {
 				InitContainers []k8sContainer `yaml:"initContainers"`
 				Containers     []k8sContainer `yaml:"containers"`
@@ -90,6 +109,8 @@ func TestKubernetesExample(t *testing.T) {
 	}
 	var cfg *config.Config
 	var sidecar, app *k8sContainer
+	var podLabels map[string]string
+	var policies []*k8sObject
 	for i := range objects {
 		o := &objects[i]
 		switch o.Kind {
@@ -104,6 +125,9 @@ func TestKubernetesExample(t *testing.T) {
 				}
 			}
 			app = &o.Spec.Template.Spec.Containers[0]
+			podLabels = o.Spec.Template.Metadata.Labels
+		case "NetworkPolicy":
+			policies = append(policies, o)
 		}
 	}
 	if cfg == nil || sidecar == nil || app == nil {
@@ -155,4 +179,169 @@ func TestKubernetesExample(t *testing.T) {
 			t.Errorf("the application dials %s; the sidecar listens on %s", e.Value, cfg.Listen)
 		}
 	}
+	checkNetworkPolicy(t, policies, podLabels, sidecar, app, listen, metrics)
+}
+
+// checkNetworkPolicy: the policy selects the pod; the application's own
+// ports stay reachable; the metrics port is reachable only from selected
+// peers; no rule admits the sidecar's gRPC port from outside the pod.
+func checkNetworkPolicy(t *testing.T, policies []*k8sObject, podLabels map[string]string, sidecar, app *k8sContainer, listen, metrics int) {
+	t.Helper()
+	if len(policies) != 1 {
+		t.Fatalf("%d NetworkPolicies, want one", len(policies))
+	}
+	np := policies[0]
+	for k, v := range np.Spec.PodSelector.MatchLabels {
+		if podLabels[k] != v {
+			t.Errorf("the NetworkPolicy selects %s=%s; the pod is labelled %v", k, v, podLabels)
+		}
+	}
+	if len(np.Spec.PodSelector.MatchLabels) == 0 || !slices.Contains(np.Spec.PolicyTypes, "Ingress") {
+		t.Fatalf("the NetworkPolicy must select the pod by label and restrict Ingress: %+v", np.Spec)
+	}
+	if len(app.Ports) == 0 {
+		t.Fatal("the application container declares no port; the example must show how its own ingress stays open")
+	}
+	// Container port numbers by name, for rules that name ports.
+	named := map[string]int{}
+	for _, c := range []*k8sContainer{sidecar, app} {
+		for _, p := range c.Ports {
+			named[p.Name] = p.Port
+		}
+	}
+	// admits returns the rules that let a connection to port in, and
+	// whether one of them admits it from anywhere.
+	admits := func(port int) (rules int, fromAnywhere bool) {
+		for _, r := range np.Spec.Ingress {
+			match := len(r.Ports) == 0
+			for _, p := range r.Ports {
+				switch v := p.Port.(type) {
+				case nil:
+					match = true
+				case int:
+					match = match || v == port
+				case string:
+					match = match || named[v] == port
+				default:
+					t.Fatalf("NetworkPolicy port %v (%T)", v, v)
+				}
+			}
+			if match {
+				rules++
+				fromAnywhere = fromAnywhere || len(r.From) == 0
+			}
+		}
+		return rules, fromAnywhere
+	}
+	for _, p := range app.Ports {
+		if n, _ := admits(p.Port); n == 0 {
+			t.Errorf("the NetworkPolicy blocks the application's own port %s (%d)", p.Name, p.Port)
+		}
+	}
+	if n, _ := admits(listen); n > 0 {
+		t.Errorf("the NetworkPolicy admits the sidecar's gRPC port %d from outside the pod", listen)
+	}
+	if n, anywhere := admits(metrics); n == 0 || anywhere {
+		t.Errorf("the metrics port %d: admitted by %d rules, from anywhere %v; want it admitted from selected peers only", metrics, n, anywhere)
+	}
+}
+
+// TestDockerfileExposesWhatListens: the image exposes exactly the ports the
+// default configuration listens on (metrics are off by default).
+func TestDockerfileExposesWhatListens(t *testing.T) {
+	text, err := os.ReadFile("../../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var exposed []string
+	for _, line := range strings.Split(string(text), "\n") {
+		if rest, ok := strings.CutPrefix(line, "EXPOSE "); ok {
+			exposed = append(exposed, strings.Fields(rest)...)
+		}
+	}
+	cfg, err := config.Parse([]byte("scopes: {chat: {sources: [{name: a}]}}\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, addr := range []string{cfg.Listen, cfg.MetricsListen} {
+		if addr != "" {
+			_, p, err := net.SplitHostPort(addr)
+			if err != nil {
+				t.Fatalf("%q: %v", addr, err)
+			}
+			want = append(want, p)
+		}
+	}
+	if !slices.Equal(exposed, want) {
+		t.Errorf("the Dockerfile exposes %v; by default the sidecar listens on %v (listen %q, metrics_listen %q)", exposed, want, cfg.Listen, cfg.MetricsListen)
+	}
+}
+
+// TestAlertRunbooks: every alerting rule has a runbook_url that points at a
+// section of docs/operations.md, and has a summary.
+func TestAlertRunbooks(t *testing.T) {
+	text, err := os.ReadFile("../../deploy/prometheus/polygate-alerts.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Alert       string            `yaml:"alert"`
+				Annotations map[string]string `yaml:"annotations"`
+			} `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	if err := yaml.Unmarshal(text, &rules); err != nil {
+		t.Fatal(err)
+	}
+	doc, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	anchors := map[string]bool{}
+	for _, line := range strings.Split(string(doc), "\n") {
+		if strings.HasPrefix(line, "#") {
+			anchors[githubAnchor(strings.TrimLeft(line, "# "))] = true
+		}
+	}
+	const base = "https://github.com/polygate/polygate/blob/main/docs/operations.md#"
+	n := 0
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			n++
+			url := r.Annotations["runbook_url"]
+			anchor, ok := strings.CutPrefix(url, base)
+			switch {
+			case !ok:
+				t.Errorf("%s: runbook_url %q, want %s<anchor>", r.Alert, url, base)
+			case !anchors[anchor]:
+				t.Errorf("%s: runbook_url %q points at no heading of docs/operations.md", r.Alert, url)
+			case anchor != githubAnchor(r.Alert):
+				t.Errorf("%s: runbook_url %q points at another alert's section", r.Alert, url)
+			}
+			if r.Annotations["summary"] == "" {
+				t.Errorf("%s: no summary", r.Alert)
+			}
+		}
+	}
+	if n < 10 {
+		t.Fatalf("found %d alerting rules; the file's shape changed", n)
+	}
+}
+
+// githubAnchor is the anchor GitHub gives a Markdown heading: lower case,
+// spaces as hyphens, punctuation other than hyphens and underscores dropped.
+func githubAnchor(heading string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(heading)) {
+		switch {
+		case r == ' ':
+			b.WriteByte('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }

@@ -3,14 +3,11 @@ package sidecar
 import (
 	"os"
 	"path/filepath"
-	"regexp"
-	"strings"
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/internal/promcheck"
 )
 
 const metricsConfig = `
@@ -202,22 +199,13 @@ func TestMetricsAfterScriptedSequence(t *testing.T) {
 // operations guide name is one the sidecar exports.
 func documentedMetricsExist(t *testing.T, m families) {
 	t.Helper()
-	name := regexp.MustCompile(`\b(polygate|grpc_server)_[a-z_]+\b`)
 	for _, file := range []string{"../../deploy/prometheus/polygate-alerts.yaml", "../../docs/operations.md", "../../docs/configuration.md"} {
 		text, err := os.ReadFile(file)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, n := range name.FindAllString(string(text), -1) {
-			family := n
-			for _, suffix := range []string{"_bucket", "_count", "_sum"} {
-				if base, ok := strings.CutSuffix(n, suffix); ok && m[base] != nil && m[base].GetType() == dto.MetricType_HISTOGRAM {
-					family = base
-				}
-			}
-			if m[family] == nil {
-				t.Errorf("%s names %s, which the sidecar does not export", file, n)
-			}
+		for _, n := range promcheck.Families(m).Unknown(string(text)) {
+			t.Errorf("%s names %s, which the sidecar does not export", file, n)
 		}
 	}
 }

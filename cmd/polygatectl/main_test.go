@@ -1,0 +1,463 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/internal/sidecartest"
+)
+
+func TestMain(m *testing.M) { sidecartest.Main(m) }
+
+const (
+	token = "s3cret-token"
+	// A long cooldown keeps an opened breaker OPEN for the whole test.
+	testConfig = `
+scopes:
+  chat:
+    circuit_open: fail_fast
+    breaker: {fail_threshold: 5, cooldown: 10m, max_cooldown: 10m}
+    sources:
+      - {name: primary, max_concurrency: 4, rpm: 600}
+      - {name: backup, priority: 1, max_concurrency: 2}
+`
+)
+
+func testContext(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// startSidecar runs the real binary with testConfig and a token on listen
+// (host:port or unix:///path).
+func startSidecar(t *testing.T, listen string) *sidecartest.Sidecar {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "polygate.yaml")
+	if err := os.WriteFile(file, []byte(testConfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return sidecartest.Start(t, []string{"--listen", listen, "--config", file}, "POLYGATE_AUTH__TOKEN="+token)
+}
+
+// client is the application's side: a gRPC client with the token.
+func client(t *testing.T, ctx context.Context, s *sidecartest.Sidecar) (context.Context, admissionv1.AdmissionServiceClient) {
+	t.Helper()
+	conn, err := grpc.NewClient(s.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token), admissionv1.NewAdmissionServiceClient(conn)
+}
+
+// syncBuffer is a bytes.Buffer that a running command may write while the
+// test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// env is a fake environment for run.
+func env(kv ...string) func(string) string {
+	m := map[string]string{}
+	for _, e := range kv {
+		k, v, _ := strings.Cut(e, "=")
+		m[k] = v
+	}
+	return func(k string) string { return m[k] }
+}
+
+// ctl runs polygatectl against s with the token in $POLYGATE_TOKEN.
+func ctl(t *testing.T, ctx context.Context, s *sidecartest.Sidecar, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	var out, errOut syncBuffer
+	err = run(ctx, append([]string{"--addr", s.Addr}, args...), env("POLYGATE_TOKEN="+token, "USER=tester"), &out, &errOut)
+	return out.String(), errOut.String(), err
+}
+
+// openPrimary opens the primary's breaker the way an upstream does: an
+// attempt on it reports SOURCE_DEAD.
+func openPrimary(t *testing.T, ctx context.Context, s *sidecartest.Sidecar) {
+	t.Helper()
+	ctx, c := client(t, ctx, s)
+	p, err := c.Pick(ctx, &admissionv1.PickRequest{Scope: "chat"})
+	if err != nil || p.GetGrant().GetSource() != "primary" {
+		t.Fatalf("Pick: %v %v", p, err)
+	}
+	r, err := c.RecordOutcome(ctx, &admissionv1.RecordOutcomeRequest{Scope: "chat", CallId: p.GetCallId(),
+		PermitId: p.GetGrant().GetPermitId(), Outcome: admissionv1.Outcome_OUTCOME_SOURCE_DEAD, HttpStatus: 401})
+	if err != nil || r.GetBreakerState() != admissionv1.BreakerState_BREAKER_STATE_OPEN {
+		t.Fatalf("RecordOutcome SOURCE_DEAD: %v %v", r, err)
+	}
+}
+
+// section returns the rows of the table under title in describe's output,
+// each row a map from column header to cell. Columns are found from the
+// header line's layout (headers may contain single spaces; columns are
+// separated by at least two).
+func section(t *testing.T, out, title string) map[string]map[string]string {
+	t.Helper()
+	_, rest, ok := strings.Cut(out, "\n"+title+"\n")
+	if !ok {
+		t.Fatalf("no %s section in:\n%s", title, out)
+	}
+	lines := strings.Split(rest, "\n")
+	header := lines[0]
+	var starts []int
+	for i := range header {
+		if header[i] != ' ' && (i == 0 || strings.HasPrefix(header[max(0, i-2):i], "  ")) {
+			starts = append(starts, i)
+		}
+	}
+	rows := map[string]map[string]string{}
+	for _, line := range lines[1:] {
+		if line == "" || strings.HasPrefix(line, "override of ") {
+			break
+		}
+		r := map[string]string{}
+		for j, start := range starts {
+			end := len(line)
+			if j+1 < len(starts) {
+				end = min(starts[j+1], len(line))
+			}
+			hEnd := len(header)
+			if j+1 < len(starts) {
+				hEnd = starts[j+1]
+			}
+			r[strings.TrimSpace(header[start:hEnd])] = strings.TrimSpace(line[min(start, len(line)):end])
+		}
+		rows[r["SOURCE"]] = r
+	}
+	return rows
+}
+
+func TestDescribeShowsAnOpenBreakerAndZeros(t *testing.T) {
+	ctx := testContext(t)
+	s := startSidecar(t, "127.0.0.1:0")
+	openPrimary(t, ctx, s)
+
+	out, _, err := ctl(t, ctx, s, "describe", "chat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"scope         chat\n", "backend       memory\n", "last success  never\n",
+		"on refusal    circuit_open fail_fast, quota_full wait\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("describe lacks %q:\n%s", want, out)
+		}
+	}
+	breakers := section(t, out, "BREAKERS")
+	primary, backup := breakers["primary"], breakers["backup"]
+	if primary == nil || backup == nil {
+		t.Fatalf("BREAKERS rows %v\n%s", breakers, out)
+	}
+	if primary["STATE"] != "OPEN" || primary["NEXT ATTEMPT"] != "refused: circuit_open" || primary["REOPENS"] != "1" ||
+		primary["EPOCH"] != "0" || primary["PROBE"] != "none" || primary["OVERRIDE"] != "none" {
+		t.Errorf("primary %v, want OPEN, refused: circuit_open, reopens 1, epoch 0, no probe, no override", primary)
+	}
+	// The remaining cooldown: positive and at most the configured 10m.
+	if left, err := time.ParseDuration(primary["RETRY AFTER"]); err != nil || left <= 0 || left > 10*time.Minute {
+		t.Errorf("primary RETRY AFTER %q (%v), want the remaining cooldown in (0, 10m]", primary["RETRY AFTER"], err)
+	}
+	wantBackup := map[string]string{"STATE": "CLOSED", "NEXT ATTEMPT": "admitted", "RETRY AFTER": "0s", "EPOCH": "0", "REOPENS": "0",
+		"PROBE": "none", "WINDOW CALLS": "0", "WINDOW FAILURES": "0", "CONSECUTIVE FAILURES": "0/5", "OVERRIDE": "none"}
+	for col, want := range wantBackup {
+		if backup[col] != want {
+			t.Errorf("backup %s = %q, want %q", col, backup[col], want)
+		}
+	}
+	quota := section(t, out, "QUOTA AND PACER")
+	for src, want := range map[string]map[string]string{
+		"primary": {"IN FLIGHT": "0/4", "PACER CEILING": "4", "RPM": "1/600", "TPM": "0/no limit"},
+		"backup":  {"IN FLIGHT": "0/2", "PACER CEILING": "2", "RPM": "0/no limit", "TPM": "0/no limit", "COOLDOWN MEMO": "0s", "FAILED RECENTLY": "no"},
+	} {
+		for col, v := range want {
+			if quota[src][col] != v {
+				t.Errorf("%s %s = %q, want %q", src, col, quota[src][col], v)
+			}
+		}
+	}
+	cfg := section(t, out, "CONFIGURATION")
+	if c := cfg["primary"]; c["COOLDOWN"] != "10m0s" || c["FAIL THRESHOLD"] != "5" || !strings.HasSuffix(c["PROBE TTL"], "(derived)") {
+		t.Errorf("primary configuration %v", c)
+	}
+}
+
+func TestJSONIsProtojsonWithZeros(t *testing.T) {
+	ctx := testContext(t)
+	s := startSidecar(t, "127.0.0.1:0")
+	openPrimary(t, ctx, s)
+
+	out, _, err := ctl(t, ctx, s, "describe", "chat", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d admissionv1.DescribeScopeResponse
+	if err := protojson.Unmarshal([]byte(out), &d); err != nil {
+		t.Fatalf("describe --json is not a DescribeScopeResponse: %v\n%s", err, out)
+	}
+	if st := d.GetScope().GetSources()[0].GetState(); st != admissionv1.BreakerState_BREAKER_STATE_OPEN {
+		t.Errorf("primary %v, want OPEN", st)
+	}
+	var generic struct {
+		Scope struct {
+			Sources []map[string]any `json:"sources"`
+		} `json:"scope"`
+	}
+	if err := json.Unmarshal([]byte(out), &generic); err != nil || len(generic.Scope.Sources) != 2 {
+		t.Fatalf("describe --json: %v\n%s", err, out)
+	}
+	for _, key := range []string{"epoch", "windowCalls", "windowFailures", "consecutiveFailures", "inFlight", "probeOut", "override"} {
+		if _, ok := generic.Scope.Sources[1][key]; !ok {
+			t.Errorf("backup's %q is missing from --json; zero values must be shown", key)
+		}
+	}
+
+	out, _, err = ctl(t, ctx, s, "--json", "scopes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var l admissionv1.ListScopesResponse
+	if err := protojson.Unmarshal([]byte(out), &l); err != nil || len(l.GetScopes()) != 1 {
+		t.Fatalf("scopes --json: %v\n%s", err, out)
+	}
+}
+
+func TestScopesIsOneLineEach(t *testing.T) {
+	ctx := testContext(t)
+	s := startSidecar(t, "127.0.0.1:0")
+	openPrimary(t, ctx, s)
+	out, _, err := ctl(t, ctx, s, "scopes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[1], "chat ") || !strings.HasSuffix(lines[1], "primary=OPEN backup=CLOSED") {
+		t.Fatalf("scopes:\n%s", out)
+	}
+}
+
+// TestWatchPrintsOverrides: watch prints one line for an override made by
+// the override command, and describe then shows who set it and why.
+func TestWatchPrintsOverrides(t *testing.T) {
+	ctx := testContext(t)
+	s := startSidecar(t, "127.0.0.1:0")
+
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	var out, errOut syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(watchCtx, []string{"--addr", s.Addr, "watch", "chat"}, env("POLYGATE_TOKEN="+token), &out, &errOut)
+	}()
+	waitFor(t, ctx, "watch to register", func() bool { return strings.Contains(errOut.String(), "watching scope chat") })
+
+	if got, _, err := ctl(t, ctx, s, "override", "chat", "backup", "force-open", "--reason", "INC-42 backup returns garbage", "--actor", "alice"); err != nil {
+		t.Fatal(err)
+	} else if !strings.Contains(got, "forced_open") {
+		t.Errorf("override printed:\n%s", got)
+	}
+	want := `chat override backup forced_open actor="alice" reason="INC-42 backup returns garbage" state=CLOSED epoch=0`
+	waitFor(t, ctx, "the override event", func() bool { return strings.Contains(out.String(), want) })
+	openPrimary(t, ctx, s)
+	transition := "chat breaker primary CLOSED -> OPEN cause=source_dead epoch=0 reopens=1 cooldown=10m0s"
+	waitFor(t, ctx, "the transition event", func() bool { return strings.Contains(out.String(), transition) })
+	stopWatch()
+	if err := <-done; err != nil {
+		t.Errorf("watch ended with %v", err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], " #1 ") || !strings.HasSuffix(lines[0], want) || !strings.HasSuffix(lines[1], transition) {
+		t.Errorf("watch printed %d lines, want one per event, numbered, in order:\n%s", len(lines), out.String())
+	}
+
+	desc, _, err := ctl(t, ctx, s, "describe", "chat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := section(t, desc, "BREAKERS")["backup"]; b["OVERRIDE"] != "forced_open" || b["NEXT ATTEMPT"] != "refused: forced_open" {
+		t.Errorf("backup after the override: %v", b)
+	}
+	if !strings.Contains(desc, `override of backup: forced_open by "alice": "INC-42 backup returns garbage"`) {
+		t.Errorf("describe does not say who set the override and why:\n%s", desc)
+	}
+	// --actor defaults to $USER.
+	if _, _, err := ctl(t, ctx, s, "override", "chat", "backup", "CLEAR", "--reason", "fixed"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestWatchJSONIsOneObjectPerLine(t *testing.T) {
+	ctx := testContext(t)
+	s := startSidecar(t, "127.0.0.1:0")
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	var out, errOut syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(watchCtx, []string{"--addr", s.Addr, "--json", "watch"}, env("POLYGATE_TOKEN="+token), &out, &errOut)
+	}()
+	waitFor(t, ctx, "watch to register", func() bool { return strings.Contains(errOut.String(), "watching every scope") })
+	openPrimary(t, ctx, s)
+	waitFor(t, ctx, "the transition event", func() bool { return strings.Contains(out.String(), "\n") })
+	stopWatch()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	line, _, _ := strings.Cut(out.String(), "\n")
+	var ev admissionv1.WatchEventsResponse
+	if err := protojson.Unmarshal([]byte(line), &ev); err != nil {
+		t.Fatalf("first line is not an event: %v\n%s", err, line)
+	}
+	if tr := ev.GetBreakerTransition(); tr.GetTo() != admissionv1.BreakerState_BREAKER_STATE_OPEN ||
+		tr.GetCause() != admissionv1.TransitionCause_TRANSITION_CAUSE_SOURCE_DEAD {
+		t.Errorf("first event %v, want the primary's transition to OPEN", &ev)
+	}
+}
+
+func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
+	t.Helper()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("gave up waiting for %s", what)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+func TestUnixSocketAndTokenFile(t *testing.T) {
+	ctx := testContext(t)
+	s := startSidecar(t, "unix://"+filepath.Join(t.TempDir(), "polygate.sock"))
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out syncBuffer
+	if err := run(ctx, []string{"--addr", s.Addr, "--token-file", file, "scopes"}, env(), &out, &out); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "primary=CLOSED backup=CLOSED") {
+		t.Errorf("scopes:\n%s", out.String())
+	}
+	// Inside the sidecar's container (kubectl exec), its own token is used.
+	out = syncBuffer{}
+	if err := run(ctx, []string{"--addr", s.Addr, "scopes"}, env("POLYGATE_AUTH__TOKEN="+token), &out, &out); err != nil {
+		t.Fatalf("with $POLYGATE_AUTH__TOKEN: %v\n%s", err, out.String())
+	}
+}
+
+// TestErrorsAreClear: each mistake fails with a message that says what was
+// wrong; usage mistakes are usage errors (exit status 2).
+func TestErrorsAreClear(t *testing.T) {
+	ctx := testContext(t)
+	s := startSidecar(t, "127.0.0.1:0")
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		env   []string
+		usage bool
+		want  []string
+	}{
+		{"unknown scope", []string{"describe", "nope"}, nil, false, []string{`describe "nope": NOT_FOUND (UNKNOWN_SCOPE)`}},
+		{"unknown scope to watch", []string{"watch", "nope"}, nil, false, []string{`watch "nope": NOT_FOUND (UNKNOWN_SCOPE)`}},
+		{"unknown source", []string{"override", "chat", "nope", "reset", "--reason", "r"}, nil, false, []string{"INVALID_ARGUMENT (UNKNOWN_SOURCE)"}},
+		{"no token", []string{"scopes"}, []string{"POLYGATE_TOKEN="}, false, []string{"UNAUTHENTICATED", "--token, --token-file or $POLYGATE_TOKEN"}},
+		{"nobody listening", []string{"--addr", "127.0.0.1:1", "scopes"}, nil, false, []string{"UNAVAILABLE", "is the sidecar running and listening on 127.0.0.1:1?"}},
+		{"no command", nil, nil, true, []string{"a command is required"}},
+		{"unknown command", []string{"status"}, nil, true, []string{`unknown command "status"`}},
+		{"unknown action", []string{"override", "chat", "backup", "open", "--reason", "r"}, nil, true, []string{`ACTION "open" is not allowed`}},
+		{"no reason", []string{"override", "chat", "backup", "reset"}, nil, true, []string{"--reason is required"}},
+		{"no actor", []string{"override", "chat", "backup", "reset", "--reason", "r"}, []string{"USER="}, true, []string{"--actor is required"}},
+		{"extra argument", []string{"describe", "chat", "extra"}, nil, true, []string{"describe takes one SCOPE, got 2"}},
+		{"bad timeout", []string{"--timeout", "0s", "scopes"}, nil, true, []string{"--timeout 0s is not allowed"}},
+		{"half a key pair", []string{"--cert-file", "c.pem", "scopes"}, nil, true, []string{"--cert-file and --key-file go together"}},
+		{"unknown flag", []string{"scopes", "--verbose"}, nil, true, []string{"flag provided but not defined: -verbose"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := append([]string{"POLYGATE_TOKEN=" + token, "USER=tester"}, tc.env...)
+			var out, errOut syncBuffer
+			args := append([]string{"--addr", s.Addr}, tc.args...)
+			err := run(ctx, args, env(e...), &out, &errOut)
+			if err == nil {
+				t.Fatalf("no error; stdout:\n%s", out.String())
+			}
+			var u usageError
+			if errors.As(err, &u) != tc.usage {
+				t.Errorf("%v: usage error %v, want %v", err, !tc.usage, tc.usage)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q lacks %q", err, w)
+				}
+			}
+			if out.String() != "" {
+				t.Errorf("stdout on error:\n%s", out.String())
+			}
+		})
+	}
+}
+
+// TestExitStatus runs the built command: a failed request exits 1 with the
+// message on stderr, a usage mistake exits 2, -h exits 0.
+func TestExitStatus(t *testing.T) {
+	ctx := testContext(t)
+	s := startSidecar(t, "127.0.0.1:0")
+	bin := filepath.Join(t.TempDir(), "polygatectl")
+	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"describe", "nope"}, 1, `polygatectl: describe "nope": NOT_FOUND (UNKNOWN_SCOPE)`},
+		{[]string{"frobnicate"}, 2, `polygatectl: unknown command "frobnicate"`},
+		{[]string{"-h"}, 0, "usage: polygatectl"},
+	} {
+		cmd := exec.CommandContext(ctx, bin, append([]string{"--addr", s.Addr}, tc.args...)...)
+		cmd.Env = append(os.Environ(), "POLYGATE_TOKEN="+token)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		code := 0
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			code = exit.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if code != tc.code || !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("polygatectl %v: exit %d, stderr %q; want exit %d and %q", tc.args, code, stderr.String(), tc.code, tc.want)
+		}
+	}
+}
