@@ -49,8 +49,14 @@ func testContext(t *testing.T) context.Context {
 // (host:port or unix:///path).
 func startSidecar(t *testing.T, listen string) *sidecartest.Sidecar {
 	t.Helper()
+	return startSidecarWith(t, listen, "")
+}
+
+// startSidecarWith is startSidecar with more top-level configuration (TLS).
+func startSidecarWith(t *testing.T, listen, extra string) *sidecartest.Sidecar {
+	t.Helper()
 	file := filepath.Join(t.TempDir(), "polygate.yaml")
-	if err := os.WriteFile(file, []byte(testConfig), 0o600); err != nil {
+	if err := os.WriteFile(file, []byte(extra+testConfig), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return sidecartest.Start(t, []string{"--listen", listen, "--config", file}, "POLYGATE_AUTH__TOKEN="+token)
