@@ -58,11 +58,11 @@ func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 			left := time.Until(deadline)
 			nap = min(nap, max(0, left-min(left/10, 50*time.Millisecond)))
 		}
-		start := s.now()
+		start := time.Now()
 		if d.Woken, err = s.wait.hold(ctx, t, nap, circuit, d.Uncertain); err != nil {
 			return Decision{}, err
 		}
-		d.Slept = s.now().Sub(start)
+		d.Slept = time.Now().Sub(start)
 		if d.Woken || d.Uncertain || d.Slept >= d.Sleep {
 			d.Sleep = 0
 		} else {
@@ -90,7 +90,7 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 	if err != nil {
 		return d, false, false, err
 	}
-	now := s.now()
+	now := time.Now()
 	hint := s.breakerWait(snap, now)
 	circuit = nr.GateRejections == len(srcs)
 	fail := func(reason FailureReason, retryAfter time.Duration) (Decision, bool, bool, error) {
@@ -164,7 +164,7 @@ func (s *Scope) pollOnce() bool {
 // admissible reports whether the backend's verdict admits some source of a
 // snapshot now, refreshing the cooldown memo from it.
 func (s *Scope) admissible(snap gate.Snapshot) bool {
-	now := s.now()
+	now := time.Now()
 	found := false
 	for _, v := range snap.Sources {
 		s.remember(v.Source, v.Breaker, now)

@@ -21,7 +21,6 @@ type Server struct {
 	backend     gate.Backend
 	backendName func() string
 	log         *slog.Logger
-	now         func() time.Time
 	observer    observers
 	events      *hub
 	calls       *sessions
@@ -30,9 +29,10 @@ type Server struct {
 	scopes map[string]*policy.Scope
 }
 
-// Options tunes a Server; zero values take time.Now and a backend named "memory".
+// Options tunes a Server; zero values take a backend named "memory". The
+// clock is time.Now, as in policy: tests that step time run in
+// testing/synctest bubbles.
 type Options struct {
-	Now func() time.Time
 	// BackendName describes the backend for DescribeScope.
 	BackendName func() string
 	// Observers are told every decision, after the built-in log observer
@@ -47,18 +47,15 @@ type Options struct {
 
 // New returns a server for cfg's scopes over backend.
 func New(cfg *config.Config, backend gate.Backend, log *slog.Logger, o Options) *Server {
-	if o.Now == nil {
-		o.Now = time.Now
-	}
 	if o.BackendName == nil {
 		o.BackendName = func() string { return "memory" }
 	}
-	events := newHub(o.Now, o.WatchBuffer, cfg.Events.MaxWatchers)
+	events := newHub(o.WatchBuffer, cfg.Events.MaxWatchers)
 	s := &Server{
-		backend: backend, backendName: o.BackendName, log: log, now: o.Now,
-		observer: append(observers{logObserver{log: log, now: o.Now}, events}, o.Observers...),
+		backend: backend, backendName: o.BackendName, log: log,
+		observer: append(observers{logObserver{log: log}, events}, o.Observers...),
 		events:   events,
-		calls:    newSessions(cfg.Calls.MaxLive, cfg.Calls.IdleTimeout, o.Now),
+		calls:    newSessions(cfg.Calls.MaxLive, cfg.Calls.IdleTimeout),
 		scopes:   make(map[string]*policy.Scope),
 	}
 	s.Apply(cfg)
@@ -79,7 +76,7 @@ func (s *Server) Apply(cfg *config.Config) {
 			next[name] = cur
 			continue
 		}
-		next[name] = policy.NewScope(sc, s.backend, policy.Options{Now: s.now, Observer: s.observer})
+		next[name] = policy.NewScope(sc, s.backend, policy.Options{Observer: s.observer})
 	}
 	for name, sc := range s.scopes {
 		if _, ok := next[name]; !ok {
@@ -190,7 +187,7 @@ func (s *Server) Sweep() {
 	dropped := s.calls.sweep()
 	s.abandon(dropped, AbandonExpired)
 	for _, c := range dropped {
-		st := c.Stats(s.now())
+		st := c.Stats(time.Now())
 		if st.Holding == nil {
 			s.log.Info("call expired idle", "scope", c.Scope, "call", c.ID, "attempts", st.Attempts)
 			continue
