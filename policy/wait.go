@@ -24,7 +24,10 @@ type Decision struct {
 
 // OnNoRunnable decides, after a NoRunnable Pick, whether the call waits or
 // fails (DESIGN's formula, dispatched by the reason of the refusal), and does
-// the wait here, inside the sidecar:
+// the wait here, inside the sidecar. When every source is refused by a
+// breaker OPEN because of a SOURCE_DEAD outcome, the call fails at once with
+// source_dead (unless the scope's source_dead is wait), whatever circuit_open
+// says: a dead key does not come back by waiting. Otherwise:
 //
 //   - with a certain time to wait for (every source OPEN), it sleeps until
 //     the earliest cooldown ends plus jitter, clamped to the stall budget, and
@@ -116,6 +119,11 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 		c.peeked = true
 		return Decision{Woken: true}, circuit, false, nil
 	}
+	if circuit && cfg.SourceDead == config.FailFast && allDead(snap) {
+		// A dead key does not come back by waiting: fail now, loudly,
+		// whatever circuit_open says.
+		return fail(FailSourceDead, hint)
+	}
 	if circuit {
 		if cfg.CircuitOpen == config.FailFast {
 			return fail(FailCircuitOpen, hint)
@@ -182,6 +190,18 @@ func (s *Scope) breakerWait(snap gate.Snapshot, now time.Time) time.Duration {
 		waits[i] = gate.Rejection{RetryAfter: v.Breaker.RetryAfter}
 	}
 	return minRetryAfter(waits)
+}
+
+// allDead reports whether every source of a snapshot is OPEN because of a
+// SOURCE_DEAD outcome (a source merely cooling down after failures, or one
+// an operator forced open, is not dead).
+func allDead(snap gate.Snapshot) bool {
+	for _, v := range snap.Sources {
+		if v.Breaker.Cause != gate.OpenCauseSourceDead {
+			return false
+		}
+	}
+	return len(snap.Sources) > 0
 }
 
 // minRetryAfter is the least retry_after of a list (0 for none).

@@ -75,10 +75,10 @@ end
 -- missing hash is the zero Breaker: CLOSED at epoch 0. A script reads the
 -- scalars at once and the buckets only when it counts (Admit never does),
 -- and writes back only the fields that changed.
-local SCALAR_FIELDS = { 'st', 'ep', 'ro', 'oa', 'ou', 'pr', 'pu', 'co', 'w', 'ov', 'ac', 'wy', 'oat' }
+local SCALAR_FIELDS = { 'st', 'ep', 'ro', 'oa', 'ou', 'pr', 'pu', 'co', 'w', 'ov', 'ac', 'wy', 'oat', 'oc' }
 local SCALAR_NAMES = {
   'state', 'epoch', 'reopens', 'opened_at', 'open_until', 'probe', 'probe_until', 'consecutive', 'width',
-  'override', 'actor', 'why', 'override_at',
+  'override', 'actor', 'why', 'override_at', 'open_cause',
 }
 local STRINGS = { probe = true, actor = true, why = true }
 local BUCKET_FIELDS = { 'k0', 'k1', 'k2', 'k3', 'k4', 'k5', 'k6', 'k7', 'k8', 'k9' }
@@ -285,6 +285,10 @@ local function b_open(b, p, now, floor, cause)
   b.reopens = b.reopens + 1
   b.state = OPEN
   b.opened_at = now
+  b.open_cause = OC_FAILURES
+  if cause == C_SOURCE_DEAD then
+    b.open_cause = OC_SOURCE_DEAD
+  end
   b.open_until = now + gmax(cooldown_ms(p.cooldown, p.max_cooldown, b.reopens), floor)
   local e = b_event(b, E_TRANSITION, from, cause)
   e.cooldown = b.open_until - now
@@ -355,6 +359,7 @@ local function b_settle(b, p, o, now)
       local untl = gmax(now + cooldown_ms(p.cooldown, p.max_cooldown, b.reopens), now + floor)
       if untl > b.open_until then
         b.open_until = untl
+        b.open_cause = OC_SOURCE_DEAD
         local e = b_event(b, E_TRANSITION, OPEN, C_SOURCE_DEAD)
         e.cooldown = untl - now
         return F_APPLIED, { e }
@@ -365,19 +370,27 @@ local function b_settle(b, p, o, now)
   return b_stale(b, o)
 end
 
--- Breaker.View, as the reply array of a gate.BreakerView.
+-- Breaker.View, as the reply array of a gate.BreakerView (cause last).
 local function b_view(b, p, now)
   local reason, wait = b_check(b, now)
-  local state = b.state
-  if b.state == OPEN and now >= b.open_until then
+  local state, cause = b.state, OC_NONE
+  if b.override == FORCED_OPEN then
+    cause = OC_FORCED
+  elseif b.state == OPEN and now >= b.open_until then
     state = HALF_OPEN
+  elseif b.state == OPEN then
+    -- A breaker saved before causes were kept opened on failures.
+    cause = b.open_cause
+    if cause == OC_NONE then
+      cause = OC_FAILURES
+    end
   end
   local probe_out, probe_left = 0, 0
   if b.state == HALF_OPEN and b.probe ~= '' and now < b.probe_until then
     probe_out, probe_left = 1, b.probe_until - now
   end
   local calls, fails = b_counts(b, p, now)
-  return { state, b.override, b.actor, b.why, b.epoch, b.reopens, reason, wait, probe_out, probe_left, calls, fails, b.consecutive }
+  return { state, b.override, b.actor, b.why, b.epoch, b.reopens, reason, wait, probe_out, probe_left, calls, fails, b.consecutive, cause }
 end
 
 -- Breaker.Apply; nil for an unknown action.

@@ -89,14 +89,14 @@ func (p *parser) events(v any, name func(int64) string) []gate.Event {
 }
 
 // breakerView reads {state, override, actor, why, epoch, reopens, reason,
-// retry_ms, probe_out, probe_left_ms, calls, fails, consecutive}.
+// retry_ms, probe_out, probe_left_ms, calls, fails, consecutive, open_cause}.
 func (p *parser) breakerView(v any) gate.BreakerView {
-	b := p.array(v, 13)
+	b := p.array(v, 14)
 	return gate.BreakerView{
 		State: gate.State(p.int(b[0])), Override: gate.Override(p.int(b[1])), Actor: p.str(b[2]), Why: p.str(b[3]),
 		Epoch: p.uint(b[4]), Reopens: int(p.int(b[5])), Reason: gate.Reason(p.int(b[6])), RetryAfter: ms(p.int(b[7])),
 		ProbeOut: p.int(b[8]) == 1, ProbeLeft: ms(p.int(b[9])), Calls: p.int(b[10]), Fails: p.int(b[11]),
-		Consecutive: int(p.int(b[12])),
+		Consecutive: int(p.int(b[12])), Cause: gate.OpenCause(p.int(b[13])),
 	}
 }
 
