@@ -14,7 +14,7 @@ import (
 // (issue 9). While true, a violation of those two invariants skips the test
 // with the measured numbers instead of failing it; whoever lands the
 // give-back sets it to false.
-const pendingLostReplyGiveBack = true
+const pendingLostReplyGiveBack = false
 
 func redisChaosConfig(addr, onUnavailable string, redisTimeout, pollInterval time.Duration, maxConcurrency int, timeout, leaseGrace time.Duration) string {
 	return fmt.Sprintf(`

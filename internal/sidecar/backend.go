@@ -27,7 +27,10 @@ type backend struct {
 	// check, for a shared backend, asks whether it answers; the answer is
 	// reported through the health callback like any call's.
 	check func(ctx context.Context) error
-	close func() error
+	// giveBacks, for a shared backend, settles what it owes (permits whose
+	// replies were lost, settles that failed) until ctx ends.
+	giveBacks func(ctx context.Context)
+	close     func() error
 }
 
 // openBackend builds the configured backend. onChange is told, once per
@@ -41,19 +44,32 @@ func openBackend(cfg *config.Config, log *slog.Logger, onChange func(degraded bo
 		}
 		return &backend{Backend: mem, describe: func() string { return "memory" }, close: mem.Close}, nil
 	case "redis":
-		return openRedis(cfg.Backend.Redis, log, onChange)
+		return openRedis(cfg.Backend.Redis, retryEvery(cfg), log, onChange)
 	}
 	return nil, fmt.Errorf("backend.kind %q is not supported", cfg.Backend.Kind)
 }
 
-func openRedis(r config.Redis, log *slog.Logger, onChange func(bool, error)) (*backend, error) {
+// retryEvery is how often owed settles are retried while Redis does not
+// answer: the shortest poll_interval of the scopes at start, so a slot comes
+// back within one poll interval plus the Redis timeout of Redis's return.
+func retryEvery(cfg *config.Config) time.Duration {
+	every := config.DefaultPollInterval
+	for _, sc := range cfg.Scopes {
+		every = min(every, sc.PollInterval)
+	}
+	return max(every, time.Millisecond)
+}
+
+func openRedis(r config.Redis, every time.Duration, log *slog.Logger, onChange func(bool, error)) (*backend, error) {
 	opts := &redis.UniversalOptions{
 		Addrs: r.Addrs, IsClusterMode: r.Cluster, MasterName: r.MasterName,
 		Username: r.Username, Password: r.Password, DB: r.DB,
 		// Every operation is bounded by the configured timeout, never retried
 		// behind the sidecar's back: an unavailable Redis answers UNAVAILABLE
-		// (or falls back) within one timeout, not seconds later.
-		DialTimeout: r.Timeout, ReadTimeout: r.Timeout, WriteTimeout: r.Timeout,
+		// (or falls back) within one timeout, not seconds later — a dial, a
+		// read, a write and a wait for a pooled connection each, and
+		// redisgate puts a deadline of the same timeout around every call.
+		DialTimeout: r.Timeout, ReadTimeout: r.Timeout, WriteTimeout: r.Timeout, PoolTimeout: r.Timeout,
 		ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1,
 	}
 	tc, err := server.RedisTLSConfig(r)
@@ -62,7 +78,7 @@ func openRedis(r config.Redis, log *slog.Logger, onChange func(bool, error)) (*b
 	}
 	opts.TLSConfig = tc
 	client := redis.NewUniversalClient(opts)
-	shared, err := redisgate.New(client, redisgate.Options{Prefix: r.KeyPrefix})
+	shared, err := redisgate.New(client, redisgate.Options{Prefix: r.KeyPrefix, Timeout: r.Timeout, Log: log})
 	if err != nil {
 		_ = client.Close()
 		return nil, fmt.Errorf("backend.redis.key_prefix: %w", err)
@@ -95,13 +111,18 @@ func openRedis(r config.Redis, log *slog.Logger, onChange func(bool, error)) (*b
 		},
 		subscribe: shared.Subscribe,
 		check:     fb.Check,
+		giveBacks: func(ctx context.Context) { shared.RunGiveBacks(ctx, every) },
 		close:     client.Close,
 	}, nil
 }
 
 // announcements delivers other replicas' breaker announcements to the
 // server's scopes until ctx ends.
+// It also runs the backend's give-backs for as long.
 func announcements(ctx context.Context, b *backend, announce func(scope string, e gate.Event), log *slog.Logger) {
+	if b.giveBacks != nil {
+		go b.giveBacks(ctx)
+	}
 	if b.subscribe == nil {
 		return
 	}
