@@ -176,15 +176,21 @@ func (b *Backend) DeferSettle(req gate.SettleRequest) {
 // call finds Redis answering again, and at least every interval while any
 // is queued (each attempt bounded by the Backend's timeout), so a permit
 // whose reply was lost is given back within interval plus that timeout of
-// Redis's return.
+// Redis's return. At its ticks it also checks whether Redis lost a scope's
+// state and re-asserts what this Backend knows (see reassert.go).
 func (b *Backend) RunGiveBacks(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
+	var tick uint64
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			tick++
+			if err := b.reassert(ctx, tick); err != nil && ctx.Err() == nil && !errors.Is(err, gate.ErrUnavailable) {
+				b.orphans.log.Error("redis state check failed", "err", err)
+			}
 		case <-b.orphans.kick:
 		}
 		b.retryOrphans(ctx, every)

@@ -33,8 +33,12 @@ type Options struct {
 	// GiveBackQueue bounds the settles kept for Redis while it does not
 	// answer (see RunGiveBacks); default DefaultGiveBackQueue.
 	GiveBackQueue int
-	// Log receives the give-back queue's lines; default none.
+	// Log receives the give-back queue's and the state checks' lines;
+	// default none.
 	Log *slog.Logger
+	// OnStateLoss, when set, is told (from RunGiveBacks) that Redis lost a
+	// scope's state, and how many breakers were re-asserted.
+	OnStateLoss func(scope string, restored int)
 }
 
 // DefaultPrefix and DefaultIdleTTL are the values of a zero Options.
@@ -53,6 +57,8 @@ type Backend struct {
 	clock   func() time.Time
 	timeout time.Duration
 	orphans *orphans
+	memory  memory
+	onLoss  func(scope string, restored int)
 }
 
 var _ gate.Backend = (*Backend)(nil)
@@ -76,7 +82,7 @@ func New(client redis.UniversalClient, o Options) (*Backend, error) {
 		return nil, fmt.Errorf("redisgate: timeout %v: must not be negative", o.Timeout)
 	}
 	return &Backend{client: client, prefix: o.Prefix, idleTTL: o.IdleTTL.Milliseconds(), clock: o.Clock,
-		timeout: o.Timeout, orphans: newOrphans(o.GiveBackQueue, o.Log)}, nil
+		timeout: o.Timeout, orphans: newOrphans(o.GiveBackQueue, o.Log), onLoss: o.OnStateLoss}, nil
 }
 
 // scopeEscaper keeps braces out of the hash tag (and stays injective).
@@ -171,6 +177,7 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 	if p.err != nil {
 		return gate.Admission{}, p.err
 	}
+	b.memory.see(req.Scope, out.Events, time.Now())
 	return out, nil
 }
 
@@ -212,6 +219,7 @@ func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 	if p.err != nil {
 		return gate.Settlement{}, p.err
 	}
+	b.memory.see(req.Scope, out.Events, time.Now())
 	return out, nil
 }
 
@@ -282,6 +290,7 @@ func (b *Backend) Override(ctx context.Context, req gate.OverrideRequest) (gate.
 	if p.err != nil {
 		return gate.OverrideResult{}, p.err
 	}
+	b.memory.see(req.Scope, out.Events, time.Now())
 	return out, nil
 }
 
