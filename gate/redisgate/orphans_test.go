@@ -3,6 +3,7 @@ package redisgate_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -107,5 +108,63 @@ func TestGiveBacksOverflow(t *testing.T) {
 	b.DeferSettle(gate.SettleRequest{Scope: "s", Source: a, PermitID: "p2", ActualTokens: -1})
 	if g := b.GiveBacks(); g.Queued != 1 || g.Overflowed != 1 {
 		t.Errorf("give-backs %+v: want 1 queued, 1 overflowed", g)
+	}
+}
+
+// A Redis that comes back empty (FLUSHALL stands in for a restart without
+// persistence) gets back, from the Backend's own record, the OPEN breaker
+// and the override it had seen, with cooldown left, reopens, actor and
+// reason; a Redis that kept its state gets nothing written.
+func TestReassertAfterStateLoss(t *testing.T) {
+	ctx := testCtx(t)
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	told := make(chan string, 10)
+	b := newBackend(t, c, redisgate.Options{OnStateLoss: func(scope string, restored int) {
+		told <- fmt.Sprintf("%s restored %d", scope, restored)
+	}})
+	dead := gatetest.Src("dead", func(s *gate.Source) { s.Breaker.Cooldown = time.Hour; s.Breaker.MaxCooldown = time.Hour })
+	ops := gatetest.Src("ops")
+	adm := must(b.Admit(ctx, gate.AdmitRequest{Scope: "s", PermitID: "p1", Tokens: 1, Candidates: []gate.Candidate{{Source: dead, Ceiling: 1}}}))(t)
+	must(b.Settle(ctx, gate.SettleRequest{Scope: "s", Source: dead, PermitID: "p1", Epoch: adm.Permit.Epoch, Verdict: gate.VerdictForceOpen, ActualTokens: -1}))(t)
+	must(b.Override(ctx, gate.OverrideRequest{Scope: "s", Source: ops, Action: gate.ActionForceOpen, Actor: "alice", Why: "INC-42"}))(t)
+
+	run, stop := context.WithCancel(ctx)
+	defer stop()
+	go b.RunGiveBacks(run, 10*time.Millisecond)
+	view := func() (gate.SourceView, gate.SourceView) {
+		snap := must(b.Peek(ctx, gate.PeekRequest{Scope: "s", Sources: []*gate.Source{dead, ops}}))(t)
+		return snap.Sources[0], snap.Sources[1]
+	}
+	before, _ := view()
+	// The first check of the scope finds it intact.
+	eventually(t, ctx, "the scope's marker is set", func() bool { return c.Exists(ctx, "polygate:{s}:marker").Val() == 1 })
+	if b.StateLosses() != 0 {
+		t.Fatalf("a state loss reported while Redis kept everything: %s", <-told)
+	}
+	if err := c.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-told; got != "s restored 2" {
+		t.Errorf("OnStateLoss told %q, want \"s restored 2\"", got)
+	}
+	d, o := view()
+	if d.Breaker.State != gate.Open || d.Breaker.Reopens != before.Breaker.Reopens || d.Breaker.Epoch != before.Breaker.Epoch ||
+		d.Breaker.RetryAfter <= 0 || d.Breaker.RetryAfter > before.Breaker.RetryAfter {
+		t.Errorf("dead after the loss: %+v; want OPEN as before (%+v), with no more cooldown left", d.Breaker, before.Breaker)
+	}
+	if o.Breaker.Override != gate.ForcedOpen || o.Breaker.Actor != "alice" || o.Breaker.Why != "INC-42" {
+		t.Errorf("ops after the loss: %+v; want FORCED_OPEN by alice (INC-42)", o.Breaker)
+	}
+}
+
+func eventually(t *testing.T, ctx context.Context, what string, cond func() bool) {
+	t.Helper()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: never happened", what)
+		case <-time.After(5 * time.Millisecond):
+		}
 	}
 }
