@@ -51,6 +51,7 @@ func TestChaos_RedisStall(t *testing.T) {
 			sc := startChaosSidecar(t, redisChaosConfig(rs.Addr, mode, redisTimeout, pollInterval, maxConcurrency, sourceTimeout, leaseGrace))
 			ctx := ctxT(t)
 			load := startLoad(t, sc.raw, "chaos", callers, maxConcurrency, hold, pollInterval)
+			ctl := startControl(t, sc.conn, pollInterval)
 			eventually(t, "the load is granted permits", func() bool { return load.grants.Load() >= 20 })
 
 			stopped := time.Now()
@@ -81,9 +82,16 @@ func TestChaos_RedisStall(t *testing.T) {
 			if v := load.violations.Load(); v > 0 {
 				t.Errorf("%d grants made more than max_concurrency %d holders (peak %d)", v, maxConcurrency, load.peak.Load())
 			}
-			if during.worst.took > redisTimeout+answerSlack {
-				t.Errorf("an answer during the stall took %v (%s), over the %v timeout + %v",
-					during.worst.took.Round(time.Millisecond), during.worst.rpc, redisTimeout, answerSlack)
+			// The bound is the timeout, plus what the machine's scheduling
+			// added to any answer meanwhile (the worst backend-free answer
+			// overlapping the worst answer), plus slack.
+			w := during.worst
+			sched := ctl.worst(w.start, w.start.Add(w.took))
+			t.Logf("%s: the worst answer during the stall took %v (%s) against the %v timeout; backend-free answers meanwhile took up to %v",
+				mode, w.took.Round(time.Millisecond), w.rpc, redisTimeout, sched.Round(time.Millisecond))
+			if w.took > redisTimeout+sched+answerSlack {
+				t.Errorf("an answer during the stall took %v (%s), over the %v timeout + %v of scheduling + %v",
+					w.took.Round(time.Millisecond), w.rpc, redisTimeout, sched.Round(time.Millisecond), answerSlack)
 			}
 			if late := free.freeAt.Sub(from); late > pollInterval+redisTimeout {
 				t.Errorf("in_flight came back to the real holders %v after the load drained and Redis answered, over poll_interval + timeout = %v",
@@ -186,7 +194,11 @@ func TestChaos_RedisKill9Restart(t *testing.T) {
 					t.Errorf("Pick(%s) after the restart = %v, %v; want NoRunnable", scope, p, err)
 				}
 			}
-			if late := free.freeAt.Sub(drained); late > pollInterval+redisTimeout {
+			from := drained // or the first read of Redis after it, whichever is later
+			if free.backAt.After(from) {
+				from = free.backAt
+			}
+			if late := free.freeAt.Sub(from); late > pollInterval+redisTimeout {
 				t.Errorf("in_flight came back to the real holders %v after the drain, over poll_interval + timeout = %v", late.Round(time.Millisecond), pollInterval+redisTimeout)
 			}
 			if persist {

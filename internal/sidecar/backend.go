@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/polygate/polygate/config"
@@ -30,7 +31,9 @@ type backend struct {
 	// giveBacks, for a shared backend, settles what it owes (permits whose
 	// replies were lost, settles that failed) until ctx ends.
 	giveBacks func(ctx context.Context)
-	close     func() error
+	// collectors export the backend's own counters on /metrics.
+	collectors []prometheus.Collector
+	close      func() error
 }
 
 // openBackend builds the configured backend. onChange is told, once per
@@ -109,10 +112,11 @@ func openRedis(r config.Redis, every time.Duration, log *slog.Logger, onChange f
 			}
 			return "redis (unavailable: fail_closed)"
 		},
-		subscribe: shared.Subscribe,
-		check:     fb.Check,
-		giveBacks: func(ctx context.Context) { shared.RunGiveBacks(ctx, every) },
-		close:     client.Close,
+		subscribe:  shared.Subscribe,
+		check:      fb.Check,
+		giveBacks:  func(ctx context.Context) { shared.RunGiveBacks(ctx, every) },
+		collectors: []prometheus.Collector{redisCollector{shared}},
+		close:      client.Close,
 	}, nil
 }
 
@@ -137,4 +141,31 @@ func announcements(ctx context.Context, b *backend, announce func(scope string, 
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+var (
+	giveBacksQueuedDesc   = prometheus.NewDesc("polygate_redis_give_backs_queued", "Settles Redis owes now: permits whose Admit reply was lost, settles that failed.", nil, nil)
+	giveBacksReleasedDesc = prometheus.NewDesc("polygate_redis_give_backs_released_total", "Give-backs and repeated settles that freed a slot nobody else would have freed before its lease ended.", nil, nil)
+	giveBacksOverDesc     = prometheus.NewDesc("polygate_redis_give_backs_overflowed_total", "Settles lost to a full give-back queue (their slots end with their leases).", nil, nil)
+	stateLossesDesc       = prometheus.NewDesc("polygate_redis_state_losses_total", "Scopes found lost by Redis (restart without persistence, failover to an empty replica) and re-asserted.", nil, nil)
+)
+
+// redisCollector exports the Redis backend's give-back queue and state checks.
+type redisCollector struct{ b *redisgate.Backend }
+
+// Describe implements prometheus.Collector.
+func (redisCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- giveBacksQueuedDesc
+	ch <- giveBacksReleasedDesc
+	ch <- giveBacksOverDesc
+	ch <- stateLossesDesc
+}
+
+// Collect implements prometheus.Collector.
+func (c redisCollector) Collect(ch chan<- prometheus.Metric) {
+	g := c.b.GiveBacks()
+	ch <- prometheus.MustNewConstMetric(giveBacksQueuedDesc, prometheus.GaugeValue, float64(g.Queued))
+	ch <- prometheus.MustNewConstMetric(giveBacksReleasedDesc, prometheus.CounterValue, float64(g.Released))
+	ch <- prometheus.MustNewConstMetric(giveBacksOverDesc, prometheus.CounterValue, float64(g.Overflowed))
+	ch <- prometheus.MustNewConstMetric(stateLossesDesc, prometheus.CounterValue, float64(c.b.StateLosses()))
 }

@@ -57,7 +57,7 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return err
 	}
 	defer b.close()
-	sc, err := startSidecar(cfg, log, sidecarDeps{backend: b, backendName: b.describe, health: hs, created: started.Store, tokens: tokens})
+	sc, err := startSidecar(cfg, log, sidecarDeps{backend: b, backendName: b.describe, health: hs, created: started.Store, tokens: tokens, collectors: b.collectors})
 	if err != nil {
 		return err
 	}
