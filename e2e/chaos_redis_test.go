@@ -147,6 +147,10 @@ func TestChaos_RedisKill9Restart(t *testing.T) {
 				t.Fatal(err)
 			}
 			opened := time.Now()
+			watch, err := sc.raw.WatchEvents(ctx, &admissionv1.WatchEventsRequest{Scope: "held"})
+			if err != nil {
+				t.Fatal(err)
+			}
 			load := startLoad(t, sc.raw, "chaos", 2*maxConcurrency, maxConcurrency, hold, pollInterval)
 			eventually(t, "the load is granted permits", func() bool { return load.grants.Load() >= 20 })
 
@@ -209,6 +213,16 @@ func TestChaos_RedisKill9Restart(t *testing.T) {
 				}
 			} else {
 				eventually(t, "the sidecar says Redis lost the state", func() bool { return strings.Contains(sc.proc.Logs(), lossLine) })
+				for {
+					ev, err := watch.Recv()
+					if err != nil {
+						t.Fatalf("WatchEvents(held) ended before a backend event said the state was lost: %v", err)
+					}
+					if h := ev.GetBackendHealth(); h != nil && strings.Contains(h.GetDetail(), lossLine) {
+						t.Logf("WatchEvents: %v", h)
+						break
+					}
+				}
 			}
 		})
 	}

@@ -37,8 +37,10 @@ type backend struct {
 }
 
 // openBackend builds the configured backend. onChange is told, once per
-// change, when a shared backend becomes unavailable or comes back.
-func openBackend(cfg *config.Config, log *slog.Logger, onChange func(degraded bool, cause error)) (*backend, error) {
+// change, when a shared backend becomes unavailable or comes back; onLoss,
+// when a shared backend lost a scope's state (and how many breakers the
+// sidecar re-asserted).
+func openBackend(cfg *config.Config, log *slog.Logger, onChange func(degraded bool, cause error), onLoss func(scope string, restored int)) (*backend, error) {
 	switch cfg.Backend.Kind {
 	case "memory":
 		mem, err := inmem.Open(inmem.Options{StatePath: cfg.Backend.Memory.StatePath, Log: log})
@@ -47,7 +49,7 @@ func openBackend(cfg *config.Config, log *slog.Logger, onChange func(degraded bo
 		}
 		return &backend{Backend: mem, describe: func() string { return "memory" }, close: mem.Close}, nil
 	case "redis":
-		return openRedis(cfg.Backend.Redis, retryEvery(cfg), log, onChange)
+		return openRedis(cfg.Backend.Redis, retryEvery(cfg), log, onChange, onLoss)
 	}
 	return nil, fmt.Errorf("backend.kind %q is not supported", cfg.Backend.Kind)
 }
@@ -63,7 +65,7 @@ func retryEvery(cfg *config.Config) time.Duration {
 	return max(every, time.Millisecond)
 }
 
-func openRedis(r config.Redis, every time.Duration, log *slog.Logger, onChange func(bool, error)) (*backend, error) {
+func openRedis(r config.Redis, every time.Duration, log *slog.Logger, onChange func(bool, error), onLoss func(string, int)) (*backend, error) {
 	opts := &redis.UniversalOptions{
 		Addrs: r.Addrs, IsClusterMode: r.Cluster, MasterName: r.MasterName,
 		Username: r.Username, Password: r.Password, DB: r.DB,
@@ -81,7 +83,7 @@ func openRedis(r config.Redis, every time.Duration, log *slog.Logger, onChange f
 	}
 	opts.TLSConfig = tc
 	client := redis.NewUniversalClient(opts)
-	shared, err := redisgate.New(client, redisgate.Options{Prefix: r.KeyPrefix, Timeout: r.Timeout, Log: log})
+	shared, err := redisgate.New(client, redisgate.Options{Prefix: r.KeyPrefix, Timeout: r.Timeout, Log: log, OnStateLoss: onLoss})
 	if err != nil {
 		_ = client.Close()
 		return nil, fmt.Errorf("backend.redis.key_prefix: %w", err)

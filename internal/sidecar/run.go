@@ -52,6 +52,11 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		if srv := started.Load(); srv != nil {
 			srv.BackendChanged(backendChange(cfg, degraded, cause))
 		}
+	}, func(scope string, restored int) {
+		if srv := started.Load(); srv != nil {
+			srv.BackendChanged(server.BackendChange{Scope: scope, Backend: cfg.Backend.Kind,
+				Detail: fmt.Sprintf("redis lost the scope's state; re-asserted %d OPEN breakers and overrides this replica knew", restored)})
+		}
 	})
 	if err != nil {
 		return err
