@@ -21,6 +21,8 @@ var (
 	peekLua string
 	//go:embed override.lua
 	overrideLua string
+	//go:embed restore.lua
+	restoreLua string
 )
 
 // The four scripts, one per Backend method. Each is the prelude, the shared
@@ -32,6 +34,9 @@ var (
 	settleScript   = redis.NewScript(script(settleLua))
 	peekScript     = redis.NewScript(script(peekLua))
 	overrideScript = redis.NewScript(script(overrideLua))
+	// restoreScript is no Backend method: the background re-assertion of
+	// what a replica knows after Redis lost a scope (reassert.go).
+	restoreScript = redis.NewScript(script(restoreLua))
 )
 
 func script(body string) string {

@@ -61,6 +61,8 @@ type sidecarDeps struct {
 	created func(*server.Server)
 	// tokens are the bearer tokens of the moment (nil: cfg.Auth's, fixed).
 	tokens *server.Tokens
+	// collectors are the backend's own metrics.
+	collectors []prometheus.Collector
 }
 
 // startSidecar wires the sidecar and starts serving: telemetry (when
@@ -109,6 +111,7 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 	}
 	if cfg.MetricsListen != "" {
 		reg.MustRegister(eventsCollector{sc.srv}, metrics.NewStateCollector(scopeStates(sc.srv), 10*time.Second))
+		reg.MustRegister(d.collectors...)
 	}
 	if d.tokens == nil {
 		d.tokens = server.NewTokens(cfg.Auth)
