@@ -25,6 +25,7 @@ type Server struct {
 	observer    observers
 	events      *hub
 	calls       *sessions
+	waits       *waitLog
 
 	mu     sync.RWMutex
 	scopes map[string]*policy.Scope
@@ -54,10 +55,12 @@ func New(cfg *config.Config, backend gate.Backend, log *slog.Logger, o Options) 
 		o.BackendName = func() string { return "memory" }
 	}
 	events := newHub(o.Now, o.WatchBuffer, cfg.Events.MaxWatchers)
+	waits := newWaitLog(log, o.Now())
 	s := &Server{
 		backend: backend, backendName: o.BackendName, log: log, now: o.Now,
-		observer: append(observers{logObserver{log: log, now: o.Now}, events}, o.Observers...),
+		observer: append(observers{logObserver{log: log, now: o.Now, waits: waits}, events}, o.Observers...),
 		events:   events,
+		waits:    waits,
 		calls:    newSessions(cfg.Calls.MaxLive, cfg.Calls.IdleTimeout, o.Now),
 		scopes:   make(map[string]*policy.Scope),
 	}
@@ -184,9 +187,11 @@ func (s *Server) Scopes() []string {
 	return sortedKeys(s.scopes)
 }
 
-// Sweep forgets idle calls, giving back the permits they hold; the
-// composition root calls it periodically.
+// Sweep forgets idle calls, giving back the permits they hold, and writes
+// the "calls waiting" lines when they are due; the composition root calls it
+// every second.
 func (s *Server) Sweep() {
+	s.waits.flush(s.now())
 	dropped := s.calls.sweep()
 	s.abandon(dropped, AbandonExpired)
 	for _, c := range dropped {
@@ -243,6 +248,7 @@ func (s *Server) OnNoRunnable(ctx context.Context, req *admissionv1.OnNoRunnable
 		return nil, err
 	}
 	defer s.calls.release(sess)
+	defer s.waits.hold(sc.Name())()
 	d, err := sc.OnNoRunnable(ctx, sess.call)
 	if err != nil {
 		return nil, err

@@ -256,7 +256,7 @@ func (r *Report) Print(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "target\theld calls\tRSS KB/call\tCPU while held (% core)\tanswered after clear\tlast answer ms\tanswered early\t\"call waiting\" log lines\tfailed\t")
+	fmt.Fprintln(tw, "target\theld calls\tRSS KB/call\tCPU while held (% core)\tanswered after clear\tlast answer ms\tanswered early\twait log lines\tfailed\t")
 	for _, h := range r.held {
 		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.2f\t%d\t%.0f\t%d\t%d\t%d\t\n", h.target, h.calls,
 			float64(h.rssDelta)/float64(h.calls)/1024, 100*h.cpu.Seconds()/h.window.Seconds(),
