@@ -153,17 +153,18 @@ func (w *waitLog) started(scope string, rs []gate.Rejection) {
 	}
 }
 
-// hold counts a call held in OnNoRunnable of scope until the returned
-// function is called.
-func (w *waitLog) hold(scope string) (done func()) {
+// hold counts a call held in OnNoRunnable of scope until unhold.
+func (w *waitLog) hold(scope string) {
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	w.counts(scope).held++
-	w.mu.Unlock()
-	return func() {
-		w.mu.Lock()
-		w.counts(scope).held--
-		w.mu.Unlock()
-	}
+}
+
+// unhold ends what hold counted.
+func (w *waitLog) unhold(scope string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.counts(scope).held--
 }
 
 // flush writes, once waitLogInterval has passed since the last lines, one

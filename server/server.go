@@ -248,7 +248,8 @@ func (s *Server) OnNoRunnable(ctx context.Context, req *admissionv1.OnNoRunnable
 		return nil, err
 	}
 	defer s.calls.release(sess)
-	defer s.waits.hold(sc.Name())()
+	s.waits.hold(sc.Name())
+	defer s.waits.unhold(sc.Name())
 	d, err := sc.OnNoRunnable(ctx, sess.call)
 	if err != nil {
 		return nil, err
