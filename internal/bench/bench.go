@@ -198,6 +198,8 @@ func sidecarConfig(backend, redisAddr string, held int) string {
 		fmt.Fprintf(&b, "  redis: {addrs: [%q], key_prefix: \"polybench-%d:\"}\n", redisAddr, time.Now().UnixNano())
 	}
 	fmt.Fprintf(&b, "calls: {max_live: %d}\n", max(10000, 2*held+1000))
+	// Every held call keeps a stream open, on one connection by default.
+	fmt.Fprintf(&b, "limits: {max_streams_per_connection: %d}\n", min(65536, max(256, held+1000)))
 	b.WriteString(`log: {level: info}
 scopes:
   bench:
