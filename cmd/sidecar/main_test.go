@@ -144,6 +144,7 @@ func TestReloadKeepsStateAndRejectsABadFile(t *testing.T) {
 func TestGracefulStopAnswersWaiters(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "polygate.yaml")
 	if err := os.WriteFile(file, []byte(`
+log: {level: debug} # the per-call "call waiting" line
 scopes:
   chat:
     circuit_open: wait
