@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc/health"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/polygate/polygate/config"
 	"github.com/polygate/polygate/server"
@@ -32,11 +31,17 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return err
 	}
+	if opts.Version {
+		_, err := fmt.Fprintln(stdout, buildInfo())
+		return err
+	}
 	cfg, err := config.Load(opts, environ)
 	if err != nil {
 		return err
 	}
 	if opts.Check {
+		// stdout carries the JSON document alone, for scripts.
+		fmt.Fprintf(stderr, "configuration OK: %s\n", configName(opts))
 		return printConfig(stdout, cfg)
 	}
 	level := new(slog.LevelVar)
@@ -141,17 +146,4 @@ func newLogger(c config.Log, level *slog.LevelVar, w io.Writer) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, o))
 	}
 	return slog.New(slog.NewTextHandler(w, o))
-}
-
-// printConfig shows the effective configuration, defaults and derived values
-// included, for --check.
-func printConfig(w io.Writer, cfg *config.Config) error {
-	fmt.Fprintf(w, "configuration OK: listen %s, metrics_listen %q, backend %s, %d scope(s)\n",
-		cfg.Listen, cfg.MetricsListen, cfg.Backend.Kind, len(cfg.Scopes))
-	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(server.DescribeConfig(cfg))
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintln(w, string(b))
-	return err
 }

@@ -110,7 +110,7 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 		d.created(sc.srv)
 	}
 	if cfg.MetricsListen != "" {
-		reg.MustRegister(eventsCollector{sc.srv}, metrics.NewStateCollector(scopeStates(sc.srv), 10*time.Second))
+		reg.MustRegister(eventsCollector{sc.srv}, metrics.NewStateCollector(scopeStates(sc.srv), 10*time.Second), buildInfoGauge(buildInfo()))
 	}
 	if d.tokens == nil {
 		d.tokens = server.NewTokens(cfg.Auth)
