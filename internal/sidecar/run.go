@@ -82,6 +82,14 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	// A change of the file reloads as SIGHUP does.
+	fileChanged := make(chan struct{}, 1)
+	if opts.File != "" {
+		watchCtx, stopWatch := context.WithCancel(context.Background())
+		watched := make(chan struct{})
+		defer func() { stopWatch(); <-watched }()
+		go func() { defer close(watched); watchConfig(watchCtx, log, opts.File, fileChanged) }()
+	}
 	log.Info("polygate started", "listen", cfg.Listen, "backend", b.describe(), "scopes", sc.srv.Scopes(),
 		"config", configName(opts), "metrics_listen", cfg.MetricsListen, "telemetry", cfg.Telemetry.Path)
 	fmt.Fprintf(stdout, "polygate listening on %s\n", address(sc.lis))
@@ -89,6 +97,12 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		fmt.Fprintf(stdout, "polygate metrics on http://%s/metrics\n", sc.metricsLis.Addr())
 	}
 
+	reloadNow := func() {
+		if next := reload(log, sc.srv, cfg, opts, environ); next != nil {
+			tokens.Set(next.Auth)
+			_ = level.UnmarshalText([]byte(next.Log.Level))
+		}
+	}
 	sweep := time.NewTicker(time.Second)
 	defer sweep.Stop()
 	for {
@@ -101,10 +115,10 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 			sc.stop()
 			return err
 		case <-hup:
-			if next := reload(log, sc.srv, cfg, opts, environ); next != nil {
-				tokens.Set(next.Auth)
-				_ = level.UnmarshalText([]byte(next.Log.Level))
-			}
+			reloadNow()
+		case <-fileChanged:
+			log.Info("configuration file changed; reloading", "config", opts.File)
+			reloadNow()
 		case <-sweep.C:
 			sc.srv.Sweep()
 		}
