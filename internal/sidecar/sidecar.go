@@ -20,6 +20,7 @@ import (
 	"github.com/polygate/polygate/config"
 	"github.com/polygate/polygate/gate"
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/internal/status"
 	"github.com/polygate/polygate/metrics"
 	"github.com/polygate/polygate/policy"
 	"github.com/polygate/polygate/server"
@@ -90,8 +91,10 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 	}
 	reg := prometheus.NewRegistry()
 	extra := d.interceptors
+	var recorder *status.Recorder
 	if cfg.MetricsListen != "" {
-		observers = append(observers, metrics.New(reg, d.now))
+		recorder = status.NewRecorder(d.now)
+		observers = append(observers, metrics.New(reg, d.now), recorder)
 		rpc := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(grpcprom.WithHistogramBuckets(metrics.AttemptBuckets)))
 		reg.MustRegister(rpc, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		if sc.sink != nil {
@@ -132,7 +135,7 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 	reflection.Register(sc.gs)
 
 	if cfg.MetricsListen != "" {
-		if err := sc.serveMetrics(cfg.MetricsListen, reg); err != nil {
+		if err := sc.serveMetrics(cfg.MetricsListen, reg, status.New(sc.srv, recorder, d.now, log)); err != nil {
 			return nil, err
 		}
 	}
