@@ -15,6 +15,8 @@ import (
 
 	"google.golang.org/grpc/health"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/polygate/polygate/config"
 	"github.com/polygate/polygate/server"
 )
@@ -46,6 +48,27 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 	level := new(slog.LevelVar)
 	log := newLogger(cfg.Log, level, stderr)
+	traced, err := tracingEnabled(environ)
+	if err != nil {
+		return err
+	}
+	var tracer trace.TracerProvider
+	if traced {
+		tp, err := newOTLPProvider(ctx, buildInfo())
+		if err != nil {
+			return err
+		}
+		defer func() {
+			// Spans still batched are sent before the process exits.
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := tp.Shutdown(sctx); err != nil {
+				log.Warn("tracing: flushing spans at stop failed", "err", err)
+			}
+		}()
+		tracer = tp
+		log.Info("tracing on: OTLP over gRPC", "endpoint", firstSet(environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"))
+	}
 	tokens := server.NewTokens(cfg.Auth)
 
 	// The backend reports its health from the moment it opens; the server
@@ -62,7 +85,7 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return err
 	}
 	defer b.close()
-	sc, err := startSidecar(cfg, log, sidecarDeps{backend: b, backendName: b.describe, health: hs, created: started.Store, tokens: tokens})
+	sc, err := startSidecar(cfg, log, sidecarDeps{backend: b, backendName: b.describe, health: hs, created: started.Store, tokens: tokens, tracer: tracer})
 	if err != nil {
 		return err
 	}
@@ -160,4 +183,14 @@ func newLogger(c config.Log, level *slog.LevelVar, w io.Writer) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, o))
 	}
 	return slog.New(slog.NewTextHandler(w, o))
+}
+
+// firstSet is the first of names set in environ, for a log line.
+func firstSet(environ []string, names ...string) string {
+	for _, n := range names {
+		if v := lookupEnv(environ, n); v != "" {
+			return v
+		}
+	}
+	return "localhost:4317 (default)"
 }

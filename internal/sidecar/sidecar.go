@@ -12,6 +12,7 @@ import (
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -61,6 +62,8 @@ type sidecarDeps struct {
 	created func(*server.Server)
 	// tokens are the bearer tokens of the moment (nil: cfg.Auth's, fixed).
 	tokens *server.Tokens
+	// tracer, when set, traces the admission RPCs (nil: no tracing).
+	tracer trace.TracerProvider
 }
 
 // startSidecar wires the sidecar and starts serving: telemetry (when
@@ -108,6 +111,12 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 			}
 		}()
 	}
+	var tr *tracing
+	if d.tracer != nil {
+		tr = newTracing(d.tracer)
+		observers = append(observers, tr)
+		extra.Unary = append(extra.Unary, tr.unary)
+	}
 	sc.srv = server.New(cfg, d.backend, log, server.Options{Now: d.now, BackendName: d.backendName, Observers: observers, WatchBuffer: d.watchBuffer})
 	if d.created != nil {
 		d.created(sc.srv)
@@ -122,7 +131,11 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 	if err != nil {
 		return nil, err
 	}
-	sc.gs = grpc.NewServer(append(server.ServerOptions(log, d.tokens, extra), transport...)...)
+	opts := append(server.ServerOptions(log, d.tokens, extra), transport...)
+	if tr != nil {
+		opts = append(opts, grpc.StatsHandler(tr.statsHandler()))
+	}
+	sc.gs = grpc.NewServer(opts...)
 	admissionv1.RegisterAdmissionServiceServer(sc.gs, sc.srv)
 	sc.health = d.health
 	if sc.health == nil {
