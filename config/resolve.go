@@ -113,6 +113,12 @@ type fileScope struct {
 	LeaseGrace   *time.Duration   `koanf:"lease_grace"`
 	Breaker      fileBreaker      `koanf:"breaker"`
 	Sources      []fileSource     `koanf:"sources"`
+
+	Mode                *string        `koanf:"mode"`
+	Tenants             map[string]int `koanf:"tenants"`
+	DefaultTenantWeight *int           `koanf:"default_tenant_weight"`
+	MaxTenants          *int           `koanf:"max_tenants"`
+	PriorityAging       *time.Duration `koanf:"priority_aging"`
 }
 
 type fileBackoff struct {
@@ -174,12 +180,21 @@ const (
 	DefaultWatchBuffer    = 1024
 	DefaultMaxWatchers    = 64
 	DefaultMaxRetryAfter  = 10 * time.Minute
+	DefaultTenantWeight   = 1
+	DefaultMaxTenants     = 64
 	// DefaultMaxRequestBytes is far above the largest valid request (a few
 	// KiB) and far below gRPC's 4 MiB.
 	DefaultMaxRequestBytes   = 64 << 10
 	DefaultMaxStreamsPerConn = 256
 	DefaultKeepaliveMinTime  = 10 * time.Second
 	DefaultMaxConnectionIdle = 30 * time.Minute
+)
+
+// Bounds of the fair share: a tenant's weight, the tenants a scope names or
+// tracks.
+const (
+	MaxTenantWeight = 1000
+	MaxTenants      = 1024
 )
 
 // MaxName is the longest scope or source name, in bytes; the sidecar refuses
@@ -207,6 +222,12 @@ func (c *checker) oneOf(key, value string, allowed ...string) {
 func (c *checker) atLeast(key string, value, least int64) {
 	if value < least {
 		c.fail(key, value, fmt.Sprintf("must be at least %d", least))
+	}
+}
+
+func (c *checker) between(key string, value, least, most int64) {
+	if value < least || value > most {
+		c.fail(key, value, fmt.Sprintf("must be from %d to %d", least, most))
 	}
 }
 
@@ -492,6 +513,28 @@ func resolveScope(c *checker, name string, f *fileScope) *Scope {
 		StallWindow:   or(f.Backpressure.StallWindow, DefaultStallWindow),
 		PollInterval:  or(f.Backpressure.PollInterval, DefaultPollInterval),
 		LeaseGrace:    or(f.LeaseGrace, DefaultLeaseGrace),
+
+		Mode:                Mode(or(f.Mode, string(Enforce))),
+		Tenants:             f.Tenants,
+		DefaultTenantWeight: or(f.DefaultTenantWeight, DefaultTenantWeight),
+		MaxTenants:          or(f.MaxTenants, DefaultMaxTenants),
+		PriorityAging:       or(f.PriorityAging, 0),
+	}
+	c.oneOf(key+".mode", string(s.Mode), string(Enforce), string(Shadow))
+	c.between(key+".default_tenant_weight", int64(s.DefaultTenantWeight), 1, MaxTenantWeight)
+	c.between(key+".max_tenants", int64(s.MaxTenants), 1, MaxTenants)
+	if len(s.Tenants) > MaxTenants {
+		c.fail(key+".tenants", len(s.Tenants), fmt.Sprintf("at most %d tenants", MaxTenants))
+	}
+	for _, t := range slices.Sorted(maps.Keys(s.Tenants)) {
+		if !nameRE.MatchString(t) {
+			c.fail(key+".tenants."+t, t, "a tenant "+nameAllowed[len("a "):])
+			continue
+		}
+		c.between(key+".tenants."+t, int64(s.Tenants[t]), 1, MaxTenantWeight)
+	}
+	if s.PriorityAging != 0 {
+		c.duration(key+".priority_aging", s.PriorityAging, time.Millisecond)
 	}
 	c.oneOf(key+".circuit_open", string(s.CircuitOpen), string(FailFast), string(Wait))
 	c.oneOf(key+".quota_full", string(s.QuotaFull), string(Wait), string(FailFast))
