@@ -205,6 +205,9 @@ var nameRE = regexp.MustCompile(fmt.Sprintf(`^[a-z0-9][a-z0-9_-]{0,%d}$`, MaxNam
 
 var nameAllowed = fmt.Sprintf("a name is 1 to %d lowercase letters, digits, '_' or '-', starting with a letter or digit", MaxName)
 
+// ValidName reports whether name is a valid scope, source or tenant name.
+func ValidName(name string) bool { return nameRE.MatchString(name) }
+
 // checker collects every problem of a configuration, so that one start
 // reports all of them.
 type checker struct{ errs []error }

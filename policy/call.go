@@ -25,6 +25,10 @@ type Call struct {
 	Deadline time.Time // zero: none
 	// Tokens is the estimate charged to TPM for each attempt.
 	Tokens int64
+	// Priority (higher first) and Tenant rank the call among callers waiting
+	// for capacity; set them before the call's first Pick.
+	Priority int32
+	Tenant   string
 
 	mu         sync.Mutex
 	productive time.Duration
@@ -40,6 +44,7 @@ type Call struct {
 	peeked     bool        // OnNoRunnable's last answer was an immediate wake-up
 	end        *Action
 	answers    map[string]Recorded // by permit, so RecordOutcome is idempotent
+	place      *place              // the call's place in line, once it had one (see line)
 }
 
 // NewCall opens a call at now.

@@ -48,6 +48,7 @@ func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
+	t = s.inLine(c, t, d)
 	if first {
 		s.observer.Waiting(c, d.Sleep, c.lastSources())
 	}
@@ -60,6 +61,7 @@ func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 		}
 		start := s.now()
 		if d.Woken, err = s.wait.hold(ctx, t, nap, circuit, d.Uncertain); err != nil {
+			s.line.leave(c) // the client is gone
 			return Decision{}, err
 		}
 		d.Slept = s.now().Sub(start)
@@ -107,7 +109,7 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 	}
 	peeked := c.peeked
 	c.peeked = false
-	if s.admissible(snap) && !peeked {
+	if s.admissible(snap) && !peeked && !queuedRefusal(nr) {
 		// Something changed between the Pick and this read (a permit released,
 		// a breaker closed or reset elsewhere), before the wake-ups were
 		// taken: that is a wake-up, not a reason to fail or to wait. Only
