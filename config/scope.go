@@ -1,6 +1,7 @@
 package config
 
 import (
+	"slices"
 	"time"
 
 	"github.com/polygate/polygate/gate"
@@ -105,4 +106,16 @@ func (sc *Scope) Source(name string) *Source {
 		}
 	}
 	return nil
+}
+
+// ShadowScopes names the scopes in shadow mode, sorted.
+func ShadowScopes(c *Config) []string {
+	var names []string
+	for name, sc := range c.Scopes {
+		if sc.Mode == Shadow {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -339,4 +340,117 @@ func TestHandoffWakesOnlyTheHead(t *testing.T) {
 	t.Logf("20 releases with 1000 waiters: %d Picks", q.picks.Load()-before)
 	close(next) // the rest go through without waiting for the test
 	q.wg.Wait()
+}
+
+// TestShadowModeGrantsAndReports: a scope in shadow mode grants every Pick,
+// lists the would-be refusals on the grant and in the metrics, and its
+// breaker still opens, probes and closes.
+func TestShadowModeGrantsAndReports(t *testing.T) {
+	const cooldown = 300 * time.Millisecond
+	metricsAddr := freeTCPAddr(t)
+	s, client := startScope(t, fmt.Sprintf(`  chat:
+    mode: shadow
+    backoff: {base: 1ms, max: 1ms}
+    breaker: {fail_threshold: 1, cooldown: %v, max_cooldown: %v}
+    sources: [{name: only, max_concurrency: 1}]
+`, cooldown, cooldown), "metrics_listen: "+metricsAddr)
+	ctx := testContext(t)
+	pickCall := func() (string, *admissionv1.Grant) {
+		t.Helper()
+		p, err := client.Pick(ctx, &admissionv1.PickRequest{Scope: "chat"})
+		if err != nil || p.GetGrant() == nil || !p.GetGrant().GetShadow() {
+			t.Fatalf("Pick in shadow mode: %v %v", p, err)
+		}
+		return p.GetCallId(), p.GetGrant()
+	}
+	record := func(call string, g *admissionv1.Grant, o admissionv1.Outcome) *admissionv1.RecordOutcomeResponse {
+		t.Helper()
+		r, err := client.RecordOutcome(ctx, &admissionv1.RecordOutcomeRequest{Scope: "chat", CallId: call, PermitId: g.GetPermitId(), Outcome: o})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	describe := func() *admissionv1.ScopeDescription {
+		d, err := client.DescribeScope(ctx, &admissionv1.DescribeScopeRequest{Scope: "chat"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.GetScope()
+	}
+	reasons := func(g *admissionv1.Grant) []admissionv1.Reason {
+		var rs []admissionv1.Reason
+		for _, r := range g.GetShadowRefusals() {
+			rs = append(rs, r.GetReason())
+		}
+		return rs
+	}
+
+	if d := describe(); d.GetConfig().GetMode() != admissionv1.ScopeMode_SCOPE_MODE_SHADOW {
+		t.Fatalf("DescribeScope mode %v", d.GetConfig().GetMode())
+	}
+	if !strings.Contains(s.Logs(), "shadow_scopes=[chat]") {
+		t.Fatalf("the start log does not name the shadow scope:\n%s", s.Logs())
+	}
+	// A takes the only slot, as enforcing would.
+	a, ga := pickCall()
+	if len(ga.GetShadowRefusals()) != 0 {
+		t.Fatalf("A: %v", ga)
+	}
+	// The quota is full: B is granted anyway, without a slot.
+	b, gb := pickCall()
+	if got := reasons(gb); !slices.Equal(got, []admissionv1.Reason{admissionv1.Reason_REASON_RATE_LIMITED}) {
+		t.Fatalf("B's would-be refusals %v", got)
+	}
+	if in := describe().GetSources()[0].GetInFlight(); in != 1 {
+		t.Fatalf("in_flight %d after a shadow grant, want 1 (only what enforcement admits)", in)
+	}
+	// A fails: the breaker opens, as when enforcing.
+	if r := record(a, ga, admissionv1.Outcome_OUTCOME_TRANSIENT); r.GetBreakerState() != admissionv1.BreakerState_BREAKER_STATE_OPEN {
+		t.Fatalf("A's failure: %v", r)
+	}
+	// C while OPEN: granted, would have been refused by the breaker.
+	c, gc := pickCall()
+	if got := reasons(gc); len(got) != 1 || (got[0] != admissionv1.Reason_REASON_CIRCUIT_OPEN && got[0] != admissionv1.Reason_REASON_COOLDOWN) {
+		t.Fatalf("C's would-be refusals %v", got)
+	}
+	// Outcomes of shadow-only grants change nothing: B's success is stale.
+	if r := record(b, gb, admissionv1.Outcome_OUTCOME_SUCCESS); r.GetEffect() != admissionv1.OutcomeEffect_OUTCOME_EFFECT_STALE {
+		t.Fatalf("B's success: %v", r)
+	}
+	record(c, gc, admissionv1.Outcome_OUTCOME_SUCCESS)
+	// After the cooldown the next Pick is the breaker's real probe; its
+	// success closes the breaker.
+	for describe().GetSources()[0].GetState() != admissionv1.BreakerState_BREAKER_STATE_HALF_OPEN {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the breaker did not reach HALF_OPEN: %v", ctx.Err())
+		case <-time.After(cooldown / 10):
+		}
+	}
+	var probe *admissionv1.Grant
+	var pc string
+	for probe == nil {
+		call, g := pickCall()
+		if g.GetProbe() {
+			probe, pc = g, call
+			break
+		}
+		record(call, g, admissionv1.Outcome_OUTCOME_CANCELLED)
+	}
+	if r := record(pc, probe, admissionv1.Outcome_OUTCOME_SUCCESS); r.GetBreakerState() != admissionv1.BreakerState_BREAKER_STATE_CLOSED {
+		t.Fatalf("probe's success: %v", r)
+	}
+	for _, want := range []string{
+		`polygate_shadow_refusals_total{reason="rate_limited",scope="chat",source="only"}`,
+	} {
+		if line := scrapeLine(t, ctx, metricsAddr, want); line != want+" 1" {
+			t.Errorf("metrics: %q, want %q", line, want+" 1")
+		}
+	}
+	open := scrapeLine(t, ctx, metricsAddr, `polygate_shadow_refusals_total{reason="circuit_open",scope="chat",source="only"}`) +
+		scrapeLine(t, ctx, metricsAddr, `polygate_shadow_refusals_total{reason="cooldown",scope="chat",source="only"}`)
+	if open == "" {
+		t.Errorf("metrics count no breaker refusal in shadow mode")
+	}
 }
