@@ -118,6 +118,7 @@ func (l *line) after(c *Call, cfg *config.Scope, now time.Time, granted, capacit
 	p, in := l.entries[c]
 	switch {
 	case granted:
+		c.place = nil // a later attempt queues anew
 		if in {
 			delete(l.entries, c)
 			l.vt[p.tenant] += 1 / float64(max(1, cfg.TenantWeight(p.tenant)))

@@ -140,8 +140,11 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 
 	if !shadow {
 		s.line.after(c, cfg, now, granted != nil, capacityRefused(reasons))
-	} else if granted == nil {
-		granted, adm.Permit = s.shadowPermit(order, cfg, c.Tokens)
+	} else {
+		s.line.leave(c) // in line from before a reload to shadow mode
+		if granted == nil {
+			granted, adm.Permit = s.shadowPermit(order, cfg, c.Tokens)
+		}
 	}
 	var p Pick
 	if granted != nil {
