@@ -86,48 +86,58 @@ func (l *line) head(cfg *config.Scope, now time.Time, uncalled bool) *place {
 }
 
 // admit decides whether a Pick of c goes to the backend (false) or is
-// refused in line (true). Called with c.mu held.
+// refused as queued (true): a waiter goes when it is the head or was handed
+// a slot; a newcomer (not waiting) goes when nobody waits or it would rank
+// before the head. Called with c.mu held.
 func (l *line) admit(c *Call, cfg *config.Scope, now time.Time) (queued bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	p, in := l.entries[c]
 	if !in && c.place != nil {
-		l.enter(c, c.place) // set aside earlier: back to its place
+		l.enter(c.place) // set aside earlier: back to its place
+		l.entries[c] = c.place
 		p, in = c.place, true
 	}
 	if len(l.entries) == 0 {
 		return false
 	}
-	if in && (p.called || l.head(cfg, now, false) == p) {
-		return false
+	head := l.head(cfg, now, false)
+	if in {
+		return !p.called && head != p
 	}
-	if !in {
-		p = l.join(c, cfg, now)
-		// A newcomer that ranks first asks the backend at once.
-		return l.head(cfg, now, false) != p
+	tenant := l.bucket(c.Tenant, cfg)
+	probe := &place{prio: c.Priority, tenant: tenant, seq: l.seq + 1, joined: now}
+	saved, had := l.vt[tenant]
+	l.vt[tenant] = l.startVT(tenant)
+	ahead := l.before(probe, head, cfg.PriorityAging, now)
+	if had {
+		l.vt[tenant] = saved
+	} else {
+		delete(l.vt, tenant)
 	}
-	return true
+	return !ahead
 }
 
-// after records a Pick's result: a grant leaves the line (and counts in the
-// tenant's share); a refusal for capacity keeps (or takes) a place; a
-// refusal by every breaker leaves the line. Called with c.mu held.
-func (l *line) after(c *Call, cfg *config.Scope, now time.Time, granted, capacity bool) {
+// after records a Pick's result for a waiter: a grant leaves the line (and
+// counts in the tenant's share); a refusal for capacity keeps its place (the
+// slot it was handed, if any, is spent); a refusal by every breaker leaves
+// the line. Called with c.mu held.
+func (l *line) after(c *Call, cfg *config.Scope, granted, capacity bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	p, in := l.entries[c]
+	if granted {
+		c.place = nil // a later attempt queues anew
+	}
+	if !in {
+		return
+	}
 	switch {
 	case granted:
-		c.place = nil // a later attempt queues anew
-		if in {
-			delete(l.entries, c)
-			l.vt[p.tenant] += 1 / float64(max(1, cfg.TenantWeight(p.tenant)))
-			l.tidy()
-		}
+		delete(l.entries, c)
+		l.vt[p.tenant] += 1 / float64(max(1, cfg.TenantWeight(p.tenant)))
+		l.tidy()
 	case capacity:
-		if !in {
-			p = l.join(c, cfg, now)
-		}
 		p.called = false
 		select {
 		case <-p.wake:
@@ -138,39 +148,50 @@ func (l *line) after(c *Call, cfg *config.Scope, now time.Time, granted, capacit
 	}
 }
 
-// join gives c a place at the end of its tenant's queue.
-func (l *line) join(c *Call, cfg *config.Scope, now time.Time) *place {
-	if c.place != nil {
-		l.enter(c, c.place)
-		return c.place
+// join gives a call that waits for capacity its place in line (at the end
+// of its tenant's queue, or the place it had). Called with c.mu held.
+func (l *line) join(c *Call, cfg *config.Scope, now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, in := l.entries[c]; in {
+		return
 	}
-	l.seq++
-	tenant := c.Tenant
-	if _, known := l.vt[tenant]; !known && len(l.vt) >= cfg.MaxTenants {
-		tenant = overflowTenant
+	if c.place == nil {
+		l.seq++
+		c.place = &place{prio: c.Priority, tenant: l.bucket(c.Tenant, cfg), seq: l.seq, joined: now, wake: make(chan struct{}, 1)}
 	}
-	p := &place{prio: c.Priority, tenant: tenant, seq: l.seq, joined: now, wake: make(chan struct{}, 1)}
-	c.place = p
-	l.enter(c, p)
-	return p
+	l.enter(c.place)
+	l.entries[c] = c.place
 }
 
-// enter puts p in line; a tenant that had nobody waiting starts at the
-// least virtual time of those waiting, so that it banks no share while idle.
-func (l *line) enter(c *Call, p *place) {
-	waiting := false
-	least, any := 0.0, false
+// bucket is the tenant's bucket: itself, or the shared one beyond max_tenants.
+func (l *line) bucket(tenant string, cfg *config.Scope) string {
+	if _, known := l.vt[tenant]; !known && len(l.vt) >= cfg.MaxTenants {
+		return overflowTenant
+	}
+	return tenant
+}
+
+// startVT is where a tenant's share starts when it joins: a tenant that had
+// nobody waiting starts at the least virtual time of those waiting, so that
+// it banks no share while idle.
+func (l *line) startVT(tenant string) float64 {
+	least, found := 0.0, false
 	for _, q := range l.entries {
-		waiting = waiting || q.tenant == p.tenant
-		if v := l.vt[q.tenant]; !any || v < least {
-			least, any = v, true
+		if q.tenant == tenant {
+			return l.vt[tenant]
+		}
+		if v := l.vt[q.tenant]; !found || v < least {
+			least, found = v, true
 		}
 	}
-	if !waiting {
-		l.vt[p.tenant] = max(l.vt[p.tenant], least)
-	}
+	return max(l.vt[tenant], least)
+}
+
+// enter puts p in line (the caller adds it to entries).
+func (l *line) enter(p *place) {
+	l.vt[p.tenant] = l.startVT(p.tenant)
 	p.called = false
-	l.entries[c] = p
 }
 
 // remove takes c out of the line.
@@ -293,13 +314,21 @@ func (l *line) state(now time.Time) LineState {
 	return st
 }
 
-// inLine adapts OnNoRunnable's hold to the line: a waiter in line is woken by
-// a slot handed to it, not by every release; a call that failed leaves the
-// line.
-func (s *Scope) inLine(c *Call, t ticket, d Decision) ticket {
+// inLine adapts OnNoRunnable's hold to the line: a call that waits for
+// capacity takes its place in line and is woken by a slot handed to it, not
+// by every release; a call that failed leaves the line.
+func (s *Scope) inLine(c *Call, t ticket, d Decision, circuit bool) ticket {
 	if d.Failure != nil {
 		s.line.leave(c)
 		return t
+	}
+	if !circuit && !d.Woken {
+		cfg, _ := s.snapshot()
+		c.mu.Lock()
+		if c.end == nil && cfg.Mode != config.Shadow {
+			s.line.join(c, cfg, s.now())
+		}
+		c.mu.Unlock()
 	}
 	if ch := s.line.waker(c); ch != nil {
 		t.freed = ch

@@ -27,7 +27,7 @@ func serve(l *line, cfg *config.Scope, now time.Time, n int) []string {
 		if head == nil {
 			break
 		}
-		l.after(head, cfg, now, true, false)
+		l.after(head, cfg, true, false)
 		out = append(out, head.Tenant)
 	}
 	return out
@@ -37,9 +37,7 @@ func TestLineOrder(t *testing.T) {
 	now := time.Unix(1000, 0)
 	join := func(l *line, cfg *config.Scope, prio int32, tenant string, at time.Time) *Call {
 		c := &Call{Priority: prio, Tenant: tenant}
-		if !l.admit(c, cfg, at) {
-			l.after(c, cfg, at, false, true)
-		}
+		l.join(c, cfg, at)
 		return c
 	}
 	t.Run("WeightedShare", func(t *testing.T) {
@@ -70,6 +68,9 @@ func TestLineOrder(t *testing.T) {
 		high := join(l, cfg, 5, "", now)
 		if l.admit(high, cfg, now) || !l.admit(first, cfg, now) {
 			t.Fatal("the high-priority call must be the head, the first low one queued behind it")
+		}
+		if !l.admit(&Call{}, cfg, now) || l.admit(&Call{Priority: 6}, cfg, now) {
+			t.Fatal("a newcomer queues behind the head unless it ranks before it")
 		}
 	})
 	t.Run("Aging", func(t *testing.T) {

@@ -139,7 +139,7 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 	}
 
 	if !shadow {
-		s.line.after(c, cfg, now, granted != nil, capacityRefused(reasons))
+		s.line.after(c, cfg, granted != nil, capacityRefused(reasons))
 	} else {
 		s.line.leave(c) // in line from before a reload to shadow mode
 		if granted == nil {

@@ -48,7 +48,7 @@ func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
-	t = s.inLine(c, t, d)
+	t = s.inLine(c, t, d, circuit)
 	if first {
 		s.observer.Waiting(c, d.Sleep, c.lastSources())
 	}
