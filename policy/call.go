@@ -25,6 +25,10 @@ type Call struct {
 	Deadline time.Time // zero: none
 	// Tokens is the estimate charged to TPM for each attempt.
 	Tokens int64
+	// Priority (higher first) and Tenant rank the call among callers waiting
+	// for capacity; set them before the call's first Pick.
+	Priority int32
+	Tenant   string
 
 	mu         sync.Mutex
 	productive time.Duration
@@ -44,6 +48,7 @@ type Call struct {
 	lastPermit string
 	lastAnswer Recorded
 	answers    map[string]Recorded
+	place      *place // the call's place in line, once it had one (see line)
 }
 
 // NewCall opens a call at now. Its maps are made when first written: most

@@ -51,7 +51,7 @@ func (s *Scope) RecordOutcome(ctx context.Context, c *Call, a Attempt) (Recorded
 	}
 	s.absorb(st.Events)
 	if st.Released {
-		s.wait.capacity.fire()
+		s.freed()
 	}
 	s.observer.Settled(c, a, rec)
 	return rec, nil

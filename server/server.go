@@ -238,6 +238,10 @@ func (s *Server) Pick(ctx context.Context, req *admissionv1.PickRequest) (*admis
 	opening := req.GetCallId() == ""
 	if opening {
 		sess, err = s.calls.open(sc.Name(), req.GetEstimatedTokens(), req.GetDeadline().AsDuration())
+		if err == nil {
+			// Set before the call's first Pick, while only this RPC holds it.
+			sess.call.Priority, sess.call.Tenant = req.GetPriority(), req.GetTenant()
+		}
 	} else {
 		sess, err = s.calls.acquire(req.GetCallId(), sc.Name())
 	}

@@ -119,7 +119,7 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		go func() { defer close(watched); watchConfig(watchCtx, log, opts.File, fileChanged) }()
 	}
 	log.Info("polygate started", "listen", cfg.Listen, "backend", b.describe(), "scopes", sc.srv.Scopes(),
-		"config", configName(opts), "metrics_listen", cfg.MetricsListen, "telemetry", cfg.Telemetry.Path)
+		"config", configName(opts), "metrics_listen", cfg.MetricsListen, "telemetry", cfg.Telemetry.Path, "shadow_scopes", config.ShadowScopes(cfg))
 	fmt.Fprintf(stdout, "polygate listening on %s\n", address(sc.lis))
 	if sc.metricsLis != nil {
 		fmt.Fprintf(stdout, "polygate metrics on http://%s/metrics\n", sc.metricsLis.Addr())
@@ -168,7 +168,8 @@ func reload(log *slog.Logger, srv *server.Server, running *config.Config, opts c
 		log.Warn("configuration reload: "+c.Key+" needs a restart; the running value stays", "key", c.Key, "change", c.Old+" → "+c.New)
 	}
 	srv.Apply(next)
-	log.Info("configuration reloaded", "config", configName(opts), "scopes", srv.Scopes(), "log_level", next.Log.Level, "auth", next.Auth.Token != "")
+	log.Info("configuration reloaded", "config", configName(opts), "scopes", srv.Scopes(), "log_level", next.Log.Level, "auth", next.Auth.Token != "",
+		"shadow_scopes", config.ShadowScopes(next))
 	return next
 }
 
