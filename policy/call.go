@@ -123,7 +123,7 @@ func (c *Call) answer(permit string) (Recorded, bool) {
 
 // keepAnswer keeps the answer given for a permit.
 func (c *Call) keepAnswer(permit string, r Recorded) {
-	if c.lastPermit != "" {
+	if c.lastPermit != "" && c.lastPermit != permit {
 		if c.answers == nil {
 			c.answers = make(map[string]Recorded, 1)
 		}

@@ -16,7 +16,7 @@ func (s *Scope) RecordRemoved(ctx context.Context, c *Call, a Attempt) (Recorded
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	rec.Next = Action{Failure: &Failure{Reason: FailScopeRemoved}}
-	c.answers[a.PermitID] = rec
+	c.keepAnswer(a.PermitID, rec)
 	c.finish(rec.Next)
 	return rec, nil
 }
