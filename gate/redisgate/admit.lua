@@ -30,7 +30,9 @@ local function admit(keys, argv)
         b_save(b, h.idle_ttl)
         q_take(q, c, h.permit, h.tokens, now)
         granted, epoch = i, entry.epoch
-        probe = entry.probe
+        if entry.probe then
+          probe = 1
+        end
         break
       end
     end

@@ -2,6 +2,7 @@ package redisgate
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -115,20 +116,33 @@ type luaLayout struct {
 	strs  []string
 }
 
+// write defines the layout's Lua table: its ID, WIDTH, the index of each
+// field by name in upper case, and two functions written out field by field
+// (a loop over the names costs more Lua work per call than the whole
+// breaker): read(argv, base) returns the block that starts after
+// argv[base] as a table of named fields (numbers unless a string field),
+// and pack(t) returns t's named fields as a reply array. A field pack finds
+// nil ends the array early, which the Go parser refuses as a short record.
 func (l luaLayout) write(b *strings.Builder) {
-	fmt.Fprintf(b, "local %s = {ID = %q, WIDTH = %d, NAMES = {", l.id, l.id, len(l.names))
-	for _, n := range l.names {
-		fmt.Fprintf(b, "%q, ", n)
-	}
-	b.WriteString("}, STR = {")
-	for _, n := range l.strs {
-		fmt.Fprintf(b, "[%q] = true, ", n)
-	}
-	b.WriteString("}")
+	fmt.Fprintf(b, "local %s = {ID = %q, WIDTH = %d", l.id, l.id, len(l.names))
 	for i, n := range l.names {
 		fmt.Fprintf(b, ", %s = %d", strings.ToUpper(n), i+1)
 	}
 	b.WriteString("}\n")
+	fmt.Fprintf(b, "%s.read = function(argv, base)\n  return {", l.id)
+	for i, n := range l.names {
+		if slices.Contains(l.strs, n) {
+			fmt.Fprintf(b, "%s = argv[base + %d], ", n, i+1)
+		} else {
+			fmt.Fprintf(b, "%s = tonumber(argv[base + %d]), ", n, i+1)
+		}
+	}
+	b.WriteString("}\nend\n")
+	fmt.Fprintf(b, "%s.pack = function(t)\n  return {", l.id)
+	for _, n := range l.names {
+		fmt.Fprintf(b, "t.%s, ", n)
+	}
+	b.WriteString("}\nend\n")
 }
 
 // ---------------------------------------------------------------- keys

@@ -104,7 +104,7 @@ func TestLuaTwinsExist(t *testing.T) {
 // keys, so each appears once, and none collides with the table's own keys.
 func TestLayoutNamesAreUnique(t *testing.T) {
 	for _, l := range luaLayouts() {
-		seen := map[string]bool{"id": true, "width": true, "names": true, "str": true}
+		seen := map[string]bool{"id": true, "width": true, "read": true, "pack": true}
 		for _, n := range l.names {
 			if seen[n] {
 				t.Errorf("layout %s: field %q twice or reserved", l.id, n)

@@ -46,17 +46,9 @@ local function gmax(a, b)
 end
 
 -- read returns the block of layout L that starts after argv[base] as a
--- table of its named fields (numbers unless L.STR names them).
+-- table of its named fields: L.read, generated with the layout.
 local function read(L, argv, base)
-  local t = {}
-  for k, name in ipairs(L.NAMES) do
-    local v = argv[base + k]
-    if not L.STR[name] then
-      v = tonumber(v)
-    end
-    t[name] = v
-  end
-  return t
+  return L.read(argv, base)
 end
 
 -- block is the base of the i-th block (from 1) of layout L after a head of
@@ -65,22 +57,11 @@ local function block(H, L, i)
   return H.WIDTH + L.WIDTH * (i - 1)
 end
 
--- pack is the reply array of layout L from t's named fields (a boolean is
--- 0 or 1). A missing field is an error, never a shorter reply.
+-- pack is the reply array of layout L from t's named fields: L.pack,
+-- generated with the layout. Every field is a number, a string or an
+-- array: a boolean would not survive the reply.
 local function pack(L, t)
-  local out = {}
-  for k, name in ipairs(L.NAMES) do
-    local v = t[name]
-    if v == nil then
-      error('redisgate: ' .. L.ID .. ' reply lacks ' .. name)
-    elseif v == true then
-      v = 1
-    elseif v == false then
-      v = 0
-    end
-    out[k] = v
-  end
-  return out
+  return L.pack(t)
 end
 
 ---------------------------------------------------------------- breaker
@@ -111,8 +92,23 @@ local SCALAR_NAMES = {
 local STRINGS = { probe = true, actor = true, why = true }
 local BUCKET_FIELDS = { 'k0', 'k1', 'k2', 'k3', 'k4', 'k5', 'k6', 'k7', 'k8', 'k9' }
 
-local function b_load(key)
-  local vals = redis.call('HMGET', key, unpack(SCALAR_FIELDS))
+-- ALL_FIELDS are the scalars and then the buckets, for one HMGET.
+-- (No loop: a library's top level runs where ipairs does not exist.)
+local ALL_FIELDS = {
+  'st', 'ep', 'ro', 'oa', 'ou', 'pr', 'pu', 'co', 'w', 'ov', 'ac', 'wy', 'oat',
+  'k0', 'k1', 'k2', 'k3', 'k4', 'k5', 'k6', 'k7', 'k8', 'k9',
+}
+
+local b_parse_buckets
+
+-- b_load reads the breaker; with buckets (a script that will count), its
+-- window too, in the same HMGET.
+local function b_load(key, buckets)
+  local fields = SCALAR_FIELDS
+  if buckets then
+    fields = ALL_FIELDS
+  end
+  local vals = redis.call('HMGET', key, unpack(fields))
   local b = { key = key, old = {} }
   for i, name in ipairs(SCALAR_NAMES) do
     local v = vals[i]
@@ -123,6 +119,9 @@ local function b_load(key)
     end
     b[name], b.old[i] = v, v
   end
+  if buckets then
+    b_parse_buckets(b, vals, #SCALAR_FIELDS)
+  end
   return b
 end
 
@@ -131,10 +130,14 @@ local function b_buckets(b)
   if b.bi then
     return
   end
+  b_parse_buckets(b, redis.call('HMGET', b.key, unpack(BUCKET_FIELDS)), 0)
+end
+
+-- b_parse_buckets reads the buckets from vals[off + 1 ..].
+b_parse_buckets = function(b, vals, off)
   b.bi, b.bc, b.bf, b.bold = {}, {}, {}, {}
-  local vals = redis.call('HMGET', b.key, unpack(BUCKET_FIELDS))
   for n = 0, BUCKETS - 1 do
-    local v = vals[n + 1]
+    local v = vals[off + n + 1]
     b.bold[n] = v
     local i, c, f = 0, 0, 0
     if v then
@@ -511,8 +514,15 @@ end
 local PAGE = 256
 
 -- twin: gate.(*Quota).expire
-local function q_expire(q, now)
+-- The log (and the minute's sum) is expired only when log is true: by the
+-- walks that count it (a limit per minute). Elsewhere its expired entries
+-- wait; every reading of the log skips them by time, and the keys' TTL
+-- bounds them.
+local function q_expire(q, now, log)
   redis.call('ZREMRANGEBYSCORE', q.leases, '-inf', I(now))
+  if not log then
+    return
+  end
   local sum, changed = nil, false
   while true do
     local old = redis.call('ZRANGEBYSCORE', q.log, '-inf', I(now - MINUTE), 'LIMIT', 0, PAGE)
@@ -546,7 +556,7 @@ end
 
 -- twin: gate.(*Quota).check
 local function q_check(q, l, ceiling, tokens, now)
-  q_expire(q, now)
+  q_expire(q, now, l.rpm > 0 or l.tpm > 0)
   local in_flight = redis.call('ZCARD', q.leases)
   if ceiling < l.max_concurrency and in_flight >= ceiling then
     return R_ADAPTIVE_PACED, 0
@@ -554,7 +564,10 @@ local function q_check(q, l, ceiling, tokens, now)
   if in_flight >= l.max_concurrency then
     return R_RATE_LIMITED, 0
   end
-  local live = redis.call('ZCARD', q.log)
+  local live = 0
+  if l.rpm > 0 then
+    live = redis.call('ZCARD', q.log)
+  end
   if l.rpm > 0 and live >= l.rpm then
     -- The (len-RPM)-th oldest admission must leave the minute first.
     local e = redis.call('ZRANGE', q.log, I(live - l.rpm), I(live - l.rpm), 'WITHSCORES')
@@ -614,11 +627,17 @@ end
 -- twin: gate.(*Quota).release
 -- Frees the permit's slot, settles its tokens to actual
 -- (actual < 0 keeps the estimate), and says whether the slot was held.
+-- The log is not expired here (see q_expire): an admission older than the
+-- minute that is still stored gets its actual tokens, which leave the sum
+-- with it.
 local function q_release(q, permit, actual, now)
-  q_expire(q, now)
+  q_expire(q, now, false)
   local held = redis.call('ZREM', q.leases, permit) == 1
-  local m = redis.call('HGET', q.data, 'i' .. permit)
-  if m and actual >= 0 then
+  local m = nil
+  if actual >= 0 then
+    m = redis.call('HGET', q.data, 'i' .. permit)
+  end
+  if m then
     local old = tonumber(redis.call('HGET', q.data, 't' .. m) or 0)
     actual = tadd(0, actual)
     redis.call('HSET', q.data, 't' .. m, I(actual), 'sum', I(tadd(q_sum(q), actual - old)))

@@ -6,7 +6,7 @@ local function override(keys, argv)
   local a = read(OVERRIDE, argv, 0)
   local now = now_ms(a.now)
   local q = src_keys(keys, NO_KEYS, 1)
-  local b = b_load(q.brk)
+  local b = b_load(q.brk, true)
   local evs = b_apply(b, a.action, a.actor, a.why, now)
   if evs == nil then
     return redis.error_reply('redisgate: unknown breaker action ' .. I(a.action))

@@ -279,11 +279,10 @@ func (b *Backend) run(ctx context.Context, opName string, o *op, keys []string, 
 			}
 			return v, nil
 		}
-		var rerr redis.Error
-		if !errors.As(lerr, &rerr) || unavailable(lerr) {
+		if !refused(lerr) {
 			return nil, b.wrap(ctx, opName, lerr)
 		}
-		b.scripts.Store(true) // refused: scripts from now on
+		b.scripts.Store(true) // scripts from now on
 	}
 	v, err := o.eval.Run(ctx, b.client, keys, args...).Result()
 	if err != nil {
@@ -300,6 +299,18 @@ func (b *Backend) load(ctx context.Context) error {
 		})
 	}
 	return b.client.FunctionLoadReplace(ctx, library()).Err()
+}
+
+// refused reports whether FUNCTION LOAD failed for want of the command
+// (Redis < 7) or of the permission, rather than for an error in the library
+// (a bug, which scripts would only hide).
+func refused(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	m := strings.ToLower(err.Error())
+	return strings.Contains(m, "unknown command") || strings.Contains(m, "unknown subcommand") || redis.HasErrorPrefix(err, "NOPERM")
 }
 
 // noFunction reports whether err says the function or the FCALL command is

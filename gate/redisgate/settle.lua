@@ -11,7 +11,7 @@ local function settle(keys, argv)
   local o = { permit = a.permit, epoch = a.epoch, probe = a.probe == 1, verdict = a.verdict, floor = a.floor }
 
   local released = q_release(q, o.permit, a.actual, now)
-  local b = b_load(q.brk)
+  local b = b_load(q.brk, true)
   local effect, evs
   if released or o.probe then
     effect, evs = b_settle(b, a, o, now)
@@ -31,7 +31,11 @@ local function settle(keys, argv)
   else
     progress = tonumber(redis.call('GET', s.progress) or 0)
   end
+  local rel = 0
+  if released then
+    rel = 1
+  end
   return pack(SETTLE_R, {
-    released = released, effect = effect, events = events, view = view, progress = progress, now = now,
+    released = rel, effect = effect, events = events, view = view, progress = progress, now = now,
   })
 end
