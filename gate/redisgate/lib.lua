@@ -135,7 +135,7 @@ end
 
 -- b_parse_buckets reads the buckets from vals[off + 1 ..].
 b_parse_buckets = function(b, vals, off)
-  b.bi, b.bc, b.bf, b.bold = {}, {}, {}, {}
+  b.bi, b.bc, b.bf, b.bold, b.bdirty = {}, {}, {}, {}, {}
   for n = 0, BUCKETS - 1 do
     local v = vals[off + n + 1]
     b.bold[n] = v
@@ -149,14 +149,15 @@ end
 
 -- b_clear_buckets zeroes every bucket, without reading them first.
 local function b_clear_buckets(b)
-  b.bi, b.bc, b.bf, b.bold = {}, {}, {}, {}
+  b.bi, b.bc, b.bf, b.bold, b.bdirty = {}, {}, {}, {}, {}
   for n = 0, BUCKETS - 1 do
     b.bi[n], b.bc[n], b.bf[n] = 0, 0, 0
     b.bold[n] = true -- unknown: written (deleted) whatever it was
+    b.bdirty[n] = true
   end
 end
 
--- b_save writes back what changed. A CLOSED breaker without an override
+-- b_save writes back what changed (of the window: the buckets marked dirty). A CLOSED breaker without an override
 -- gets the idle TTL (garbage collection of abandoned sources); an OPEN or
 -- HALF_OPEN one, or one an operator set, is PERSISTed: its state must never
 -- expire into a fresh CLOSED breaker.
@@ -175,16 +176,18 @@ local function b_save(b, idle_ttl)
   end
   if b.bi then
     for n = 0, BUCKETS - 1 do
-      local v = false
-      if b.bi[n] ~= 0 or b.bc[n] ~= 0 or b.bf[n] ~= 0 then
-        v = I(b.bi[n]) .. ':' .. I(b.bc[n]) .. ':' .. I(b.bf[n])
-      end
-      if v ~= b.bold[n] then
-        if v then
-          set[#set + 1] = BUCKET_FIELDS[n + 1]
-          set[#set + 1] = v
-        else
-          del[#del + 1] = BUCKET_FIELDS[n + 1]
+      if b.bdirty[n] then
+        local v = false
+        if b.bi[n] ~= 0 or b.bc[n] ~= 0 or b.bf[n] ~= 0 then
+          v = I(b.bi[n]) .. ':' .. I(b.bc[n]) .. ':' .. I(b.bf[n])
+        end
+        if v ~= b.bold[n] then
+          if v then
+            set[#set + 1] = BUCKET_FIELDS[n + 1]
+            set[#set + 1] = v
+          else
+            del[#del + 1] = BUCKET_FIELDS[n + 1]
+          end
         end
       end
     end
@@ -286,6 +289,7 @@ local function b_record(b, p, now, fail)
   if b.bi[slot] ~= idx then
     b.bi[slot], b.bc[slot], b.bf[slot] = idx, 0, 0
   end
+  b.bdirty[slot] = true
   b.bc[slot] = b.bc[slot] + 1
   if fail then
     b.bf[slot] = b.bf[slot] + 1
