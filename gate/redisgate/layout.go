@@ -190,13 +190,14 @@ var policyArgs = args[gate.BreakerPolicy]{"POLICY", []arg[gate.BreakerPolicy]{
 type call[R any] struct {
 	b   *Backend
 	req *R
+	tag string // the scope's, computed once per call
 }
 
 // admitArgs head the admit call; n candidates (candArgs) follow.
 var admitArgs = args[call[gate.AdmitRequest]]{"ADMIT", []arg[call[gate.AdmitRequest]]{
 	num("now", func(c *call[gate.AdmitRequest]) any { return c.b.nowArg() }),
 	num("idle_ttl", func(c *call[gate.AdmitRequest]) any { return c.b.idleTTL }),
-	str("channel", func(c *call[gate.AdmitRequest]) any { return c.b.channel(c.req.Scope) }),
+	str("channel", func(c *call[gate.AdmitRequest]) any { return c.tag + channelSuffix }),
 	str("scope", func(c *call[gate.AdmitRequest]) any { return c.req.Scope }),
 	str("permit", func(c *call[gate.AdmitRequest]) any { return c.req.PermitID }),
 	num("tokens", func(c *call[gate.AdmitRequest]) any { return c.req.Tokens }),
@@ -218,7 +219,7 @@ var settleArgs = args[call[gate.SettleRequest]]{"SETTLE", concat(
 	[]arg[call[gate.SettleRequest]]{
 		num("now", func(c *call[gate.SettleRequest]) any { return c.b.nowArg() }),
 		num("idle_ttl", func(c *call[gate.SettleRequest]) any { return c.b.idleTTL }),
-		str("channel", func(c *call[gate.SettleRequest]) any { return c.b.channel(c.req.Scope) }),
+		str("channel", func(c *call[gate.SettleRequest]) any { return c.tag + channelSuffix }),
 		str("scope", func(c *call[gate.SettleRequest]) any { return c.req.Scope }),
 		str("source", func(c *call[gate.SettleRequest]) any { return c.req.Source.Name }),
 		str("permit", func(c *call[gate.SettleRequest]) any { return c.req.PermitID }),
@@ -252,7 +253,7 @@ var peekSourceArgs = args[gate.Candidate]{"PEEK_SRC", concat(
 var overrideArgs = args[call[gate.OverrideRequest]]{"OVERRIDE", []arg[call[gate.OverrideRequest]]{
 	num("now", func(c *call[gate.OverrideRequest]) any { return c.b.nowArg() }),
 	num("idle_ttl", func(c *call[gate.OverrideRequest]) any { return c.b.idleTTL }),
-	str("channel", func(c *call[gate.OverrideRequest]) any { return c.b.channel(c.req.Scope) }),
+	str("channel", func(c *call[gate.OverrideRequest]) any { return c.tag + channelSuffix }),
 	str("scope", func(c *call[gate.OverrideRequest]) any { return c.req.Scope }),
 	str("source", func(c *call[gate.OverrideRequest]) any { return c.req.Source.Name }),
 	num("action", func(c *call[gate.OverrideRequest]) any { return int(c.req.Action) }),

@@ -72,23 +72,24 @@ func (b *Backend) tag(scope string) string {
 	return b.prefix + "{" + scopeEscaper.Replace(scope) + "}"
 }
 
-// channel is the name of the scope's announcement channel.
-func (b *Backend) channel(scope string) string { return b.tag(scope) + ":events" }
+// channelSuffix follows the tag in the name of the scope's announcement
+// channel.
+const channelSuffix = ":events"
 
-// appendSourceKeys appends the source's keys (sourceKeys).
-func (b *Backend) appendSourceKeys(keys []string, scope, source string) []string {
-	base := b.tag(scope) + ":src:" + source + ":"
+// appendSourceKeys appends the source's keys (sourceKeys) after the
+// scope's tag.
+func appendSourceKeys(keys []string, tag, source string) []string {
+	base := tag + ":src:" + source + ":"
 	for _, s := range sourceKeys.suffixes {
 		keys = append(keys, base+s)
 	}
 	return keys
 }
 
-// appendScopeKeys appends the scope's own keys (scopeKeys).
-func (b *Backend) appendScopeKeys(keys []string, scope string) []string {
-	base := b.tag(scope) + ":"
+// appendScopeKeys appends the scope's own keys (scopeKeys) after its tag.
+func appendScopeKeys(keys []string, tag string) []string {
 	for _, s := range scopeKeys.suffixes {
-		keys = append(keys, base+s)
+		keys = append(keys, tag+":"+s)
 	}
 	return keys
 }
@@ -113,14 +114,15 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 	const op = "admit"
 	n := len(req.Candidates)
 	keys := make([]string, 0, len(scopeKeys.suffixes)+len(sourceKeys.suffixes)*n)
-	keys = b.appendScopeKeys(keys, req.Scope)
-	args := admitArgs.pack(make([]any, 0, admitArgs.width()+candArgs.width()*n), &call[gate.AdmitRequest]{b, &req})
+	tag := b.tag(req.Scope)
+	keys = appendScopeKeys(keys, tag)
+	args := admitArgs.pack(make([]any, 0, admitArgs.width()+candArgs.width()*n), &call[gate.AdmitRequest]{b, &req, tag})
 	for i := range req.Candidates {
 		c := &req.Candidates[i]
 		if c.Source == nil {
 			return gate.Admission{}, fmt.Errorf("redisgate: %s: candidate %d has no source", op, i)
 		}
-		keys = b.appendSourceKeys(keys, req.Scope, c.Source.Name)
+		keys = appendSourceKeys(keys, tag, c.Source.Name)
 		args = candArgs.pack(args, c)
 	}
 	v, err := b.run(ctx, op, admitScript, keys, args)
@@ -165,8 +167,10 @@ func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 	if req.Source == nil {
 		return gate.Settlement{}, fmt.Errorf("redisgate: %s: no source", op)
 	}
-	keys := b.appendSourceKeys(b.appendScopeKeys(nil, req.Scope), req.Scope, req.Source.Name)
-	args := settleArgs.pack(make([]any, 0, settleArgs.width()), &call[gate.SettleRequest]{b, &req})
+	tag := b.tag(req.Scope)
+	keys := make([]string, 0, len(scopeKeys.suffixes)+len(sourceKeys.suffixes))
+	keys = appendSourceKeys(appendScopeKeys(keys, tag), tag, req.Source.Name)
+	args := settleArgs.pack(make([]any, 0, settleArgs.width()), &call[gate.SettleRequest]{b, &req, tag})
 	v, err := b.run(ctx, op, settleScript, keys, args)
 	if err != nil {
 		return gate.Settlement{}, err
@@ -191,13 +195,14 @@ func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot
 	const op = "peek"
 	n := len(req.Sources)
 	keys := make([]string, 0, len(scopeKeys.suffixes)+len(sourceKeys.suffixes)*n)
-	keys = b.appendScopeKeys(keys, req.Scope)
-	args := peekArgs.pack(make([]any, 0, peekArgs.width()+peekSourceArgs.width()*n), &call[gate.PeekRequest]{b, &req})
+	tag := b.tag(req.Scope)
+	keys = appendScopeKeys(keys, tag)
+	args := peekArgs.pack(make([]any, 0, peekArgs.width()+peekSourceArgs.width()*n), &call[gate.PeekRequest]{b, &req, tag})
 	for i, s := range req.Sources {
 		if s == nil {
 			return gate.Snapshot{}, fmt.Errorf("redisgate: %s: source %d is nil", op, i)
 		}
-		keys = b.appendSourceKeys(keys, req.Scope, s.Name)
+		keys = appendSourceKeys(keys, tag, s.Name)
 		c := req.Candidate(i)
 		args = peekSourceArgs.pack(args, &c)
 	}
@@ -232,8 +237,9 @@ func (b *Backend) Override(ctx context.Context, req gate.OverrideRequest) (gate.
 	if req.Action < gate.ActionForceOpen || req.Action > gate.ActionReset {
 		return gate.OverrideResult{}, fmt.Errorf("%w: %d", gate.ErrUnknownAction, req.Action)
 	}
-	keys := b.appendSourceKeys(nil, req.Scope, req.Source.Name)
-	args := overrideArgs.pack(make([]any, 0, overrideArgs.width()), &call[gate.OverrideRequest]{b, &req})
+	tag := b.tag(req.Scope)
+	keys := appendSourceKeys(make([]string, 0, len(sourceKeys.suffixes)), tag, req.Source.Name)
+	args := overrideArgs.pack(make([]any, 0, overrideArgs.width()), &call[gate.OverrideRequest]{b, &req, tag})
 	v, err := b.run(ctx, op, overrideScript, keys, args)
 	if err != nil {
 		return gate.OverrideResult{}, err

@@ -27,7 +27,7 @@ var globEscaper = strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`
 // scope's slot, renewed on every resharding). On a Cluster a PUBLISH reaches
 // every node; breakers change state rarely, so that costs nothing.
 func (b *Backend) Subscribe(ctx context.Context, handle func(scope string, e gate.Event)) error {
-	ps := b.client.PSubscribe(ctx, globEscaper.Replace(b.prefix)+"{*}:events")
+	ps := b.client.PSubscribe(ctx, globEscaper.Replace(b.prefix)+"{*}"+channelSuffix)
 	defer ps.Close()
 	ch := ps.Channel()
 	for {
