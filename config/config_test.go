@@ -120,6 +120,7 @@ func TestBadValues(t *testing.T) {
 		{"events.watch_buffer", "events: {watch_buffer: 0}", "events.watch_buffer", "at least 1"},
 		{"scope name", "scopes: {Chat: {sources: [{name: a}]}}", "scopes.Chat", "lowercase"},
 		{"circuit_open", "scopes: {chat: {circuit_open: maybe, sources: [{name: a}]}}", "scopes.chat.circuit_open", "fail_fast, wait"},
+		{"source_dead", "scopes: {chat: {source_dead: later, sources: [{name: a}]}}", "scopes.chat.source_dead", "fail_fast, wait"},
 		{"quota_full", "scopes: {chat: {quota_full: never, sources: [{name: a}]}}", "scopes.chat.quota_full", "wait, fail_fast"},
 		{"max_attempts", "scopes: {chat: {max_attempts: 0, sources: [{name: a}]}}", "scopes.chat.max_attempts", "at least 1"},
 		{"backoff.base", "scopes: {chat: {backoff: {base: 0s}, sources: [{name: a}]}}", "scopes.chat.backoff.base", "at least 1ms"},

@@ -106,6 +106,7 @@ type fileCalls struct {
 
 type fileScope struct {
 	CircuitOpen  *string          `koanf:"circuit_open"`
+	SourceDead   *string          `koanf:"source_dead"`
 	QuotaFull    *string          `koanf:"quota_full"`
 	MaxAttempts  *int             `koanf:"max_attempts"`
 	Backoff      fileBackoff      `koanf:"backoff"`
@@ -484,6 +485,7 @@ func resolveScope(c *checker, name string, f *fileScope) *Scope {
 	s := &Scope{
 		Name:          name,
 		CircuitOpen:   OnRefusal(or(f.CircuitOpen, string(FailFast))),
+		SourceDead:    OnRefusal(or(f.SourceDead, string(FailFast))),
 		QuotaFull:     OnRefusal(or(f.QuotaFull, string(Wait))),
 		MaxAttempts:   or(f.MaxAttempts, DefaultMaxAttempts),
 		BackoffBase:   or(f.Backoff.Base, DefaultBackoffBase),
@@ -494,6 +496,7 @@ func resolveScope(c *checker, name string, f *fileScope) *Scope {
 		LeaseGrace:    or(f.LeaseGrace, DefaultLeaseGrace),
 	}
 	c.oneOf(key+".circuit_open", string(s.CircuitOpen), string(FailFast), string(Wait))
+	c.oneOf(key+".source_dead", string(s.SourceDead), string(FailFast), string(Wait))
 	c.oneOf(key+".quota_full", string(s.QuotaFull), string(Wait), string(FailFast))
 	c.atLeast(key+".max_attempts", int64(s.MaxAttempts), 1)
 	c.duration(key+".backoff.base", s.BackoffBase, time.Millisecond)

@@ -22,6 +22,9 @@ type Scope struct {
 	// cooldown memo); QuotaFull when at least one is refused by quota or pacer.
 	CircuitOpen OnRefusal
 	QuotaFull   OnRefusal
+	// SourceDead decides, whatever CircuitOpen says, when every source is
+	// refused by a breaker OPEN because of a SOURCE_DEAD outcome.
+	SourceDead OnRefusal
 	// MaxAttempts is the retry budget: real attempts, 429s excluded.
 	MaxAttempts int
 	// BackoffBase and BackoffMax bound the exponential backoff after a failed attempt.

@@ -31,6 +31,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
@@ -44,6 +45,7 @@ type chaosSidecar struct {
 	file string
 	proc *sidecartest.Sidecar
 	raw  admissionv1.AdmissionServiceClient
+	conn *grpc.ClientConn
 }
 
 // startChaosSidecar writes config to a file and starts the binary on it.
@@ -71,7 +73,7 @@ func (c *chaosSidecar) start() {
 		c.t.Fatal(err)
 	}
 	c.t.Cleanup(func() { conn.Close() })
-	c.proc, c.raw = proc, admissionv1.NewAdmissionServiceClient(conn)
+	c.proc, c.raw, c.conn = proc, admissionv1.NewAdmissionServiceClient(conn), conn
 }
 
 // kill9 kills the sidecar with SIGKILL, as a crash or the OOM killer would
@@ -300,4 +302,61 @@ func waitInFlight(ctx context.Context, sc *chaosSidecar, l *loadDriver, scope, s
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// control measures the sidecar's own answer time, with no backend in it: a
+// caller that asks the health service over and over until stop. On a loaded
+// machine an answer can wait for a CPU far longer than for Redis; the worst
+// control answer in a window is that window's scheduling delay.
+type control struct {
+	mu      sync.Mutex
+	answers []answer
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+func startControl(t *testing.T, conn *grpc.ClientConn, every time.Duration) *control {
+	c := &control{stop: make(chan struct{}), done: make(chan struct{})}
+	hc := healthpb.NewHealthClient(conn)
+	go func() {
+		defer close(c.done)
+		for {
+			select {
+			case <-c.stop:
+				return
+			case <-time.After(every):
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			start := time.Now()
+			_, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+			cancel()
+			c.mu.Lock()
+			c.answers = append(c.answers, answer{rpc: "Health.Check", start: start, took: time.Since(start), code: status.Code(err)})
+			c.mu.Unlock()
+		}
+	}()
+	t.Cleanup(c.end)
+	return c
+}
+
+func (c *control) end() {
+	select {
+	case <-c.stop:
+	default:
+		close(c.stop)
+	}
+	<-c.done
+}
+
+// worst is the longest control answer that overlapped [from, to).
+func (c *control) worst(from, to time.Time) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var w time.Duration
+	for _, a := range c.answers {
+		if a.start.Before(to) && a.start.Add(a.took).After(from) {
+			w = max(w, a.took)
+		}
+	}
+	return w
 }

@@ -2,19 +2,13 @@ package e2e
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 	"github.com/polygate/polygate/internal/redistest"
 )
-
-// pendingLostReplyGiveBack: today a permit whose Admit reply was lost stays
-// held until its lease ends, and an answer can outlive the backend timeout
-// (issue 9). While true, a violation of those two invariants skips the test
-// with the measured numbers instead of failing it; whoever lands the
-// give-back sets it to false.
-const pendingLostReplyGiveBack = true
 
 func redisChaosConfig(addr, onUnavailable string, redisTimeout, pollInterval time.Duration, maxConcurrency int, timeout, leaseGrace time.Duration) string {
 	return fmt.Sprintf(`
@@ -57,6 +51,7 @@ func TestChaos_RedisStall(t *testing.T) {
 			sc := startChaosSidecar(t, redisChaosConfig(rs.Addr, mode, redisTimeout, pollInterval, maxConcurrency, sourceTimeout, leaseGrace))
 			ctx := ctxT(t)
 			load := startLoad(t, sc.raw, "chaos", callers, maxConcurrency, hold, pollInterval)
+			ctl := startControl(t, sc.conn, pollInterval)
 			eventually(t, "the load is granted permits", func() bool { return load.grants.Load() >= 20 })
 
 			stopped := time.Now()
@@ -87,37 +82,35 @@ func TestChaos_RedisStall(t *testing.T) {
 			if v := load.violations.Load(); v > 0 {
 				t.Errorf("%d grants made more than max_concurrency %d holders (peak %d)", v, maxConcurrency, load.peak.Load())
 			}
-			var pending []string
-			if during.worst.took > redisTimeout+answerSlack {
-				pending = append(pending, fmt.Sprintf("an answer during the stall took %v (%s), over the %v timeout + %v",
-					during.worst.took.Round(time.Millisecond), during.worst.rpc, redisTimeout, answerSlack))
+			// The bound is the timeout, plus what the machine's scheduling
+			// can add to an answer (the worst backend-free answer during the
+			// stall: on a loaded machine a process waits for a CPU in bursts
+			// that one sample does not catch), plus slack. A backend wait
+			// past the timeout still shows: the control never waits on Redis.
+			w := during.worst
+			sched := ctl.worst(stopped, resumed)
+			t.Logf("%s: the worst answer during the stall took %v (%s) against the %v timeout; backend-free answers meanwhile took up to %v",
+				mode, w.took.Round(time.Millisecond), w.rpc, redisTimeout, sched.Round(time.Millisecond))
+			if w.took > redisTimeout+sched+answerSlack {
+				t.Errorf("an answer during the stall took %v (%s), over the %v timeout + %v of scheduling + %v",
+					w.took.Round(time.Millisecond), w.rpc, redisTimeout, sched.Round(time.Millisecond), answerSlack)
 			}
 			if late := free.freeAt.Sub(from); late > pollInterval+redisTimeout {
-				pending = append(pending, fmt.Sprintf("in_flight came back to the real holders %v after the load drained and Redis answered, over poll_interval + timeout = %v",
-					late.Round(time.Millisecond), pollInterval+redisTimeout))
-			}
-			for _, p := range pending {
-				if !pendingLostReplyGiveBack {
-					t.Error(p)
-				}
-			}
-			if len(pending) > 0 {
-				t.Skipf("pending lost-reply give-back, issue 9: %v", pending)
+				t.Errorf("in_flight came back to the real holders %v after the load drained and Redis answered, over poll_interval + timeout = %v",
+					late.Round(time.Millisecond), pollInterval+redisTimeout)
 			}
 		})
 	}
 }
 
-// pendingStateReassert: today a Redis that restarts empty forgets overrides
-// and OPEN breakers, and no replica re-asserts them (issue 9). While true, a
-// lost override skips the test with what was measured.
-const pendingStateReassert = true
-
 // Redis is killed with SIGKILL under load and restarted on the same port,
 // with AOF (appendfsync always) and without persistence. Invariants: never
-// more holders than max_concurrency; an operator's FORCE_OPEN is still in
-// force afterwards; once the load has drained, in_flight equals the real
-// holders (0) within one poll_interval plus the Redis timeout.
+// more holders than max_concurrency; an operator's FORCE_OPEN (with actor and
+// reason) and a breaker OPEN by a SOURCE_DEAD outcome are still in force
+// afterwards — kept by Redis with AOF, re-asserted by the sidecar, which says
+// that Redis lost the scopes' state, without — and refuse Picks; once the
+// load has drained, in_flight equals the real holders (0) within one
+// poll_interval plus the Redis timeout.
 func TestChaos_RedisKill9Restart(t *testing.T) {
 	const (
 		maxConcurrency = 4
@@ -126,6 +119,8 @@ func TestChaos_RedisKill9Restart(t *testing.T) {
 		sourceTimeout  = 5 * time.Second
 		leaseGrace     = time.Second
 		hold           = 20 * time.Millisecond
+		cooldown       = 300 * time.Second // outlasts the test: the OPEN must still be in force at the end
+		lossLine       = "redis lost the scope's state"
 	)
 	for _, persist := range []bool{true, false} {
 		t.Run(map[bool]string{true: "aof", false: "no persistence"}[persist], func(t *testing.T) {
@@ -135,11 +130,25 @@ func TestChaos_RedisKill9Restart(t *testing.T) {
 			}
 			rs := redistest.Start(t, extra...)
 			cfg := redisChaosConfig(rs.Addr, "fail_closed", redisTimeout, pollInterval, maxConcurrency, sourceTimeout, leaseGrace) +
-				"  held:\n    sources: [{name: primary, attributes: {base_url: \"http://127.0.0.1:1\"}}]\n"
+				"  held:\n    sources: [{name: primary, attributes: {base_url: \"http://127.0.0.1:1\"}}]\n" +
+				fmt.Sprintf("  dead:\n    breaker: {cooldown: %s, max_cooldown: %s}\n    sources: [{name: primary, attributes: {base_url: \"http://127.0.0.1:1\"}}]\n", cooldown, cooldown)
 			sc := startChaosSidecar(t, cfg)
 			ctx := ctxT(t)
 			if _, err := sc.raw.OverrideBreaker(ctx, &admissionv1.OverrideBreakerRequest{Scope: "held", Source: "primary",
 				Action: admissionv1.OverrideAction_OVERRIDE_ACTION_FORCE_OPEN, Actor: "alice", Reason: "INC-42"}); err != nil {
+				t.Fatal(err)
+			}
+			pick, err := sc.raw.Pick(ctx, &admissionv1.PickRequest{Scope: "dead"})
+			if err != nil || pick.GetGrant() == nil {
+				t.Fatalf("Pick(dead) = %v, %v; want a grant", pick, err)
+			}
+			if _, err := sc.raw.RecordOutcome(ctx, &admissionv1.RecordOutcomeRequest{Scope: "dead", CallId: pick.GetCallId(),
+				PermitId: pick.GetGrant().GetPermitId(), Outcome: admissionv1.Outcome_OUTCOME_SOURCE_DEAD, HttpStatus: 401}); err != nil {
+				t.Fatal(err)
+			}
+			opened := time.Now()
+			watch, err := sc.raw.WatchEvents(ctx, &admissionv1.WatchEventsRequest{Scope: "held"})
+			if err != nil {
 				t.Fatal(err)
 			}
 			load := startLoad(t, sc.raw, "chaos", 2*maxConcurrency, maxConcurrency, hold, pollInterval)
@@ -159,37 +168,61 @@ func TestChaos_RedisKill9Restart(t *testing.T) {
 			if free.freeAt.IsZero() {
 				t.Fatalf("in_flight %d never came back to the real holders (0) within %v", free.inFlight, timeout)
 			}
-			held, err := sc.source(ctx, "held", "primary")
-			if err != nil {
-				t.Fatal(err)
-			}
+			// Without persistence the sidecar re-asserts in the background
+			// (every poll_interval): wait for it, then check.
+			var held, dead *admissionv1.SourceState
+			eventually(t, "the override and the OPEN breaker read back", func() bool {
+				held, err = sc.source(ctx, "held", "primary")
+				if err != nil {
+					return false
+				}
+				dead, err = sc.source(ctx, "dead", "primary")
+				return err == nil && held.GetOverride() == admissionv1.Override_OVERRIDE_FORCED_OPEN &&
+					dead.GetState() == admissionv1.BreakerState_BREAKER_STATE_OPEN
+			})
 			t.Logf("Redis down %v; grants again %v after the restart; from the kill until then: %v",
 				restarted.Sub(killed).Round(time.Millisecond), granting.Sub(restarted).Round(time.Millisecond), load.stats(killed, granting))
-			t.Logf("after draining: in_flight %d, equal to the real holders (0) %v after the drain; override after the restart: %v by %q; peak holders %d of %d",
-				free.firstInFlight, free.freeAt.Sub(drained).Round(time.Millisecond), held.GetOverride(), held.GetOverrideActor(), load.peak.Load(), maxConcurrency)
+			t.Logf("after draining: in_flight %d, equal to the real holders (0) %v after the drain; override after the restart: %v by %q; breaker %v, reopens %d, retry_after %v; peak holders %d of %d",
+				free.firstInFlight, free.freeAt.Sub(drained).Round(time.Millisecond), held.GetOverride(), held.GetOverrideActor(),
+				dead.GetState(), dead.GetReopens(), dead.GetRetryAfter().AsDuration().Round(time.Second), load.peak.Load(), maxConcurrency)
 
 			if v := load.violations.Load(); v > 0 {
 				t.Errorf("%d grants made more than max_concurrency %d holders (peak %d)", v, maxConcurrency, load.peak.Load())
 			}
-			var pending []string
-			if held.GetOverride() != admissionv1.Override_OVERRIDE_FORCED_OPEN || held.GetOverrideActor() != "alice" {
-				msg := fmt.Sprintf("the FORCE_OPEN override was lost: %v by %q", held.GetOverride(), held.GetOverrideActor())
-				if persist || !pendingStateReassert {
-					t.Error(msg)
-				} else {
-					pending = append(pending, msg+" (state re-assert)")
+			if held.GetOverrideActor() != "alice" || held.GetOverrideReason() != "INC-42" {
+				t.Errorf("the FORCE_OPEN override came back by %q (%q), want alice (INC-42)", held.GetOverrideActor(), held.GetOverrideReason())
+			}
+			if ra := dead.GetRetryAfter().AsDuration(); dead.GetReopens() != 1 || ra <= 0 || ra > cooldown-time.Since(opened)+time.Second {
+				t.Errorf("the OPEN breaker came back with reopens %d, retry_after %v; want 1 and the rest of its %v cooldown", dead.GetReopens(), ra, cooldown)
+			}
+			for _, scope := range []string{"held", "dead"} {
+				if p, err := sc.raw.Pick(ctx, &admissionv1.PickRequest{Scope: scope}); err != nil || p.GetGrant() != nil {
+					t.Errorf("Pick(%s) after the restart = %v, %v; want NoRunnable", scope, p, err)
 				}
 			}
-			if late := free.freeAt.Sub(drained); late > pollInterval+redisTimeout {
-				msg := fmt.Sprintf("in_flight came back to the real holders %v after the drain, over poll_interval + timeout = %v", late.Round(time.Millisecond), pollInterval+redisTimeout)
-				if !pendingLostReplyGiveBack {
-					t.Error(msg)
-				} else {
-					pending = append(pending, msg+" (lost-reply give-back)")
-				}
+			from := drained // or the first read of Redis after it, whichever is later
+			if free.backAt.After(from) {
+				from = free.backAt
 			}
-			if len(pending) > 0 {
-				t.Skipf("pending, issue 9: %v", pending)
+			if late := free.freeAt.Sub(from); late > pollInterval+redisTimeout {
+				t.Errorf("in_flight came back to the real holders %v after the drain, over poll_interval + timeout = %v", late.Round(time.Millisecond), pollInterval+redisTimeout)
+			}
+			if persist {
+				if strings.Contains(sc.proc.Logs(), lossLine) {
+					t.Errorf("Redis with AOF kept its state, yet the sidecar logged %q", lossLine)
+				}
+			} else {
+				eventually(t, "the sidecar says Redis lost the state", func() bool { return strings.Contains(sc.proc.Logs(), lossLine) })
+				for {
+					ev, err := watch.Recv()
+					if err != nil {
+						t.Fatalf("WatchEvents(held) ended before a backend event said the state was lost: %v", err)
+					}
+					if h := ev.GetBackendHealth(); h != nil && strings.Contains(h.GetDetail(), lossLine) {
+						t.Logf("WatchEvents: %v", h)
+						break
+					}
+				}
 			}
 		})
 	}

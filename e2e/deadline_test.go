@@ -19,6 +19,7 @@ func waitScopes(baseURL string) string {
 scopes:
   open:
     circuit_open: wait
+    source_dead: wait # the dead key only opens the breaker: the deadline decides
     max_attempts: 1
     breaker: {cooldown: 60s, max_cooldown: 60s}
     sources:

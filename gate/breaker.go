@@ -66,6 +66,8 @@ type Breaker struct {
 	// OpenedAt and OpenUntil bound the current or last OPEN period (ms).
 	OpenedAt  int64
 	OpenUntil int64
+	// Cause is why the breaker went OPEN last (failures or source_dead).
+	Cause OpenCause
 	// Probe is the permit holding the probe lease ("" if none), until ProbeUntil (ms).
 	Probe      string
 	ProbeUntil int64
@@ -218,6 +220,7 @@ func (b *Breaker) Settle(p BreakerPolicy, o Outcome, now int64) (Effect, []Event
 			until := max(now+cooldownMs(p.Cooldown.Milliseconds(), p.MaxCooldown.Milliseconds(), b.Reopens), now+floor)
 			if until > b.OpenUntil {
 				b.OpenUntil = until
+				b.Cause = OpenCauseSourceDead
 				e := b.event(EventTransition, Open, CauseSourceDead)
 				e.Cooldown = time.Duration(until-now) * time.Millisecond
 				return EffectApplied, []Event{e}
@@ -241,6 +244,10 @@ func (b *Breaker) open(p BreakerPolicy, now, floor int64, cause Cause) Event {
 	b.Reopens++
 	b.State = Open
 	b.OpenedAt = now
+	b.Cause = OpenCauseFailures
+	if cause == CauseSourceDead {
+		b.Cause = OpenCauseSourceDead
+	}
 	b.OpenUntil = now + max(cooldownMs(p.Cooldown.Milliseconds(), p.MaxCooldown.Milliseconds(), b.Reopens), floor)
 	e := b.event(EventTransition, from, cause)
 	e.Cooldown = time.Duration(b.OpenUntil-now) * time.Millisecond
@@ -306,6 +313,9 @@ type BreakerView struct {
 	Why      string
 	Epoch    uint64
 	Reopens  int
+	// Cause is why the breaker is OPEN (OpenCauseForced for a FORCE_OPEN
+	// override); OpenCauseNone when it is not OPEN.
+	Cause OpenCause
 	// Reason and RetryAfter are exactly what Enter would answer now
 	// (ReasonNone and 0 when it would admit).
 	Reason     Reason
@@ -326,8 +336,17 @@ func (b *Breaker) View(p BreakerPolicy, now int64) BreakerView {
 		Epoch: b.Epoch, Reopens: b.Reopens, Consecutive: b.Consecutive,
 		Reason: reason, RetryAfter: time.Duration(wait) * time.Millisecond,
 	}
-	if b.State == Open && now >= b.OpenUntil {
+	switch {
+	case b.Override == ForcedOpen:
+		v.Cause = OpenCauseForced
+	case b.State == Open && now >= b.OpenUntil:
 		v.State = HalfOpen
+	case b.State == Open:
+		// A breaker saved before causes were kept opened on failures.
+		v.Cause = b.Cause
+		if v.Cause == OpenCauseNone {
+			v.Cause = OpenCauseFailures
+		}
 	}
 	if b.State == HalfOpen && b.Probe != "" && now < b.ProbeUntil {
 		v.ProbeOut = true

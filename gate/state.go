@@ -19,6 +19,29 @@ var stateNames = []string{
 
 func (s State) String() string { return enum.String(s, stateNames) }
 
+// OpenCause is why a breaker is OPEN: the kind of outcome that opened it
+// last, or an operator's FORCE_OPEN. A breaker that is not OPEN has none.
+type OpenCause uint8
+
+const (
+	OpenCauseNone OpenCause = iota
+	// OpenCauseFailures: failures (consecutive, failure rate, a failed probe).
+	OpenCauseFailures
+	// OpenCauseSourceDead: a SOURCE_DEAD outcome (auth or quota death).
+	OpenCauseSourceDead
+	// OpenCauseForced: an operator's FORCE_OPEN override.
+	OpenCauseForced
+)
+
+var openCauseNames = []string{
+	OpenCauseNone:       "none",
+	OpenCauseFailures:   "failures",
+	OpenCauseSourceDead: "source_dead",
+	OpenCauseForced:     "forced",
+}
+
+func (c OpenCause) String() string { return enum.String(c, openCauseNames) }
+
 // Override is an operator's manual setting of a breaker. It stays until it is
 // cleared; automatic transitions never clear it.
 type Override uint8

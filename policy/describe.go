@@ -29,7 +29,7 @@ func (s *Scope) RetryAfter(ctx context.Context, names []string) (time.Duration, 
 	if err != nil {
 		return 0, nil, err
 	}
-	return s.breakerWait(snap, s.now()), snap.Sources, nil
+	return s.breakerWait(snap, time.Now()), snap.Sources, nil
 }
 
 // SourceState is one source as DescribeScope shows it.
@@ -56,7 +56,7 @@ func (s *Scope) Describe(ctx context.Context) (Description, error) {
 	if err != nil {
 		return Description{}, err
 	}
-	now := s.now()
+	now := time.Now()
 	d := Description{Config: cfg, ProgressAge: snap.ProgressAge}
 	for i, src := range srcs {
 		d.Sources = append(d.Sources, SourceState{
@@ -77,7 +77,7 @@ func (s *Scope) Override(ctx context.Context, name string, a gate.Action, actor,
 	if err != nil {
 		return gate.SourceView{}, err
 	}
-	s.remember(name, r.View.Breaker, s.now())
+	s.remember(name, r.View.Breaker, time.Now())
 	s.absorb(r.Events)
 	return r.View, nil
 }

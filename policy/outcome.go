@@ -93,6 +93,11 @@ const (
 	// FailRetryAfterTooLong: an upstream Retry-After is longer than the
 	// scope's backoff.max_retry_after.
 	FailRetryAfterTooLong
+	// FailSourceDead: every source refused by a breaker OPEN because of a
+	// SOURCE_DEAD outcome, source_dead = fail_fast.
+	FailSourceDead
+	// FailScopeRemoved: a reload removed the call's scope.
+	FailScopeRemoved
 )
 
 var failureReasonNames = []string{
@@ -104,6 +109,8 @@ var failureReasonNames = []string{
 	FailDeadlineExceeded:  "deadline_exceeded",
 	FailCancelled:         "cancelled",
 	FailRetryAfterTooLong: "retry_after_too_long",
+	FailSourceDead:        "source_dead",
+	FailScopeRemoved:      "scope_removed",
 }
 
 func (r FailureReason) String() string { return enum.String(r, failureReasonNames) }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/polygate/polygate/config"
 	"github.com/polygate/polygate/gate"
@@ -63,7 +64,7 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 		return Pick{}, nil, fmt.Errorf("%w: %s", ErrPermitOutstanding, c.permit.ID)
 	}
 	cfg, srcs := s.snapshot()
-	now := s.now()
+	now := time.Now()
 	if !c.Deadline.IsZero() && !now.Before(c.Deadline) {
 		f := &Failure{Reason: FailDeadlineExceeded}
 		c.finish(Action{Failure: f})
@@ -103,7 +104,7 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 			events, err := s.giveBack(ctx, adm.Permit, cands[i].Source)
 			return Pick{}, append(adm.Events, events...), errors.Join(ctx.Err(), err)
 		}
-		now = s.now()
+		now = time.Now()
 		for _, r := range adm.Rejections {
 			refused[r.Source] = r
 			if r.Reason == gate.ReasonCircuitOpen {

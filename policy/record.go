@@ -88,7 +88,7 @@ func (s *Scope) record(ctx context.Context, c *Call, a Attempt) (Recorded, Attem
 	if err != nil {
 		return Recorded{}, a, nil, err // the permit stays the call's; the report may be retried
 	}
-	now := s.now()
+	now := time.Now()
 	cfg, _ := s.snapshot()
 	a.Source, a.Latency = p.Source, now.Sub(c.grantedAt)
 	a.Number, a.Probe, a.Epoch = c.attempts, p.Probe, p.Epoch

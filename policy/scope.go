@@ -53,9 +53,10 @@ func (NopObserver) Picked(*Call, Pick)                             {}
 func (NopObserver) Settled(*Call, Attempt, Recorded)               {}
 func (NopObserver) Decided(*Call, Decision)                        {}
 
-// Options tunes a Scope; zero values take time.Now, math/rand and no observer.
+// Options tunes a Scope; zero values take math/rand and no observer. The
+// clock is time.Now and real timers, so that reading the time and sleeping
+// agree; tests run in testing/synctest bubbles, where both are fake.
 type Options struct {
-	Now      func() time.Time
 	Rand     func() float64
 	Observer Observer
 }
@@ -93,7 +94,6 @@ type Scope struct {
 	name     string
 	backend  gate.Backend
 	observer Observer
-	now      func() time.Time
 	rand     func() float64
 
 	mu   sync.RWMutex
@@ -108,16 +108,13 @@ type Scope struct {
 // NewScope returns the decisions of one scope over a backend.
 func NewScope(cfg *config.Scope, b gate.Backend, o Options) *Scope {
 	s := &Scope{
-		name: cfg.Name, backend: b, observer: o.Observer, now: o.Now, rand: o.Rand,
+		name: cfg.Name, backend: b, observer: o.Observer, rand: o.Rand,
 		sel: newSelector(), memo: newMemo(),
 	}
 	s.wait = newWaiter(s.pollOnce, func() time.Duration {
 		cfg, _ := s.snapshot()
 		return time.Duration(float64(cfg.PollInterval) * (0.5 + 0.5*s.rand()))
 	})
-	if s.now == nil {
-		s.now = time.Now
-	}
 	if s.rand == nil {
 		s.rand = rand.Float64
 	}

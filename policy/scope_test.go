@@ -63,8 +63,8 @@ func TestOnNoRunnableMatrix(t *testing.T) {
 		slots string
 	}{
 		{"AllOpen", func(t *testing.T, s *policy.Scope) {
-			fail(t, s, policy.SourceDead) // a: 10s
-			fail(t, s, policy.SourceDead) // b: 20s
+			fail(t, s, policy.Transient) // a: 10s
+			fail(t, s, policy.Transient) // b: 20s
 			time.Sleep(time.Second)
 		}, true, 9 * time.Second, []gate.Reason{gate.ReasonCooldown, gate.ReasonCooldown}, "1"},
 		{"AllHalfOpen", func(t *testing.T, s *policy.Scope) {
@@ -216,6 +216,7 @@ func TestForceOpenUnderWaitEndsWithTheFirstBudgetToRunOut(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				s, _ := newScope(t, `
 circuit_open: wait
+source_dead: wait
 max_attempts: `+tc.maxAttempts+`
 backoff: {base: 1s, max: 4s}
 backpressure: {stall_window: 60s, poll_interval: 50ms}
@@ -235,6 +236,82 @@ sources: [{name: only}]
 			})
 		})
 	}
+}
+
+func TestSourceDeadFailsFast(t *testing.T) {
+	const scope = `
+circuit_open: wait
+backpressure: {stall_window: 300s, poll_interval: 100ms}
+breaker: {fail_threshold: 1}
+sources:
+  - {name: a, priority: 0, breaker: {cooldown: 10s, max_cooldown: 10s}}
+  - {name: b, priority: 1, breaker: {cooldown: 20s, max_cooldown: 20s}}
+`
+	decide := func(t *testing.T, s *policy.Scope) policy.Decision {
+		t.Helper()
+		c := newCall(s)
+		if nr := pick(t, s, c).NoRunnable; nr == nil {
+			t.Fatal("want every source refused")
+		}
+		d, err := s.OnNoRunnable(ctx(t), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	t.Run("EveryBreakerDead", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s, _ := newScope(t, scope)
+			fail(t, s, policy.SourceDead) // a: 10s
+			fail(t, s, policy.SourceDead) // b: 20s
+			time.Sleep(time.Second)
+			start := time.Now()
+			d := decide(t, s)
+			if d.Failure == nil || d.Failure.Reason != policy.FailSourceDead || d.Failure.RetryAfter != 9*time.Second || len(d.Failure.Sources) != 2 {
+				t.Fatalf("decision %+v, want source_dead with the 9s left of a's cooldown, whatever circuit_open says", d)
+			}
+			if waited := time.Since(start); waited != 0 {
+				t.Fatalf("failing took %v of the caller's time, want none", waited)
+			}
+			// The next call fails the same way: the memo refuses at once.
+			if d := decide(t, s); d.Failure == nil || d.Failure.Reason != policy.FailSourceDead {
+				t.Fatalf("next call: %+v, want source_dead", d)
+			}
+		})
+	})
+	t.Run("OneMerelyCoolingDown", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s, _ := newScope(t, scope)
+			fail(t, s, policy.SourceDead) // a: 10s
+			fail(t, s, policy.Transient)  // b: 20s
+			if d := decide(t, s); d.Failure != nil || d.Slept != 10*time.Second+75*time.Millisecond {
+				t.Fatalf("decision %+v, want circuit_open's wait until a's cooldown ends", d)
+			}
+		})
+	})
+	t.Run("ForcedOpenIsNotDead", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s, _ := newScope(t, "source_dead: fail_fast\n"+scope)
+			fail(t, s, policy.SourceDead)
+			fail(t, s, policy.SourceDead)
+			if _, err := s.Override(ctx(t), "b", gate.ActionForceOpen, "op", "maintenance"); err != nil {
+				t.Fatal(err)
+			}
+			if d := decide(t, s); d.Failure != nil {
+				t.Fatalf("decision %+v, want circuit_open's wait: b is forced open, not dead", d)
+			}
+		})
+	})
+	t.Run("SourceDeadWait", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s, _ := newScope(t, "source_dead: wait\n"+scope)
+			fail(t, s, policy.SourceDead)
+			fail(t, s, policy.SourceDead)
+			if d := decide(t, s); d.Failure != nil || d.Slept != 10*time.Second+75*time.Millisecond {
+				t.Fatalf("decision %+v, want circuit_open's wait as before", d)
+			}
+		})
+	})
 }
 
 func TestBudgets(t *testing.T) {

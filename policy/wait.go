@@ -24,7 +24,10 @@ type Decision struct {
 
 // OnNoRunnable decides, after a NoRunnable Pick, whether the call waits or
 // fails (DESIGN's formula, dispatched by the reason of the refusal), and does
-// the wait here, inside the sidecar:
+// the wait here, inside the sidecar. When every source is refused by a
+// breaker OPEN because of a SOURCE_DEAD outcome, the call fails at once with
+// source_dead (unless the scope's source_dead is wait), whatever circuit_open
+// says: a dead key does not come back by waiting. Otherwise:
 //
 //   - with a certain time to wait for (every source OPEN), it sleeps until
 //     the earliest cooldown ends plus jitter, clamped to the stall budget, and
@@ -58,11 +61,11 @@ func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 			left := time.Until(deadline)
 			nap = min(nap, max(0, left-min(left/10, 50*time.Millisecond)))
 		}
-		start := s.now()
+		start := time.Now()
 		if d.Woken, err = s.wait.hold(ctx, t, nap, circuit, d.Uncertain); err != nil {
 			return Decision{}, err
 		}
-		d.Slept = s.now().Sub(start)
+		d.Slept = time.Now().Sub(start)
 		if d.Woken || d.Uncertain || d.Slept >= d.Sleep {
 			d.Sleep = 0
 		} else {
@@ -90,7 +93,7 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 	if err != nil {
 		return d, false, false, err
 	}
-	now := s.now()
+	now := time.Now()
 	hint := s.breakerWait(snap, now)
 	circuit = nr.GateRejections == len(srcs)
 	fail := func(reason FailureReason, retryAfter time.Duration) (Decision, bool, bool, error) {
@@ -115,6 +118,11 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 		// answer waits for a change, so a caller never spins.
 		c.peeked = true
 		return Decision{Woken: true}, circuit, false, nil
+	}
+	if circuit && cfg.SourceDead == config.FailFast && allDead(snap) {
+		// A dead key does not come back by waiting: fail now, loudly,
+		// whatever circuit_open says.
+		return fail(FailSourceDead, hint)
 	}
 	if circuit {
 		if cfg.CircuitOpen == config.FailFast {
@@ -164,7 +172,7 @@ func (s *Scope) pollOnce() bool {
 // admissible reports whether the backend's verdict admits some source of a
 // snapshot now, refreshing the cooldown memo from it.
 func (s *Scope) admissible(snap gate.Snapshot) bool {
-	now := s.now()
+	now := time.Now()
 	found := false
 	for _, v := range snap.Sources {
 		s.remember(v.Source, v.Breaker, now)
@@ -182,6 +190,18 @@ func (s *Scope) breakerWait(snap gate.Snapshot, now time.Time) time.Duration {
 		waits[i] = gate.Rejection{RetryAfter: v.Breaker.RetryAfter}
 	}
 	return minRetryAfter(waits)
+}
+
+// allDead reports whether every source of a snapshot is OPEN because of a
+// SOURCE_DEAD outcome (a source merely cooling down after failures, or one
+// an operator forced open, is not dead).
+func allDead(snap gate.Snapshot) bool {
+	for _, v := range snap.Sources {
+		if v.Breaker.Cause != gate.OpenCauseSourceDead {
+			return false
+		}
+	}
+	return len(snap.Sources) > 0
 }
 
 // minRetryAfter is the least retry_after of a list (0 for none).

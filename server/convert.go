@@ -31,6 +31,15 @@ var failureReasons = map[policy.FailureReason]admissionv1.FailureReason{
 	policy.FailDeadlineExceeded:  admissionv1.FailureReason_FAILURE_REASON_DEADLINE_EXCEEDED,
 	policy.FailCancelled:         admissionv1.FailureReason_FAILURE_REASON_CANCELLED,
 	policy.FailRetryAfterTooLong: admissionv1.FailureReason_FAILURE_REASON_RETRY_AFTER_TOO_LONG,
+	policy.FailSourceDead:        admissionv1.FailureReason_FAILURE_REASON_SOURCE_DEAD,
+	policy.FailScopeRemoved:      admissionv1.FailureReason_FAILURE_REASON_SCOPE_REMOVED,
+}
+
+var openCauses = map[gate.OpenCause]admissionv1.OpenCause{
+	gate.OpenCauseNone:       admissionv1.OpenCause_OPEN_CAUSE_UNSPECIFIED,
+	gate.OpenCauseFailures:   admissionv1.OpenCause_OPEN_CAUSE_FAILURES,
+	gate.OpenCauseSourceDead: admissionv1.OpenCause_OPEN_CAUSE_SOURCE_DEAD,
+	gate.OpenCauseForced:     admissionv1.OpenCause_OPEN_CAUSE_FORCED,
 }
 
 var states = map[gate.State]admissionv1.BreakerState{
@@ -139,6 +148,7 @@ func sourceState(v gate.SourceView, local *policy.SourceState, cfg *config.Scope
 		WindowCalls: b.Calls, WindowFailures: b.Fails, ConsecutiveFailures: int32(b.Consecutive),
 		Override: overrides[b.Override], OverrideActor: b.Actor, OverrideReason: b.Why,
 		InFlight: int32(v.Quota.InFlight), RequestsLastMinute: v.Quota.Requests, TokensLastMinute: v.Quota.Tokens,
+		OpenCause: openCauses[b.Cause],
 	}
 	if local != nil {
 		out.PacerCeiling = int32(local.Ceiling)
@@ -184,7 +194,7 @@ func scopeConfig(c *config.Scope) *admissionv1.ScopeConfig {
 		Name: c.Name, CircuitOpen: onRefusal[c.CircuitOpen], QuotaFull: onRefusal[c.QuotaFull],
 		MaxAttempts: int32(c.MaxAttempts), BackoffBase: dur(c.BackoffBase), BackoffMax: dur(c.BackoffMax),
 		StallWindow: dur(c.StallWindow), PollInterval: dur(c.PollInterval), LeaseGrace: dur(c.LeaseGrace),
-		MaxRetryAfter: dur(c.MaxRetryAfter),
+		MaxRetryAfter: dur(c.MaxRetryAfter), SourceDead: onRefusal[c.SourceDead],
 	}
 }
 

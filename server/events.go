@@ -31,7 +31,6 @@ const DefaultWatchBuffer = 1024
 // At most max watchers are connected at once.
 type hub struct {
 	policy.NopObserver
-	now    func() time.Time
 	buffer int
 	max    int
 
@@ -69,14 +68,14 @@ type watcher struct {
 	lost  uint64 // lost since the last event queued; owned by the fan-out
 }
 
-func newHub(now func() time.Time, buffer, max int) *hub {
+func newHub(buffer, max int) *hub {
 	if buffer <= 0 {
 		buffer = DefaultWatchBuffer
 	}
 	if max <= 0 {
 		max = config.DefaultMaxWatchers
 	}
-	return &hub{now: now, buffer: buffer, max: max, queue: make(chan published, queueSize),
+	return &hub{buffer: buffer, max: max, queue: make(chan published, queueSize),
 		watchers: make(map[*watcher]struct{}), closed: make(chan struct{})}
 }
 
@@ -128,7 +127,7 @@ func (h *hub) publish(scope string, ev *admissionv1.WatchEventsResponse) {
 		return
 	}
 	select {
-	case h.queue <- published{scope: scope, at: h.now(), ev: ev}:
+	case h.queue <- published{scope: scope, at: time.Now(), ev: ev}:
 	default:
 		h.lost.Add(1)
 		h.dropped.Add(1)
@@ -274,7 +273,7 @@ func (h *hub) Waiting(c *policy.Call, sleep time.Duration, rs []gate.Rejection) 
 	}
 	h.publish(c.Scope, &admissionv1.WatchEventsResponse{Event: &admissionv1.WatchEventsResponse_WaitStarted{WaitStarted: &admissionv1.WaitStarted{
 		CallId: c.ID, Sleep: dur(sleep), GateRejections: int32(gateN), PerSourceReasons: sourceReasons(rs),
-		Attempts: int32(c.Stats(h.now()).Attempts),
+		Attempts: int32(c.Stats(time.Now()).Attempts),
 	}}})
 }
 

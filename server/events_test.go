@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"google.golang.org/grpc"
@@ -55,86 +56,88 @@ func next(t *testing.T, s grpc.ServerStreamingClient[admissionv1.WatchEventsResp
 // TestWatchEventsBreakerCycle watches a breaker open, lease its probe and
 // close, through the real server, and checks the events' order and content.
 func TestWatchEventsBreakerCycle(t *testing.T) {
-	e := startOps(t, opsOpts{yaml: eventsConfig})
-	chat, all := e.watch(t, "chat"), e.watch(t, "")
-	t0 := e.clock.Now()
+	synctest.Test(t, func(t *testing.T) {
+		e := startOps(t, opsOpts{yaml: eventsConfig})
+		chat, all := e.watch(t, "chat"), e.watch(t, "")
+		t0 := time.Now()
 
-	first := e.grant(t, "chat", "", 0)
-	e.record(t, "chat", first, outcome{o: admissionv1.Outcome_OUTCOME_TRANSIENT, status: 503})
-	e.override(t, "other", "only", admissionv1.OverrideAction_OVERRIDE_ACTION_FORCE_OPEN) // not chat's
-	e.clock.Advance(10 * time.Second)
-	probe := e.grant(t, "chat", first.GetCallId(), 0)
-	if !probe.GetGrant().GetProbe() || probe.GetGrant().GetEpoch() != 1 {
-		t.Fatalf("want the probe under epoch 1: %v", probe.GetGrant())
-	}
-	e.record(t, "chat", probe, outcome{o: admissionv1.Outcome_OUTCOME_SUCCESS, status: 200})
-	t1 := t0.Add(10 * time.Second)
-	permit := probe.GetGrant().GetPermitId()
+		first := e.grant(t, "chat", "", 0)
+		e.record(t, "chat", first, outcome{o: admissionv1.Outcome_OUTCOME_TRANSIENT, status: 503})
+		e.override(t, "other", "only", admissionv1.OverrideAction_OVERRIDE_ACTION_FORCE_OPEN) // not chat's
+		time.Sleep(10 * time.Second)
+		probe := e.grant(t, "chat", first.GetCallId(), 0)
+		if !probe.GetGrant().GetProbe() || probe.GetGrant().GetEpoch() != 1 {
+			t.Fatalf("want the probe under epoch 1: %v", probe.GetGrant())
+		}
+		e.record(t, "chat", probe, outcome{o: admissionv1.Outcome_OUTCOME_SUCCESS, status: 200})
+		t1 := t0.Add(10 * time.Second)
+		permit := probe.GetGrant().GetPermitId()
 
-	const (
-		closed   = admissionv1.BreakerState_BREAKER_STATE_CLOSED
-		open     = admissionv1.BreakerState_BREAKER_STATE_OPEN
-		halfOpen = admissionv1.BreakerState_BREAKER_STATE_HALF_OPEN
-	)
-	type want struct {
-		at   time.Time
-		body any
-	}
-	cycle := []want{
-		{t0, &admissionv1.BreakerTransition{Source: "primary", From: closed, To: open,
-			Cause: admissionv1.TransitionCause_TRANSITION_CAUSE_CONSECUTIVE_FAILURES, Epoch: 0, Reopens: 1}},
-		{t1, &admissionv1.BreakerTransition{Source: "primary", From: open, To: halfOpen,
-			Cause: admissionv1.TransitionCause_TRANSITION_CAUSE_COOLDOWN_ELAPSED, Epoch: 0, Reopens: 1}},
-		{t1, &admissionv1.ProbeEvent{Source: "primary", Kind: admissionv1.ProbeEventKind_PROBE_EVENT_KIND_LEASED, PermitId: permit, Epoch: 1}},
-		{t1, &admissionv1.BreakerTransition{Source: "primary", From: halfOpen, To: closed,
-			Cause: admissionv1.TransitionCause_TRANSITION_CAUSE_PROBE_SUCCEEDED, Epoch: 1, Reopens: 0}},
-		{t1, &admissionv1.ProbeEvent{Source: "primary", Kind: admissionv1.ProbeEventKind_PROBE_EVENT_KIND_SETTLED, PermitId: permit,
-			Epoch: 1, CallId: first.GetCallId(), Outcome: admissionv1.Outcome_OUTCOME_SUCCESS, State: closed}},
-	}
-	var seqs []uint64
-	for i, w := range cycle {
-		ev := next(t, chat)
-		if ev.GetScope() != "chat" || ev.GetDropped() != 0 || !ev.GetTime().AsTime().Equal(w.at) {
-			t.Fatalf("event %d: scope %q dropped %d time %v, want chat, 0, %v", i, ev.GetScope(), ev.GetDropped(), ev.GetTime().AsTime(), w.at)
+		const (
+			closed   = admissionv1.BreakerState_BREAKER_STATE_CLOSED
+			open     = admissionv1.BreakerState_BREAKER_STATE_OPEN
+			halfOpen = admissionv1.BreakerState_BREAKER_STATE_HALF_OPEN
+		)
+		type want struct {
+			at   time.Time
+			body any
 		}
-		switch body := w.body.(type) {
-		case *admissionv1.BreakerTransition:
-			got := ev.GetBreakerTransition()
-			if got == nil || got.GetSource() != body.Source || got.GetFrom() != body.From || got.GetTo() != body.To ||
-				got.GetCause() != body.Cause || got.GetEpoch() != body.Epoch || got.GetReopens() != body.Reopens {
-				t.Fatalf("event %d: %v, want transition %v", i, ev, body)
+		cycle := []want{
+			{t0, &admissionv1.BreakerTransition{Source: "primary", From: closed, To: open,
+				Cause: admissionv1.TransitionCause_TRANSITION_CAUSE_CONSECUTIVE_FAILURES, Epoch: 0, Reopens: 1}},
+			{t1, &admissionv1.BreakerTransition{Source: "primary", From: open, To: halfOpen,
+				Cause: admissionv1.TransitionCause_TRANSITION_CAUSE_COOLDOWN_ELAPSED, Epoch: 0, Reopens: 1}},
+			{t1, &admissionv1.ProbeEvent{Source: "primary", Kind: admissionv1.ProbeEventKind_PROBE_EVENT_KIND_LEASED, PermitId: permit, Epoch: 1}},
+			{t1, &admissionv1.BreakerTransition{Source: "primary", From: halfOpen, To: closed,
+				Cause: admissionv1.TransitionCause_TRANSITION_CAUSE_PROBE_SUCCEEDED, Epoch: 1, Reopens: 0}},
+			{t1, &admissionv1.ProbeEvent{Source: "primary", Kind: admissionv1.ProbeEventKind_PROBE_EVENT_KIND_SETTLED, PermitId: permit,
+				Epoch: 1, CallId: first.GetCallId(), Outcome: admissionv1.Outcome_OUTCOME_SUCCESS, State: closed}},
+		}
+		var seqs []uint64
+		for i, w := range cycle {
+			ev := next(t, chat)
+			if ev.GetScope() != "chat" || ev.GetDropped() != 0 || !ev.GetTime().AsTime().Equal(w.at) {
+				t.Fatalf("event %d: scope %q dropped %d time %v, want chat, 0, %v", i, ev.GetScope(), ev.GetDropped(), ev.GetTime().AsTime(), w.at)
 			}
-			if wantCooldown := body.To == open; wantCooldown != (got.GetCooldown() != nil) ||
-				wantCooldown && got.GetCooldown().AsDuration() != 10*time.Second {
-				t.Fatalf("event %d: cooldown %v", i, got.GetCooldown())
+			switch body := w.body.(type) {
+			case *admissionv1.BreakerTransition:
+				got := ev.GetBreakerTransition()
+				if got == nil || got.GetSource() != body.Source || got.GetFrom() != body.From || got.GetTo() != body.To ||
+					got.GetCause() != body.Cause || got.GetEpoch() != body.Epoch || got.GetReopens() != body.Reopens {
+					t.Fatalf("event %d: %v, want transition %v", i, ev, body)
+				}
+				if wantCooldown := body.To == open; wantCooldown != (got.GetCooldown() != nil) ||
+					wantCooldown && got.GetCooldown().AsDuration() != 10*time.Second {
+					t.Fatalf("event %d: cooldown %v", i, got.GetCooldown())
+				}
+			case *admissionv1.ProbeEvent:
+				got := ev.GetProbe()
+				if got == nil || got.GetSource() != body.Source || got.GetKind() != body.Kind || got.GetPermitId() != body.PermitId ||
+					got.GetEpoch() != body.Epoch || got.GetCallId() != body.CallId || got.GetOutcome() != body.Outcome || got.GetState() != body.State {
+					t.Fatalf("event %d: %v, want probe %v", i, ev, body)
+				}
 			}
-		case *admissionv1.ProbeEvent:
-			got := ev.GetProbe()
-			if got == nil || got.GetSource() != body.Source || got.GetKind() != body.Kind || got.GetPermitId() != body.PermitId ||
-				got.GetEpoch() != body.Epoch || got.GetCallId() != body.CallId || got.GetOutcome() != body.Outcome || got.GetState() != body.State {
-				t.Fatalf("event %d: %v, want probe %v", i, ev, body)
+			seqs = append(seqs, ev.GetSequence())
+		}
+		// The other scope's override was published between the opening and the
+		// cooldown: the chat watcher sees a gap there, the unfiltered one sees it.
+		if want := []uint64{1, 3, 4, 5, 6}; !equal(seqs, want) {
+			t.Fatalf("sequences %v, want %v", seqs, want)
+		}
+		for i := range 6 {
+			ev := next(t, all)
+			if ev.GetSequence() != uint64(i+1) {
+				t.Fatalf("unfiltered watcher: event %d has sequence %d", i, ev.GetSequence())
+			}
+			if i == 1 {
+				o := ev.GetOverrideChanged()
+				if ev.GetScope() != "other" || o.GetSource() != "only" || o.GetOverride() != admissionv1.Override_OVERRIDE_FORCED_OPEN ||
+					o.GetActor() != "oncall" || o.GetReason() != "test OVERRIDE_ACTION_FORCE_OPEN" || o.GetState() != closed {
+					t.Fatalf("override event %v", ev)
+				}
 			}
 		}
-		seqs = append(seqs, ev.GetSequence())
-	}
-	// The other scope's override was published between the opening and the
-	// cooldown: the chat watcher sees a gap there, the unfiltered one sees it.
-	if want := []uint64{1, 3, 4, 5, 6}; !equal(seqs, want) {
-		t.Fatalf("sequences %v, want %v", seqs, want)
-	}
-	for i := range 6 {
-		ev := next(t, all)
-		if ev.GetSequence() != uint64(i+1) {
-			t.Fatalf("unfiltered watcher: event %d has sequence %d", i, ev.GetSequence())
-		}
-		if i == 1 {
-			o := ev.GetOverrideChanged()
-			if ev.GetScope() != "other" || o.GetSource() != "only" || o.GetOverride() != admissionv1.Override_OVERRIDE_FORCED_OPEN ||
-				o.GetActor() != "oncall" || o.GetReason() != "test OVERRIDE_ACTION_FORCE_OPEN" || o.GetState() != closed {
-				t.Fatalf("override event %v", ev)
-			}
-		}
-	}
+	})
 }
 
 func equal(a, b []uint64) bool {
@@ -153,57 +156,59 @@ func equal(a, b []uint64) bool {
 // event kinds: a wait that starts, a stale outcome, a released probe, and
 // the backend health hook.
 func TestWatchEventsWaitAndStaleAndBackend(t *testing.T) {
-	e := startOps(t, opsOpts{yaml: eventsConfig})
-	w := e.watch(t, "chat")
+	synctest.Test(t, func(t *testing.T) {
+		e := startOps(t, opsOpts{yaml: eventsConfig})
+		w := e.watch(t, "chat")
 
-	// Two attempts out; the first fails and opens the breaker, the second's
-	// success is then stale.
-	a, b := e.grant(t, "chat", "", 0), e.grant(t, "chat", "", 0)
-	e.record(t, "chat", a, outcome{o: admissionv1.Outcome_OUTCOME_TRANSIENT})
-	e.record(t, "chat", b, outcome{o: admissionv1.Outcome_OUTCOME_SUCCESS})
-	// A third call is refused (the cooldown memo) and starts waiting.
-	c := e.pick(t, "chat", "", 0)
-	e.answerWaitsAtOnce(t, "chat")
-	if d := e.onNoRunnable(t, "chat", c.GetCallId()); d.GetWait() == nil {
-		t.Fatalf("OnNoRunnable: %v", d)
-	}
-	e.sc.srv.BackendChanged(BackendChange{Backend: "redis", Degraded: true, Detail: "dial tcp: connection refused; scopes fail closed"})
-	e.sc.srv.BackendChanged(BackendChange{Scope: "other", Backend: "redis", Degraded: false}) // not chat's
-
-	if ev := next(t, w).GetBreakerTransition(); ev.GetTo() != admissionv1.BreakerState_BREAKER_STATE_OPEN {
-		t.Fatalf("want the opening first: %v", ev)
-	}
-	stale := next(t, w).GetStaleOutcome()
-	if stale.GetSource() != "primary" || stale.GetPermitId() != b.GetGrant().GetPermitId() ||
-		stale.GetState() != admissionv1.BreakerState_BREAKER_STATE_OPEN {
-		t.Fatalf("stale outcome %v", stale)
-	}
-	ws := next(t, w).GetWaitStarted()
-	if ws.GetCallId() != c.GetCallId() || ws.GetGateRejections() != 1 || ws.GetAttempts() != 0 || len(ws.GetPerSourceReasons()) != 1 {
-		t.Fatalf("wait started %v", ws)
-	}
-	// The sleep is the remaining cooldown (10s, the clock stood still) plus
-	// the jitter of at most one poll interval.
-	r := ws.GetPerSourceReasons()[0]
-	if r.GetSource() != "primary" || r.GetReason() != admissionv1.Reason_REASON_COOLDOWN || r.GetRetryAfter().AsDuration() != 10*time.Second ||
-		ws.GetSleep().AsDuration() < 10*time.Second || ws.GetSleep().AsDuration() > 10*time.Second+time.Millisecond {
-		t.Fatalf("wait started %v", ws)
-	}
-	bh := next(t, w)
-	if h := bh.GetBackendHealth(); bh.GetScope() != "" || h.GetBackend() != "redis" || !h.GetDegraded() || h.GetDetail() == "" {
-		t.Fatalf("backend health %v", bh)
-	}
-	// The log has one line for the wait with its reasons and sleep.
-	logs := e.logs.String()
-	for _, want := range []string{
-		`msg="call waiting" scope=chat call=` + c.GetCallId() + " sleep=10.00",
-		"sources.primary.reason=cooldown sources.primary.retry_after=10s attempts=0",
-		`msg="breaker closed → open" scope=chat source=primary epoch=0 cause=consecutive_failures reopens=1 cooldown=10s`,
-	} {
-		if !strings.Contains(logs, want) {
-			t.Errorf("log lacks %q:\n%s", want, logs)
+		// Two attempts out; the first fails and opens the breaker, the second's
+		// success is then stale.
+		a, b := e.grant(t, "chat", "", 0), e.grant(t, "chat", "", 0)
+		e.record(t, "chat", a, outcome{o: admissionv1.Outcome_OUTCOME_TRANSIENT})
+		e.record(t, "chat", b, outcome{o: admissionv1.Outcome_OUTCOME_SUCCESS})
+		// A third call is refused (the cooldown memo) and starts waiting.
+		c := e.pick(t, "chat", "", 0)
+		e.answerWaitsAtOnce(t, "chat")
+		if d := e.onNoRunnable(t, "chat", c.GetCallId()); d.GetWait() == nil {
+			t.Fatalf("OnNoRunnable: %v", d)
 		}
-	}
+		e.sc.srv.BackendChanged(BackendChange{Backend: "redis", Degraded: true, Detail: "dial tcp: connection refused; scopes fail closed"})
+		e.sc.srv.BackendChanged(BackendChange{Scope: "other", Backend: "redis", Degraded: false}) // not chat's
+
+		if ev := next(t, w).GetBreakerTransition(); ev.GetTo() != admissionv1.BreakerState_BREAKER_STATE_OPEN {
+			t.Fatalf("want the opening first: %v", ev)
+		}
+		stale := next(t, w).GetStaleOutcome()
+		if stale.GetSource() != "primary" || stale.GetPermitId() != b.GetGrant().GetPermitId() ||
+			stale.GetState() != admissionv1.BreakerState_BREAKER_STATE_OPEN {
+			t.Fatalf("stale outcome %v", stale)
+		}
+		ws := next(t, w).GetWaitStarted()
+		if ws.GetCallId() != c.GetCallId() || ws.GetGateRejections() != 1 || ws.GetAttempts() != 0 || len(ws.GetPerSourceReasons()) != 1 {
+			t.Fatalf("wait started %v", ws)
+		}
+		// The sleep is the remaining cooldown (10s, the clock stood still) plus
+		// the jitter of at most one poll interval.
+		r := ws.GetPerSourceReasons()[0]
+		if r.GetSource() != "primary" || r.GetReason() != admissionv1.Reason_REASON_COOLDOWN || r.GetRetryAfter().AsDuration() != 10*time.Second ||
+			ws.GetSleep().AsDuration() < 10*time.Second || ws.GetSleep().AsDuration() > 10*time.Second+time.Millisecond {
+			t.Fatalf("wait started %v", ws)
+		}
+		bh := next(t, w)
+		if h := bh.GetBackendHealth(); bh.GetScope() != "" || h.GetBackend() != "redis" || !h.GetDegraded() || h.GetDetail() == "" {
+			t.Fatalf("backend health %v", bh)
+		}
+		// The log has one line for the wait with its reasons and sleep.
+		logs := e.logs.String()
+		for _, want := range []string{
+			`msg="call waiting" scope=chat call=` + c.GetCallId() + " sleep=10.00",
+			"sources.primary.reason=cooldown sources.primary.retry_after=10s attempts=0",
+			`msg="breaker closed → open" scope=chat source=primary epoch=0 cause=consecutive_failures reopens=1 cooldown=10s`,
+		} {
+			if !strings.Contains(logs, want) {
+				t.Errorf("log lacks %q:\n%s", want, logs)
+			}
+		}
+	})
 }
 
 // blockingSend holds the first message of every WatchEvents stream until
@@ -350,7 +355,7 @@ func TestWatchersAreCapped(t *testing.T) {
 func BenchmarkPublish(b *testing.B) {
 	for _, n := range []int{0, 1, 100, 500} {
 		b.Run(fmt.Sprintf("watchers=%d", n), func(b *testing.B) {
-			h := newHub(time.Now, 1024, 1000)
+			h := newHub(1024, 1000)
 			defer h.close()
 			for range n {
 				if _, err := h.subscribe(""); err != nil {

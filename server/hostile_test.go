@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"google.golang.org/grpc"
@@ -218,23 +219,25 @@ func TestHintsHaveACeiling(t *testing.T) {
 	}
 
 	t.Run("source dead", func(t *testing.T) {
-		h := start(t, harnessOpts{yaml: hintConfig})
-		for _, hint := range []*durationpb.Duration{century, forever} {
-			p, r := report(t, h, admissionv1.Outcome_OUTCOME_SOURCE_DEAD, hint)
-			if r.GetRetry() == nil || r.GetRetry().GetBackoff().AsDuration() > 5*time.Minute {
-				t.Fatalf("next: %v, want a retry on the other source within max_cooldown", r)
+		synctest.Test(t, func(t *testing.T) { // the OPEN's remaining cooldown, read at a later instant
+			h := start(t, harnessOpts{yaml: hintConfig})
+			for _, hint := range []*durationpb.Duration{century, forever} {
+				p, r := report(t, h, admissionv1.Outcome_OUTCOME_SOURCE_DEAD, hint)
+				if r.GetRetry() == nil || r.GetRetry().GetBackoff().AsDuration() > 5*time.Minute {
+					t.Fatalf("next: %v, want a retry on the other source within max_cooldown", r)
+				}
+				ra, err := h.client.RetryAfter(h.ctx, &admissionv1.RetryAfterRequest{Scope: "chat", Sources: []string{p.GetGrant().GetSource()}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := ra.GetRetryAfter().AsDuration(); got != 5*time.Minute {
+					t.Fatalf("dead source's OPEN: %v, want max_cooldown 5m", got)
+				}
+				if _, err := h.client.CancelCall(h.ctx, &admissionv1.CancelCallRequest{Scope: "chat", CallId: p.GetCallId()}); err != nil {
+					t.Fatal(err)
+				}
 			}
-			ra, err := h.client.RetryAfter(h.ctx, &admissionv1.RetryAfterRequest{Scope: "chat", Sources: []string{p.GetGrant().GetSource()}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := ra.GetRetryAfter().AsDuration(); got != 5*time.Minute {
-				t.Fatalf("dead source's OPEN: %v, want max_cooldown 5m", got)
-			}
-			if _, err := h.client.CancelCall(h.ctx, &admissionv1.CancelCallRequest{Scope: "chat", CallId: p.GetCallId()}); err != nil {
-				t.Fatal(err)
-			}
-		}
+		})
 	})
 	for _, o := range []admissionv1.Outcome{admissionv1.Outcome_OUTCOME_RATE_LIMITED, admissionv1.Outcome_OUTCOME_TRANSIENT} {
 		t.Run(o.String(), func(t *testing.T) {

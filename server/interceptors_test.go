@@ -21,7 +21,6 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/polygate/polygate/config"
-	"github.com/polygate/polygate/gate/gatetest"
 	"github.com/polygate/polygate/gate/inmem"
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 )
@@ -81,7 +80,6 @@ func startChain(t *testing.T, level slog.Level, token string) *chainHarness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clock := gatetest.NewClock()
 	logs := &records{level: level}
 	log := slog.New(logs)
 	var counted atomic.Int64
@@ -95,7 +93,7 @@ func startChain(t *testing.T, level slog.Level, token string) *chainHarness {
 			return h(srv, ss)
 		}},
 	}
-	srv := New(cfg, inmem.New(clock.Now), log, Options{Now: clock.Now})
+	srv := New(cfg, inmem.New(time.Now), log, Options{})
 	gs := grpc.NewServer(ServerOptions(log, NewTokens(config.Auth{Token: token}), extra)...)
 	admissionv1.RegisterAdmissionServiceServer(gs, srv)
 	healthpb.RegisterHealthServer(gs, health.NewServer())

@@ -48,7 +48,6 @@ func (o observers) Decided(c *policy.Call, d policy.Decision) {
 type logObserver struct {
 	policy.NopObserver
 	log *slog.Logger
-	now func() time.Time
 }
 
 func (l logObserver) Breaker(scope string, e gate.Event) {
@@ -92,7 +91,7 @@ func (l logObserver) Waiting(c *policy.Call, sleep time.Duration, rs []gate.Reje
 	for _, r := range rs {
 		reasons = append(reasons, slog.Group(r.Source, "reason", r.Reason.String(), "retry_after", r.RetryAfter))
 	}
-	st := c.Stats(l.now())
+	st := c.Stats(time.Now())
 	l.log.Info("call waiting", "scope", c.Scope, "call", c.ID, "sleep", sleep, slog.Group("sources", reasons...),
 		"attempts", st.Attempts, "waited", st.Waiting)
 }

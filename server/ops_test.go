@@ -15,18 +15,16 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/polygate/polygate/config"
-	"github.com/polygate/polygate/gate/gatetest"
 	"github.com/polygate/polygate/gate/inmem"
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 )
 
 // opsEnv is a server with the event hub and the real interceptor chain
-// (plus extra ones), on a fake clock, served over bufconn, logging at debug
+// (plus extra ones), served over bufconn, logging at debug
 // level into logs. internal/sidecar has the same harness with metrics and
 // telemetry wired in.
 type opsEnv struct {
 	sc     *opsServer
-	clock  *gatetest.Clock
 	client admissionv1.AdmissionServiceClient
 	ctx    context.Context
 	logs   *lockedBuffer
@@ -79,10 +77,9 @@ func startOps(t *testing.T, o opsOpts) *opsEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clock := gatetest.NewClock()
 	logs := &lockedBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	srv := New(cfg, inmem.New(clock.Now), log, Options{Now: clock.Now, WatchBuffer: o.watchBuffer})
+	srv := New(cfg, inmem.New(time.Now), log, Options{WatchBuffer: o.watchBuffer})
 	gs := grpc.NewServer(append(ServerOptions(log, NewTokens(cfg.Auth), o.interceptors), append(LimitOptions(cfg.Limits), CodecOption())...)...)
 	admissionv1.RegisterAdmissionServiceServer(gs, srv)
 	lis := bufconn.Listen(1 << 20)
@@ -94,13 +91,13 @@ func startOps(t *testing.T, o opsOpts) *opsEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), harnessTimeout)
 	t.Cleanup(func() {
 		cancel()
 		conn.Close()
 		sc.stop()
 	})
-	return &opsEnv{sc: sc, clock: clock, client: admissionv1.NewAdmissionServiceClient(conn), ctx: ctx, logs: logs}
+	return &opsEnv{sc: sc, client: admissionv1.NewAdmissionServiceClient(conn), ctx: ctx, logs: logs}
 }
 
 func (e *opsEnv) pick(t *testing.T, scope, call string, tokens int64) *admissionv1.PickResponse {

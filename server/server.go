@@ -21,18 +21,21 @@ type Server struct {
 	backend     gate.Backend
 	backendName func() string
 	log         *slog.Logger
-	now         func() time.Time
 	observer    observers
 	events      *hub
 	calls       *sessions
 
 	mu     sync.RWMutex
 	scopes map[string]*policy.Scope
+	// removed are scopes a reload removed, kept while calls of theirs may
+	// still report (or cancel) the permits they hold: see Apply.
+	removed map[string]*policy.Scope
 }
 
-// Options tunes a Server; zero values take time.Now and a backend named "memory".
+// Options tunes a Server; zero values take a backend named "memory". The
+// clock is time.Now, as in policy: tests that step time run in
+// testing/synctest bubbles.
 type Options struct {
-	Now func() time.Time
 	// BackendName describes the backend for DescribeScope.
 	BackendName func() string
 	// Observers are told every decision, after the built-in log observer
@@ -47,19 +50,17 @@ type Options struct {
 
 // New returns a server for cfg's scopes over backend.
 func New(cfg *config.Config, backend gate.Backend, log *slog.Logger, o Options) *Server {
-	if o.Now == nil {
-		o.Now = time.Now
-	}
 	if o.BackendName == nil {
 		o.BackendName = func() string { return "memory" }
 	}
-	events := newHub(o.Now, o.WatchBuffer, cfg.Events.MaxWatchers)
+	events := newHub(o.WatchBuffer, cfg.Events.MaxWatchers)
 	s := &Server{
-		backend: backend, backendName: o.BackendName, log: log, now: o.Now,
-		observer: append(observers{logObserver{log: log, now: o.Now}, events}, o.Observers...),
+		backend: backend, backendName: o.BackendName, log: log,
+		observer: append(observers{logObserver{log: log}, events}, o.Observers...),
 		events:   events,
-		calls:    newSessions(cfg.Calls.MaxLive, cfg.Calls.IdleTimeout, o.Now),
+		calls:    newSessions(cfg.Calls.MaxLive, cfg.Calls.IdleTimeout),
 		scopes:   make(map[string]*policy.Scope),
+		removed:  make(map[string]*policy.Scope),
 	}
 	s.Apply(cfg)
 	return s
@@ -67,7 +68,10 @@ func New(cfg *config.Config, backend gate.Backend, log *slog.Logger, o Options) 
 
 // Apply makes cfg's scopes the served ones: existing scopes take their new
 // limits and keep their breaker and quota state, new ones start, removed ones
-// stop being served (their calls answer NOT_FOUND).
+// stop being served: a new Pick answers NOT_FOUND, but their open calls can
+// still RecordOutcome and CancelCall, which settle the permit (freeing its
+// slot) and end the call with scope_removed. A removed scope is forgotten
+// once none of its calls is live (Sweep), or when it is added again.
 func (s *Server) Apply(cfg *config.Config) {
 	s.calls.configure(cfg.Calls.MaxLive, cfg.Calls.IdleTimeout)
 	s.mu.Lock()
@@ -79,12 +83,16 @@ func (s *Server) Apply(cfg *config.Config) {
 			next[name] = cur
 			continue
 		}
-		next[name] = policy.NewScope(sc, s.backend, policy.Options{Now: s.now, Observer: s.observer})
+		next[name] = policy.NewScope(sc, s.backend, policy.Options{Observer: s.observer})
 	}
 	for name, sc := range s.scopes {
 		if _, ok := next[name]; !ok {
 			sc.Close()
+			s.removed[name] = sc
 		}
+	}
+	for name := range next {
+		delete(s.removed, name)
 	}
 	s.scopes = next
 }
@@ -187,17 +195,24 @@ func (s *Server) Scopes() []string {
 // Sweep forgets idle calls, giving back the permits they hold; the
 // composition root calls it periodically.
 func (s *Server) Sweep() {
+	s.mu.Lock()
+	for name := range s.removed {
+		if s.calls.liveIn(name) == 0 {
+			delete(s.removed, name)
+		}
+	}
+	s.mu.Unlock()
 	dropped := s.calls.sweep()
 	s.abandon(dropped, AbandonExpired)
 	for _, c := range dropped {
-		st := c.Stats(s.now())
+		st := c.Stats(time.Now())
 		if st.Holding == nil {
 			s.log.Info("call expired idle", "scope", c.Scope, "call", c.ID, "attempts", st.Attempts)
 			continue
 		}
 		// Nobody will report the permit: give it back now rather than at
 		// the end of its lease (a probe would otherwise block its breaker).
-		sc, err := s.Scope(c.Scope)
+		sc, _, err := s.scopeOrRemoved(c.Scope)
 		if err == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			err = sc.Release(ctx, c)
@@ -238,11 +253,17 @@ func (s *Server) Pick(ctx context.Context, req *admissionv1.PickRequest) (*admis
 
 // OnNoRunnable implements admissionv1.AdmissionServiceServer.
 func (s *Server) OnNoRunnable(ctx context.Context, req *admissionv1.OnNoRunnableRequest) (*admissionv1.OnNoRunnableResponse, error) {
-	sc, sess, err := s.call(req.GetScope(), req.GetCallId())
+	sc, sess, removed, err := s.call(req.GetScope(), req.GetCallId())
 	if err != nil {
 		return nil, err
 	}
 	defer s.calls.release(sess)
+	if removed {
+		if f := sess.call.EndRemoved(); f != nil {
+			return decisionResponse(policy.Decision{Failure: f}), nil
+		}
+		return nil, errorf(errUnknownScope, "%s", clip(req.GetScope()))
+	}
 	d, err := sc.OnNoRunnable(ctx, sess.call)
 	if err != nil {
 		return nil, err
@@ -252,7 +273,7 @@ func (s *Server) OnNoRunnable(ctx context.Context, req *admissionv1.OnNoRunnable
 
 // RecordOutcome implements admissionv1.AdmissionServiceServer.
 func (s *Server) RecordOutcome(ctx context.Context, req *admissionv1.RecordOutcomeRequest) (*admissionv1.RecordOutcomeResponse, error) {
-	sc, sess, err := s.call(req.GetScope(), req.GetCallId())
+	sc, sess, removed, err := s.call(req.GetScope(), req.GetCallId())
 	if err != nil {
 		return nil, err
 	}
@@ -261,7 +282,11 @@ func (s *Server) RecordOutcome(ctx context.Context, req *admissionv1.RecordOutco
 	if req.ActualTokens != nil {
 		actual = req.GetActualTokens()
 	}
-	r, err := sc.RecordOutcome(ctx, sess.call, policy.Attempt{
+	record := sc.RecordOutcome
+	if removed {
+		record = sc.RecordRemoved
+	}
+	r, err := record(ctx, sess.call, policy.Attempt{
 		PermitID: req.GetPermitId(), Outcome: outcomes[req.GetOutcome()], RetryAfter: req.GetRetryAfterHint().AsDuration(),
 		ActualTokens: actual, HTTPStatus: int(req.GetHttpStatus()), Detail: req.GetDetail(),
 	})
@@ -273,7 +298,7 @@ func (s *Server) RecordOutcome(ctx context.Context, req *admissionv1.RecordOutco
 
 // CancelCall implements admissionv1.AdmissionServiceServer.
 func (s *Server) CancelCall(ctx context.Context, req *admissionv1.CancelCallRequest) (*admissionv1.CancelCallResponse, error) {
-	sc, sess, err := s.call(req.GetScope(), req.GetCallId())
+	sc, sess, _, err := s.call(req.GetScope(), req.GetCallId())
 	if err != nil {
 		return nil, err
 	}
@@ -288,13 +313,29 @@ func (s *Server) CancelCall(ctx context.Context, req *admissionv1.CancelCallRequ
 	return &admissionv1.CancelCallResponse{EndedNow: ended}, nil
 }
 
-func (s *Server) call(scope, id string) (*policy.Scope, *session, error) {
-	sc, err := s.Scope(scope)
+// call finds an open call of a scope, served or removed by a reload
+// (removed reports the latter).
+func (s *Server) call(scope, id string) (sc *policy.Scope, sess *session, removed bool, err error) {
+	sc, removed, err = s.scopeOrRemoved(scope)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
 	}
-	sess, err := s.calls.acquire(id, sc.Name())
-	return sc, sess, err
+	sess, err = s.calls.acquire(id, sc.Name())
+	return sc, sess, removed, err
+}
+
+// scopeOrRemoved is the named scope, or the removed scope of that name whose
+// calls may still end (removed reports the latter).
+func (s *Server) scopeOrRemoved(name string) (sc *policy.Scope, removed bool, err error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if sc, ok := s.scopes[name]; ok {
+		return sc, false, nil
+	}
+	if sc, ok := s.removed[name]; ok {
+		return sc, true, nil
+	}
+	return nil, false, errorf(errUnknownScope, "%s", clip(name))
 }
 
 // RetryAfter implements admissionv1.AdmissionServiceServer.

@@ -8,6 +8,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
@@ -24,7 +25,6 @@ import (
 
 	"github.com/polygate/polygate/config"
 	"github.com/polygate/polygate/gate"
-	"github.com/polygate/polygate/gate/gatetest"
 	"github.com/polygate/polygate/gate/inmem"
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 )
@@ -43,13 +43,18 @@ scopes:
     sources: [{name: only, timeout: 30s}]
 `
 
+// harnessTimeout bounds every RPC of a harness. Tests that step time run in
+// testing/synctest bubbles, where it is fake time: it is longer than any step
+// they take (a hung RPC then fails at once, the bubble's clock jumping to the
+// deadline); in real time it is short enough to fail a hung test.
+const harnessTimeout = 5 * time.Minute
+
 // harness is a server over bufconn with the real interceptor chain.
 type harness struct {
 	conn   *grpc.ClientConn
 	client admissionv1.AdmissionServiceClient
 	health healthpb.HealthClient
 	srv    *Server
-	clock  *gatetest.Clock
 	ctx    context.Context
 }
 
@@ -72,12 +77,11 @@ func start(t testing.TB, o harnessOpts) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clock := gatetest.NewClock()
 	if o.backend == nil {
-		o.backend = inmem.New(clock.Now)
+		o.backend = inmem.New(time.Now)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	srv := New(cfg, o.backend, log, Options{Now: clock.Now})
+	srv := New(cfg, o.backend, log, Options{})
 	gs := grpc.NewServer(append(ServerOptions(log, NewTokens(config.Auth{Token: o.token, OperatorToken: o.operator}), Interceptors{}), append(LimitOptions(cfg.Limits), CodecOption())...)...)
 	admissionv1.RegisterAdmissionServiceServer(gs, srv)
 	hs := health.NewServer()
@@ -103,14 +107,14 @@ func start(t testing.TB, o harnessOpts) *harness {
 			t.Fatal(err)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), harnessTimeout)
 	t.Cleanup(func() {
 		cancel()
 		conn.Close()
 		srv.Close()
 		gs.Stop()
 	})
-	return &harness{conn: conn, client: admissionv1.NewAdmissionServiceClient(conn), health: healthpb.NewHealthClient(conn), srv: srv, clock: clock, ctx: ctx}
+	return &harness{conn: conn, client: admissionv1.NewAdmissionServiceClient(conn), health: healthpb.NewHealthClient(conn), srv: srv, ctx: ctx}
 }
 
 // wantStatus checks an error's code, its ErrorInfo reason and, for
@@ -264,57 +268,63 @@ func TestLiveCallCap(t *testing.T) {
 }
 
 func TestIdleCallsExpire(t *testing.T) {
-	h := start(t, harnessOpts{}) // calls.idle_timeout: 1m
-	p := h.pick(t, &admissionv1.PickRequest{Scope: "other"})
-	h.clock.Advance(time.Minute - time.Millisecond)
-	h.srv.Sweep()
-	if _, err := h.client.RecordOutcome(h.ctx, &admissionv1.RecordOutcomeRequest{Scope: "other", CallId: p.CallId, PermitId: p.GetGrant().GetPermitId(), Outcome: admissionv1.Outcome_OUTCOME_TRANSIENT}); err != nil {
-		t.Fatalf("call expired early: %v", err)
-	}
-	h.clock.Advance(time.Minute)
-	h.srv.Sweep()
-	_, err := h.client.Pick(h.ctx, &admissionv1.PickRequest{Scope: "other", CallId: p.CallId})
-	wantStatus(t, err, codes.NotFound, admissionv1.ErrorReason_ERROR_REASON_UNKNOWN_CALL, "")
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, harnessOpts{}) // calls.idle_timeout: 1m
+		p := h.pick(t, &admissionv1.PickRequest{Scope: "other"})
+		time.Sleep(time.Minute - time.Millisecond)
+		h.srv.Sweep()
+		if _, err := h.client.RecordOutcome(h.ctx, &admissionv1.RecordOutcomeRequest{Scope: "other", CallId: p.CallId, PermitId: p.GetGrant().GetPermitId(), Outcome: admissionv1.Outcome_OUTCOME_TRANSIENT}); err != nil {
+			t.Fatalf("call expired early: %v", err)
+		}
+		time.Sleep(time.Minute)
+		h.srv.Sweep()
+		_, err := h.client.Pick(h.ctx, &admissionv1.PickRequest{Scope: "other", CallId: p.CallId})
+		wantStatus(t, err, codes.NotFound, admissionv1.ErrorReason_ERROR_REASON_UNKNOWN_CALL, "")
+	})
 }
 
 // A call forgotten while it holds a permit gives the permit back at once,
 // not at the end of its lease.
 func TestIdleCallGivesItsPermitBack(t *testing.T) {
-	h := start(t, harnessOpts{})
-	p := h.pick(t, &admissionv1.PickRequest{Scope: "other"}) // holds a permit, never reported
-	h.clock.Advance(time.Minute)
-	h.srv.Sweep()
-	d, err := h.client.DescribeScope(h.ctx, &admissionv1.DescribeScopeRequest{Scope: "other"})
-	if err != nil || d.Scope.Sources[0].InFlight != 0 || d.Scope.LiveCalls != 0 {
-		t.Fatalf("after forgetting call %s: %v %v, want its slot free and no live call", p.CallId, d, err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, harnessOpts{})
+		p := h.pick(t, &admissionv1.PickRequest{Scope: "other"}) // holds a permit, never reported
+		time.Sleep(time.Minute)
+		h.srv.Sweep()
+		d, err := h.client.DescribeScope(h.ctx, &admissionv1.DescribeScopeRequest{Scope: "other"})
+		if err != nil || d.Scope.Sources[0].InFlight != 0 || d.Scope.LiveCalls != 0 {
+			t.Fatalf("after forgetting call %s: %v %v, want its slot free and no live call", p.CallId, d, err)
+		}
+	})
 }
 
 // Verdicts are responses, not errors: a circuit-open failure comes back in
 // OnNoRunnable's response with the remaining cooldown.
 func TestVerdictsAreResponses(t *testing.T) {
-	h := start(t, harnessOpts{})
-	for range 2 {
-		h.record(t, "chat", h.pick(t, &admissionv1.PickRequest{Scope: "chat"}), admissionv1.Outcome_OUTCOME_TRANSIENT)
-	}
-	h.clock.Advance(3 * time.Second)
-	p := h.pick(t, &admissionv1.PickRequest{Scope: "chat"})
-	nr := p.GetNoRunnable()
-	if nr == nil || nr.GateRejections != 1 || nr.PerSourceReasons[0].Reason != admissionv1.Reason_REASON_COOLDOWN {
-		t.Fatalf("pick while open: %v", p)
-	}
-	d, err := h.client.OnNoRunnable(h.ctx, &admissionv1.OnNoRunnableRequest{Scope: "chat", CallId: p.CallId})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := d.GetFailure()
-	if f == nil || f.Reason != admissionv1.FailureReason_FAILURE_REASON_CIRCUIT_OPEN || f.RetryAfter.AsDuration() != 7*time.Second {
-		t.Fatalf("decision %v, want circuit_open with 7s left", d)
-	}
-	ra, err := h.client.RetryAfter(h.ctx, &admissionv1.RetryAfterRequest{Scope: "chat"})
-	if err != nil || ra.RetryAfter.AsDuration() != 7*time.Second || ra.Sources[0].State != admissionv1.BreakerState_BREAKER_STATE_OPEN {
-		t.Fatalf("RetryAfter %v %v", ra, err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, harnessOpts{})
+		for range 2 {
+			h.record(t, "chat", h.pick(t, &admissionv1.PickRequest{Scope: "chat"}), admissionv1.Outcome_OUTCOME_TRANSIENT)
+		}
+		time.Sleep(3 * time.Second)
+		p := h.pick(t, &admissionv1.PickRequest{Scope: "chat"})
+		nr := p.GetNoRunnable()
+		if nr == nil || nr.GateRejections != 1 || nr.PerSourceReasons[0].Reason != admissionv1.Reason_REASON_COOLDOWN {
+			t.Fatalf("pick while open: %v", p)
+		}
+		d, err := h.client.OnNoRunnable(h.ctx, &admissionv1.OnNoRunnableRequest{Scope: "chat", CallId: p.CallId})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := d.GetFailure()
+		if f == nil || f.Reason != admissionv1.FailureReason_FAILURE_REASON_CIRCUIT_OPEN || f.RetryAfter.AsDuration() != 7*time.Second {
+			t.Fatalf("decision %v, want circuit_open with 7s left", d)
+		}
+		ra, err := h.client.RetryAfter(h.ctx, &admissionv1.RetryAfterRequest{Scope: "chat"})
+		if err != nil || ra.RetryAfter.AsDuration() != 7*time.Second || ra.Sources[0].State != admissionv1.BreakerState_BREAKER_STATE_OPEN {
+			t.Fatalf("RetryAfter %v %v", ra, err)
+		}
+	})
 }
 
 func TestDescribeShowsLiveStateAndDerivedValues(t *testing.T) {

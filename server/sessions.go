@@ -16,7 +16,6 @@ const endedRetention = time.Minute
 // expiry, and a cap on how many may be live at once so that a misbehaving
 // client cannot exhaust memory.
 type sessions struct {
-	now  func() time.Time
 	max  int
 	idle time.Duration
 
@@ -33,8 +32,8 @@ type session struct {
 	ended   time.Time // zero while the call is live
 }
 
-func newSessions(max int, idle time.Duration, now func() time.Time) *sessions {
-	return &sessions{now: now, max: max, idle: idle, calls: make(map[string]*session), live: make(map[string]int)}
+func newSessions(max int, idle time.Duration) *sessions {
+	return &sessions{max: max, idle: idle, calls: make(map[string]*session), live: make(map[string]int)}
 }
 
 // configure applies reloaded limits.
@@ -51,7 +50,7 @@ func (s *sessions) open(scope string, tokens int64, deadline time.Duration) (*se
 	if s.total >= s.max {
 		return nil, fmt.Errorf("%w: %d calls are open (calls.max_live)", errTooManyCalls, s.total)
 	}
-	now := s.now()
+	now := time.Now()
 	var until time.Time
 	if deadline > 0 {
 		until = now.Add(deadline)
@@ -76,7 +75,7 @@ func (s *sessions) acquire(id, scope string) (*session, error) {
 		return nil, badField("scope", "call %s belongs to scope %q, not %s", id, sess.call.Scope, clip(scope))
 	}
 	sess.busy++
-	sess.touched = s.now()
+	sess.touched = time.Now()
 	return sess, nil
 }
 
@@ -84,7 +83,7 @@ func (s *sessions) acquire(id, scope string) (*session, error) {
 func (s *sessions) release(sess *session) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now()
+	now := time.Now()
 	sess.busy--
 	sess.touched = now
 	if sess.ended.IsZero() && sess.call.Ended() {
@@ -114,7 +113,7 @@ func (s *sessions) discard(sess *session) {
 func (s *sessions) sweep() []*policy.Call {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now()
+	now := time.Now()
 	var dropped []*policy.Call
 	for id, sess := range s.calls {
 		switch {

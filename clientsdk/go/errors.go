@@ -36,12 +36,21 @@ const (
 	DeadlineExceeded
 	// CallCancelled: the call reported CANCELLED.
 	CallCancelled
+	// RetryAfterTooLong: an upstream Retry-After was longer than the scope's
+	// backoff.max_retry_after.
+	RetryAfterTooLong
+	// DeadSource: every source was OPEN because it is dead (auth or quota
+	// death) and the scope's source_dead policy is fail_fast.
+	DeadSource
+	// ScopeRemoved: a reload removed the call's scope.
+	ScopeRemoved
 )
 
 var failureNames = map[FailureReason]string{
 	CircuitOpen: "circuit_open", QuotaExhausted: "quota_exhausted", Stalled: "stalled",
 	RetryExhausted: "retry_exhausted", NonRetryable: "non_retryable",
 	DeadlineExceeded: "deadline_exceeded", CallCancelled: "cancelled",
+	RetryAfterTooLong: "retry_after_too_long", DeadSource: "source_dead", ScopeRemoved: "scope_removed",
 }
 
 // String is the reason as DESIGN writes it, e.g. "circuit_open".
@@ -53,13 +62,16 @@ func (r FailureReason) String() string {
 }
 
 var failureFromProto = map[admissionv1.FailureReason]FailureReason{
-	admissionv1.FailureReason_FAILURE_REASON_CIRCUIT_OPEN:      CircuitOpen,
-	admissionv1.FailureReason_FAILURE_REASON_QUOTA_EXHAUSTED:   QuotaExhausted,
-	admissionv1.FailureReason_FAILURE_REASON_STALLED:           Stalled,
-	admissionv1.FailureReason_FAILURE_REASON_RETRY_EXHAUSTED:   RetryExhausted,
-	admissionv1.FailureReason_FAILURE_REASON_NON_RETRYABLE:     NonRetryable,
-	admissionv1.FailureReason_FAILURE_REASON_DEADLINE_EXCEEDED: DeadlineExceeded,
-	admissionv1.FailureReason_FAILURE_REASON_CANCELLED:         CallCancelled,
+	admissionv1.FailureReason_FAILURE_REASON_CIRCUIT_OPEN:         CircuitOpen,
+	admissionv1.FailureReason_FAILURE_REASON_QUOTA_EXHAUSTED:      QuotaExhausted,
+	admissionv1.FailureReason_FAILURE_REASON_STALLED:              Stalled,
+	admissionv1.FailureReason_FAILURE_REASON_RETRY_EXHAUSTED:      RetryExhausted,
+	admissionv1.FailureReason_FAILURE_REASON_NON_RETRYABLE:        NonRetryable,
+	admissionv1.FailureReason_FAILURE_REASON_DEADLINE_EXCEEDED:    DeadlineExceeded,
+	admissionv1.FailureReason_FAILURE_REASON_CANCELLED:            CallCancelled,
+	admissionv1.FailureReason_FAILURE_REASON_RETRY_AFTER_TOO_LONG: RetryAfterTooLong,
+	admissionv1.FailureReason_FAILURE_REASON_SOURCE_DEAD:          DeadSource,
+	admissionv1.FailureReason_FAILURE_REASON_SCOPE_REMOVED:        ScopeRemoved,
 }
 
 // Verdicts, for errors.Is on a *FailureError.
@@ -71,8 +83,10 @@ var (
 	ErrNonRetryable     = errors.New("polygate: non-retryable upstream error")
 	ErrDeadlineExceeded = errors.New("polygate: call deadline exceeded")
 	ErrCancelled        = errors.New("polygate: call cancelled")
+	ErrSourceDead       = errors.New("polygate: every source is dead")
+	ErrScopeRemoved     = errors.New("polygate: scope removed by a reload")
 	// ErrAllSourcesExhausted matches the verdicts that end a call refused by
-	// every source: CircuitOpen, QuotaExhausted and Stalled.
+	// every source: CircuitOpen, DeadSource, QuotaExhausted and Stalled.
 	ErrAllSourcesExhausted = errors.New("polygate: every source refused the call")
 )
 
@@ -80,6 +94,7 @@ var failureSentinels = map[FailureReason]error{
 	CircuitOpen: ErrCircuitOpen, QuotaExhausted: ErrQuotaExhausted, Stalled: ErrStalled,
 	RetryExhausted: ErrRetryExhausted, NonRetryable: ErrNonRetryable,
 	DeadlineExceeded: ErrDeadlineExceeded, CallCancelled: ErrCancelled,
+	DeadSource: ErrSourceDead, ScopeRemoved: ErrScopeRemoved,
 }
 
 // SourceReason is one source's refusal of the call's last Pick.
@@ -146,7 +161,7 @@ func (e *FailureError) Is(target error) bool {
 	case failureSentinels[e.Reason]:
 		return true
 	case ErrAllSourcesExhausted:
-		return e.Reason == CircuitOpen || e.Reason == QuotaExhausted || e.Reason == Stalled
+		return e.Reason == CircuitOpen || e.Reason == DeadSource || e.Reason == QuotaExhausted || e.Reason == Stalled
 	case context.DeadlineExceeded:
 		return e.Reason == DeadlineExceeded
 	}

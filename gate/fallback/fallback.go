@@ -115,11 +115,24 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 		func() (gate.Admission, error) { return b.local.Admit(ctx, b.share(req)) })
 }
 
-// Settle implements gate.Backend.
+// Settle implements gate.Backend. A settle served locally may be of a
+// permit the shared backend granted before it went away: a shared backend
+// that can defer settles (a Deferrer) is handed it too, to settle when it
+// answers again, so that its slot does not stay held until its lease ends.
 func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (gate.Settlement, error) {
 	return call(b, ctx,
 		func() (gate.Settlement, error) { return b.shared.Settle(ctx, req) },
-		func() (gate.Settlement, error) { return b.local.Settle(ctx, req) })
+		func() (gate.Settlement, error) {
+			if d, ok := b.shared.(Deferrer); ok {
+				d.DeferSettle(req)
+			}
+			return b.local.Settle(ctx, req)
+		})
+}
+
+// Deferrer is a shared backend that can keep a settle until it answers.
+type Deferrer interface {
+	DeferSettle(req gate.SettleRequest)
 }
 
 // Peek implements gate.Backend.

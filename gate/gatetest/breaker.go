@@ -289,6 +289,64 @@ func runBreaker(t *testing.T, factory Factory) {
 		})
 	})
 
+	t.Run("OpenCauseSaysWhyTheBreakerIsOpen", func(t *testing.T) {
+		cause := func(e *env, src *gate.Source) gate.OpenCause {
+			e.t.Helper()
+			return e.view(src).Breaker.Cause
+		}
+		dead := func(e *env, src *gate.Source) gate.Settlement {
+			p := e.grant(src)
+			return e.settleReq(gate.SettleRequest{Source: src, PermitID: p.ID, Epoch: p.Epoch, Probe: p.Probe, Verdict: gate.VerdictForceOpen, ActualTokens: -1})
+		}
+		e := newEnv(t, factory)
+		src := Src("a")
+		if c := cause(e, src); c != gate.OpenCauseNone {
+			t.Fatalf("closed breaker: cause %v, want none", c)
+		}
+		e.open(src)
+		if c := cause(e, src); c != gate.OpenCauseFailures {
+			t.Fatalf("opened by failures: cause %v", c)
+		}
+		e.clock.Advance(time.Second)
+		if c := cause(e, src); c != gate.OpenCauseNone {
+			t.Fatalf("cooldown over (reads half_open): cause %v, want none", c)
+		}
+		if s := dead(e, src); s.Breaker.Cause != gate.OpenCauseSourceDead {
+			t.Fatalf("dead probe: settlement cause %v, want source_dead", s.Breaker.Cause)
+		}
+		if c := cause(e, src); c != gate.OpenCauseSourceDead {
+			t.Fatalf("dead probe: cause %v, want source_dead", c)
+		}
+		e.clock.Advance(2 * time.Second)
+		if s := e.settle(src, e.grant(src), gate.VerdictFailure); s.Breaker.Cause != gate.OpenCauseFailures {
+			t.Fatalf("failed probe after a dead one: cause %v, want failures", s.Breaker.Cause)
+		}
+
+		t.Run("DeadExtendsFailureOpen", func(t *testing.T) {
+			e := newEnv(t, factory)
+			late := e.grant(src)
+			e.open(src)
+			s := e.settleReq(gate.SettleRequest{Source: src, PermitID: late.ID, Epoch: late.Epoch, Verdict: gate.VerdictForceOpen, Floor: 5 * time.Second, ActualTokens: -1})
+			if s.Breaker.Cause != gate.OpenCauseSourceDead || cause(e, src) != gate.OpenCauseSourceDead {
+				t.Fatalf("dead outcome extending a failure OPEN: cause %v, want source_dead", s.Breaker.Cause)
+			}
+		})
+		t.Run("Forced", func(t *testing.T) {
+			e := newEnv(t, factory)
+			dead(e, src)
+			if c := cause(e, src); c != gate.OpenCauseSourceDead {
+				t.Fatalf("dead while closed: cause %v", c)
+			}
+			if r := e.override(src, gate.ActionForceOpen); r.View.Breaker.Cause != gate.OpenCauseForced {
+				t.Fatalf("forced open: cause %v, want forced", r.View.Breaker.Cause)
+			}
+			e.override(src, gate.ActionClear)
+			if c := cause(e, src); c != gate.OpenCauseSourceDead {
+				t.Fatalf("override cleared: cause %v, want source_dead again", c)
+			}
+		})
+	})
+
 	t.Run("SettleIsIdempotent", func(t *testing.T) {
 		e := newEnv(t, factory)
 		src := Src("a")

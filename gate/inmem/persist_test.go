@@ -115,8 +115,8 @@ func TestStateRoundTrip(t *testing.T) {
 					t.Errorf("%s: forced source after restart = %+v, want forced_open by alice", name, v)
 				}
 				v := peek(t, r, dead).Breaker
-				if v.State != gate.Open || v.Reopens != 1 || v.RetryAfter != 6*time.Second {
-					t.Errorf("%s: dead source after restart = %+v, want OPEN for the 6 s left of its 10 s cooldown", name, v)
+				if v.State != gate.Open || v.Reopens != 1 || v.RetryAfter != 6*time.Second || v.Cause != gate.OpenCauseSourceDead {
+					t.Errorf("%s: dead source after restart = %+v, want OPEN (source_dead) for the 6 s left of its 10 s cooldown", name, v)
 				}
 				if rej := admit(t, r, "d2", 0, dead).Rejections; len(rej) != 1 || rej[0].Reason != gate.ReasonCircuitOpen {
 					t.Errorf("%s: dead source admitted after restart: %+v", name, rej)
@@ -183,6 +183,7 @@ func TestStateFileErrors(t *testing.T) {
 		{"no version", strings.Replace(valid, `"version":1,`, ``, 1)},
 		{"unknown field", strings.Replace(valid, `"epoch":0`, `"epoch":0,"color":"red"`, 1)},
 		{"unknown state", strings.Replace(valid, `"closed"`, `"ajar"`, 1)},
+		{"unknown open cause", strings.Replace(valid, `"epoch":0`, `"epoch":0,"open_cause":"boredom"`, 1)},
 		{"unknown override", strings.Replace(valid, `"epoch":0`, `"epoch":0,"override":"maybe"`, 1)},
 		{"negative tokens", strings.Replace(valid, `"epoch":0}`, `"epoch":0},"minute":[[1,-5]]`, 1)},
 		{"trailing data", valid + valid},

@@ -61,6 +61,7 @@ type breakerState struct {
 	Reopens       int           `json:"reopens,omitempty"`
 	OpenedAtMs    int64         `json:"opened_at_ms,omitempty"`
 	OpenUntilMs   int64         `json:"open_until_ms,omitempty"`
+	OpenCause     string        `json:"open_cause,omitempty"`
 	Consecutive   int           `json:"consecutive_failures,omitempty"`
 	BucketWidthMs int64         `json:"bucket_width_ms,omitempty"`
 	Buckets       []bucketState `json:"buckets,omitempty"`
@@ -84,6 +85,9 @@ func encodeSource(st *gate.SourceState, now int64) sourceState {
 	if b.Override != gate.NoOverride {
 		out.Breaker.Override = b.Override.String()
 	}
+	if b.Cause != gate.OpenCauseNone {
+		out.Breaker.OpenCause = b.Cause.String()
+	}
 	for _, bk := range b.Buckets {
 		if bk.Calls > 0 {
 			out.Breaker.Buckets = append(out.Breaker.Buckets, bucketState{Index: bk.Index, Calls: bk.Calls, Fails: bk.Fails})
@@ -97,6 +101,7 @@ func encodeSource(st *gate.SourceState, now int64) sourceState {
 
 var states = map[string]gate.State{}
 var overrides = map[string]gate.Override{}
+var openCauses = map[string]gate.OpenCause{}
 
 func init() {
 	for _, s := range []gate.State{gate.Closed, gate.Open, gate.HalfOpen} {
@@ -104,6 +109,9 @@ func init() {
 	}
 	for _, o := range []gate.Override{gate.ForcedOpen, gate.ForcedClosed, gate.Disabled} {
 		overrides[o.String()] = o
+	}
+	for _, c := range []gate.OpenCause{gate.OpenCauseFailures, gate.OpenCauseSourceDead} {
+		openCauses[c.String()] = c
 	}
 }
 
@@ -118,6 +126,11 @@ func decodeSource(in sourceState, now int64) (*gate.SourceState, error) {
 	if b.Override != "" {
 		if st.Breaker.Override, ok = overrides[b.Override]; !ok {
 			return nil, fmt.Errorf("breaker.override %q: allowed: forced_open, forced_closed, disabled", clip(b.Override))
+		}
+	}
+	if b.OpenCause != "" {
+		if st.Breaker.Cause, ok = openCauses[b.OpenCause]; !ok {
+			return nil, fmt.Errorf("breaker.open_cause %q: allowed: failures, source_dead", clip(b.OpenCause))
 		}
 	}
 	switch {

@@ -262,6 +262,46 @@ var overrideArgs = args[call[gate.OverrideRequest]]{"OVERRIDE", []arg[call[gate.
 	num("window", func(c *call[gate.OverrideRequest]) any { return c.req.Source.Breaker.Window.Milliseconds() }),
 }}
 
+// restoreKeys head the restore call's keys: the scope's marker (no TTL: it
+// is missing only if Redis lost the scope); n brkKeys follow.
+var restoreKeys = keyBlock{"RESTORE_KEYS", []string{"marker"}}
+
+// brkKeys is a source's breaker hash alone.
+var brkKeys = keyBlock{"BRK_KEYS", []string{"brk"}}
+
+// restoreCall heads the restore call: n records (restoreSrcArgs) follow.
+type restoreCall struct {
+	b *Backend
+	n int
+}
+
+var restoreArgs = args[restoreCall]{"RESTORE", []arg[restoreCall]{
+	num("now", func(c *restoreCall) any { return c.b.nowArg() }),
+	num("idle_ttl", func(c *restoreCall) any { return c.b.idleTTL }),
+	num("n", func(c *restoreCall) any { return c.n }),
+}}
+
+// restoreRec is a remembered breaker as of now (durations in ms, relative to
+// now; open_left 0: not OPEN).
+type restoreRec struct {
+	openLeft, openedAgo, overrideAgo int64
+	reopens                          int
+	epoch                            uint64
+	override                         gate.Override
+	actor, why                       string
+}
+
+var restoreSrcArgs = args[restoreRec]{"RESTORE_SRC", []arg[restoreRec]{
+	num("open_left", func(r *restoreRec) any { return r.openLeft }),
+	num("reopens", func(r *restoreRec) any { return r.reopens }),
+	num("epoch", func(r *restoreRec) any { return strconv.FormatUint(r.epoch, 10) }),
+	num("opened_ago", func(r *restoreRec) any { return r.openedAgo }),
+	num("override", func(r *restoreRec) any { return int(r.override) }),
+	str("actor", func(r *restoreRec) any { return r.actor }),
+	str("why", func(r *restoreRec) any { return r.why }),
+	num("override_ago", func(r *restoreRec) any { return r.overrideAgo }),
+}}
+
 func concat[T any](parts ...[]arg[T]) []arg[T] {
 	var out []arg[T]
 	for _, p := range parts {
@@ -295,6 +335,7 @@ var breakerView = reply[gate.BreakerView]{"BV", []ret[gate.BreakerView]{
 	{"calls", getInt(func(b *gate.BreakerView, v int64) { b.Calls = v })},
 	{"fails", getInt(func(b *gate.BreakerView, v int64) { b.Fails = v })},
 	{"consecutive", getInt(func(b *gate.BreakerView, v int64) { b.Consecutive = int(v) })},
+	{"cause", getInt(func(b *gate.BreakerView, v int64) { b.Cause = gate.OpenCause(v) })},
 }}
 
 // quotaView is a gate.QuotaView.
@@ -405,6 +446,15 @@ var overrideReply = reply[overrideOut]{"OVERRIDE_R", []ret[overrideOut]{
 	{"now", raw(func(*overrideOut, any) {})},
 }}
 
+type restoreOut struct{ lost, restored int64 }
+
+// restoreReply: whether the marker was missing (0/1), and how many
+// breakers were written.
+var restoreReply = reply[restoreOut]{"RESTORE_R", []ret[restoreOut]{
+	{"lost", getInt(func(r *restoreOut, v int64) { r.lost = v })},
+	{"restored", getInt(func(r *restoreOut, v int64) { r.restored = v })},
+}}
+
 // announced is an announcement: its format version, scope, and event.
 type announced struct {
 	version int64
@@ -438,5 +488,6 @@ func luaLayouts() []luaLayout {
 		peekSourceArgs.lua(), overrideArgs.lua(),
 		breakerView.lua(), quotaView.lua(), eventReply.lua(), rejection.lua(), admitReply.lua(), settleReply.lua(),
 		peekReply.lua(), peekSource.lua(), overrideReply.lua(), announcement.lua(),
+		restoreKeys.lua(), brkKeys.lua(), restoreArgs.lua(), restoreSrcArgs.lua(), restoreReply.lua(),
 	}
 }

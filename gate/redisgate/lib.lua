@@ -84,10 +84,10 @@ end
 -- missing hash is the zero Breaker: CLOSED at epoch 0. A script reads the
 -- scalars at once and the buckets only when it counts (Admit never does),
 -- and writes back only the fields that changed.
-local SCALAR_FIELDS = { 'st', 'ep', 'ro', 'oa', 'ou', 'pr', 'pu', 'co', 'w', 'ov', 'ac', 'wy', 'oat' }
+local SCALAR_FIELDS = { 'st', 'ep', 'ro', 'oa', 'ou', 'pr', 'pu', 'co', 'w', 'ov', 'ac', 'wy', 'oat', 'oc' }
 local SCALAR_NAMES = {
   'state', 'epoch', 'reopens', 'opened_at', 'open_until', 'probe', 'probe_until', 'consecutive', 'width',
-  'override', 'actor', 'why', 'override_at',
+  'override', 'actor', 'why', 'override_at', 'open_cause',
 }
 local STRINGS = { probe = true, actor = true, why = true }
 local BUCKET_FIELDS = { 'k0', 'k1', 'k2', 'k3', 'k4', 'k5', 'k6', 'k7', 'k8', 'k9' }
@@ -95,7 +95,7 @@ local BUCKET_FIELDS = { 'k0', 'k1', 'k2', 'k3', 'k4', 'k5', 'k6', 'k7', 'k8', 'k
 -- ALL_FIELDS are the scalars and then the buckets, for one HMGET.
 -- (No loop: a library's top level runs where ipairs does not exist.)
 local ALL_FIELDS = {
-  'st', 'ep', 'ro', 'oa', 'ou', 'pr', 'pu', 'co', 'w', 'ov', 'ac', 'wy', 'oat',
+  'st', 'ep', 'ro', 'oa', 'ou', 'pr', 'pu', 'co', 'w', 'ov', 'ac', 'wy', 'oat', 'oc',
   'k0', 'k1', 'k2', 'k3', 'k4', 'k5', 'k6', 'k7', 'k8', 'k9',
 }
 
@@ -321,6 +321,10 @@ local function b_open(b, p, now, floor, cause)
   b.reopens = b.reopens + 1
   b.state = OPEN
   b.opened_at = now
+  b.open_cause = OC_FAILURES
+  if cause == C_SOURCE_DEAD then
+    b.open_cause = OC_SOURCE_DEAD
+  end
   b.open_until = now + gmax(cooldown_ms(p.cooldown, p.max_cooldown, b.reopens), floor)
   local e = b_event(b, E_TRANSITION, from, cause)
   e.cooldown = b.open_until - now
@@ -392,6 +396,7 @@ local function b_settle(b, p, o, now)
       local untl = gmax(now + cooldown_ms(p.cooldown, p.max_cooldown, b.reopens), now + floor)
       if untl > b.open_until then
         b.open_until = untl
+        b.open_cause = OC_SOURCE_DEAD
         local e = b_event(b, E_TRANSITION, OPEN, C_SOURCE_DEAD)
         e.cooldown = untl - now
         return F_APPLIED, { e }
@@ -406,9 +411,17 @@ end
 -- As the reply record BV.
 local function b_view(b, p, now)
   local reason, wait = b_check(b, now)
-  local state = b.state
-  if b.state == OPEN and now >= b.open_until then
+  local state, cause = b.state, OC_NONE
+  if b.override == FORCED_OPEN then
+    cause = OC_FORCED
+  elseif b.state == OPEN and now >= b.open_until then
     state = HALF_OPEN
+  elseif b.state == OPEN then
+    -- A breaker saved before causes were kept opened on failures.
+    cause = b.open_cause
+    if cause == OC_NONE then
+      cause = OC_FAILURES
+    end
   end
   local probe_out, probe_left = 0, 0
   if b.state == HALF_OPEN and b.probe ~= '' and now < b.probe_until then
@@ -418,7 +431,7 @@ local function b_view(b, p, now)
   return pack(BV, {
     state = state, override = b.override, actor = b.actor, why = b.why, epoch = b.epoch, reopens = b.reopens,
     reason = reason, retry = wait, probe_out = probe_out, probe_left = probe_left, calls = calls, fails = fails,
-    consecutive = b.consecutive,
+    consecutive = b.consecutive, cause = cause,
   })
 end
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -25,6 +26,19 @@ type Options struct {
 	// Clock, when set, is the time of every decision in place of the Redis
 	// server's TIME. Tests only: see the package documentation.
 	Clock func() time.Time
+	// Timeout, when set, bounds every round trip: a context deadline around
+	// each script run and ping, which the client honours on its socket when
+	// its ContextTimeoutEnabled is set (the sidecar sets it).
+	Timeout time.Duration
+	// GiveBackQueue bounds the settles kept for Redis while it does not
+	// answer (see RunGiveBacks); default DefaultGiveBackQueue.
+	GiveBackQueue int
+	// Log receives the give-back queue's and the state checks' lines;
+	// default none.
+	Log *slog.Logger
+	// OnStateLoss, when set, is told (from RunGiveBacks) that Redis lost a
+	// scope's state, and how many breakers were re-asserted.
+	OnStateLoss func(scope string, restored int)
 }
 
 // DefaultPrefix and DefaultIdleTTL are the values of a zero Options.
@@ -42,6 +56,10 @@ type Backend struct {
 	idleTTL int64 // ms
 	clock   func() time.Time
 	scripts atomic.Bool // Functions refused: EVALSHA only
+	timeout time.Duration
+	orphans *orphans
+	memory  memory
+	onLoss  func(scope string, restored int)
 }
 
 var _ gate.Backend = (*Backend)(nil)
@@ -61,7 +79,11 @@ func New(client redis.UniversalClient, o Options) (*Backend, error) {
 	if o.IdleTTL < time.Millisecond {
 		return nil, fmt.Errorf("redisgate: idle TTL %v: must be at least 1ms", o.IdleTTL)
 	}
-	return &Backend{client: client, prefix: o.Prefix, idleTTL: o.IdleTTL.Milliseconds(), clock: o.Clock}, nil
+	if o.Timeout < 0 {
+		return nil, fmt.Errorf("redisgate: timeout %v: must not be negative", o.Timeout)
+	}
+	return &Backend{client: client, prefix: o.Prefix, idleTTL: o.IdleTTL.Milliseconds(), clock: o.Clock,
+		timeout: o.Timeout, orphans: newOrphans(o.GiveBackQueue, o.Log), onLoss: o.OnStateLoss}, nil
 }
 
 // scopeEscaper keeps braces out of the hash tag (and stays injective).
@@ -127,6 +149,7 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 	}
 	v, err := b.run(ctx, op, admitScript, keys, args)
 	if err != nil {
+		b.lostAdmit(req) // the script may have run: nobody would own its permit
 		return gate.Admission{}, err
 	}
 	p := &parser{op: op}
@@ -158,15 +181,25 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 	if p.err != nil {
 		return gate.Admission{}, p.err
 	}
+	b.memory.see(req.Scope, out.Events, time.Now())
 	return out, nil
 }
 
-// Settle implements gate.Backend.
+// Settle implements gate.Backend. A settle that fails is also kept for
+// RunGiveBacks, which repeats it until Redis confirms.
 func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (gate.Settlement, error) {
-	const op = "settle"
 	if req.Source == nil {
-		return gate.Settlement{}, fmt.Errorf("redisgate: %s: no source", op)
+		return gate.Settlement{}, fmt.Errorf("redisgate: settle: no source")
 	}
+	st, err := b.settle(ctx, req)
+	if err != nil {
+		b.orphans.add(req, 1)
+	}
+	return st, err
+}
+
+func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Settlement, error) {
+	const op = "settle"
 	tag := b.tag(req.Scope)
 	keys := make([]string, 0, len(scopeKeys.suffixes)+len(sourceKeys.suffixes))
 	keys = appendSourceKeys(appendScopeKeys(keys, tag), tag, req.Source.Name)
@@ -187,6 +220,7 @@ func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 	if p.err != nil {
 		return gate.Settlement{}, p.err
 	}
+	b.memory.see(req.Scope, out.Events, time.Now())
 	return out, nil
 }
 
@@ -253,48 +287,67 @@ func (b *Backend) Override(ctx context.Context, req gate.OverrideRequest) (gate.
 	if p.err != nil {
 		return gate.OverrideResult{}, p.err
 	}
+	b.memory.see(req.Scope, out.Events, time.Now())
 	return out, nil
 }
 
 // Ping checks that Redis answers; an error wraps gate.ErrUnavailable.
 func (b *Backend) Ping(ctx context.Context) error {
-	if err := b.client.Ping(ctx).Err(); err != nil {
+	rctx, cancel := b.bound(ctx)
+	defer cancel()
+	if err := b.client.Ping(rctx).Err(); err != nil {
 		return b.wrap(ctx, "ping", err)
 	}
+	b.orphans.poke()
 	return nil
+}
+
+// bound puts the Backend's timeout on ctx.
+func (b *Backend) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if b.timeout <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, b.timeout)
 }
 
 // run runs one operation in one round trip: FCALL of the loaded library,
 // or EVALSHA where Functions are unavailable. When the server lacks the
 // library (first use, a restart, FUNCTION FLUSH) it loads it and calls
 // again; when it refuses FUNCTION LOAD (Redis < 7, ACL) the Backend uses
-// scripts from then on.
+// scripts from then on. The Backend's timeout bounds the whole run (the
+// calls and the load); wrap sees the caller's ctx, so that the Backend's own
+// deadline passing means Redis did not answer in time (unavailable), not
+// that the caller gave up.
 func (b *Backend) run(ctx context.Context, opName string, o *op, keys []string, args []any) (any, error) {
+	rctx, cancel := b.bound(ctx)
+	defer cancel()
+	v, err := b.call(rctx, o, keys, args)
+	if err != nil {
+		return nil, b.wrap(ctx, opName, err)
+	}
+	b.orphans.poke()
+	return v, nil
+}
+
+func (b *Backend) call(ctx context.Context, o *op, keys []string, args []any) (any, error) {
 	if !b.scripts.Load() {
 		v, err := b.client.FCall(ctx, o.fn, keys, args...).Result()
 		switch {
 		case err == nil || errors.Is(err, redis.Nil):
 			return v, nil
 		case !noFunction(err):
-			return nil, b.wrap(ctx, opName, err)
+			return nil, err
 		}
 		lerr := b.load(ctx)
 		if lerr == nil {
-			if v, err = b.client.FCall(ctx, o.fn, keys, args...).Result(); err != nil {
-				return nil, b.wrap(ctx, opName, err)
-			}
-			return v, nil
+			return b.client.FCall(ctx, o.fn, keys, args...).Result()
 		}
 		if !refused(lerr) {
-			return nil, b.wrap(ctx, opName, lerr)
+			return nil, lerr
 		}
 		b.scripts.Store(true) // scripts from now on
 	}
-	v, err := o.eval.Run(ctx, b.client, keys, args...).Result()
-	if err != nil {
-		return nil, b.wrap(ctx, opName, err)
-	}
-	return v, nil
+	return o.eval.Run(ctx, b.client, keys, args...).Result()
 }
 
 // load loads the library on the server (every master of a Cluster).

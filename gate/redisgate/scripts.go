@@ -23,6 +23,8 @@ var (
 	peekLua string
 	//go:embed override.lua
 	overrideLua string
+	//go:embed restore.lua
+	restoreLua string
 )
 
 // op is one Backend method's Lua entry point: body defines a local
@@ -34,7 +36,7 @@ type op struct {
 	eval *redis.Script // the fallback: prelude, lib.lua, the body, a call
 }
 
-// The four operations, one per Backend method. They are served from one
+// The operations, one per Backend method and restore. They are served from one
 // Redis Functions library (library), loaded once per server, so that a call
 // runs only its body; where Functions are missing or refused each is a
 // script of its own (EVALSHA), which runs lib.lua's definitions each time.
@@ -43,7 +45,10 @@ var (
 	settleScript   = newOp("settle", settleLua)
 	peekScript     = newOp("peek", peekLua)
 	overrideScript = newOp("override", overrideLua)
-	ops            = []*op{admitScript, settleScript, peekScript, overrideScript}
+	// restoreScript is no Backend method: the background re-assertion of
+	// what a replica knows after Redis lost a scope (reassert.go).
+	restoreScript = newOp("restore", restoreLua)
+	ops           = []*op{admitScript, settleScript, peekScript, overrideScript, restoreScript}
 )
 
 func newOp(name, body string) *op {
@@ -124,6 +129,10 @@ func prelude() string {
 	def("C_CONSECUTIVE_FAILURES", gate.CauseConsecutiveFailures)
 	def("C_FAILURE_RATE", gate.CauseFailureRate)
 	def("C_SOURCE_DEAD", gate.CauseSourceDead)
+	def("OC_NONE", gate.OpenCauseNone)
+	def("OC_FAILURES", gate.OpenCauseFailures)
+	def("OC_SOURCE_DEAD", gate.OpenCauseSourceDead)
+	def("OC_FORCED", gate.OpenCauseForced)
 	def("C_COOLDOWN_ELAPSED", gate.CauseCooldownElapsed)
 	def("C_PROBE_SUCCEEDED", gate.CauseProbeSucceeded)
 	def("C_PROBE_FAILED", gate.CauseProbeFailed)

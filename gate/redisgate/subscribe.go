@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/polygate/polygate/gate"
 )
@@ -39,6 +40,7 @@ func (b *Backend) Subscribe(ctx context.Context, handle func(scope string, e gat
 				return nil
 			}
 			if scope, e, err := decodeAnnouncement(m.Payload); err == nil {
+				b.memory.see(scope, []gate.Event{e}, time.Now())
 				handle(scope, e)
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/polygate/polygate/config"
@@ -27,12 +28,19 @@ type backend struct {
 	// check, for a shared backend, asks whether it answers; the answer is
 	// reported through the health callback like any call's.
 	check func(ctx context.Context) error
-	close func() error
+	// giveBacks, for a shared backend, settles what it owes (permits whose
+	// replies were lost, settles that failed) until ctx ends.
+	giveBacks func(ctx context.Context)
+	// collectors export the backend's own counters on /metrics.
+	collectors []prometheus.Collector
+	close      func() error
 }
 
 // openBackend builds the configured backend. onChange is told, once per
-// change, when a shared backend becomes unavailable or comes back.
-func openBackend(cfg *config.Config, log *slog.Logger, onChange func(degraded bool, cause error)) (*backend, error) {
+// change, when a shared backend becomes unavailable or comes back; onLoss,
+// when a shared backend lost a scope's state (and how many breakers the
+// sidecar re-asserted).
+func openBackend(cfg *config.Config, log *slog.Logger, onChange func(degraded bool, cause error), onLoss func(scope string, restored int)) (*backend, error) {
 	switch cfg.Backend.Kind {
 	case "memory":
 		mem, err := inmem.Open(inmem.Options{StatePath: cfg.Backend.Memory.StatePath, Log: log})
@@ -41,19 +49,32 @@ func openBackend(cfg *config.Config, log *slog.Logger, onChange func(degraded bo
 		}
 		return &backend{Backend: mem, describe: func() string { return "memory" }, close: mem.Close}, nil
 	case "redis":
-		return openRedis(cfg.Backend.Redis, log, onChange)
+		return openRedis(cfg.Backend.Redis, retryEvery(cfg), log, onChange, onLoss)
 	}
 	return nil, fmt.Errorf("backend.kind %q is not supported", cfg.Backend.Kind)
 }
 
-func openRedis(r config.Redis, log *slog.Logger, onChange func(bool, error)) (*backend, error) {
+// retryEvery is how often owed settles are retried while Redis does not
+// answer: the shortest poll_interval of the scopes at start, so a slot comes
+// back within one poll interval plus the Redis timeout of Redis's return.
+func retryEvery(cfg *config.Config) time.Duration {
+	every := config.DefaultPollInterval
+	for _, sc := range cfg.Scopes {
+		every = min(every, sc.PollInterval)
+	}
+	return max(every, time.Millisecond)
+}
+
+func openRedis(r config.Redis, every time.Duration, log *slog.Logger, onChange func(bool, error), onLoss func(string, int)) (*backend, error) {
 	opts := &redis.UniversalOptions{
 		Addrs: r.Addrs, IsClusterMode: r.Cluster, MasterName: r.MasterName,
 		Username: r.Username, Password: r.Password, DB: r.DB,
 		// Every operation is bounded by the configured timeout, never retried
 		// behind the sidecar's back: an unavailable Redis answers UNAVAILABLE
-		// (or falls back) within one timeout, not seconds later.
-		DialTimeout: r.Timeout, ReadTimeout: r.Timeout, WriteTimeout: r.Timeout,
+		// (or falls back) within one timeout, not seconds later — a dial, a
+		// read, a write and a wait for a pooled connection each, and
+		// redisgate puts a deadline of the same timeout around every call.
+		DialTimeout: r.Timeout, ReadTimeout: r.Timeout, WriteTimeout: r.Timeout, PoolTimeout: r.Timeout,
 		ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1,
 	}
 	tc, err := server.RedisTLSConfig(r)
@@ -62,7 +83,7 @@ func openRedis(r config.Redis, log *slog.Logger, onChange func(bool, error)) (*b
 	}
 	opts.TLSConfig = tc
 	client := redis.NewUniversalClient(opts)
-	shared, err := redisgate.New(client, redisgate.Options{Prefix: r.KeyPrefix})
+	shared, err := redisgate.New(client, redisgate.Options{Prefix: r.KeyPrefix, Timeout: r.Timeout, Log: log, OnStateLoss: onLoss})
 	if err != nil {
 		_ = client.Close()
 		return nil, fmt.Errorf("backend.redis.key_prefix: %w", err)
@@ -93,15 +114,21 @@ func openRedis(r config.Redis, log *slog.Logger, onChange func(bool, error)) (*b
 			}
 			return "redis (unavailable: fail_closed)"
 		},
-		subscribe: shared.Subscribe,
-		check:     fb.Check,
-		close:     client.Close,
+		subscribe:  shared.Subscribe,
+		check:      fb.Check,
+		giveBacks:  func(ctx context.Context) { shared.RunGiveBacks(ctx, every) },
+		collectors: []prometheus.Collector{redisCollector{shared}},
+		close:      client.Close,
 	}, nil
 }
 
 // announcements delivers other replicas' breaker announcements to the
 // server's scopes until ctx ends.
+// It also runs the backend's give-backs for as long.
 func announcements(ctx context.Context, b *backend, announce func(scope string, e gate.Event), log *slog.Logger) {
+	if b.giveBacks != nil {
+		go b.giveBacks(ctx)
+	}
 	if b.subscribe == nil {
 		return
 	}
@@ -116,4 +143,31 @@ func announcements(ctx context.Context, b *backend, announce func(scope string, 
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+var (
+	giveBacksQueuedDesc   = prometheus.NewDesc("polygate_redis_give_backs_queued", "Settles Redis owes now: permits whose Admit reply was lost, settles that failed.", nil, nil)
+	giveBacksReleasedDesc = prometheus.NewDesc("polygate_redis_give_backs_released_total", "Give-backs and repeated settles that freed a slot nobody else would have freed before its lease ended.", nil, nil)
+	giveBacksOverDesc     = prometheus.NewDesc("polygate_redis_give_backs_overflowed_total", "Settles lost to a full give-back queue (their slots end with their leases).", nil, nil)
+	stateLossesDesc       = prometheus.NewDesc("polygate_redis_state_losses_total", "Scopes found lost by Redis (restart without persistence, failover to an empty replica) and re-asserted.", nil, nil)
+)
+
+// redisCollector exports the Redis backend's give-back queue and state checks.
+type redisCollector struct{ b *redisgate.Backend }
+
+// Describe implements prometheus.Collector.
+func (redisCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- giveBacksQueuedDesc
+	ch <- giveBacksReleasedDesc
+	ch <- giveBacksOverDesc
+	ch <- stateLossesDesc
+}
+
+// Collect implements prometheus.Collector.
+func (c redisCollector) Collect(ch chan<- prometheus.Metric) {
+	g := c.b.GiveBacks()
+	ch <- prometheus.MustNewConstMetric(giveBacksQueuedDesc, prometheus.GaugeValue, float64(g.Queued))
+	ch <- prometheus.MustNewConstMetric(giveBacksReleasedDesc, prometheus.CounterValue, float64(g.Released))
+	ch <- prometheus.MustNewConstMetric(giveBacksOverDesc, prometheus.CounterValue, float64(g.Overflowed))
+	ch <- prometheus.MustNewConstMetric(stateLossesDesc, prometheus.CounterValue, float64(c.b.StateLosses()))
 }

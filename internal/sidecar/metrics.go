@@ -18,10 +18,12 @@ import (
 
 // serveMetrics opens metrics_listen and serves reg's /metrics on it until
 // stop; a failure to serve is reported on sc.served.
-func (sc *sidecar) serveMetrics(addr string, reg *prometheus.Registry) error {
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("metrics_listen %s: %w", addr, err)
+func (sc *sidecar) serveMetrics(addr string, lis net.Listener, reg *prometheus.Registry) error {
+	if lis == nil {
+		var err error
+		if lis, err = net.Listen("tcp", addr); err != nil {
+			return fmt.Errorf("metrics_listen %s: %w", addr, err)
+		}
 	}
 	sc.metricsLis = lis
 	mux := http.NewServeMux()

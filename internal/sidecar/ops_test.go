@@ -21,16 +21,15 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/polygate/polygate/config"
-	"github.com/polygate/polygate/gate/gatetest"
 	"github.com/polygate/polygate/gate/inmem"
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 )
 
 // opsEnv is a sidecar wired as Run wires it (telemetry, metrics listener,
-// event hub, interceptors), on a fake clock, served over bufconn.
+// event hub, interceptors), served over bufconn. Tests that step time run in
+// testing/synctest bubbles.
 type opsEnv struct {
 	sc     *sidecar
-	clock  *gatetest.Clock
 	client admissionv1.AdmissionServiceClient
 	ctx    context.Context
 	logs   *lockedBuffer
@@ -56,18 +55,19 @@ func (l *lockedBuffer) String() string {
 }
 
 // startOps starts a sidecar of the given configuration, on a memory backend
-// and a fake clock, with startSidecar as Run calls it, serving over bufconn.
+// with startSidecar as Run calls it, serving over bufconn.
 func startOps(t *testing.T, yaml string) *opsEnv {
 	t.Helper()
 	cfg, err := config.Parse([]byte(yaml), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	clock := gatetest.NewClock()
 	logs := &lockedBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	lis := bufconn.Listen(1 << 20)
-	sc, err := startSidecar(cfg, log, sidecarDeps{now: clock.Now, backend: inmem.New(clock.Now), lis: lis})
+	// Both listeners are in memory, so that a test may run in a synctest
+	// bubble (a goroutine blocked on a real socket would stop its clock).
+	lis, metricsLis := bufconn.Listen(1<<20), bufconn.Listen(1<<20)
+	sc, err := startSidecar(cfg, log, sidecarDeps{backend: inmem.New(time.Now), lis: lis, metricsLis: metricsLis})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,15 +77,15 @@ func startOps(t *testing.T, yaml string) *opsEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	client := &http.Client{Transport: &http.Transport{}}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // longer than any step a bubbled test takes
+	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return metricsLis.DialContext(ctx) }}}
 	t.Cleanup(func() {
 		cancel()
 		conn.Close()
 		sc.stop()
 		client.CloseIdleConnections()
 	})
-	return &opsEnv{sc: sc, clock: clock, client: admissionv1.NewAdmissionServiceClient(conn), ctx: ctx, logs: logs, http: client}
+	return &opsEnv{sc: sc, client: admissionv1.NewAdmissionServiceClient(conn), ctx: ctx, logs: logs, http: client}
 }
 
 func (e *opsEnv) pick(t *testing.T, scope, call string, tokens int64) *admissionv1.PickResponse {
@@ -148,7 +148,7 @@ func (e *opsEnv) override(t *testing.T, scope, source string, a admissionv1.Over
 	}
 }
 
-// scrape reads /metrics over the real HTTP listener.
+// scrape reads /metrics over the real HTTP server (on an in-memory listener).
 func (e *opsEnv) scrape(t *testing.T) families {
 	t.Helper()
 	if e.sc.metricsLis == nil {

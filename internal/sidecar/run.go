@@ -52,12 +52,17 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		if srv := started.Load(); srv != nil {
 			srv.BackendChanged(backendChange(cfg, degraded, cause))
 		}
+	}, func(scope string, restored int) {
+		if srv := started.Load(); srv != nil {
+			srv.BackendChanged(server.BackendChange{Scope: scope, Backend: cfg.Backend.Kind,
+				Detail: fmt.Sprintf("redis lost the scope's state; re-asserted %d OPEN breakers and overrides this replica knew", restored)})
+		}
 	})
 	if err != nil {
 		return err
 	}
 	defer b.close()
-	sc, err := startSidecar(cfg, log, sidecarDeps{backend: b, backendName: b.describe, health: hs, created: started.Store, tokens: tokens})
+	sc, err := startSidecar(cfg, log, sidecarDeps{backend: b, backendName: b.describe, health: hs, created: started.Store, tokens: tokens, collectors: b.collectors})
 	if err != nil {
 		return err
 	}

@@ -46,12 +46,13 @@ type sidecar struct {
 }
 
 // sidecarDeps are what startSidecar takes besides the configuration; tests
-// replace the clock, the backend, the gRPC listener and add interceptors.
+// replace the backend and the gRPC listener and add interceptors. The clock
+// is time.Now throughout (tests that step it run in testing/synctest bubbles).
 type sidecarDeps struct {
-	now          func() time.Time
 	backend      gate.Backend
 	backendName  func() string
 	lis          net.Listener        // nil: listen on cfg.Listen
+	metricsLis   net.Listener        // nil: listen on cfg.MetricsListen (when set)
 	health       *health.Server      // nil: a new one
 	interceptors server.Interceptors // extra, outermost
 	watchBuffer  int
@@ -60,15 +61,14 @@ type sidecarDeps struct {
 	created func(*server.Server)
 	// tokens are the bearer tokens of the moment (nil: cfg.Auth's, fixed).
 	tokens *server.Tokens
+	// collectors are the backend's own metrics.
+	collectors []prometheus.Collector
 }
 
 // startSidecar wires the sidecar and starts serving: telemetry (when
 // telemetry.path is set), the metrics registry, observer and listener (when
 // metrics_listen is set), the admission service with health and reflection.
 func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidecar, err error) {
-	if d.now == nil {
-		d.now = time.Now
-	}
 	if d.watchBuffer == 0 {
 		d.watchBuffer = cfg.Events.WatchBuffer
 	}
@@ -81,7 +81,7 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 	var observers []policy.Observer
 	if cfg.Telemetry.Path != "" {
 		sc.sink, err = telemetry.Open(telemetry.Options{
-			Path: cfg.Telemetry.Path, Retention: cfg.Telemetry.Retention, QueueSize: cfg.Telemetry.QueueSize, Log: log, Now: d.now,
+			Path: cfg.Telemetry.Path, Retention: cfg.Telemetry.Retention, QueueSize: cfg.Telemetry.QueueSize, Log: log, Now: time.Now,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("telemetry.path: %w", err)
@@ -91,7 +91,7 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 	reg := prometheus.NewRegistry()
 	extra := d.interceptors
 	if cfg.MetricsListen != "" {
-		observers = append(observers, metrics.New(reg, d.now))
+		observers = append(observers, metrics.New(reg, time.Now))
 		rpc := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(grpcprom.WithHistogramBuckets(metrics.AttemptBuckets)))
 		reg.MustRegister(rpc, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		if sc.sink != nil {
@@ -105,12 +105,13 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 			}
 		}()
 	}
-	sc.srv = server.New(cfg, d.backend, log, server.Options{Now: d.now, BackendName: d.backendName, Observers: observers, WatchBuffer: d.watchBuffer})
+	sc.srv = server.New(cfg, d.backend, log, server.Options{BackendName: d.backendName, Observers: observers, WatchBuffer: d.watchBuffer})
 	if d.created != nil {
 		d.created(sc.srv)
 	}
 	if cfg.MetricsListen != "" {
 		reg.MustRegister(eventsCollector{sc.srv}, metrics.NewStateCollector(scopeStates(sc.srv), 10*time.Second))
+		reg.MustRegister(d.collectors...)
 	}
 	if d.tokens == nil {
 		d.tokens = server.NewTokens(cfg.Auth)
@@ -132,7 +133,7 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 	reflection.Register(sc.gs)
 
 	if cfg.MetricsListen != "" {
-		if err := sc.serveMetrics(cfg.MetricsListen, reg); err != nil {
+		if err := sc.serveMetrics(cfg.MetricsListen, d.metricsLis, reg); err != nil {
 			return nil, err
 		}
 	}

@@ -73,6 +73,18 @@ class CircuitOpenError(AllSourcesExhaustedError):
     reason = "circuit_open"
 
 
+class SourceDeadError(AllSourcesExhaustedError):
+    """Every source is OPEN because it is dead (auth or quota death) and source_dead is fail_fast."""
+
+    reason = "source_dead"
+
+
+class ScopeRemovedError(CallFailedError):
+    """A reload removed the call's scope."""
+
+    reason = "scope_removed"
+
+
 class QuotaExhaustedError(AllSourcesExhaustedError):
     """A source's quota or pacer refused the call and quota_full is fail_fast."""
 
@@ -113,6 +125,8 @@ VERDICTS: dict[str, type[CallFailedError]] = {
     cls.reason: cls
     for cls in (
         CircuitOpenError,
+        SourceDeadError,
+        ScopeRemovedError,
         QuotaExhaustedError,
         StalledError,
         RetryExhaustedError,

@@ -50,6 +50,9 @@ _FAILURES = {
     pb.FAILURE_REASON_NON_RETRYABLE: "non_retryable",
     pb.FAILURE_REASON_DEADLINE_EXCEEDED: "deadline_exceeded",
     pb.FAILURE_REASON_CANCELLED: "cancelled",
+    pb.FAILURE_REASON_RETRY_AFTER_TOO_LONG: "retry_after_too_long",
+    pb.FAILURE_REASON_SOURCE_DEAD: "source_dead",
+    pb.FAILURE_REASON_SCOPE_REMOVED: "scope_removed",
 }
 
 _REFUSALS = {

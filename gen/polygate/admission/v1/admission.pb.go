@@ -190,20 +190,29 @@ const (
 	// outcome) is longer than the scope's backoff.max_retry_after: the call
 	// fails rather than sleeping that long; retry_after is the hint.
 	FailureReason_FAILURE_REASON_RETRY_AFTER_TOO_LONG FailureReason = 8
+	// Every source refused by a breaker OPEN because of a SOURCE_DEAD outcome
+	// (auth or quota death) and source_dead = fail_fast, whatever circuit_open
+	// says; retry_after is the least remaining cooldown.
+	FailureReason_FAILURE_REASON_SOURCE_DEAD FailureReason = 9
+	// A reload removed the call's scope: the outcome or cancel still settled
+	// the permit and freed its slot, and the call ends here.
+	FailureReason_FAILURE_REASON_SCOPE_REMOVED FailureReason = 10
 )
 
 // Enum value maps for FailureReason.
 var (
 	FailureReason_name = map[int32]string{
-		0: "FAILURE_REASON_UNSPECIFIED",
-		1: "FAILURE_REASON_CIRCUIT_OPEN",
-		2: "FAILURE_REASON_QUOTA_EXHAUSTED",
-		3: "FAILURE_REASON_STALLED",
-		4: "FAILURE_REASON_RETRY_EXHAUSTED",
-		5: "FAILURE_REASON_NON_RETRYABLE",
-		6: "FAILURE_REASON_DEADLINE_EXCEEDED",
-		7: "FAILURE_REASON_CANCELLED",
-		8: "FAILURE_REASON_RETRY_AFTER_TOO_LONG",
+		0:  "FAILURE_REASON_UNSPECIFIED",
+		1:  "FAILURE_REASON_CIRCUIT_OPEN",
+		2:  "FAILURE_REASON_QUOTA_EXHAUSTED",
+		3:  "FAILURE_REASON_STALLED",
+		4:  "FAILURE_REASON_RETRY_EXHAUSTED",
+		5:  "FAILURE_REASON_NON_RETRYABLE",
+		6:  "FAILURE_REASON_DEADLINE_EXCEEDED",
+		7:  "FAILURE_REASON_CANCELLED",
+		8:  "FAILURE_REASON_RETRY_AFTER_TOO_LONG",
+		9:  "FAILURE_REASON_SOURCE_DEAD",
+		10: "FAILURE_REASON_SCOPE_REMOVED",
 	}
 	FailureReason_value = map[string]int32{
 		"FAILURE_REASON_UNSPECIFIED":          0,
@@ -215,6 +224,8 @@ var (
 		"FAILURE_REASON_DEADLINE_EXCEEDED":    6,
 		"FAILURE_REASON_CANCELLED":            7,
 		"FAILURE_REASON_RETRY_AFTER_TOO_LONG": 8,
+		"FAILURE_REASON_SOURCE_DEAD":          9,
+		"FAILURE_REASON_SCOPE_REMOVED":        10,
 	}
 )
 
@@ -298,6 +309,63 @@ func (BreakerState) EnumDescriptor() ([]byte, []int) {
 	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{3}
 }
 
+// OpenCause is why a breaker is OPEN.
+type OpenCause int32
+
+const (
+	// Not OPEN.
+	OpenCause_OPEN_CAUSE_UNSPECIFIED OpenCause = 0
+	// Failures: consecutive, failure rate, or a failed probe.
+	OpenCause_OPEN_CAUSE_FAILURES OpenCause = 1
+	// A SOURCE_DEAD outcome (auth or quota death).
+	OpenCause_OPEN_CAUSE_SOURCE_DEAD OpenCause = 2
+	// An operator's FORCE_OPEN override.
+	OpenCause_OPEN_CAUSE_FORCED OpenCause = 3
+)
+
+// Enum value maps for OpenCause.
+var (
+	OpenCause_name = map[int32]string{
+		0: "OPEN_CAUSE_UNSPECIFIED",
+		1: "OPEN_CAUSE_FAILURES",
+		2: "OPEN_CAUSE_SOURCE_DEAD",
+		3: "OPEN_CAUSE_FORCED",
+	}
+	OpenCause_value = map[string]int32{
+		"OPEN_CAUSE_UNSPECIFIED": 0,
+		"OPEN_CAUSE_FAILURES":    1,
+		"OPEN_CAUSE_SOURCE_DEAD": 2,
+		"OPEN_CAUSE_FORCED":      3,
+	}
+)
+
+func (x OpenCause) Enum() *OpenCause {
+	p := new(OpenCause)
+	*p = x
+	return p
+}
+
+func (x OpenCause) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (OpenCause) Descriptor() protoreflect.EnumDescriptor {
+	return file_polygate_admission_v1_admission_proto_enumTypes[4].Descriptor()
+}
+
+func (OpenCause) Type() protoreflect.EnumType {
+	return &file_polygate_admission_v1_admission_proto_enumTypes[4]
+}
+
+func (x OpenCause) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use OpenCause.Descriptor instead.
+func (OpenCause) EnumDescriptor() ([]byte, []int) {
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{4}
+}
+
 // Override is an operator's setting of a breaker; it stays until cleared.
 type Override int32
 
@@ -339,11 +407,11 @@ func (x Override) String() string {
 }
 
 func (Override) Descriptor() protoreflect.EnumDescriptor {
-	return file_polygate_admission_v1_admission_proto_enumTypes[4].Descriptor()
+	return file_polygate_admission_v1_admission_proto_enumTypes[5].Descriptor()
 }
 
 func (Override) Type() protoreflect.EnumType {
-	return &file_polygate_admission_v1_admission_proto_enumTypes[4]
+	return &file_polygate_admission_v1_admission_proto_enumTypes[5]
 }
 
 func (x Override) Number() protoreflect.EnumNumber {
@@ -352,7 +420,7 @@ func (x Override) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Override.Descriptor instead.
 func (Override) EnumDescriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{4}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{5}
 }
 
 // OverrideAction is an operator's request to a breaker.
@@ -401,11 +469,11 @@ func (x OverrideAction) String() string {
 }
 
 func (OverrideAction) Descriptor() protoreflect.EnumDescriptor {
-	return file_polygate_admission_v1_admission_proto_enumTypes[5].Descriptor()
+	return file_polygate_admission_v1_admission_proto_enumTypes[6].Descriptor()
 }
 
 func (OverrideAction) Type() protoreflect.EnumType {
-	return &file_polygate_admission_v1_admission_proto_enumTypes[5]
+	return &file_polygate_admission_v1_admission_proto_enumTypes[6]
 }
 
 func (x OverrideAction) Number() protoreflect.EnumNumber {
@@ -414,7 +482,7 @@ func (x OverrideAction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OverrideAction.Descriptor instead.
 func (OverrideAction) EnumDescriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{5}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{6}
 }
 
 // OutcomeEffect says what a reported outcome did to the breaker.
@@ -462,11 +530,11 @@ func (x OutcomeEffect) String() string {
 }
 
 func (OutcomeEffect) Descriptor() protoreflect.EnumDescriptor {
-	return file_polygate_admission_v1_admission_proto_enumTypes[6].Descriptor()
+	return file_polygate_admission_v1_admission_proto_enumTypes[7].Descriptor()
 }
 
 func (OutcomeEffect) Type() protoreflect.EnumType {
-	return &file_polygate_admission_v1_admission_proto_enumTypes[6]
+	return &file_polygate_admission_v1_admission_proto_enumTypes[7]
 }
 
 func (x OutcomeEffect) Number() protoreflect.EnumNumber {
@@ -475,7 +543,7 @@ func (x OutcomeEffect) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OutcomeEffect.Descriptor instead.
 func (OutcomeEffect) EnumDescriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{6}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{7}
 }
 
 // OnRefusal is what a call does when every source refused it.
@@ -512,11 +580,11 @@ func (x OnRefusal) String() string {
 }
 
 func (OnRefusal) Descriptor() protoreflect.EnumDescriptor {
-	return file_polygate_admission_v1_admission_proto_enumTypes[7].Descriptor()
+	return file_polygate_admission_v1_admission_proto_enumTypes[8].Descriptor()
 }
 
 func (OnRefusal) Type() protoreflect.EnumType {
-	return &file_polygate_admission_v1_admission_proto_enumTypes[7]
+	return &file_polygate_admission_v1_admission_proto_enumTypes[8]
 }
 
 func (x OnRefusal) Number() protoreflect.EnumNumber {
@@ -525,7 +593,7 @@ func (x OnRefusal) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OnRefusal.Descriptor instead.
 func (OnRefusal) EnumDescriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{7}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{8}
 }
 
 // ErrorReason is the reason of the google.rpc.ErrorInfo on every error.
@@ -601,11 +669,11 @@ func (x ErrorReason) String() string {
 }
 
 func (ErrorReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_polygate_admission_v1_admission_proto_enumTypes[8].Descriptor()
+	return file_polygate_admission_v1_admission_proto_enumTypes[9].Descriptor()
 }
 
 func (ErrorReason) Type() protoreflect.EnumType {
-	return &file_polygate_admission_v1_admission_proto_enumTypes[8]
+	return &file_polygate_admission_v1_admission_proto_enumTypes[9]
 }
 
 func (x ErrorReason) Number() protoreflect.EnumNumber {
@@ -614,7 +682,7 @@ func (x ErrorReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ErrorReason.Descriptor instead.
 func (ErrorReason) EnumDescriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{8}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{9}
 }
 
 // TransitionCause says why a breaker changed state.
@@ -671,11 +739,11 @@ func (x TransitionCause) String() string {
 }
 
 func (TransitionCause) Descriptor() protoreflect.EnumDescriptor {
-	return file_polygate_admission_v1_admission_proto_enumTypes[9].Descriptor()
+	return file_polygate_admission_v1_admission_proto_enumTypes[10].Descriptor()
 }
 
 func (TransitionCause) Type() protoreflect.EnumType {
-	return &file_polygate_admission_v1_admission_proto_enumTypes[9]
+	return &file_polygate_admission_v1_admission_proto_enumTypes[10]
 }
 
 func (x TransitionCause) Number() protoreflect.EnumNumber {
@@ -684,7 +752,7 @@ func (x TransitionCause) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TransitionCause.Descriptor instead.
 func (TransitionCause) EnumDescriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{9}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{10}
 }
 
 // ProbeEventKind is what happened to a HALF_OPEN breaker's probe.
@@ -733,11 +801,11 @@ func (x ProbeEventKind) String() string {
 }
 
 func (ProbeEventKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_polygate_admission_v1_admission_proto_enumTypes[10].Descriptor()
+	return file_polygate_admission_v1_admission_proto_enumTypes[11].Descriptor()
 }
 
 func (ProbeEventKind) Type() protoreflect.EnumType {
-	return &file_polygate_admission_v1_admission_proto_enumTypes[10]
+	return &file_polygate_admission_v1_admission_proto_enumTypes[11]
 }
 
 func (x ProbeEventKind) Number() protoreflect.EnumNumber {
@@ -746,7 +814,7 @@ func (x ProbeEventKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ProbeEventKind.Descriptor instead.
 func (ProbeEventKind) EnumDescriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{10}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{11}
 }
 
 // SourceReason is one source's refusal.
@@ -2338,8 +2406,10 @@ type SourceState struct {
 	// The source failed within its breaker window (demoted within its priority).
 	FailedRecently bool          `protobuf:"varint,20,opt,name=failed_recently,json=failedRecently,proto3" json:"failed_recently,omitempty"`
 	Config         *SourceConfig `protobuf:"bytes,21,opt,name=config,proto3" json:"config,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Why the breaker is OPEN (unspecified when it is not).
+	OpenCause     OpenCause `protobuf:"varint,22,opt,name=open_cause,json=openCause,proto3,enum=polygate.admission.v1.OpenCause" json:"open_cause,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SourceState) Reset() {
@@ -2519,6 +2589,13 @@ func (x *SourceState) GetConfig() *SourceConfig {
 	return nil
 }
 
+func (x *SourceState) GetOpenCause() OpenCause {
+	if x != nil {
+		return x.OpenCause
+	}
+	return OpenCause_OPEN_CAUSE_UNSPECIFIED
+}
+
 // ScopeConfig is a scope's effective configuration.
 type ScopeConfig struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
@@ -2533,6 +2610,8 @@ type ScopeConfig struct {
 	LeaseGrace   *durationpb.Duration   `protobuf:"bytes,9,opt,name=lease_grace,json=leaseGrace,proto3" json:"lease_grace,omitempty"`
 	// The longest upstream Retry-After a backoff may take (backoff.max_retry_after).
 	MaxRetryAfter *durationpb.Duration `protobuf:"bytes,10,opt,name=max_retry_after,json=maxRetryAfter,proto3" json:"max_retry_after,omitempty"`
+	// What a call does when every source is OPEN because it is dead.
+	SourceDead    OnRefusal `protobuf:"varint,11,opt,name=source_dead,json=sourceDead,proto3,enum=polygate.admission.v1.OnRefusal" json:"source_dead,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2635,6 +2714,13 @@ func (x *ScopeConfig) GetMaxRetryAfter() *durationpb.Duration {
 		return x.MaxRetryAfter
 	}
 	return nil
+}
+
+func (x *ScopeConfig) GetSourceDead() OnRefusal {
+	if x != nil {
+		return x.SourceDead
+	}
+	return OnRefusal_ON_REFUSAL_UNSPECIFIED
 }
 
 // SourceConfig is a source's effective configuration.
@@ -3698,7 +3784,7 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\fprogress_age\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\vprogressAge\x12\x1d\n" +
 	"\n" +
 	"live_calls\x18\x04 \x01(\x05R\tliveCalls\x12\x18\n" +
-	"\abackend\x18\x05 \x01(\tR\abackend\"\xaa\a\n" +
+	"\abackend\x18\x05 \x01(\tR\abackend\"\xeb\a\n" +
 	"\vSourceState\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x129\n" +
 	"\x05state\x18\x02 \x01(\x0e2#.polygate.admission.v1.BreakerStateR\x05state\x125\n" +
@@ -3723,7 +3809,9 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\rpacer_ceiling\x18\x12 \x01(\x05R\fpacerCeiling\x12>\n" +
 	"\rcooldown_memo\x18\x13 \x01(\v2\x19.google.protobuf.DurationR\fcooldownMemo\x12'\n" +
 	"\x0ffailed_recently\x18\x14 \x01(\bR\x0efailedRecently\x12;\n" +
-	"\x06config\x18\x15 \x01(\v2#.polygate.admission.v1.SourceConfigR\x06config\"\xc1\x04\n" +
+	"\x06config\x18\x15 \x01(\v2#.polygate.admission.v1.SourceConfigR\x06config\x12?\n" +
+	"\n" +
+	"open_cause\x18\x16 \x01(\x0e2 .polygate.admission.v1.OpenCauseR\topenCause\"\x84\x05\n" +
 	"\vScopeConfig\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12C\n" +
 	"\fcircuit_open\x18\x02 \x01(\x0e2 .polygate.admission.v1.OnRefusalR\vcircuitOpen\x12?\n" +
@@ -3738,7 +3826,9 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\vlease_grace\x18\t \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"leaseGrace\x12A\n" +
 	"\x0fmax_retry_after\x18\n" +
-	" \x01(\v2\x19.google.protobuf.DurationR\rmaxRetryAfter\"\xc9\x03\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\rmaxRetryAfter\x12A\n" +
+	"\vsource_dead\x18\v \x01(\x0e2 .polygate.admission.v1.OnRefusalR\n" +
+	"sourceDead\"\xc9\x03\n" +
 	"\fSourceConfig\x12\x1a\n" +
 	"\bpriority\x18\x01 \x01(\x05R\bpriority\x12\x16\n" +
 	"\x06weight\x18\x02 \x01(\x05R\x06weight\x12'\n" +
@@ -3832,7 +3922,7 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\x16REASON_PROBE_IN_FLIGHT\x10\x03\x12\x16\n" +
 	"\x12REASON_FORCED_OPEN\x10\x04\x12\x19\n" +
 	"\x15REASON_ADAPTIVE_PACED\x10\x05\x12\x17\n" +
-	"\x13REASON_RATE_LIMITED\x10\x06*\xc3\x02\n" +
+	"\x13REASON_RATE_LIMITED\x10\x06*\x85\x03\n" +
 	"\rFailureReason\x12\x1e\n" +
 	"\x1aFAILURE_REASON_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bFAILURE_REASON_CIRCUIT_OPEN\x10\x01\x12\"\n" +
@@ -3842,12 +3932,20 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\x1cFAILURE_REASON_NON_RETRYABLE\x10\x05\x12$\n" +
 	" FAILURE_REASON_DEADLINE_EXCEEDED\x10\x06\x12\x1c\n" +
 	"\x18FAILURE_REASON_CANCELLED\x10\a\x12'\n" +
-	"#FAILURE_REASON_RETRY_AFTER_TOO_LONG\x10\b*|\n" +
+	"#FAILURE_REASON_RETRY_AFTER_TOO_LONG\x10\b\x12\x1e\n" +
+	"\x1aFAILURE_REASON_SOURCE_DEAD\x10\t\x12 \n" +
+	"\x1cFAILURE_REASON_SCOPE_REMOVED\x10\n" +
+	"*|\n" +
 	"\fBreakerState\x12\x1d\n" +
 	"\x19BREAKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14BREAKER_STATE_CLOSED\x10\x01\x12\x16\n" +
 	"\x12BREAKER_STATE_OPEN\x10\x02\x12\x1b\n" +
-	"\x17BREAKER_STATE_HALF_OPEN\x10\x03*q\n" +
+	"\x17BREAKER_STATE_HALF_OPEN\x10\x03*s\n" +
+	"\tOpenCause\x12\x1a\n" +
+	"\x16OPEN_CAUSE_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13OPEN_CAUSE_FAILURES\x10\x01\x12\x1a\n" +
+	"\x16OPEN_CAUSE_SOURCE_DEAD\x10\x02\x12\x15\n" +
+	"\x11OPEN_CAUSE_FORCED\x10\x03*q\n" +
 	"\bOverride\x12\x18\n" +
 	"\x14OVERRIDE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14OVERRIDE_FORCED_OPEN\x10\x01\x12\x1a\n" +
@@ -3929,162 +4027,165 @@ func file_polygate_admission_v1_admission_proto_rawDescGZIP() []byte {
 	return file_polygate_admission_v1_admission_proto_rawDescData
 }
 
-var file_polygate_admission_v1_admission_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
+var file_polygate_admission_v1_admission_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
 var file_polygate_admission_v1_admission_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_polygate_admission_v1_admission_proto_goTypes = []any{
 	(Outcome)(0),                    // 0: polygate.admission.v1.Outcome
 	(Reason)(0),                     // 1: polygate.admission.v1.Reason
 	(FailureReason)(0),              // 2: polygate.admission.v1.FailureReason
 	(BreakerState)(0),               // 3: polygate.admission.v1.BreakerState
-	(Override)(0),                   // 4: polygate.admission.v1.Override
-	(OverrideAction)(0),             // 5: polygate.admission.v1.OverrideAction
-	(OutcomeEffect)(0),              // 6: polygate.admission.v1.OutcomeEffect
-	(OnRefusal)(0),                  // 7: polygate.admission.v1.OnRefusal
-	(ErrorReason)(0),                // 8: polygate.admission.v1.ErrorReason
-	(TransitionCause)(0),            // 9: polygate.admission.v1.TransitionCause
-	(ProbeEventKind)(0),             // 10: polygate.admission.v1.ProbeEventKind
-	(*SourceReason)(nil),            // 11: polygate.admission.v1.SourceReason
-	(*PickRequest)(nil),             // 12: polygate.admission.v1.PickRequest
-	(*PickResponse)(nil),            // 13: polygate.admission.v1.PickResponse
-	(*Grant)(nil),                   // 14: polygate.admission.v1.Grant
-	(*NoRunnable)(nil),              // 15: polygate.admission.v1.NoRunnable
-	(*Failure)(nil),                 // 16: polygate.admission.v1.Failure
-	(*OnNoRunnableRequest)(nil),     // 17: polygate.admission.v1.OnNoRunnableRequest
-	(*OnNoRunnableResponse)(nil),    // 18: polygate.admission.v1.OnNoRunnableResponse
-	(*Wait)(nil),                    // 19: polygate.admission.v1.Wait
-	(*RecordOutcomeRequest)(nil),    // 20: polygate.admission.v1.RecordOutcomeRequest
-	(*RecordOutcomeResponse)(nil),   // 21: polygate.admission.v1.RecordOutcomeResponse
-	(*Done)(nil),                    // 22: polygate.admission.v1.Done
-	(*Retry)(nil),                   // 23: polygate.admission.v1.Retry
-	(*CancelCallRequest)(nil),       // 24: polygate.admission.v1.CancelCallRequest
-	(*CancelCallResponse)(nil),      // 25: polygate.admission.v1.CancelCallResponse
-	(*RetryAfterRequest)(nil),       // 26: polygate.admission.v1.RetryAfterRequest
-	(*RetryAfterResponse)(nil),      // 27: polygate.admission.v1.RetryAfterResponse
-	(*DescribeScopeRequest)(nil),    // 28: polygate.admission.v1.DescribeScopeRequest
-	(*DescribeScopeResponse)(nil),   // 29: polygate.admission.v1.DescribeScopeResponse
-	(*ListScopesRequest)(nil),       // 30: polygate.admission.v1.ListScopesRequest
-	(*ListScopesResponse)(nil),      // 31: polygate.admission.v1.ListScopesResponse
-	(*OverrideBreakerRequest)(nil),  // 32: polygate.admission.v1.OverrideBreakerRequest
-	(*OverrideBreakerResponse)(nil), // 33: polygate.admission.v1.OverrideBreakerResponse
-	(*ScopeDescription)(nil),        // 34: polygate.admission.v1.ScopeDescription
-	(*SourceState)(nil),             // 35: polygate.admission.v1.SourceState
-	(*ScopeConfig)(nil),             // 36: polygate.admission.v1.ScopeConfig
-	(*SourceConfig)(nil),            // 37: polygate.admission.v1.SourceConfig
-	(*BreakerConfig)(nil),           // 38: polygate.admission.v1.BreakerConfig
-	(*WatchEventsRequest)(nil),      // 39: polygate.admission.v1.WatchEventsRequest
-	(*WatchEventsResponse)(nil),     // 40: polygate.admission.v1.WatchEventsResponse
-	(*BreakerTransition)(nil),       // 41: polygate.admission.v1.BreakerTransition
-	(*ProbeEvent)(nil),              // 42: polygate.admission.v1.ProbeEvent
-	(*StaleOutcome)(nil),            // 43: polygate.admission.v1.StaleOutcome
-	(*OverrideChanged)(nil),         // 44: polygate.admission.v1.OverrideChanged
-	(*WaitStarted)(nil),             // 45: polygate.admission.v1.WaitStarted
-	(*BackendHealth)(nil),           // 46: polygate.admission.v1.BackendHealth
-	nil,                             // 47: polygate.admission.v1.Grant.AttributesEntry
-	nil,                             // 48: polygate.admission.v1.SourceConfig.AttributesEntry
-	(*durationpb.Duration)(nil),     // 49: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 50: google.protobuf.Timestamp
+	(OpenCause)(0),                  // 4: polygate.admission.v1.OpenCause
+	(Override)(0),                   // 5: polygate.admission.v1.Override
+	(OverrideAction)(0),             // 6: polygate.admission.v1.OverrideAction
+	(OutcomeEffect)(0),              // 7: polygate.admission.v1.OutcomeEffect
+	(OnRefusal)(0),                  // 8: polygate.admission.v1.OnRefusal
+	(ErrorReason)(0),                // 9: polygate.admission.v1.ErrorReason
+	(TransitionCause)(0),            // 10: polygate.admission.v1.TransitionCause
+	(ProbeEventKind)(0),             // 11: polygate.admission.v1.ProbeEventKind
+	(*SourceReason)(nil),            // 12: polygate.admission.v1.SourceReason
+	(*PickRequest)(nil),             // 13: polygate.admission.v1.PickRequest
+	(*PickResponse)(nil),            // 14: polygate.admission.v1.PickResponse
+	(*Grant)(nil),                   // 15: polygate.admission.v1.Grant
+	(*NoRunnable)(nil),              // 16: polygate.admission.v1.NoRunnable
+	(*Failure)(nil),                 // 17: polygate.admission.v1.Failure
+	(*OnNoRunnableRequest)(nil),     // 18: polygate.admission.v1.OnNoRunnableRequest
+	(*OnNoRunnableResponse)(nil),    // 19: polygate.admission.v1.OnNoRunnableResponse
+	(*Wait)(nil),                    // 20: polygate.admission.v1.Wait
+	(*RecordOutcomeRequest)(nil),    // 21: polygate.admission.v1.RecordOutcomeRequest
+	(*RecordOutcomeResponse)(nil),   // 22: polygate.admission.v1.RecordOutcomeResponse
+	(*Done)(nil),                    // 23: polygate.admission.v1.Done
+	(*Retry)(nil),                   // 24: polygate.admission.v1.Retry
+	(*CancelCallRequest)(nil),       // 25: polygate.admission.v1.CancelCallRequest
+	(*CancelCallResponse)(nil),      // 26: polygate.admission.v1.CancelCallResponse
+	(*RetryAfterRequest)(nil),       // 27: polygate.admission.v1.RetryAfterRequest
+	(*RetryAfterResponse)(nil),      // 28: polygate.admission.v1.RetryAfterResponse
+	(*DescribeScopeRequest)(nil),    // 29: polygate.admission.v1.DescribeScopeRequest
+	(*DescribeScopeResponse)(nil),   // 30: polygate.admission.v1.DescribeScopeResponse
+	(*ListScopesRequest)(nil),       // 31: polygate.admission.v1.ListScopesRequest
+	(*ListScopesResponse)(nil),      // 32: polygate.admission.v1.ListScopesResponse
+	(*OverrideBreakerRequest)(nil),  // 33: polygate.admission.v1.OverrideBreakerRequest
+	(*OverrideBreakerResponse)(nil), // 34: polygate.admission.v1.OverrideBreakerResponse
+	(*ScopeDescription)(nil),        // 35: polygate.admission.v1.ScopeDescription
+	(*SourceState)(nil),             // 36: polygate.admission.v1.SourceState
+	(*ScopeConfig)(nil),             // 37: polygate.admission.v1.ScopeConfig
+	(*SourceConfig)(nil),            // 38: polygate.admission.v1.SourceConfig
+	(*BreakerConfig)(nil),           // 39: polygate.admission.v1.BreakerConfig
+	(*WatchEventsRequest)(nil),      // 40: polygate.admission.v1.WatchEventsRequest
+	(*WatchEventsResponse)(nil),     // 41: polygate.admission.v1.WatchEventsResponse
+	(*BreakerTransition)(nil),       // 42: polygate.admission.v1.BreakerTransition
+	(*ProbeEvent)(nil),              // 43: polygate.admission.v1.ProbeEvent
+	(*StaleOutcome)(nil),            // 44: polygate.admission.v1.StaleOutcome
+	(*OverrideChanged)(nil),         // 45: polygate.admission.v1.OverrideChanged
+	(*WaitStarted)(nil),             // 46: polygate.admission.v1.WaitStarted
+	(*BackendHealth)(nil),           // 47: polygate.admission.v1.BackendHealth
+	nil,                             // 48: polygate.admission.v1.Grant.AttributesEntry
+	nil,                             // 49: polygate.admission.v1.SourceConfig.AttributesEntry
+	(*durationpb.Duration)(nil),     // 50: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 51: google.protobuf.Timestamp
 }
 var file_polygate_admission_v1_admission_proto_depIdxs = []int32{
 	1,  // 0: polygate.admission.v1.SourceReason.reason:type_name -> polygate.admission.v1.Reason
-	49, // 1: polygate.admission.v1.SourceReason.retry_after:type_name -> google.protobuf.Duration
-	49, // 2: polygate.admission.v1.PickRequest.deadline:type_name -> google.protobuf.Duration
-	14, // 3: polygate.admission.v1.PickResponse.grant:type_name -> polygate.admission.v1.Grant
-	15, // 4: polygate.admission.v1.PickResponse.no_runnable:type_name -> polygate.admission.v1.NoRunnable
-	16, // 5: polygate.admission.v1.PickResponse.failure:type_name -> polygate.admission.v1.Failure
-	47, // 6: polygate.admission.v1.Grant.attributes:type_name -> polygate.admission.v1.Grant.AttributesEntry
-	49, // 7: polygate.admission.v1.Grant.lease:type_name -> google.protobuf.Duration
-	49, // 8: polygate.admission.v1.Grant.timeout:type_name -> google.protobuf.Duration
-	11, // 9: polygate.admission.v1.Grant.skipped:type_name -> polygate.admission.v1.SourceReason
-	11, // 10: polygate.admission.v1.NoRunnable.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
+	50, // 1: polygate.admission.v1.SourceReason.retry_after:type_name -> google.protobuf.Duration
+	50, // 2: polygate.admission.v1.PickRequest.deadline:type_name -> google.protobuf.Duration
+	15, // 3: polygate.admission.v1.PickResponse.grant:type_name -> polygate.admission.v1.Grant
+	16, // 4: polygate.admission.v1.PickResponse.no_runnable:type_name -> polygate.admission.v1.NoRunnable
+	17, // 5: polygate.admission.v1.PickResponse.failure:type_name -> polygate.admission.v1.Failure
+	48, // 6: polygate.admission.v1.Grant.attributes:type_name -> polygate.admission.v1.Grant.AttributesEntry
+	50, // 7: polygate.admission.v1.Grant.lease:type_name -> google.protobuf.Duration
+	50, // 8: polygate.admission.v1.Grant.timeout:type_name -> google.protobuf.Duration
+	12, // 9: polygate.admission.v1.Grant.skipped:type_name -> polygate.admission.v1.SourceReason
+	12, // 10: polygate.admission.v1.NoRunnable.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
 	2,  // 11: polygate.admission.v1.Failure.reason:type_name -> polygate.admission.v1.FailureReason
-	49, // 12: polygate.admission.v1.Failure.retry_after:type_name -> google.protobuf.Duration
-	11, // 13: polygate.admission.v1.Failure.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
-	19, // 14: polygate.admission.v1.OnNoRunnableResponse.wait:type_name -> polygate.admission.v1.Wait
-	16, // 15: polygate.admission.v1.OnNoRunnableResponse.failure:type_name -> polygate.admission.v1.Failure
-	49, // 16: polygate.admission.v1.Wait.sleep:type_name -> google.protobuf.Duration
-	49, // 17: polygate.admission.v1.Wait.slept:type_name -> google.protobuf.Duration
+	50, // 12: polygate.admission.v1.Failure.retry_after:type_name -> google.protobuf.Duration
+	12, // 13: polygate.admission.v1.Failure.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
+	20, // 14: polygate.admission.v1.OnNoRunnableResponse.wait:type_name -> polygate.admission.v1.Wait
+	17, // 15: polygate.admission.v1.OnNoRunnableResponse.failure:type_name -> polygate.admission.v1.Failure
+	50, // 16: polygate.admission.v1.Wait.sleep:type_name -> google.protobuf.Duration
+	50, // 17: polygate.admission.v1.Wait.slept:type_name -> google.protobuf.Duration
 	0,  // 18: polygate.admission.v1.RecordOutcomeRequest.outcome:type_name -> polygate.admission.v1.Outcome
-	49, // 19: polygate.admission.v1.RecordOutcomeRequest.retry_after_hint:type_name -> google.protobuf.Duration
-	22, // 20: polygate.admission.v1.RecordOutcomeResponse.done:type_name -> polygate.admission.v1.Done
-	23, // 21: polygate.admission.v1.RecordOutcomeResponse.retry:type_name -> polygate.admission.v1.Retry
-	16, // 22: polygate.admission.v1.RecordOutcomeResponse.failure:type_name -> polygate.admission.v1.Failure
-	6,  // 23: polygate.admission.v1.RecordOutcomeResponse.effect:type_name -> polygate.admission.v1.OutcomeEffect
+	50, // 19: polygate.admission.v1.RecordOutcomeRequest.retry_after_hint:type_name -> google.protobuf.Duration
+	23, // 20: polygate.admission.v1.RecordOutcomeResponse.done:type_name -> polygate.admission.v1.Done
+	24, // 21: polygate.admission.v1.RecordOutcomeResponse.retry:type_name -> polygate.admission.v1.Retry
+	17, // 22: polygate.admission.v1.RecordOutcomeResponse.failure:type_name -> polygate.admission.v1.Failure
+	7,  // 23: polygate.admission.v1.RecordOutcomeResponse.effect:type_name -> polygate.admission.v1.OutcomeEffect
 	3,  // 24: polygate.admission.v1.RecordOutcomeResponse.breaker_state:type_name -> polygate.admission.v1.BreakerState
-	49, // 25: polygate.admission.v1.Retry.backoff:type_name -> google.protobuf.Duration
-	49, // 26: polygate.admission.v1.RetryAfterResponse.retry_after:type_name -> google.protobuf.Duration
-	35, // 27: polygate.admission.v1.RetryAfterResponse.sources:type_name -> polygate.admission.v1.SourceState
-	34, // 28: polygate.admission.v1.DescribeScopeResponse.scope:type_name -> polygate.admission.v1.ScopeDescription
-	34, // 29: polygate.admission.v1.ListScopesResponse.scopes:type_name -> polygate.admission.v1.ScopeDescription
-	5,  // 30: polygate.admission.v1.OverrideBreakerRequest.action:type_name -> polygate.admission.v1.OverrideAction
-	35, // 31: polygate.admission.v1.OverrideBreakerResponse.source:type_name -> polygate.admission.v1.SourceState
-	36, // 32: polygate.admission.v1.ScopeDescription.config:type_name -> polygate.admission.v1.ScopeConfig
-	35, // 33: polygate.admission.v1.ScopeDescription.sources:type_name -> polygate.admission.v1.SourceState
-	49, // 34: polygate.admission.v1.ScopeDescription.progress_age:type_name -> google.protobuf.Duration
+	50, // 25: polygate.admission.v1.Retry.backoff:type_name -> google.protobuf.Duration
+	50, // 26: polygate.admission.v1.RetryAfterResponse.retry_after:type_name -> google.protobuf.Duration
+	36, // 27: polygate.admission.v1.RetryAfterResponse.sources:type_name -> polygate.admission.v1.SourceState
+	35, // 28: polygate.admission.v1.DescribeScopeResponse.scope:type_name -> polygate.admission.v1.ScopeDescription
+	35, // 29: polygate.admission.v1.ListScopesResponse.scopes:type_name -> polygate.admission.v1.ScopeDescription
+	6,  // 30: polygate.admission.v1.OverrideBreakerRequest.action:type_name -> polygate.admission.v1.OverrideAction
+	36, // 31: polygate.admission.v1.OverrideBreakerResponse.source:type_name -> polygate.admission.v1.SourceState
+	37, // 32: polygate.admission.v1.ScopeDescription.config:type_name -> polygate.admission.v1.ScopeConfig
+	36, // 33: polygate.admission.v1.ScopeDescription.sources:type_name -> polygate.admission.v1.SourceState
+	50, // 34: polygate.admission.v1.ScopeDescription.progress_age:type_name -> google.protobuf.Duration
 	3,  // 35: polygate.admission.v1.SourceState.state:type_name -> polygate.admission.v1.BreakerState
 	1,  // 36: polygate.admission.v1.SourceState.reason:type_name -> polygate.admission.v1.Reason
-	49, // 37: polygate.admission.v1.SourceState.retry_after:type_name -> google.protobuf.Duration
-	49, // 38: polygate.admission.v1.SourceState.probe_left:type_name -> google.protobuf.Duration
-	4,  // 39: polygate.admission.v1.SourceState.override:type_name -> polygate.admission.v1.Override
-	49, // 40: polygate.admission.v1.SourceState.cooldown_memo:type_name -> google.protobuf.Duration
-	37, // 41: polygate.admission.v1.SourceState.config:type_name -> polygate.admission.v1.SourceConfig
-	7,  // 42: polygate.admission.v1.ScopeConfig.circuit_open:type_name -> polygate.admission.v1.OnRefusal
-	7,  // 43: polygate.admission.v1.ScopeConfig.quota_full:type_name -> polygate.admission.v1.OnRefusal
-	49, // 44: polygate.admission.v1.ScopeConfig.backoff_base:type_name -> google.protobuf.Duration
-	49, // 45: polygate.admission.v1.ScopeConfig.backoff_max:type_name -> google.protobuf.Duration
-	49, // 46: polygate.admission.v1.ScopeConfig.stall_window:type_name -> google.protobuf.Duration
-	49, // 47: polygate.admission.v1.ScopeConfig.poll_interval:type_name -> google.protobuf.Duration
-	49, // 48: polygate.admission.v1.ScopeConfig.lease_grace:type_name -> google.protobuf.Duration
-	49, // 49: polygate.admission.v1.ScopeConfig.max_retry_after:type_name -> google.protobuf.Duration
-	49, // 50: polygate.admission.v1.SourceConfig.timeout:type_name -> google.protobuf.Duration
-	49, // 51: polygate.admission.v1.SourceConfig.lease:type_name -> google.protobuf.Duration
-	48, // 52: polygate.admission.v1.SourceConfig.attributes:type_name -> polygate.admission.v1.SourceConfig.AttributesEntry
-	38, // 53: polygate.admission.v1.SourceConfig.breaker:type_name -> polygate.admission.v1.BreakerConfig
-	49, // 54: polygate.admission.v1.BreakerConfig.window:type_name -> google.protobuf.Duration
-	49, // 55: polygate.admission.v1.BreakerConfig.cooldown:type_name -> google.protobuf.Duration
-	49, // 56: polygate.admission.v1.BreakerConfig.max_cooldown:type_name -> google.protobuf.Duration
-	49, // 57: polygate.admission.v1.BreakerConfig.probe_ttl:type_name -> google.protobuf.Duration
-	50, // 58: polygate.admission.v1.WatchEventsResponse.time:type_name -> google.protobuf.Timestamp
-	41, // 59: polygate.admission.v1.WatchEventsResponse.breaker_transition:type_name -> polygate.admission.v1.BreakerTransition
-	42, // 60: polygate.admission.v1.WatchEventsResponse.probe:type_name -> polygate.admission.v1.ProbeEvent
-	43, // 61: polygate.admission.v1.WatchEventsResponse.stale_outcome:type_name -> polygate.admission.v1.StaleOutcome
-	44, // 62: polygate.admission.v1.WatchEventsResponse.override_changed:type_name -> polygate.admission.v1.OverrideChanged
-	45, // 63: polygate.admission.v1.WatchEventsResponse.wait_started:type_name -> polygate.admission.v1.WaitStarted
-	46, // 64: polygate.admission.v1.WatchEventsResponse.backend_health:type_name -> polygate.admission.v1.BackendHealth
-	3,  // 65: polygate.admission.v1.BreakerTransition.from:type_name -> polygate.admission.v1.BreakerState
-	3,  // 66: polygate.admission.v1.BreakerTransition.to:type_name -> polygate.admission.v1.BreakerState
-	9,  // 67: polygate.admission.v1.BreakerTransition.cause:type_name -> polygate.admission.v1.TransitionCause
-	49, // 68: polygate.admission.v1.BreakerTransition.cooldown:type_name -> google.protobuf.Duration
-	10, // 69: polygate.admission.v1.ProbeEvent.kind:type_name -> polygate.admission.v1.ProbeEventKind
-	0,  // 70: polygate.admission.v1.ProbeEvent.outcome:type_name -> polygate.admission.v1.Outcome
-	3,  // 71: polygate.admission.v1.ProbeEvent.state:type_name -> polygate.admission.v1.BreakerState
-	3,  // 72: polygate.admission.v1.StaleOutcome.state:type_name -> polygate.admission.v1.BreakerState
-	4,  // 73: polygate.admission.v1.OverrideChanged.override:type_name -> polygate.admission.v1.Override
-	3,  // 74: polygate.admission.v1.OverrideChanged.state:type_name -> polygate.admission.v1.BreakerState
-	49, // 75: polygate.admission.v1.WaitStarted.sleep:type_name -> google.protobuf.Duration
-	11, // 76: polygate.admission.v1.WaitStarted.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
-	12, // 77: polygate.admission.v1.AdmissionService.Pick:input_type -> polygate.admission.v1.PickRequest
-	17, // 78: polygate.admission.v1.AdmissionService.OnNoRunnable:input_type -> polygate.admission.v1.OnNoRunnableRequest
-	20, // 79: polygate.admission.v1.AdmissionService.RecordOutcome:input_type -> polygate.admission.v1.RecordOutcomeRequest
-	24, // 80: polygate.admission.v1.AdmissionService.CancelCall:input_type -> polygate.admission.v1.CancelCallRequest
-	26, // 81: polygate.admission.v1.AdmissionService.RetryAfter:input_type -> polygate.admission.v1.RetryAfterRequest
-	28, // 82: polygate.admission.v1.AdmissionService.DescribeScope:input_type -> polygate.admission.v1.DescribeScopeRequest
-	30, // 83: polygate.admission.v1.AdmissionService.ListScopes:input_type -> polygate.admission.v1.ListScopesRequest
-	32, // 84: polygate.admission.v1.AdmissionService.OverrideBreaker:input_type -> polygate.admission.v1.OverrideBreakerRequest
-	39, // 85: polygate.admission.v1.AdmissionService.WatchEvents:input_type -> polygate.admission.v1.WatchEventsRequest
-	13, // 86: polygate.admission.v1.AdmissionService.Pick:output_type -> polygate.admission.v1.PickResponse
-	18, // 87: polygate.admission.v1.AdmissionService.OnNoRunnable:output_type -> polygate.admission.v1.OnNoRunnableResponse
-	21, // 88: polygate.admission.v1.AdmissionService.RecordOutcome:output_type -> polygate.admission.v1.RecordOutcomeResponse
-	25, // 89: polygate.admission.v1.AdmissionService.CancelCall:output_type -> polygate.admission.v1.CancelCallResponse
-	27, // 90: polygate.admission.v1.AdmissionService.RetryAfter:output_type -> polygate.admission.v1.RetryAfterResponse
-	29, // 91: polygate.admission.v1.AdmissionService.DescribeScope:output_type -> polygate.admission.v1.DescribeScopeResponse
-	31, // 92: polygate.admission.v1.AdmissionService.ListScopes:output_type -> polygate.admission.v1.ListScopesResponse
-	33, // 93: polygate.admission.v1.AdmissionService.OverrideBreaker:output_type -> polygate.admission.v1.OverrideBreakerResponse
-	40, // 94: polygate.admission.v1.AdmissionService.WatchEvents:output_type -> polygate.admission.v1.WatchEventsResponse
-	86, // [86:95] is the sub-list for method output_type
-	77, // [77:86] is the sub-list for method input_type
-	77, // [77:77] is the sub-list for extension type_name
-	77, // [77:77] is the sub-list for extension extendee
-	0,  // [0:77] is the sub-list for field type_name
+	50, // 37: polygate.admission.v1.SourceState.retry_after:type_name -> google.protobuf.Duration
+	50, // 38: polygate.admission.v1.SourceState.probe_left:type_name -> google.protobuf.Duration
+	5,  // 39: polygate.admission.v1.SourceState.override:type_name -> polygate.admission.v1.Override
+	50, // 40: polygate.admission.v1.SourceState.cooldown_memo:type_name -> google.protobuf.Duration
+	38, // 41: polygate.admission.v1.SourceState.config:type_name -> polygate.admission.v1.SourceConfig
+	4,  // 42: polygate.admission.v1.SourceState.open_cause:type_name -> polygate.admission.v1.OpenCause
+	8,  // 43: polygate.admission.v1.ScopeConfig.circuit_open:type_name -> polygate.admission.v1.OnRefusal
+	8,  // 44: polygate.admission.v1.ScopeConfig.quota_full:type_name -> polygate.admission.v1.OnRefusal
+	50, // 45: polygate.admission.v1.ScopeConfig.backoff_base:type_name -> google.protobuf.Duration
+	50, // 46: polygate.admission.v1.ScopeConfig.backoff_max:type_name -> google.protobuf.Duration
+	50, // 47: polygate.admission.v1.ScopeConfig.stall_window:type_name -> google.protobuf.Duration
+	50, // 48: polygate.admission.v1.ScopeConfig.poll_interval:type_name -> google.protobuf.Duration
+	50, // 49: polygate.admission.v1.ScopeConfig.lease_grace:type_name -> google.protobuf.Duration
+	50, // 50: polygate.admission.v1.ScopeConfig.max_retry_after:type_name -> google.protobuf.Duration
+	8,  // 51: polygate.admission.v1.ScopeConfig.source_dead:type_name -> polygate.admission.v1.OnRefusal
+	50, // 52: polygate.admission.v1.SourceConfig.timeout:type_name -> google.protobuf.Duration
+	50, // 53: polygate.admission.v1.SourceConfig.lease:type_name -> google.protobuf.Duration
+	49, // 54: polygate.admission.v1.SourceConfig.attributes:type_name -> polygate.admission.v1.SourceConfig.AttributesEntry
+	39, // 55: polygate.admission.v1.SourceConfig.breaker:type_name -> polygate.admission.v1.BreakerConfig
+	50, // 56: polygate.admission.v1.BreakerConfig.window:type_name -> google.protobuf.Duration
+	50, // 57: polygate.admission.v1.BreakerConfig.cooldown:type_name -> google.protobuf.Duration
+	50, // 58: polygate.admission.v1.BreakerConfig.max_cooldown:type_name -> google.protobuf.Duration
+	50, // 59: polygate.admission.v1.BreakerConfig.probe_ttl:type_name -> google.protobuf.Duration
+	51, // 60: polygate.admission.v1.WatchEventsResponse.time:type_name -> google.protobuf.Timestamp
+	42, // 61: polygate.admission.v1.WatchEventsResponse.breaker_transition:type_name -> polygate.admission.v1.BreakerTransition
+	43, // 62: polygate.admission.v1.WatchEventsResponse.probe:type_name -> polygate.admission.v1.ProbeEvent
+	44, // 63: polygate.admission.v1.WatchEventsResponse.stale_outcome:type_name -> polygate.admission.v1.StaleOutcome
+	45, // 64: polygate.admission.v1.WatchEventsResponse.override_changed:type_name -> polygate.admission.v1.OverrideChanged
+	46, // 65: polygate.admission.v1.WatchEventsResponse.wait_started:type_name -> polygate.admission.v1.WaitStarted
+	47, // 66: polygate.admission.v1.WatchEventsResponse.backend_health:type_name -> polygate.admission.v1.BackendHealth
+	3,  // 67: polygate.admission.v1.BreakerTransition.from:type_name -> polygate.admission.v1.BreakerState
+	3,  // 68: polygate.admission.v1.BreakerTransition.to:type_name -> polygate.admission.v1.BreakerState
+	10, // 69: polygate.admission.v1.BreakerTransition.cause:type_name -> polygate.admission.v1.TransitionCause
+	50, // 70: polygate.admission.v1.BreakerTransition.cooldown:type_name -> google.protobuf.Duration
+	11, // 71: polygate.admission.v1.ProbeEvent.kind:type_name -> polygate.admission.v1.ProbeEventKind
+	0,  // 72: polygate.admission.v1.ProbeEvent.outcome:type_name -> polygate.admission.v1.Outcome
+	3,  // 73: polygate.admission.v1.ProbeEvent.state:type_name -> polygate.admission.v1.BreakerState
+	3,  // 74: polygate.admission.v1.StaleOutcome.state:type_name -> polygate.admission.v1.BreakerState
+	5,  // 75: polygate.admission.v1.OverrideChanged.override:type_name -> polygate.admission.v1.Override
+	3,  // 76: polygate.admission.v1.OverrideChanged.state:type_name -> polygate.admission.v1.BreakerState
+	50, // 77: polygate.admission.v1.WaitStarted.sleep:type_name -> google.protobuf.Duration
+	12, // 78: polygate.admission.v1.WaitStarted.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
+	13, // 79: polygate.admission.v1.AdmissionService.Pick:input_type -> polygate.admission.v1.PickRequest
+	18, // 80: polygate.admission.v1.AdmissionService.OnNoRunnable:input_type -> polygate.admission.v1.OnNoRunnableRequest
+	21, // 81: polygate.admission.v1.AdmissionService.RecordOutcome:input_type -> polygate.admission.v1.RecordOutcomeRequest
+	25, // 82: polygate.admission.v1.AdmissionService.CancelCall:input_type -> polygate.admission.v1.CancelCallRequest
+	27, // 83: polygate.admission.v1.AdmissionService.RetryAfter:input_type -> polygate.admission.v1.RetryAfterRequest
+	29, // 84: polygate.admission.v1.AdmissionService.DescribeScope:input_type -> polygate.admission.v1.DescribeScopeRequest
+	31, // 85: polygate.admission.v1.AdmissionService.ListScopes:input_type -> polygate.admission.v1.ListScopesRequest
+	33, // 86: polygate.admission.v1.AdmissionService.OverrideBreaker:input_type -> polygate.admission.v1.OverrideBreakerRequest
+	40, // 87: polygate.admission.v1.AdmissionService.WatchEvents:input_type -> polygate.admission.v1.WatchEventsRequest
+	14, // 88: polygate.admission.v1.AdmissionService.Pick:output_type -> polygate.admission.v1.PickResponse
+	19, // 89: polygate.admission.v1.AdmissionService.OnNoRunnable:output_type -> polygate.admission.v1.OnNoRunnableResponse
+	22, // 90: polygate.admission.v1.AdmissionService.RecordOutcome:output_type -> polygate.admission.v1.RecordOutcomeResponse
+	26, // 91: polygate.admission.v1.AdmissionService.CancelCall:output_type -> polygate.admission.v1.CancelCallResponse
+	28, // 92: polygate.admission.v1.AdmissionService.RetryAfter:output_type -> polygate.admission.v1.RetryAfterResponse
+	30, // 93: polygate.admission.v1.AdmissionService.DescribeScope:output_type -> polygate.admission.v1.DescribeScopeResponse
+	32, // 94: polygate.admission.v1.AdmissionService.ListScopes:output_type -> polygate.admission.v1.ListScopesResponse
+	34, // 95: polygate.admission.v1.AdmissionService.OverrideBreaker:output_type -> polygate.admission.v1.OverrideBreakerResponse
+	41, // 96: polygate.admission.v1.AdmissionService.WatchEvents:output_type -> polygate.admission.v1.WatchEventsResponse
+	88, // [88:97] is the sub-list for method output_type
+	79, // [79:88] is the sub-list for method input_type
+	79, // [79:79] is the sub-list for extension type_name
+	79, // [79:79] is the sub-list for extension extendee
+	0,  // [0:79] is the sub-list for field type_name
 }
 
 func init() { file_polygate_admission_v1_admission_proto_init() }
@@ -4120,7 +4221,7 @@ func file_polygate_admission_v1_admission_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_polygate_admission_v1_admission_proto_rawDesc), len(file_polygate_admission_v1_admission_proto_rawDesc)),
-			NumEnums:      11,
+			NumEnums:      12,
 			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,

@@ -42,6 +42,8 @@ class FailureReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FAILURE_REASON_DEADLINE_EXCEEDED: _ClassVar[FailureReason]
     FAILURE_REASON_CANCELLED: _ClassVar[FailureReason]
     FAILURE_REASON_RETRY_AFTER_TOO_LONG: _ClassVar[FailureReason]
+    FAILURE_REASON_SOURCE_DEAD: _ClassVar[FailureReason]
+    FAILURE_REASON_SCOPE_REMOVED: _ClassVar[FailureReason]
 
 class BreakerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -49,6 +51,13 @@ class BreakerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BREAKER_STATE_CLOSED: _ClassVar[BreakerState]
     BREAKER_STATE_OPEN: _ClassVar[BreakerState]
     BREAKER_STATE_HALF_OPEN: _ClassVar[BreakerState]
+
+class OpenCause(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OPEN_CAUSE_UNSPECIFIED: _ClassVar[OpenCause]
+    OPEN_CAUSE_FAILURES: _ClassVar[OpenCause]
+    OPEN_CAUSE_SOURCE_DEAD: _ClassVar[OpenCause]
+    OPEN_CAUSE_FORCED: _ClassVar[OpenCause]
 
 class Override(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -140,10 +149,16 @@ FAILURE_REASON_NON_RETRYABLE: FailureReason
 FAILURE_REASON_DEADLINE_EXCEEDED: FailureReason
 FAILURE_REASON_CANCELLED: FailureReason
 FAILURE_REASON_RETRY_AFTER_TOO_LONG: FailureReason
+FAILURE_REASON_SOURCE_DEAD: FailureReason
+FAILURE_REASON_SCOPE_REMOVED: FailureReason
 BREAKER_STATE_UNSPECIFIED: BreakerState
 BREAKER_STATE_CLOSED: BreakerState
 BREAKER_STATE_OPEN: BreakerState
 BREAKER_STATE_HALF_OPEN: BreakerState
+OPEN_CAUSE_UNSPECIFIED: OpenCause
+OPEN_CAUSE_FAILURES: OpenCause
+OPEN_CAUSE_SOURCE_DEAD: OpenCause
+OPEN_CAUSE_FORCED: OpenCause
 OVERRIDE_UNSPECIFIED: Override
 OVERRIDE_FORCED_OPEN: Override
 OVERRIDE_FORCED_CLOSED: Override
@@ -430,7 +445,7 @@ class ScopeDescription(_message.Message):
     def __init__(self, config: _Optional[_Union[ScopeConfig, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[SourceState, _Mapping]]] = ..., progress_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., live_calls: _Optional[int] = ..., backend: _Optional[str] = ...) -> None: ...
 
 class SourceState(_message.Message):
-    __slots__ = ("name", "state", "reason", "retry_after", "epoch", "reopens", "probe_out", "probe_left", "window_calls", "window_failures", "consecutive_failures", "override", "override_actor", "override_reason", "in_flight", "requests_last_minute", "tokens_last_minute", "pacer_ceiling", "cooldown_memo", "failed_recently", "config")
+    __slots__ = ("name", "state", "reason", "retry_after", "epoch", "reopens", "probe_out", "probe_left", "window_calls", "window_failures", "consecutive_failures", "override", "override_actor", "override_reason", "in_flight", "requests_last_minute", "tokens_last_minute", "pacer_ceiling", "cooldown_memo", "failed_recently", "config", "open_cause")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
@@ -452,6 +467,7 @@ class SourceState(_message.Message):
     COOLDOWN_MEMO_FIELD_NUMBER: _ClassVar[int]
     FAILED_RECENTLY_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
+    OPEN_CAUSE_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: BreakerState
     reason: Reason
@@ -473,10 +489,11 @@ class SourceState(_message.Message):
     cooldown_memo: _duration_pb2.Duration
     failed_recently: bool
     config: SourceConfig
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[BreakerState, str]] = ..., reason: _Optional[_Union[Reason, str]] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., epoch: _Optional[int] = ..., reopens: _Optional[int] = ..., probe_out: _Optional[bool] = ..., probe_left: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., window_calls: _Optional[int] = ..., window_failures: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., override: _Optional[_Union[Override, str]] = ..., override_actor: _Optional[str] = ..., override_reason: _Optional[str] = ..., in_flight: _Optional[int] = ..., requests_last_minute: _Optional[int] = ..., tokens_last_minute: _Optional[int] = ..., pacer_ceiling: _Optional[int] = ..., cooldown_memo: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., failed_recently: _Optional[bool] = ..., config: _Optional[_Union[SourceConfig, _Mapping]] = ...) -> None: ...
+    open_cause: OpenCause
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[BreakerState, str]] = ..., reason: _Optional[_Union[Reason, str]] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., epoch: _Optional[int] = ..., reopens: _Optional[int] = ..., probe_out: _Optional[bool] = ..., probe_left: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., window_calls: _Optional[int] = ..., window_failures: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., override: _Optional[_Union[Override, str]] = ..., override_actor: _Optional[str] = ..., override_reason: _Optional[str] = ..., in_flight: _Optional[int] = ..., requests_last_minute: _Optional[int] = ..., tokens_last_minute: _Optional[int] = ..., pacer_ceiling: _Optional[int] = ..., cooldown_memo: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., failed_recently: _Optional[bool] = ..., config: _Optional[_Union[SourceConfig, _Mapping]] = ..., open_cause: _Optional[_Union[OpenCause, str]] = ...) -> None: ...
 
 class ScopeConfig(_message.Message):
-    __slots__ = ("name", "circuit_open", "quota_full", "max_attempts", "backoff_base", "backoff_max", "stall_window", "poll_interval", "lease_grace", "max_retry_after")
+    __slots__ = ("name", "circuit_open", "quota_full", "max_attempts", "backoff_base", "backoff_max", "stall_window", "poll_interval", "lease_grace", "max_retry_after", "source_dead")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CIRCUIT_OPEN_FIELD_NUMBER: _ClassVar[int]
     QUOTA_FULL_FIELD_NUMBER: _ClassVar[int]
@@ -487,6 +504,7 @@ class ScopeConfig(_message.Message):
     POLL_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     LEASE_GRACE_FIELD_NUMBER: _ClassVar[int]
     MAX_RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_DEAD_FIELD_NUMBER: _ClassVar[int]
     name: str
     circuit_open: OnRefusal
     quota_full: OnRefusal
@@ -497,7 +515,8 @@ class ScopeConfig(_message.Message):
     poll_interval: _duration_pb2.Duration
     lease_grace: _duration_pb2.Duration
     max_retry_after: _duration_pb2.Duration
-    def __init__(self, name: _Optional[str] = ..., circuit_open: _Optional[_Union[OnRefusal, str]] = ..., quota_full: _Optional[_Union[OnRefusal, str]] = ..., max_attempts: _Optional[int] = ..., backoff_base: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., backoff_max: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., stall_window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., poll_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    source_dead: OnRefusal
+    def __init__(self, name: _Optional[str] = ..., circuit_open: _Optional[_Union[OnRefusal, str]] = ..., quota_full: _Optional[_Union[OnRefusal, str]] = ..., max_attempts: _Optional[int] = ..., backoff_base: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., backoff_max: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., stall_window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., poll_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., source_dead: _Optional[_Union[OnRefusal, str]] = ...) -> None: ...
 
 class SourceConfig(_message.Message):
     __slots__ = ("priority", "weight", "max_concurrency", "rpm", "tpm", "timeout", "lease", "attributes", "breaker")

@@ -1,0 +1,170 @@
+package redisgate_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/polygate/polygate/gate"
+	"github.com/polygate/polygate/gate/gatetest"
+	"github.com/polygate/polygate/gate/redisgate"
+	"github.com/polygate/polygate/internal/redistest"
+)
+
+// waitQueue waits until the give-back queue is empty, or fails the test.
+func waitQueue(t *testing.T, ctx context.Context, b *redisgate.Backend) {
+	t.Helper()
+	for b.GiveBacks().Queued > 0 {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("give-back queue never emptied: %+v", b.GiveBacks())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+func inFlight(t *testing.T, ctx context.Context, b *redisgate.Backend, scope string, srcs ...*gate.Source) []int {
+	t.Helper()
+	snap := must(b.Peek(ctx, gate.PeekRequest{Scope: scope, Sources: srcs}))(t)
+	var out []int
+	for _, v := range snap.Sources {
+		out = append(out, v.Quota.InFlight)
+	}
+	return out
+}
+
+// An Admit whose reply is lost (Redis stalled past the Backend's timeout)
+// still runs when Redis resumes, and grants a permit nobody holds: the
+// Backend gives it back, on every candidate, once Redis answers again. A
+// Settle whose reply is lost is repeated until Redis confirms it.
+func TestGiveBacks(t *testing.T) {
+	ctx := testCtx(t)
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	const timeout = 100 * time.Millisecond
+	b := newBackend(t, c, redisgate.Options{Timeout: timeout})
+	run, stop := context.WithCancel(ctx)
+	defer stop()
+	go b.RunGiveBacks(run, 10*time.Millisecond)
+
+	a := gatetest.Src("a", func(s *gate.Source) { s.Limits.MaxConcurrency = 1; s.Limits.Lease = time.Hour })
+	z := gatetest.Src("z", func(s *gate.Source) { s.Limits.MaxConcurrency = 1; s.Limits.Lease = time.Hour })
+	cands := []gate.Candidate{{Source: a, Ceiling: 1}, {Source: z, Ceiling: 1}}
+
+	t.Run("lost admit", func(t *testing.T) {
+		// Once Redis has the script, the EVALSHA that queues up during the
+		// stall runs when it resumes.
+		must(b.Admit(ctx, gate.AdmitRequest{Scope: "warm-up", PermitID: "p0", Tokens: 1, Candidates: cands}))(t)
+		srv.Pause()
+		_, err := b.Admit(ctx, gate.AdmitRequest{Scope: "lost", PermitID: "p1", Tokens: 1, Candidates: cands})
+		if !errors.Is(err, gate.ErrUnavailable) {
+			srv.Resume()
+			t.Fatalf("Admit on a stalled Redis = %v, want gate.ErrUnavailable", err)
+		}
+		if q := b.GiveBacks().Queued; q != 2 {
+			t.Errorf("queued %d give-backs after a lost Admit of 2 candidates, want 2", q)
+		}
+		srv.Resume()
+		waitQueue(t, ctx, b)
+		if got := inFlight(t, ctx, b, "lost", a, z); got[0] != 0 || got[1] != 0 {
+			t.Errorf("in flight after the give-back = %v, want [0 0]", got)
+		}
+		if g := b.GiveBacks(); g.Released != 1 {
+			t.Errorf("give-backs %+v: want the one permit the stalled Admit granted released", g)
+		}
+	})
+
+	t.Run("lost settle", func(t *testing.T) {
+		adm := must(b.Admit(ctx, gate.AdmitRequest{Scope: "settle", PermitID: "p2", Tokens: 1, Candidates: cands}))(t)
+		if !adm.Granted {
+			t.Fatalf("Admit = %+v, want a grant", adm)
+		}
+		srv.Pause()
+		_, err := b.Settle(ctx, gate.SettleRequest{Scope: "settle", Source: a, PermitID: "p2", Epoch: adm.Permit.Epoch,
+			Verdict: gate.VerdictSuccess, ActualTokens: -1})
+		srv.Resume()
+		if !errors.Is(err, gate.ErrUnavailable) {
+			t.Fatalf("Settle on a stalled Redis = %v, want gate.ErrUnavailable", err)
+		}
+		waitQueue(t, ctx, b)
+		if got := inFlight(t, ctx, b, "settle", a); got[0] != 0 {
+			t.Errorf("in flight after the repeated settle = %v, want [0]", got)
+		}
+	})
+}
+
+// The queue is bounded: a settle beyond it is counted, not kept.
+func TestGiveBacksOverflow(t *testing.T) {
+	srv := redistest.Start(t)
+	b := newBackend(t, srv.Client(t), redisgate.Options{GiveBackQueue: 1})
+	a := gatetest.Src("a")
+	b.DeferSettle(gate.SettleRequest{Scope: "s", Source: a, PermitID: "p1", ActualTokens: -1})
+	b.DeferSettle(gate.SettleRequest{Scope: "s", Source: a, PermitID: "p1", ActualTokens: -1}) // the same: kept once
+	b.DeferSettle(gate.SettleRequest{Scope: "s", Source: a, PermitID: "p2", ActualTokens: -1})
+	if g := b.GiveBacks(); g.Queued != 1 || g.Overflowed != 1 {
+		t.Errorf("give-backs %+v: want 1 queued, 1 overflowed", g)
+	}
+}
+
+// A Redis that comes back empty (FLUSHALL stands in for a restart without
+// persistence) gets back, from the Backend's own record, the OPEN breaker
+// and the override it had seen, with cooldown left, reopens, actor and
+// reason; a Redis that kept its state gets nothing written.
+func TestReassertAfterStateLoss(t *testing.T) {
+	ctx := testCtx(t)
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	told := make(chan string, 10)
+	b := newBackend(t, c, redisgate.Options{OnStateLoss: func(scope string, restored int) {
+		told <- fmt.Sprintf("%s restored %d", scope, restored)
+	}})
+	dead := gatetest.Src("dead", func(s *gate.Source) { s.Breaker.Cooldown = time.Hour; s.Breaker.MaxCooldown = time.Hour })
+	ops := gatetest.Src("ops")
+	adm := must(b.Admit(ctx, gate.AdmitRequest{Scope: "s", PermitID: "p1", Tokens: 1, Candidates: []gate.Candidate{{Source: dead, Ceiling: 1}}}))(t)
+	must(b.Settle(ctx, gate.SettleRequest{Scope: "s", Source: dead, PermitID: "p1", Epoch: adm.Permit.Epoch, Verdict: gate.VerdictForceOpen, ActualTokens: -1}))(t)
+	must(b.Override(ctx, gate.OverrideRequest{Scope: "s", Source: ops, Action: gate.ActionForceOpen, Actor: "alice", Why: "INC-42"}))(t)
+
+	run, stop := context.WithCancel(ctx)
+	defer stop()
+	go b.RunGiveBacks(run, 10*time.Millisecond)
+	view := func() (gate.SourceView, gate.SourceView) {
+		snap := must(b.Peek(ctx, gate.PeekRequest{Scope: "s", Sources: []*gate.Source{dead, ops}}))(t)
+		return snap.Sources[0], snap.Sources[1]
+	}
+	before, _ := view()
+	// The first check of the scope finds it intact.
+	eventually(t, ctx, "the scope's marker is set", func() bool { return c.Exists(ctx, "polygate:{s}:marker").Val() == 1 })
+	if b.StateLosses() != 0 {
+		t.Fatalf("a state loss reported while Redis kept everything: %s", <-told)
+	}
+	if err := c.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-told; got != "s restored 2" {
+		t.Errorf("OnStateLoss told %q, want \"s restored 2\"", got)
+	}
+	d, o := view()
+	if d.Breaker.State != gate.Open || d.Breaker.Reopens != before.Breaker.Reopens || d.Breaker.Epoch != before.Breaker.Epoch ||
+		d.Breaker.RetryAfter <= 0 || d.Breaker.RetryAfter > before.Breaker.RetryAfter {
+		t.Errorf("dead after the loss: %+v; want OPEN as before (%+v), with no more cooldown left", d.Breaker, before.Breaker)
+	}
+	if o.Breaker.Override != gate.ForcedOpen || o.Breaker.Actor != "alice" || o.Breaker.Why != "INC-42" {
+		t.Errorf("ops after the loss: %+v; want FORCED_OPEN by alice (INC-42)", o.Breaker)
+	}
+}
+
+func eventually(t *testing.T, ctx context.Context, what string, cond func() bool) {
+	t.Helper()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: never happened", what)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
