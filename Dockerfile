@@ -13,8 +13,12 @@ COPY gen/go.mod gen/go.sum gen/
 COPY clientsdk/go/go.mod clientsdk/go/go.sum clientsdk/go/
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
+# docker build --build-arg VERSION=v1.2.3 --build-arg REVISION=$(git rev-parse HEAD) .
+# stamps --version and polygate_build_info (.git is not in the build context).
+ARG VERSION=""
+ARG REVISION=""
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/polygate ./cmd/sidecar \
+    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X github.com/polygate/polygate/internal/sidecar.version=${VERSION} -X github.com/polygate/polygate/internal/sidecar.revision=${REVISION}" -o /out/polygate ./cmd/sidecar \
  && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/polygatectl ./cmd/polygatectl \
  && mkdir -p /out/var/lib/polygate /out/run/polygate
 

@@ -1,4 +1,4 @@
-# polygate: `make test` installs what it needs (pinned Go tools, redis-server,
+# polygate: `make test` installs what it needs (pinned Go tools, redis-server, chromium,
 # the Python SDK's virtual environment) and runs every test; .ci/run calls it.
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -13,7 +13,7 @@ PY := $(VENV)/bin/python
 PYSDK := clientsdk/python
 PYGEN := $(PYSDK)/src/polygate/_gen
 
-.PHONY: all run test ci generate check-generated lint pytypes gotest fuzz pytest redis-server tools venv bench
+.PHONY: all run test ci generate check-generated lint pytypes gotest fuzz pytest redis-server chromium tools venv bench
 
 all: test
 
@@ -31,7 +31,7 @@ bench: redis-server
 	"$$d/polybench" -sidecar "$$d/sidecar" $(BENCH_FLAGS)
 
 ## test: everything CI runs
-test: tools redis-server check-generated lint pytypes gotest fuzz pytest
+test: tools redis-server chromium check-generated lint pytypes gotest fuzz pytest
 
 ci: test
 
@@ -47,6 +47,11 @@ $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/grpcurl: tools/go.mod
 redis-server:
 	@command -v redis-server >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 	@redis-server --version
+
+## chromium: the Debian package the status page's end-to-end test opens the page in
+chromium:
+	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	@chromium --version
 
 ## venv: .venv with the Python SDK's pinned tools and test dependencies
 venv: $(VENV)/.installed

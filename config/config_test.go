@@ -40,6 +40,9 @@ func TestDefaultsAndDerivedValues(t *testing.T) {
 		s.StallWindow != 300*time.Second || s.PollInterval != 50*time.Millisecond {
 		t.Fatalf("scope defaults %+v", s)
 	}
+	if s.Mode != config.Enforce || s.DefaultTenantWeight != 1 || s.MaxTenants != 64 || s.PriorityAging != 0 || s.TenantWeight("x") != 1 {
+		t.Fatalf("admission defaults %+v", s)
+	}
 	p := s.Sources[0]
 	if p.Weight != 1 || p.MaxConcurrency != 8 || p.Timeout != 300*time.Second || p.Breaker.FailThreshold != 5 ||
 		p.Breaker.MinCalls != 10 || p.Breaker.FailRate != 0.5 || p.Breaker.Cooldown != 60*time.Second {
@@ -128,6 +131,12 @@ func TestBadValues(t *testing.T) {
 		{"stall_window", "scopes: {chat: {backpressure: {stall_window: 0s}, sources: [{name: a}]}}", "scopes.chat.backpressure.stall_window", "at least 1ms"},
 		{"poll_interval", "scopes: {chat: {backpressure: {poll_interval: 1500us}, sources: [{name: a}]}}", "scopes.chat.backpressure.poll_interval", "whole milliseconds"},
 		{"poll above stall", "scopes: {chat: {backpressure: {stall_window: 1s, poll_interval: 2s}, sources: [{name: a}]}}", "scopes.chat.backpressure.poll_interval", "at most stall_window"},
+		{"mode", "scopes: {chat: {mode: dry, sources: [{name: a}]}}", "scopes.chat.mode", "enforce, shadow"},
+		{"tenant weight", "scopes: {chat: {tenants: {search: 0}, sources: [{name: a}]}}", "scopes.chat.tenants.search", "from 1 to 1000"},
+		{"tenant name", "scopes: {chat: {tenants: {Search: 2}, sources: [{name: a}]}}", "scopes.chat.tenants.Search", "lowercase"},
+		{"default_tenant_weight", "scopes: {chat: {default_tenant_weight: 0, sources: [{name: a}]}}", "scopes.chat.default_tenant_weight", "from 1 to 1000"},
+		{"max_tenants", "scopes: {chat: {max_tenants: 5000, sources: [{name: a}]}}", "scopes.chat.max_tenants", "from 1 to 1024"},
+		{"priority_aging", "scopes: {chat: {priority_aging: -1s, sources: [{name: a}]}}", "scopes.chat.priority_aging", "at least 1ms"},
 		{"lease_grace", "scopes: {chat: {lease_grace: -1s, sources: [{name: a}]}}", "scopes.chat.lease_grace", "at least 0s"},
 		{"fail_threshold", "scopes: {chat: {breaker: {fail_threshold: 0}, sources: [{name: a}]}}", "scopes.chat.breaker.fail_threshold", "at least 1"},
 		{"min_calls", "scopes: {chat: {breaker: {min_calls: 0}, sources: [{name: a}]}}", "scopes.chat.breaker.min_calls", "at least 1"},

@@ -34,6 +34,8 @@ type Options struct {
 	File string
 	// Check: validate, print the effective configuration and exit.
 	Check bool
+	// Version: print the version and exit.
+	Version bool
 	// flags set on the command line, as configuration keys.
 	flags map[string]string
 }
@@ -44,7 +46,8 @@ func ParseFlags(args []string, environ []string, stderr io.Writer) (Options, err
 	fs.SetOutput(stderr)
 	var o Options
 	fs.StringVar(&o.File, "config", lookup(environ, EnvPrefix+"CONFIG"), "YAML configuration `file` (env POLYGATE_CONFIG); none serves the embedded demo scope")
-	fs.BoolVar(&o.Check, "check", false, "validate the configuration, print it and exit")
+	fs.BoolVar(&o.Check, "check", false, "validate the configuration, print it as one JSON document and exit")
+	fs.BoolVar(&o.Version, "version", false, "print the version, revision and Go version and exit")
 	listen := fs.String("listen", "", "gRPC listen `address`, host:port or unix:///path (env POLYGATE_LISTEN)")
 	metrics := fs.String("metrics-listen", "", "Prometheus listen `address` host:port (env POLYGATE_METRICS_LISTEN)")
 	level := fs.String("log-level", "", "log `level`: debug, info, warn, error (env POLYGATE_LOG__LEVEL)")

@@ -114,6 +114,12 @@ type fileScope struct {
 	LeaseGrace   *time.Duration   `koanf:"lease_grace"`
 	Breaker      fileBreaker      `koanf:"breaker"`
 	Sources      []fileSource     `koanf:"sources"`
+
+	Mode                *string        `koanf:"mode"`
+	Tenants             map[string]int `koanf:"tenants"`
+	DefaultTenantWeight *int           `koanf:"default_tenant_weight"`
+	MaxTenants          *int           `koanf:"max_tenants"`
+	PriorityAging       *time.Duration `koanf:"priority_aging"`
 }
 
 type fileBackoff struct {
@@ -175,12 +181,21 @@ const (
 	DefaultWatchBuffer    = 1024
 	DefaultMaxWatchers    = 64
 	DefaultMaxRetryAfter  = 10 * time.Minute
+	DefaultTenantWeight   = 1
+	DefaultMaxTenants     = 64
 	// DefaultMaxRequestBytes is far above the largest valid request (a few
 	// KiB) and far below gRPC's 4 MiB.
 	DefaultMaxRequestBytes   = 64 << 10
 	DefaultMaxStreamsPerConn = 256
 	DefaultKeepaliveMinTime  = 10 * time.Second
 	DefaultMaxConnectionIdle = 30 * time.Minute
+)
+
+// Bounds of the fair share: a tenant's weight, the tenants a scope names or
+// tracks.
+const (
+	MaxTenantWeight = 1000
+	MaxTenants      = 1024
 )
 
 // MaxName is the longest scope or source name, in bytes; the sidecar refuses
@@ -190,6 +205,9 @@ const MaxName = 63
 var nameRE = regexp.MustCompile(fmt.Sprintf(`^[a-z0-9][a-z0-9_-]{0,%d}$`, MaxName-1))
 
 var nameAllowed = fmt.Sprintf("a name is 1 to %d lowercase letters, digits, '_' or '-', starting with a letter or digit", MaxName)
+
+// ValidName reports whether name is a valid scope, source or tenant name.
+func ValidName(name string) bool { return nameRE.MatchString(name) }
 
 // checker collects every problem of a configuration, so that one start
 // reports all of them.
@@ -208,6 +226,12 @@ func (c *checker) oneOf(key, value string, allowed ...string) {
 func (c *checker) atLeast(key string, value, least int64) {
 	if value < least {
 		c.fail(key, value, fmt.Sprintf("must be at least %d", least))
+	}
+}
+
+func (c *checker) between(key string, value, least, most int64) {
+	if value < least || value > most {
+		c.fail(key, value, fmt.Sprintf("must be from %d to %d", least, most))
 	}
 }
 
@@ -494,6 +518,28 @@ func resolveScope(c *checker, name string, f *fileScope) *Scope {
 		StallWindow:   or(f.Backpressure.StallWindow, DefaultStallWindow),
 		PollInterval:  or(f.Backpressure.PollInterval, DefaultPollInterval),
 		LeaseGrace:    or(f.LeaseGrace, DefaultLeaseGrace),
+
+		Mode:                Mode(or(f.Mode, string(Enforce))),
+		Tenants:             f.Tenants,
+		DefaultTenantWeight: or(f.DefaultTenantWeight, DefaultTenantWeight),
+		MaxTenants:          or(f.MaxTenants, DefaultMaxTenants),
+		PriorityAging:       or(f.PriorityAging, 0),
+	}
+	c.oneOf(key+".mode", string(s.Mode), string(Enforce), string(Shadow))
+	c.between(key+".default_tenant_weight", int64(s.DefaultTenantWeight), 1, MaxTenantWeight)
+	c.between(key+".max_tenants", int64(s.MaxTenants), 1, MaxTenants)
+	if len(s.Tenants) > MaxTenants {
+		c.fail(key+".tenants", len(s.Tenants), fmt.Sprintf("at most %d tenants", MaxTenants))
+	}
+	for _, t := range slices.Sorted(maps.Keys(s.Tenants)) {
+		if !nameRE.MatchString(t) {
+			c.fail(key+".tenants."+t, t, "a tenant "+nameAllowed[len("a "):])
+			continue
+		}
+		c.between(key+".tenants."+t, int64(s.Tenants[t]), 1, MaxTenantWeight)
+	}
+	if s.PriorityAging != 0 {
+		c.duration(key+".priority_aging", s.PriorityAging, time.Millisecond)
 	}
 	c.oneOf(key+".circuit_open", string(s.CircuitOpen), string(FailFast), string(Wait))
 	c.oneOf(key+".source_dead", string(s.SourceDead), string(FailFast), string(Wait))

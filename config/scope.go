@@ -1,6 +1,7 @@
 package config
 
 import (
+	"slices"
 	"time"
 
 	"github.com/polygate/polygate/gate"
@@ -13,6 +14,15 @@ type OnRefusal string
 const (
 	FailFast OnRefusal = "fail_fast"
 	Wait     OnRefusal = "wait"
+)
+
+// Mode says whether a scope enforces its decisions (enforce) or only reports
+// them on grants that it always gives (shadow).
+type Mode string
+
+const (
+	Enforce Mode = "enforce"
+	Shadow  Mode = "shadow"
 )
 
 // Scope is one logical upstream service and its policies, validated.
@@ -41,6 +51,25 @@ type Scope struct {
 	// LeaseGrace is added to a source's timeout to make a permit's lease.
 	LeaseGrace time.Duration
 	Sources    []Source
+	// Mode: enforce, or shadow (every Pick granted, would-be refusals reported).
+	Mode Mode
+	// Tenants weighs the fair share of a source's capacity among callers
+	// waiting for it; an unnamed tenant weighs DefaultTenantWeight. Beyond
+	// MaxTenants distinct tenants waiting, the others share one bucket.
+	Tenants             map[string]int
+	DefaultTenantWeight int
+	MaxTenants          int
+	// PriorityAging adds 1 to a waiting call's effective priority per
+	// PriorityAging waited; 0: no aging.
+	PriorityAging time.Duration
+}
+
+// TenantWeight is a tenant's weight in the fair share.
+func (sc *Scope) TenantWeight(tenant string) int {
+	if w, ok := sc.Tenants[tenant]; ok {
+		return w
+	}
+	return sc.DefaultTenantWeight
 }
 
 // Source is one interchangeable endpoint of a scope, validated, with its
@@ -80,4 +109,16 @@ func (sc *Scope) Source(name string) *Source {
 		}
 	}
 	return nil
+}
+
+// ShadowScopes names the scopes in shadow mode, sorted.
+func ShadowScopes(c *Config) []string {
+	var names []string
+	for name, sc := range c.Scopes {
+		if sc.Mode == Shadow {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names
 }

@@ -110,6 +110,9 @@ const (
 	ReasonAdaptivePaced
 	// ReasonRateLimited: a quota dimension (concurrency, RPM, TPM) is full.
 	ReasonRateLimited
+	// ReasonQueued: callers ranked ahead of this one wait for the source's
+	// capacity (the sidecar's ordered admission; never a backend's answer).
+	ReasonQueued
 )
 
 var reasonNames = []string{
@@ -120,6 +123,7 @@ var reasonNames = []string{
 	ReasonForcedOpen:    "forced_open",
 	ReasonAdaptivePaced: "adaptive_paced",
 	ReasonRateLimited:   "rate_limited",
+	ReasonQueued:        "queued",
 }
 
 func (r Reason) String() string { return enum.String(r, reasonNames) }

@@ -41,6 +41,7 @@ type Metrics struct {
 
 	decisions    *prometheus.CounterVec
 	refusals     *prometheus.CounterVec
+	shadow       *prometheus.CounterVec
 	grants       *prometheus.CounterVec
 	attempts     *prometheus.CounterVec
 	attemptSecs  *prometheus.HistogramVec
@@ -87,6 +88,9 @@ func New(reg prometheus.Registerer, now func() time.Time) *Metrics {
 		refusals: counter("refusals_total",
 			"Sources refused by a Pick (in a NoRunnable or skipped before a grant), by reason.",
 			"scope", "source", "reason"),
+		shadow: counter("shadow_refusals_total",
+			"Refusals that enforcement would have made, on grants of a scope in shadow mode, by source and reason.",
+			"scope", "source", "reason"),
 		grants: counter("grants_total", "Permits granted.", "scope", "source"),
 		attempts: counter("attempts_total",
 			"Attempts reported by RecordOutcome, by outcome (success, transient, rate_limited, source_dead, client_error, cancelled).",
@@ -111,7 +115,7 @@ func New(reg prometheus.Registerer, now func() time.Time) *Metrics {
 	for _, state := range []string{"degraded", "recovered"} {
 		m.backendFlips.WithLabelValues(state) // exported at 0 before the first change
 	}
-	reg.MustRegister(m.decisions, m.refusals, m.grants, m.attempts, m.attemptSecs, m.transitions, m.probes,
+	reg.MustRegister(m.decisions, m.refusals, m.shadow, m.grants, m.attempts, m.attemptSecs, m.transitions, m.probes,
 		m.stale, m.overrides, m.waits, m.waitSleep, m.callWaiting, m.callAttempts, m.backend, m.backendFlips)
 	return m
 }
@@ -152,6 +156,9 @@ func (m *Metrics) Picked(c *policy.Call, p policy.Pick) {
 		m.decisions.WithLabelValues(c.Scope, rpcPick, verdictOK, "").Inc()
 		m.source(c.Scope, p.Grant.Source.Name).grants.Inc()
 		m.refused(c.Scope, p.Grant.Skipped)
+		for _, r := range p.Grant.ShadowRefusals {
+			m.shadow.WithLabelValues(c.Scope, r.Source, r.Reason.String()).Inc()
+		}
 	case p.NoRunnable != nil:
 		m.decisions.WithLabelValues(c.Scope, rpcPick, verdictNone, "").Inc()
 		m.refused(c.Scope, p.NoRunnable.Sources)

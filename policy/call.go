@@ -25,13 +25,17 @@ type Call struct {
 	Deadline time.Time // zero: none
 	// Tokens is the estimate charged to TPM for each attempt.
 	Tokens int64
+	// Priority (higher first) and Tenant rank the call among callers waiting
+	// for capacity; set them before the call's first Pick.
+	Priority int32
+	Tenant   string
 
 	mu         sync.Mutex
 	productive time.Duration
-	attempts   int // attempts granted
-	charged    int // attempts charged to max_attempts
-	failures   int // failed attempts, the backoff exponent
-	failedIn   map[string]int
+	attempts   int            // attempts granted
+	charged    int            // attempts charged to max_attempts
+	failures   int            // failed attempts, the backoff exponent
+	failedIn   map[string]int // made at the first failure
 	permit     *gate.Permit
 	permitSrc  gate.Source // the source's spec at grant time
 	grantedAt  time.Time
@@ -39,15 +43,18 @@ type Call struct {
 	waiting    bool        // refused since the last grant
 	peeked     bool        // OnNoRunnable's last answer was an immediate wake-up
 	end        *Action
-	answers    map[string]Recorded // by permit, so RecordOutcome is idempotent
+	// The answers by permit, so that RecordOutcome is idempotent: the last
+	// one here, earlier ones in answers (made at the second attempt).
+	lastPermit string
+	lastAnswer Recorded
+	answers    map[string]Recorded
+	place      *place // the call's place in line, once it had one (see line)
 }
 
-// NewCall opens a call at now.
+// NewCall opens a call at now. Its maps are made when first written: most
+// calls never fail, and a call held waiting should cost little.
 func NewCall(id, scope string, tokens int64, deadline, now time.Time) *Call {
-	return &Call{
-		ID: id, Scope: scope, Tokens: tokens, Deadline: deadline, Started: now,
-		failedIn: make(map[string]int), answers: make(map[string]Recorded),
-	}
+	return &Call{ID: id, Scope: scope, Tokens: tokens, Deadline: deadline, Started: now}
 }
 
 // stalledFor is the call's non-productive time so far.
@@ -103,4 +110,24 @@ func (c *Call) Ended() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.end != nil
+}
+
+// answer returns the answer already given for a permit, if any.
+func (c *Call) answer(permit string) (Recorded, bool) {
+	if permit == c.lastPermit && permit != "" {
+		return c.lastAnswer, true
+	}
+	r, ok := c.answers[permit]
+	return r, ok
+}
+
+// keepAnswer keeps the answer given for a permit.
+func (c *Call) keepAnswer(permit string, r Recorded) {
+	if c.lastPermit != "" {
+		if c.answers == nil {
+			c.answers = make(map[string]Recorded, 1)
+		}
+		c.answers[c.lastPermit] = c.lastAnswer
+	}
+	c.lastPermit, c.lastAnswer = permit, r
 }

@@ -47,6 +47,9 @@ type Description struct {
 	Config      *config.Scope
 	Sources     []SourceState
 	ProgressAge time.Duration
+	// Line is this sidecar's line of callers waiting for the scope's
+	// capacity (one line for the scope's sources).
+	Line LineState
 }
 
 // Describe reads the scope; it never takes a probe.
@@ -57,7 +60,7 @@ func (s *Scope) Describe(ctx context.Context) (Description, error) {
 		return Description{}, err
 	}
 	now := time.Now()
-	d := Description{Config: cfg, ProgressAge: snap.ProgressAge}
+	d := Description{Config: cfg, ProgressAge: snap.ProgressAge, Line: s.line.state(now)}
 	for i, src := range srcs {
 		d.Sources = append(d.Sources, SourceState{
 			Config: src.cfg, View: snap.Sources[i], Ceiling: src.pacer.Ceiling(),

@@ -27,6 +27,10 @@ type Grant struct {
 	Attempt int
 	// Skipped are the sources refused before the granted one, in walk order.
 	Skipped []gate.Rejection
+	// Shadow: the scope is in shadow mode; ShadowRefusals is what
+	// enforcement would have refused and why (see shadow.go).
+	Shadow         bool
+	ShadowRefusals []gate.Rejection
 }
 
 // NoRunnable is a refusal of every source.
@@ -68,6 +72,7 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 	if !c.Deadline.IsZero() && !now.Before(c.Deadline) {
 		f := &Failure{Reason: FailDeadlineExceeded}
 		c.finish(Action{Failure: f})
+		s.line.leave(c)
 		return Pick{Failure: f}, nil, nil
 	}
 
@@ -92,6 +97,10 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 		return Pick{}, nil, fmt.Errorf("%w: %d tokens in scope %s", ErrEstimateTooLarge, c.Tokens, cfg.Name)
 	}
 
+	shadow := cfg.Mode == config.Shadow
+	if len(cands) > 0 && !shadow && s.line.admit(c, cfg, now) {
+		return Pick{NoRunnable: s.queued(c, order, refused)}, nil, nil
+	}
 	var adm gate.Admission
 	if len(cands) > 0 {
 		var err error
@@ -130,12 +139,23 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 		}
 	}
 
+	if !shadow {
+		s.line.after(c, cfg, granted != nil, capacityRefused(reasons))
+	} else {
+		s.line.leave(c) // in line from before a reload to shadow mode
+		if granted == nil {
+			granted, adm.Permit = s.shadowPermit(order, cfg, c.Tokens)
+		}
+	}
 	var p Pick
 	if granted != nil {
 		c.permit, c.permitSrc, c.grantedAt = &adm.Permit, granted.gate, now
 		c.attempts++
 		c.waiting, c.last = false, nil
 		p.Grant = &Grant{Permit: adm.Permit, Source: granted.cfg, Attempt: c.attempts, Skipped: reasons}
+		if shadow {
+			p.Grant.Skipped, p.Grant.Shadow, p.Grant.ShadowRefusals = nil, true, reasons
+		}
 	} else {
 		c.last = &NoRunnable{GateRejections: gateN, Sources: reasons}
 		p.NoRunnable = c.last
@@ -150,7 +170,7 @@ func (s *Scope) giveBack(ctx context.Context, p gate.Permit, src *gate.Source) (
 		Scope: s.name, Source: src, PermitID: p.ID, Epoch: p.Epoch, Probe: p.Probe, Verdict: gate.VerdictNone, ActualTokens: -1,
 	})
 	if err == nil && st.Released {
-		s.wait.capacity.fire()
+		s.freed()
 	}
 	return st.Events, err
 }
@@ -183,6 +203,7 @@ func (s *Scope) Cancel(ctx context.Context, c *Call) (ended, settled bool, err e
 		return false, false, nil
 	case c.permit == nil:
 		c.finish(Action{Failure: &Failure{Reason: FailCancelled}})
+		s.line.leave(c)
 		c.mu.Unlock()
 		return true, false, nil
 	}

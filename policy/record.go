@@ -51,7 +51,7 @@ func (s *Scope) RecordOutcome(ctx context.Context, c *Call, a Attempt) (Recorded
 	}
 	s.absorb(st.Events)
 	if st.Released {
-		s.wait.capacity.fire()
+		s.freed()
 	}
 	s.observer.Settled(c, a, rec)
 	return rec, nil
@@ -60,7 +60,7 @@ func (s *Scope) RecordOutcome(ctx context.Context, c *Call, a Attempt) (Recorded
 func (s *Scope) record(ctx context.Context, c *Call, a Attempt) (Recorded, Attempt, *gate.Settlement, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if prev, ok := c.answers[a.PermitID]; ok {
+	if prev, ok := c.answer(a.PermitID); ok {
 		return prev, a, nil, nil
 	}
 	if c.permit == nil || c.permit.ID != a.PermitID {
@@ -112,12 +112,15 @@ func (s *Scope) record(ctx context.Context, c *Call, a Attempt) (Recorded, Attem
 	}
 	if r.failed {
 		c.failures++
+		if c.failedIn == nil {
+			c.failedIn = make(map[string]int, 1)
+		}
 		c.failedIn[p.Source]++
 	}
 	c.permit = nil
 
 	rec := Recorded{Next: s.next(c, cfg, r, a, st.ProgressAge, now), Effect: st.Effect, Breaker: st.Breaker, Released: st.Released}
-	c.answers[a.PermitID] = rec
+	c.keepAnswer(a.PermitID, rec)
 	c.finish(rec.Next)
 	return rec, a, &st, nil
 }

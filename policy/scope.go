@@ -103,18 +103,20 @@ type Scope struct {
 	sel  *selector
 	memo *Memo
 	wait *waiter
+	line *line
 }
 
 // NewScope returns the decisions of one scope over a backend.
 func NewScope(cfg *config.Scope, b gate.Backend, o Options) *Scope {
 	s := &Scope{
 		name: cfg.Name, backend: b, observer: o.Observer, rand: o.Rand,
-		sel: newSelector(), memo: newMemo(),
+		sel: newSelector(), memo: newMemo(), line: newLine(),
 	}
 	s.wait = newWaiter(s.pollOnce, func() time.Duration {
 		cfg, _ := s.snapshot()
 		return time.Duration(float64(cfg.PollInterval) * (0.5 + 0.5*s.rand()))
 	})
+	s.wait.found = s.polled
 	if s.rand == nil {
 		s.rand = rand.Float64
 	}

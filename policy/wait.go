@@ -51,6 +51,7 @@ func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
+	t = s.inLine(c, t, d, circuit)
 	if first {
 		s.observer.Waiting(c, d.Sleep, c.lastSources())
 	}
@@ -63,6 +64,7 @@ func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 		}
 		start := time.Now()
 		if d.Woken, err = s.wait.hold(ctx, t, nap, circuit, d.Uncertain); err != nil {
+			s.line.leave(c) // the client is gone
 			return Decision{}, err
 		}
 		d.Slept = time.Now().Sub(start)
@@ -110,7 +112,7 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 	}
 	peeked := c.peeked
 	c.peeked = false
-	if s.admissible(snap) && !peeked {
+	if s.admissible(snap) && !peeked && !queuedRefusal(nr) {
 		// Something changed between the Pick and this read (a permit released,
 		// a breaker closed or reset elsewhere), before the wake-ups were
 		// taken: that is a wake-up, not a reason to fail or to wait. Only

@@ -30,6 +30,9 @@ type waiter struct {
 	// admit an attempt now; every is the (jittered) interval between reads.
 	poll  func() bool
 	every func() time.Duration
+	// found is told that the poller found a source that would admit; it
+	// fires breakers unless the scope hands the slot to its line.
+	found func()
 
 	mu       sync.Mutex
 	watchers int
@@ -38,10 +41,12 @@ type waiter struct {
 }
 
 func newWaiter(poll func() bool, every func() time.Duration) *waiter {
-	return &waiter{
+	w := &waiter{
 		breakers: newSignal(), capacity: newSignal(), closing: make(chan struct{}),
 		poll: poll, every: every, idle: make(chan struct{}, 1),
 	}
+	w.found = w.breakers.fire
+	return w
 }
 
 // close ends every hold, now and later.
@@ -112,7 +117,7 @@ func (w *waiter) watch() (unwatch func()) {
 func (w *waiter) run() {
 	for w.nap(w.every()) {
 		if w.poll() {
-			w.breakers.fire()
+			w.found()
 		}
 	}
 }

@@ -20,6 +20,7 @@ var reasons = map[gate.Reason]admissionv1.Reason{
 	gate.ReasonForcedOpen:    admissionv1.Reason_REASON_FORCED_OPEN,
 	gate.ReasonAdaptivePaced: admissionv1.Reason_REASON_ADAPTIVE_PACED,
 	gate.ReasonRateLimited:   admissionv1.Reason_REASON_RATE_LIMITED,
+	gate.ReasonQueued:        admissionv1.Reason_REASON_QUEUED,
 }
 
 var failureReasons = map[policy.FailureReason]admissionv1.FailureReason{
@@ -105,6 +106,7 @@ func pickResponse(callID string, p policy.Pick) *admissionv1.PickResponse {
 			Source: g.Source.Name, Attributes: g.Source.Attributes, PermitId: g.Permit.ID,
 			Lease: dur(g.Permit.Lease), Timeout: dur(g.Source.Timeout), Probe: g.Permit.Probe,
 			Epoch: g.Permit.Epoch, Attempt: int32(g.Attempt), Skipped: sourceReasons(g.Skipped),
+			Shadow: g.Shadow, ShadowRefusals: sourceReasons(g.ShadowRefusals),
 		}}
 	case p.NoRunnable != nil:
 		resp.Result = &admissionv1.PickResponse_NoRunnable{NoRunnable: &admissionv1.NoRunnable{
@@ -194,8 +196,33 @@ func scopeConfig(c *config.Scope) *admissionv1.ScopeConfig {
 		Name: c.Name, CircuitOpen: onRefusal[c.CircuitOpen], QuotaFull: onRefusal[c.QuotaFull],
 		MaxAttempts: int32(c.MaxAttempts), BackoffBase: dur(c.BackoffBase), BackoffMax: dur(c.BackoffMax),
 		StallWindow: dur(c.StallWindow), PollInterval: dur(c.PollInterval), LeaseGrace: dur(c.LeaseGrace),
-		MaxRetryAfter: dur(c.MaxRetryAfter), SourceDead: onRefusal[c.SourceDead],
+		MaxRetryAfter: dur(c.MaxRetryAfter), SourceDead: onRefusal[c.SourceDead], Mode: modes[c.Mode], Tenants: tenantWeights(c.Tenants),
+		DefaultTenantWeight: int32(c.DefaultTenantWeight), MaxTenants: int32(c.MaxTenants), PriorityAging: dur(c.PriorityAging),
 	}
+}
+
+var modes = map[config.Mode]admissionv1.ScopeMode{
+	config.Enforce: admissionv1.ScopeMode_SCOPE_MODE_ENFORCE,
+	config.Shadow:  admissionv1.ScopeMode_SCOPE_MODE_SHADOW,
+}
+
+func tenantWeights(ts map[string]int) map[string]int32 {
+	if len(ts) == 0 {
+		return nil
+	}
+	out := make(map[string]int32, len(ts))
+	for t, w := range ts {
+		out[t] = int32(w)
+	}
+	return out
+}
+
+func sourceLine(l policy.LineState) *admissionv1.SourceLine {
+	out := &admissionv1.SourceLine{Length: int32(l.Length), OldestWait: dur(l.OldestWait)}
+	for _, g := range l.Groups {
+		out.Groups = append(out.Groups, &admissionv1.LineGroup{Priority: g.Priority, Tenant: g.Tenant, Waiting: int32(g.Waiting)})
+	}
+	return out
 }
 
 func scopeDescription(d policy.Description, live int, backend string) *admissionv1.ScopeDescription {
@@ -204,7 +231,9 @@ func scopeDescription(d policy.Description, live int, backend string) *admission
 		out.ProgressAge = dur(d.ProgressAge)
 	}
 	for i := range d.Sources {
-		out.Sources = append(out.Sources, sourceState(d.Sources[i].View, &d.Sources[i], d.Config))
+		st := sourceState(d.Sources[i].View, &d.Sources[i], d.Config)
+		st.Line = sourceLine(d.Line)
+		out.Sources = append(out.Sources, st)
 	}
 	return out
 }

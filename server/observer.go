@@ -3,6 +3,8 @@ package server
 import (
 	"context"
 	"log/slog"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/polygate/polygate/gate"
@@ -44,10 +46,12 @@ func (o observers) Decided(c *policy.Call, d policy.Decision) {
 }
 
 // logObserver writes one log line per breaker transition, override, probe
-// expiry and stale outcome, and one when a call starts waiting.
+// expiry and stale outcome. Waits are counted in waits and logged per scope
+// once per interval; one line per call that starts waiting only at DEBUG.
 type logObserver struct {
 	policy.NopObserver
-	log *slog.Logger
+	log   *slog.Logger
+	waits *waitLog
 }
 
 func (l logObserver) Breaker(scope string, e gate.Event) {
@@ -81,10 +85,12 @@ func (l logObserver) Breaker(scope string, e gate.Event) {
 	l.log.Log(context.Background(), level, msg, attrs...)
 }
 
-// Waiting logs the start of a wait: the scope and call, the sleep decided,
-// each source's reason and retry_after, and what the call did so far.
+// Waiting counts the start of a wait for the scope's next "calls waiting"
+// line and, at DEBUG, logs it: the scope and call, the sleep decided, each
+// source's reason and retry_after, and what the call did so far.
 func (l logObserver) Waiting(c *policy.Call, sleep time.Duration, rs []gate.Rejection) {
-	if !l.log.Enabled(context.Background(), slog.LevelInfo) {
+	l.waits.started(c.Scope, rs)
+	if !l.log.Enabled(context.Background(), slog.LevelDebug) {
 		return
 	}
 	reasons := make([]any, 0, len(rs))
@@ -92,6 +98,97 @@ func (l logObserver) Waiting(c *policy.Call, sleep time.Duration, rs []gate.Reje
 		reasons = append(reasons, slog.Group(r.Source, "reason", r.Reason.String(), "retry_after", r.RetryAfter))
 	}
 	st := c.Stats(time.Now())
-	l.log.Info("call waiting", "scope", c.Scope, "call", c.ID, "sleep", sleep, slog.Group("sources", reasons...),
+	l.log.Debug("call waiting", "scope", c.Scope, "call", c.ID, "sleep", sleep, slog.Group("sources", reasons...),
 		"attempts", st.Attempts, "waited", st.Waiting)
+}
+
+// waitLogInterval is how often a scope with waiting calls logs its "calls
+// waiting" line.
+const waitLogInterval = 10 * time.Second
+
+// waitLog aggregates waits per scope: how many calls started waiting since
+// the last line, for which reasons, and how many are held in OnNoRunnable
+// now. Server.Sweep writes one INFO line per scope with waits every
+// waitLogInterval, so that 10 000 waiting calls write one line, not 10 000.
+type waitLog struct {
+	log *slog.Logger
+
+	mu     sync.Mutex
+	last   time.Time // the last lines
+	scopes map[string]*waitCounts
+}
+
+type waitCounts struct {
+	started int            // calls that started waiting since the last line
+	held    int            // calls held in OnNoRunnable now
+	reasons map[string]int // started calls by the reasons of their refusal
+}
+
+func newWaitLog(log *slog.Logger, now time.Time) *waitLog {
+	return &waitLog{log: log, last: now, scopes: make(map[string]*waitCounts)}
+}
+
+// counts returns a scope's counts; mu is held.
+func (w *waitLog) counts(scope string) *waitCounts {
+	c := w.scopes[scope]
+	if c == nil {
+		c = &waitCounts{reasons: make(map[string]int)}
+		w.scopes[scope] = c
+	}
+	return c
+}
+
+// started counts a call that starts waiting, once under each reason its
+// sources gave.
+func (w *waitLog) started(scope string, rs []gate.Rejection) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	c := w.counts(scope)
+	c.started++
+	for i, r := range rs {
+		if !slices.ContainsFunc(rs[:i], func(p gate.Rejection) bool { return p.Reason == r.Reason }) {
+			c.reasons[r.Reason.String()]++
+		}
+	}
+}
+
+// hold counts a call held in OnNoRunnable of scope until unhold.
+func (w *waitLog) hold(scope string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.counts(scope).held++
+}
+
+// unhold ends what hold counted.
+func (w *waitLog) unhold(scope string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.counts(scope).held--
+}
+
+// flush writes, once waitLogInterval has passed since the last lines, one
+// INFO line per scope where calls started waiting or are held, and starts
+// counting anew.
+func (w *waitLog) flush(now time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if now.Sub(w.last) < waitLogInterval {
+		return
+	}
+	w.last = now
+	for _, scope := range sortedKeys(w.scopes) {
+		c := w.scopes[scope]
+		if c.started == 0 && c.held == 0 {
+			delete(w.scopes, scope)
+			continue
+		}
+		reasons := make([]any, 0, len(c.reasons))
+		for _, r := range sortedKeys(c.reasons) {
+			reasons = append(reasons, slog.Int(r, c.reasons[r]))
+		}
+		w.log.Info("calls waiting", "scope", scope, "started", c.started, "held", c.held,
+			slog.Group("reasons", reasons...), "interval", waitLogInterval)
+		c.started = 0
+		clear(c.reasons)
+	}
 }

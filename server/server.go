@@ -24,6 +24,7 @@ type Server struct {
 	observer    observers
 	events      *hub
 	calls       *sessions
+	waits       *waitLog
 
 	mu     sync.RWMutex
 	scopes map[string]*policy.Scope
@@ -54,10 +55,12 @@ func New(cfg *config.Config, backend gate.Backend, log *slog.Logger, o Options) 
 		o.BackendName = func() string { return "memory" }
 	}
 	events := newHub(o.WatchBuffer, cfg.Events.MaxWatchers)
+	waits := newWaitLog(log, time.Now())
 	s := &Server{
 		backend: backend, backendName: o.BackendName, log: log,
-		observer: append(observers{logObserver{log: log}, events}, o.Observers...),
+		observer: append(observers{logObserver{log: log, waits: waits}, events}, o.Observers...),
 		events:   events,
+		waits:    waits,
 		calls:    newSessions(cfg.Calls.MaxLive, cfg.Calls.IdleTimeout),
 		scopes:   make(map[string]*policy.Scope),
 		removed:  make(map[string]*policy.Scope),
@@ -192,8 +195,9 @@ func (s *Server) Scopes() []string {
 	return sortedKeys(s.scopes)
 }
 
-// Sweep forgets idle calls, giving back the permits they hold; the
-// composition root calls it periodically.
+// Sweep forgets idle calls, giving back the permits they hold, and writes
+// the "calls waiting" lines when they are due; the composition root calls it
+// every second.
 func (s *Server) Sweep() {
 	s.mu.Lock()
 	for name := range s.removed {
@@ -202,6 +206,7 @@ func (s *Server) Sweep() {
 		}
 	}
 	s.mu.Unlock()
+	s.waits.flush(time.Now())
 	dropped := s.calls.sweep()
 	s.abandon(dropped, AbandonExpired)
 	for _, c := range dropped {
@@ -233,6 +238,10 @@ func (s *Server) Pick(ctx context.Context, req *admissionv1.PickRequest) (*admis
 	opening := req.GetCallId() == ""
 	if opening {
 		sess, err = s.calls.open(sc.Name(), req.GetEstimatedTokens(), req.GetDeadline().AsDuration())
+		if err == nil {
+			// Set before the call's first Pick, while only this RPC holds it.
+			sess.call.Priority, sess.call.Tenant = req.GetPriority(), req.GetTenant()
+		}
 	} else {
 		sess, err = s.calls.acquire(req.GetCallId(), sc.Name())
 	}
@@ -264,6 +273,8 @@ func (s *Server) OnNoRunnable(ctx context.Context, req *admissionv1.OnNoRunnable
 		}
 		return nil, errorf(errUnknownScope, "%s", clip(req.GetScope()))
 	}
+	s.waits.hold(sc.Name())
+	defer s.waits.unhold(sc.Name())
 	d, err := sc.OnNoRunnable(ctx, sess.call)
 	if err != nil {
 		return nil, err

@@ -8,32 +8,45 @@ import (
 	"github.com/polygate/polygate/policy"
 )
 
-// endedRetention is how long an ended call is remembered, so that a client
-// retrying its last RecordOutcome gets the same answer.
+// endedRetention is how long an ended call is at least remembered, so that a
+// client retrying its last RecordOutcome gets the same answer.
 const endedRetention = time.Minute
+
+// endedGenerations is how many generations of ended calls are kept. A
+// generation takes the calls that end during endedRetention/(n-1) and is
+// dropped whole n-1 rotations later: an ended call is remembered between
+// endedRetention and endedRetention·n/(n-1), and forgetting costs one map
+// dropped per rotation, however many calls end per second.
+const endedGenerations = 3
 
 // sessions holds the calls the sidecar has open: their ids, their idle
 // expiry, and a cap on how many may be live at once so that a misbehaving
-// client cannot exhaust memory.
+// client cannot exhaust memory. Live calls are in one map, swept for
+// idleness; ended calls in generations of maps that are dropped whole.
 type sessions struct {
 	max  int
 	idle time.Duration
 
-	mu    sync.Mutex
-	calls map[string]*session
-	live  map[string]int // live calls by scope
-	total int            // live calls
+	mu      sync.Mutex
+	live    map[string]*session // calls that have not ended (or were not seen to)
+	byScope map[string]int      // live calls by scope
+	ended   [endedGenerations]map[string]*session
+	rotated time.Time // when ended[0] started
 }
 
 type session struct {
 	call    *policy.Call
 	busy    int // RPCs of this call in progress
 	touched time.Time
-	ended   time.Time // zero while the call is live
+	ended   bool // moved to the ended generations
 }
 
 func newSessions(max int, idle time.Duration) *sessions {
-	return &sessions{max: max, idle: idle, calls: make(map[string]*session), live: make(map[string]int)}
+	s := &sessions{max: max, idle: idle, live: make(map[string]*session), byScope: make(map[string]int), rotated: time.Now()}
+	for i := range s.ended {
+		s.ended[i] = make(map[string]*session)
+	}
+	return s
 }
 
 // configure applies reloaded limits.
@@ -45,29 +58,41 @@ func (s *sessions) configure(max int, idle time.Duration) {
 
 // open starts a call and holds it busy for the RPC that opened it.
 func (s *sessions) open(scope string, tokens int64, deadline time.Duration) (*session, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.total >= s.max {
-		return nil, fmt.Errorf("%w: %d calls are open (calls.max_live)", errTooManyCalls, s.total)
-	}
+	id := policy.NewID("c") // outside the lock: crypto/rand
 	now := time.Now()
 	var until time.Time
 	if deadline > 0 {
 		until = now.Add(deadline)
 	}
-	id := policy.NewID("c")
 	sess := &session{call: policy.NewCall(id, scope, tokens, until, now), busy: 1, touched: now}
-	s.calls[id] = sess
-	s.live[scope]++
-	s.total++
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n := len(s.live); n >= s.max {
+		return nil, fmt.Errorf("%w: %d calls are open (calls.max_live)", errTooManyCalls, n)
+	}
+	s.live[id] = sess
+	s.byScope[scope]++
 	return sess, nil
+}
+
+// find looks an id up among the live and the remembered ended calls.
+func (s *sessions) find(id string) (*session, bool) {
+	if sess, ok := s.live[id]; ok {
+		return sess, true
+	}
+	for _, gen := range s.ended {
+		if sess, ok := gen[id]; ok {
+			return sess, true
+		}
+	}
+	return nil, false
 }
 
 // acquire holds an open call busy for one RPC.
 func (s *sessions) acquire(id, scope string) (*session, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sess, ok := s.calls[id]
+	sess, ok := s.find(id)
 	if !ok {
 		return nil, fmt.Errorf("%w: %s", errUnknownCall, clip(id))
 	}
@@ -79,17 +104,28 @@ func (s *sessions) acquire(id, scope string) (*session, error) {
 	return sess, nil
 }
 
-// release ends an RPC of the call, noting when the call has ended.
+// release ends an RPC of the call; a call that has ended moves to the
+// current generation of ended calls.
 func (s *sessions) release(sess *session) {
+	ended := sess.call.Ended() // outside the lock: the call's own
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := time.Now()
 	sess.busy--
-	sess.touched = now
-	if sess.ended.IsZero() && sess.call.Ended() {
-		sess.ended = now
-		s.live[sess.call.Scope]--
-		s.total--
+	sess.touched = time.Now()
+	if ended && !sess.ended {
+		if _, ok := s.live[sess.call.ID]; ok {
+			s.forget(sess)
+			s.ended[0][sess.call.ID] = sess
+		}
+		sess.ended = true
+	}
+}
+
+// forget removes a live call from the live set.
+func (s *sessions) forget(sess *session) {
+	delete(s.live, sess.call.ID)
+	if s.byScope[sess.call.Scope]--; s.byScope[sess.call.Scope] <= 0 {
+		delete(s.byScope, sess.call.Scope)
 	}
 }
 
@@ -98,34 +134,36 @@ func (s *sessions) release(sess *session) {
 func (s *sessions) discard(sess *session) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.calls[sess.call.ID]; !ok {
+	if _, ok := s.live[sess.call.ID]; ok {
+		s.forget(sess)
 		return
 	}
-	delete(s.calls, sess.call.ID)
-	if sess.ended.IsZero() {
-		s.live[sess.call.Scope]--
-		s.total--
+	for _, gen := range s.ended {
+		delete(gen, sess.call.ID)
 	}
 }
 
-// sweep forgets idle calls and ended calls past their retention. It returns
-// the live calls it dropped for idleness.
+// sweep forgets idle live calls and drops the oldest generation of ended
+// calls when its time is up. It returns the live calls it dropped for
+// idleness. Its cost grows with the live calls (bounded by calls.max_live),
+// not with the calls that ended.
 func (s *sessions) sweep() []*policy.Call {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
+	step := endedRetention / (endedGenerations - 1)
+	for i := 0; i < endedGenerations && now.Sub(s.rotated) >= step; i++ {
+		copy(s.ended[1:], s.ended[:endedGenerations-1])
+		s.ended[0] = make(map[string]*session)
+		s.rotated = s.rotated.Add(step)
+	}
+	if now.Sub(s.rotated) >= step {
+		s.rotated = now // the clock jumped: every generation is dropped
+	}
 	var dropped []*policy.Call
-	for id, sess := range s.calls {
-		switch {
-		case sess.busy > 0:
-		case !sess.ended.IsZero():
-			if now.Sub(sess.ended) >= endedRetention {
-				delete(s.calls, id)
-			}
-		case now.Sub(sess.touched) >= s.idle:
-			delete(s.calls, id)
-			s.live[sess.call.Scope]--
-			s.total--
+	for _, sess := range s.live {
+		if sess.busy == 0 && now.Sub(sess.touched) >= s.idle {
+			s.forget(sess)
 			dropped = append(dropped, sess.call)
 		}
 	}
@@ -136,16 +174,16 @@ func (s *sessions) sweep() []*policy.Call {
 func (s *sessions) liveIn(scope string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.live[scope]
+	return s.byScope[scope]
 }
 
 // liveCalls returns the calls that have not ended.
 func (s *sessions) liveCalls() []*policy.Call {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []*policy.Call
-	for _, sess := range s.calls {
-		if sess.ended.IsZero() && !sess.call.Ended() {
+	out := make([]*policy.Call, 0, len(s.live))
+	for _, sess := range s.live {
+		if !sess.call.Ended() {
 			out = append(out, sess.call)
 		}
 	}

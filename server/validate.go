@@ -55,6 +55,9 @@ func validate(req any) error {
 		if d := r.GetDeadline().AsDuration(); d > maxDeadline {
 			return badField("deadline", "%v is not allowed; at most %v", d, maxDeadline)
 		}
+		if t := r.GetTenant(); t != "" && !config.ValidName(t) {
+			return badField("tenant", "%s is not allowed; a tenant is 1 to %d bytes of a-z, 0-9, '_' or '-', starting with a letter or digit", clip(t), config.MaxName)
+		}
 	case *admissionv1.OnNoRunnableRequest:
 		return needCall(r.GetScope(), r.GetCallId())
 	case *admissionv1.CancelCallRequest:

@@ -230,8 +230,20 @@ func (s *Sink) Decided(c *policy.Call, d policy.Decision) {
 }
 
 // Abandoned records a call that ended without a decision: result is why
-// ("expired", "interrupted").
-func (s *Sink) Abandoned(c *policy.Call, why string) { s.ended(c, s.now(), why, "") }
+// ("expired", "interrupted"). A call its caller cancelled between attempts
+// ("cancelled") is written as one cancelled while it held a permit is:
+// result failure, failure_reason cancelled — one encoding for a cancelled
+// call, whichever moment the caller gave up.
+func (s *Sink) Abandoned(c *policy.Call, why string) {
+	if why == cancelled {
+		s.ended(c, s.now(), "failure", cancelled)
+		return
+	}
+	s.ended(c, s.now(), why, "")
+}
+
+// cancelled is the failure reason of a call its caller gave up on.
+var cancelled = policy.FailCancelled.String()
 
 // ended queues the call's row, its accounting read at now.
 func (s *Sink) ended(c *policy.Call, now time.Time, result, reason string) {

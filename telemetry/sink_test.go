@@ -522,3 +522,47 @@ func TestRecordsShareTransactions(t *testing.T) {
 		}
 	})
 }
+
+// TestCancelledCallOneEncoding cancels one call while it holds a permit and
+// one between attempts: both rows read result failure, failure_reason
+// cancelled, the only encoding of a cancelled call.
+func TestCancelledCallOneEncoding(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sink, db := openTest(t, Options{Retention: 24 * time.Hour})
+		defer db.Close()
+		defer sink.Close()
+		s := newScope(t, `
+scopes:
+  s:
+    sources: [{name: a}]
+`, sink)
+		held := policy.NewCall("held", "s", 0, time.Time{}, time.Now())
+		mustGrant(t, s, held)
+		if ended, settled, err := s.Cancel(ctx(t), held); err != nil || !ended || !settled {
+			t.Fatalf("Cancel with a permit: ended %v settled %v err %v", ended, settled, err)
+		}
+		between := policy.NewCall("between", "s", 0, time.Time{}, time.Now())
+		g := mustGrant(t, s, between)
+		if r := mustRecord(t, s, between, g, policy.Attempt{Outcome: policy.Transient, HTTPStatus: 503, ActualTokens: -1}); r.Next.Retry == nil {
+			t.Fatalf("want a retry after a 503: %+v", r.Next)
+		}
+		if ended, settled, err := s.Cancel(ctx(t), between); err != nil || !ended || settled {
+			t.Fatalf("Cancel between attempts: ended %v settled %v err %v", ended, settled, err)
+		}
+		// The server tells the observers of a call cancelled between attempts
+		// with server.AbandonCancelled.
+		sink.Abandoned(between, "cancelled")
+		if err := sink.Flush(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range []string{"held", "between"} {
+			if got := readCall(t, db, id); got.result != "failure" || got.reason.String != "cancelled" {
+				t.Errorf("call %s: result %q failure_reason %v, want failure/cancelled", id, got.result, got.reason)
+			}
+		}
+		var n int
+		if err := db.QueryRow(`SELECT COUNT(*) FROM calls WHERE result = 'cancelled'`).Scan(&n); err != nil || n != 0 {
+			t.Errorf("%d calls with result cancelled (err %v), want none", n, err)
+		}
+	})
+}

@@ -24,7 +24,7 @@ CREATE TABLE IF NOT EXISTS calls (
 	scope            TEXT NOT NULL,
 	started_ns       INTEGER NOT NULL, -- the call's first Pick (Unix ns)
 	ended_ns         INTEGER NOT NULL, -- its last decision, or when it was abandoned
-	result           TEXT NOT NULL,    -- done | failure | expired | interrupted
+	result           TEXT NOT NULL,    -- done | failure | expired | interrupted (a cancelled call: failure, cancelled)
 	failure_reason   TEXT,             -- result = failure: circuit_open, quota_exhausted, stalled, retry_exhausted, non_retryable, deadline_exceeded, cancelled
 	attempts         INTEGER NOT NULL, -- attempts granted
 	charged_attempts INTEGER NOT NULL, -- attempts charged to max_attempts (429s are not)

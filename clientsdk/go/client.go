@@ -30,6 +30,9 @@ type Client struct {
 	rpc  admissionv1.AdmissionServiceClient
 	conn *grpc.ClientConn  // nil when the connection is the caller's
 	call []grpc.CallOption // sent with every RPC: the token's credentials
+
+	priority int32  // every call's, unless WithPriority
+	tenant   string // every call's, unless WithTenant
 }
 
 // Option configures a Client.
@@ -40,7 +43,18 @@ type clientConfig struct {
 	tls    *tls.Config
 	caFile string
 	dial   []grpc.DialOption
+
+	priority int32
+	tenant   string
 }
+
+// WithDefaultPriority is every call's priority unless the call sets its own
+// (WithPriority); default 0.
+func WithDefaultPriority(p int32) Option { return func(c *clientConfig) { c.priority = p } }
+
+// WithDefaultTenant is every call's tenant unless the call sets its own
+// (WithTenant); default none (the scope's default tenant).
+func WithDefaultTenant(t string) Option { return func(c *clientConfig) { c.tenant = t } }
 
 // WithToken sends "authorization: Bearer token" with every RPC, for a sidecar
 // configured with auth.token (or auth.operator_token). Over a plaintext
@@ -87,7 +101,7 @@ func Dial(target string, opts ...Option) (*Client, error) {
 // is the caller's.
 func New(conn grpc.ClientConnInterface, opts ...Option) *Client {
 	cfg := configure(opts)
-	c := &Client{rpc: admissionv1.NewAdmissionServiceClient(conn)}
+	c := &Client{rpc: admissionv1.NewAdmissionServiceClient(conn), priority: cfg.priority, tenant: cfg.tenant}
 	if cfg.token != "" {
 		c.call = []grpc.CallOption{grpc.PerRPCCredentials(bearer(cfg.token))}
 	}
@@ -174,7 +188,18 @@ type callConfig struct {
 	tokens   int64
 	timeout  *time.Duration
 	deadline *time.Time
+	priority *int32
+	tenant   *string
 }
+
+// WithPriority ranks the call among callers waiting for a source's capacity:
+// higher is served first (default 0, or the client's WithDefaultPriority).
+func WithPriority(p int32) CallOption { return func(c *callConfig) { c.priority = &p } }
+
+// WithTenant names who the call is for (a team, job or customer): callers
+// share a source's capacity by the scope's tenant weights. A name is 1 to 63
+// bytes of a-z, 0-9, '_' or '-'.
+func WithTenant(t string) CallOption { return func(c *callConfig) { c.tenant = &t } }
 
 // WithEstimatedTokens charges n tokens to the TPM limit of each attempt's
 // source, settled by Result.ActualTokens.
@@ -213,7 +238,13 @@ func Do[T any](ctx context.Context, c *Client, scope string, fn func(context.Con
 	if err := ctx.Err(); err != nil {
 		return last, err
 	}
-	req := &admissionv1.PickRequest{Scope: scope, EstimatedTokens: cfg.tokens}
+	req := &admissionv1.PickRequest{Scope: scope, EstimatedTokens: cfg.tokens, Priority: c.priority, Tenant: c.tenant}
+	if cfg.priority != nil {
+		req.Priority = *cfg.priority
+	}
+	if cfg.tenant != nil {
+		req.Tenant = *cfg.tenant
+	}
 	if deadline, ok := cfg.deadlineFrom(ctx, time.Now()); ok {
 		budget := time.Until(deadline)
 		if budget <= 0 {

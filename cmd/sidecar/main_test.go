@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -84,8 +85,8 @@ func TestBadConfigurationStopsTheStart(t *testing.T) {
 	if err == nil {
 		t.Fatalf("--check accepted a bad file: %s", out)
 	}
-	out, err = exec.Command(sidecartest.Binary(t), "--check").CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "configuration OK") || !regexp.MustCompile(`"probeTtlDerived":\s+true`).Match(out) {
+	out, err = exec.Command(sidecartest.Binary(t), "--check").Output()
+	if err != nil || !json.Valid(out) || !regexp.MustCompile(`"probe_ttl_derived":\s+true`).Match(out) {
 		t.Fatalf("--check of the demo: %v %s", err, out)
 	}
 }
@@ -144,6 +145,7 @@ func TestReloadKeepsStateAndRejectsABadFile(t *testing.T) {
 func TestGracefulStopAnswersWaiters(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "polygate.yaml")
 	if err := os.WriteFile(file, []byte(`
+log: {level: debug} # the per-call "call waiting" line
 scopes:
   chat:
     circuit_open: wait

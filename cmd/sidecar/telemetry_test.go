@@ -44,7 +44,7 @@ func TestTelemetryOfTheRealBinary(t *testing.T) {
 	const cooldown = 400 * time.Millisecond
 	file := filepath.Join(t.TempDir(), "polygate.yaml")
 	if err := os.WriteFile(file, []byte(fmt.Sprintf(`
-log: {format: json}
+log: {format: json, level: debug} # the per-call "call waiting" line
 telemetry: {path: %s}
 scopes:
   single:

@@ -30,7 +30,7 @@ type held struct {
 	early    int           // answers before it was cleared (should be 0)
 	failed   int           // calls whose Pick or OnNoRunnable failed
 	last     time.Duration // clear → the last answer
-	logLines int           // "call waiting" lines the target logged meanwhile
+	logLines int           // "call waiting" and "calls waiting" lines the target logged meanwhile
 	err      error         // the first failed call
 }
 
@@ -40,7 +40,7 @@ type held struct {
 // settle is how long to let the target take the calls in before measuring.
 func (c *client) hold(ctx context.Context, pid int, logPath string, n int, settle, window time.Duration) (held, error) {
 	h := held{calls: n, window: window}
-	logs0 := countLines(logPath, "call waiting")
+	logs0 := countLines(logPath, "call waiting", "calls waiting")
 	override := func(a admissionv1.OverrideAction) error {
 		_, err := c.adm[0].OverrideBreaker(ctx, &admissionv1.OverrideBreakerRequest{
 			Scope: heldScope, Source: heldSource, Action: a, Actor: "polybench", Reason: "held-waiters benchmark",
@@ -148,16 +148,20 @@ func (c *client) hold(ctx context.Context, pid int, logPath string, n int, settl
 		}
 	}
 	h.err = firstErr
-	h.logLines = countLines(logPath, "call waiting") - logs0
+	h.logLines = countLines(logPath, "call waiting", "calls waiting") - logs0
 	return h, nil
 }
 
-// countLines counts the lines of a file that contain substr (0 if it cannot
-// be read).
-func countLines(path, substr string) int {
+// countLines counts the occurrences in a file of each of substrs (0 if it
+// cannot be read).
+func countLines(path string, substrs ...string) int {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return 0
 	}
-	return strings.Count(string(b), substr)
+	n := 0
+	for _, s := range substrs {
+		n += strings.Count(string(b), s)
+	}
+	return n
 }

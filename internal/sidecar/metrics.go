@@ -12,13 +12,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/polygate/polygate/internal/status"
 	"github.com/polygate/polygate/metrics"
 	"github.com/polygate/polygate/server"
 )
 
-// serveMetrics opens metrics_listen and serves reg's /metrics on it until
+// serveMetrics opens metrics_listen (or serves on lis, when set) and serves
+// reg's /metrics and the status page (/status, /status.json) on it until
 // stop; a failure to serve is reported on sc.served.
-func (sc *sidecar) serveMetrics(addr string, lis net.Listener, reg *prometheus.Registry) error {
+func (sc *sidecar) serveMetrics(addr string, lis net.Listener, reg *prometheus.Registry, page *status.Page) error {
 	if lis == nil {
 		var err error
 		if lis, err = net.Listen("tcp", addr); err != nil {
@@ -28,6 +30,7 @@ func (sc *sidecar) serveMetrics(addr string, lis net.Listener, reg *prometheus.R
 	sc.metricsLis = lis
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, ErrorLog: slog.NewLogLogger(sc.log.Handler(), slog.LevelError)}))
+	page.Register(mux)
 	sc.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := sc.metrics.Serve(lis); !errors.Is(err, http.ErrServerClosed) {

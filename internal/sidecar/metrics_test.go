@@ -26,6 +26,9 @@ scopes:
   other:
     circuit_open: fail_fast
     sources: [{name: only}]
+  trial:
+    mode: shadow
+    sources: [{name: only, max_concurrency: 1}]
 `
 
 // TestMetricsAfterScriptedSequence drives a scripted sequence of Pick,
@@ -97,6 +100,11 @@ func TestMetricsAfterScriptedSequence(t *testing.T) {
 		if f := e.onNoRunnable(t, "other", d.GetCallId()).GetFailure(); f.GetReason() != admissionv1.FailureReason_FAILURE_REASON_CIRCUIT_OPEN {
 			t.Fatalf("D: %v", f)
 		}
+		// In shadow mode a full quota still grants, and counts the refusal.
+		e.grant(t, "trial", "", 0)
+		if g := e.grant(t, "trial", "", 0).GetGrant(); !g.GetShadow() || len(g.GetShadowRefusals()) != 1 {
+			t.Fatalf("shadow grant: %v", g)
+		}
 		if err := e.sc.sink.Flush(e.ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -163,7 +171,8 @@ func TestMetricsAfterScriptedSequence(t *testing.T) {
 			{"polygate_telemetry_records_total", []string{"table=attempts"}, 5},
 			{"polygate_telemetry_dropped_records_total", []string{"reason=queue_full"}, 0},
 			{"polygate_telemetry_degraded", nil, 0},
-			{"grpc_server_handled_total", []string{"grpc_method=Pick", "grpc_code=OK"}, 8},
+			{"grpc_server_handled_total", []string{"grpc_method=Pick", "grpc_code=OK"}, 10},
+			{"polygate_shadow_refusals_total", []string{"scope=trial", "source=only", "reason=rate_limited"}, 1},
 			{"grpc_server_handled_total", []string{"grpc_method=RecordOutcome", "grpc_code=OK"}, 5},
 			{"grpc_server_handled_total", []string{"grpc_method=OnNoRunnable", "grpc_code=OK"}, 2},
 			{"grpc_server_handled_total", []string{"grpc_method=OverrideBreaker", "grpc_code=OK"}, 1},
@@ -191,8 +200,8 @@ func TestMetricsAfterScriptedSequence(t *testing.T) {
 				t.Errorf("%s%v: count %d sum %v, want %d and %v", h.name, h.labels, count, sum, h.count, h.sum)
 			}
 		}
-		if count, _ := m.histogram("grpc_server_handling_seconds", "grpc_method=Pick"); count != 8 {
-			t.Errorf("grpc_server_handling_seconds{Pick} count %d, want 8", count)
+		if count, _ := m.histogram("grpc_server_handling_seconds", "grpc_method=Pick"); count != 10 {
+			t.Errorf("grpc_server_handling_seconds{Pick} count %d, want 10", count)
 		}
 		documentedMetricsExist(t, m)
 	})

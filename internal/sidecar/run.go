@@ -14,7 +14,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc/health"
-	"google.golang.org/protobuf/encoding/protojson"
+
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/polygate/polygate/config"
 	"github.com/polygate/polygate/server"
@@ -32,15 +33,42 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return err
 	}
+	if opts.Version {
+		_, err := fmt.Fprintln(stdout, buildInfo())
+		return err
+	}
 	cfg, err := config.Load(opts, environ)
 	if err != nil {
 		return err
 	}
 	if opts.Check {
+		// stdout carries the JSON document alone, for scripts.
+		fmt.Fprintf(stderr, "configuration OK: %s\n", configName(opts))
 		return printConfig(stdout, cfg)
 	}
 	level := new(slog.LevelVar)
 	log := newLogger(cfg.Log, level, stderr)
+	traced, err := tracingEnabled(environ)
+	if err != nil {
+		return err
+	}
+	var tracer trace.TracerProvider
+	if traced {
+		tp, err := newOTLPProvider(ctx, buildInfo())
+		if err != nil {
+			return err
+		}
+		defer func() {
+			// Spans still batched are sent before the process exits.
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := tp.Shutdown(sctx); err != nil {
+				log.Warn("tracing: flushing spans at stop failed", "err", err)
+			}
+		}()
+		tracer = tp
+		log.Info("tracing on: OTLP over gRPC", "endpoint", firstSet(environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"))
+	}
 	tokens := server.NewTokens(cfg.Auth)
 
 	// The backend reports its health from the moment it opens; the server
@@ -62,7 +90,7 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return err
 	}
 	defer b.close()
-	sc, err := startSidecar(cfg, log, sidecarDeps{backend: b, backendName: b.describe, health: hs, created: started.Store, tokens: tokens, collectors: b.collectors})
+	sc, err := startSidecar(cfg, log, sidecarDeps{backend: b, backendName: b.describe, health: hs, created: started.Store, tokens: tokens, collectors: b.collectors, tracer: tracer})
 	if err != nil {
 		return err
 	}
@@ -82,13 +110,27 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	// A change of the file reloads as SIGHUP does.
+	fileChanged := make(chan struct{}, 1)
+	if opts.File != "" {
+		watchCtx, stopWatch := context.WithCancel(context.Background())
+		watched := make(chan struct{})
+		defer func() { stopWatch(); <-watched }()
+		go func() { defer close(watched); watchConfig(watchCtx, log, opts.File, fileChanged) }()
+	}
 	log.Info("polygate started", "listen", cfg.Listen, "backend", b.describe(), "scopes", sc.srv.Scopes(),
-		"config", configName(opts), "metrics_listen", cfg.MetricsListen, "telemetry", cfg.Telemetry.Path)
+		"config", configName(opts), "metrics_listen", cfg.MetricsListen, "telemetry", cfg.Telemetry.Path, "shadow_scopes", config.ShadowScopes(cfg))
 	fmt.Fprintf(stdout, "polygate listening on %s\n", address(sc.lis))
 	if sc.metricsLis != nil {
 		fmt.Fprintf(stdout, "polygate metrics on http://%s/metrics\n", sc.metricsLis.Addr())
 	}
 
+	reloadNow := func() {
+		if next := reload(log, sc.srv, cfg, opts, environ); next != nil {
+			tokens.Set(next.Auth)
+			_ = level.UnmarshalText([]byte(next.Log.Level))
+		}
+	}
 	sweep := time.NewTicker(time.Second)
 	defer sweep.Stop()
 	for {
@@ -101,10 +143,10 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 			sc.stop()
 			return err
 		case <-hup:
-			if next := reload(log, sc.srv, cfg, opts, environ); next != nil {
-				tokens.Set(next.Auth)
-				_ = level.UnmarshalText([]byte(next.Log.Level))
-			}
+			reloadNow()
+		case <-fileChanged:
+			log.Info("configuration file changed; reloading", "config", opts.File)
+			reloadNow()
 		case <-sweep.C:
 			sc.srv.Sweep()
 		}
@@ -126,7 +168,8 @@ func reload(log *slog.Logger, srv *server.Server, running *config.Config, opts c
 		log.Warn("configuration reload: "+c.Key+" needs a restart; the running value stays", "key", c.Key, "change", c.Old+" → "+c.New)
 	}
 	srv.Apply(next)
-	log.Info("configuration reloaded", "config", configName(opts), "scopes", srv.Scopes(), "log_level", next.Log.Level, "auth", next.Auth.Token != "")
+	log.Info("configuration reloaded", "config", configName(opts), "scopes", srv.Scopes(), "log_level", next.Log.Level, "auth", next.Auth.Token != "",
+		"shadow_scopes", config.ShadowScopes(next))
 	return next
 }
 
@@ -148,15 +191,12 @@ func newLogger(c config.Log, level *slog.LevelVar, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, o))
 }
 
-// printConfig shows the effective configuration, defaults and derived values
-// included, for --check.
-func printConfig(w io.Writer, cfg *config.Config) error {
-	fmt.Fprintf(w, "configuration OK: listen %s, metrics_listen %q, backend %s, %d scope(s)\n",
-		cfg.Listen, cfg.MetricsListen, cfg.Backend.Kind, len(cfg.Scopes))
-	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(server.DescribeConfig(cfg))
-	if err != nil {
-		return err
+// firstSet is the first of names set in environ, for a log line.
+func firstSet(environ []string, names ...string) string {
+	for _, n := range names {
+		if v := lookupEnv(environ, n); v != "" {
+			return v
+		}
 	}
-	_, err = fmt.Fprintln(w, string(b))
-	return err
+	return "localhost:4317 (default)"
 }

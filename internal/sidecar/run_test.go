@@ -3,8 +3,11 @@ package sidecar
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -21,12 +24,23 @@ import (
 func TestRunChecksAndHelps(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var out strings.Builder
-	if err := Run(ctx, []string{"--check"}, nil, &out, io.Discard); err != nil {
+	var out, errOut strings.Builder
+	if err := Run(ctx, []string{"--check"}, nil, &out, &errOut); err != nil {
 		t.Fatalf("--check: %v", err)
 	}
-	if !strings.HasPrefix(out.String(), "configuration OK: listen 127.0.0.1:50051") || !strings.Contains(out.String(), `"demo"`) {
-		t.Errorf("--check printed:\n%s", out.String())
+	var doc struct {
+		Listen string `json:"listen"`
+		Scopes []struct {
+			Config struct {
+				Name string `json:"name"`
+			} `json:"config"`
+		} `json:"scopes"`
+	}
+	if err := json.Unmarshal([]byte(out.String()), &doc); err != nil || doc.Listen != "127.0.0.1:50051" || len(doc.Scopes) != 1 || doc.Scopes[0].Config.Name != "demo" {
+		t.Errorf("--check printed (%v):\n%s", err, out.String())
+	}
+	if !strings.Contains(errOut.String(), "configuration OK") {
+		t.Errorf("--check said on stderr: %q", errOut.String())
 	}
 	if err := Run(ctx, []string{"--help"}, nil, io.Discard, io.Discard); err != nil {
 		t.Errorf("--help: %v", err)
@@ -86,6 +100,17 @@ func TestRunServesAndStops(t *testing.T) {
 		t.Fatalf("Pick: %v %v", p, err)
 	}
 
+	resp, err := http.Get(metricsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scrape, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	b := buildInfo()
+	if want := fmt.Sprintf("polygate_build_info{goversion=%q,revision=%q,version=%q} 1\n", b.GoVersion, b.Revision, b.Version); !strings.Contains(string(scrape), want) {
+		t.Errorf("the scrape lacks %q", want)
+	}
+
 	if err := Run(ctx, []string{"--listen", addr}, nil, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "listen "+addr) {
 		t.Errorf("a second start on %s: %v, want an error naming the address", addr, err)
 	}
@@ -95,4 +120,57 @@ func TestRunServesAndStops(t *testing.T) {
 		t.Fatalf("Run after its context ended: %v", err)
 	}
 	done <- nil // for the deferred wait
+}
+
+// TestCheckPrintsTheWholeConfigurationAsJSON: --check's stdout is one JSON
+// document with every section of the configuration, and no secret in it.
+func TestCheckPrintsTheWholeConfigurationAsJSON(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const token, operator, password = "s3cret-token-value", "s3cret-operator-value", "s3cret-redis-password"
+	environ := []string{"POLYGATE_AUTH__TOKEN=" + token, "POLYGATE_AUTH__OPERATOR_TOKEN=" + operator, "POLYGATE_BACKEND__REDIS__PASSWORD=" + password}
+	var out strings.Builder
+	if err := Run(ctx, []string{"--check"}, environ, &out, io.Discard); err != nil {
+		t.Fatalf("--check: %v", err)
+	}
+	var doc map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(out.String()), &doc); err != nil {
+		t.Fatalf("--check is not one JSON document: %v\n%s", err, out.String())
+	}
+	for _, key := range []string{"listen", "metrics_listen", "backend", "telemetry", "events", "log", "auth", "tls", "limits", "calls", "scopes"} {
+		if _, ok := doc[key]; !ok {
+			t.Errorf("--check lacks %q", key)
+		}
+	}
+	for _, s := range []string{token, operator, password} {
+		if strings.Contains(out.String(), s) {
+			t.Errorf("--check shows the secret %q", s)
+		}
+	}
+	var auth struct{ Token, OperatorToken string }
+	if err := json.Unmarshal(doc["auth"], &struct {
+		Token         *string `json:"token"`
+		OperatorToken *string `json:"operator_token"`
+	}{&auth.Token, &auth.OperatorToken}); err != nil || auth.Token != redacted || auth.OperatorToken != redacted {
+		t.Errorf("auth shown as %s (%v), want both %q", doc["auth"], err, redacted)
+	}
+	if !strings.Contains(string(doc["backend"]), `"password": "(redacted)"`) {
+		t.Errorf("backend shown as %s", doc["backend"])
+	}
+}
+
+// TestVersionNamesTheBuild: --version prints one line with the version, the
+// revision and the Go version, and -ldflags -X overrides the first two.
+func TestVersionNamesTheBuild(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	defer func(v, r string) { version, revision = v, r }(version, revision)
+	version, revision = "v9.8.7", "abc123"
+	var out strings.Builder
+	if err := Run(ctx, []string{"--version"}, nil, &out, io.Discard); err != nil {
+		t.Fatalf("--version: %v", err)
+	}
+	if want := "polygate v9.8.7 revision abc123 " + runtime.Version() + "\n"; out.String() != want {
+		t.Errorf("--version printed %q, want %q", out.String(), want)
+	}
 }

@@ -12,6 +12,7 @@ import (
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -20,6 +21,7 @@ import (
 	"github.com/polygate/polygate/config"
 	"github.com/polygate/polygate/gate"
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/internal/status"
 	"github.com/polygate/polygate/metrics"
 	"github.com/polygate/polygate/policy"
 	"github.com/polygate/polygate/server"
@@ -63,6 +65,8 @@ type sidecarDeps struct {
 	tokens *server.Tokens
 	// collectors are the backend's own metrics.
 	collectors []prometheus.Collector
+	// tracer, when set, traces the admission RPCs (nil: no tracing).
+	tracer trace.TracerProvider
 }
 
 // startSidecar wires the sidecar and starts serving: telemetry (when
@@ -90,8 +94,10 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 	}
 	reg := prometheus.NewRegistry()
 	extra := d.interceptors
+	var recorder *status.Recorder
 	if cfg.MetricsListen != "" {
-		observers = append(observers, metrics.New(reg, time.Now))
+		recorder = status.NewRecorder(time.Now)
+		observers = append(observers, metrics.New(reg, time.Now), recorder)
 		rpc := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(grpcprom.WithHistogramBuckets(metrics.AttemptBuckets)))
 		reg.MustRegister(rpc, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		if sc.sink != nil {
@@ -105,12 +111,18 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 			}
 		}()
 	}
+	var tr *tracing
+	if d.tracer != nil {
+		tr = newTracing(d.tracer)
+		observers = append(observers, tr)
+		extra.Unary = append(extra.Unary, tr.unary)
+	}
 	sc.srv = server.New(cfg, d.backend, log, server.Options{BackendName: d.backendName, Observers: observers, WatchBuffer: d.watchBuffer})
 	if d.created != nil {
 		d.created(sc.srv)
 	}
 	if cfg.MetricsListen != "" {
-		reg.MustRegister(eventsCollector{sc.srv}, metrics.NewStateCollector(scopeStates(sc.srv), 10*time.Second))
+		reg.MustRegister(eventsCollector{sc.srv}, metrics.NewStateCollector(scopeStates(sc.srv), 10*time.Second), buildInfoGauge(buildInfo()))
 		reg.MustRegister(d.collectors...)
 	}
 	if d.tokens == nil {
@@ -120,7 +132,11 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 	if err != nil {
 		return nil, err
 	}
-	sc.gs = grpc.NewServer(append(server.ServerOptions(log, d.tokens, extra), transport...)...)
+	opts := append(server.ServerOptions(log, d.tokens, extra), transport...)
+	if tr != nil {
+		opts = append(opts, grpc.StatsHandler(tr.statsHandler()))
+	}
+	sc.gs = grpc.NewServer(opts...)
 	admissionv1.RegisterAdmissionServiceServer(sc.gs, sc.srv)
 	sc.health = d.health
 	if sc.health == nil {
@@ -133,7 +149,7 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 	reflection.Register(sc.gs)
 
 	if cfg.MetricsListen != "" {
-		if err := sc.serveMetrics(cfg.MetricsListen, d.metricsLis, reg); err != nil {
+		if err := sc.serveMetrics(cfg.MetricsListen, d.metricsLis, reg, status.New(sc.srv, recorder, time.Now, log)); err != nil {
 			return nil, err
 		}
 	}

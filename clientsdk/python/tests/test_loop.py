@@ -236,3 +236,10 @@ async def amain(c: polygate.AsyncClient) -> None:
     )
     out, err, status = mypy_api.run(["--strict", "--no-incremental", "--cache-dir", str(tmp_path / "cache"), str(src)])
     assert status == 0, out + err
+
+
+def test_priority_and_tenant_are_on_the_opening_pick() -> None:
+    loop: CallLoop[str] = CallLoop("chat", priority=7, tenant="search")
+    s = next(loop.run())
+    assert isinstance(s, Rpc) and s.method == "Pick"
+    assert (s.request.priority, s.request.tenant) == (7, "search")

@@ -118,10 +118,13 @@ class Client:
         tls: TLS | bool | None = None,
         channel: grpc.Channel | None = None,
         options: Sequence[tuple[str, Any]] = (),
+        priority: int = 0,
+        tenant: str = "",
     ) -> None:
         if channel is None and not target:
             raise ValueError("Client needs a target or a channel")
         self._metadata = _metadata(token)
+        self._priority, self._tenant = priority, tenant
         self._own = channel is None
         if channel is None:
             creds, opts = _channel_args(target, tls, options)
@@ -147,6 +150,8 @@ class Client:
         *,
         estimated_tokens: int = 0,
         deadline: float | None = None,
+        priority: int | None = None,
+        tenant: str | None = None,
     ) -> T:
         """Runs one call of ``scope``: asks the sidecar for a source, runs
         ``fn(grant)`` for the attempt, reports its Result and does what the
@@ -154,10 +159,18 @@ class Client:
         call ends. Returns the ``value`` of the Result that succeeded; raises
         a CallFailedError subclass for a verdict, a SidecarError subclass for
         a gRPC error. ``deadline`` is the call's budget in seconds from now,
-        capping every wait. An exception out of ``fn`` (KeyboardInterrupt
+        capping every wait. ``priority`` (higher first) and ``tenant`` rank
+        the call among callers waiting for a source's capacity; they default
+        to the client's. An exception out of ``fn`` (KeyboardInterrupt
         included) reports CANCELLED, freeing the permit, and propagates; one
         between attempts ends the call in the sidecar (CancelCall)."""
-        loop: CallLoop[T] = CallLoop(scope, estimated_tokens, deadline)
+        loop: CallLoop[T] = CallLoop(
+            scope,
+            estimated_tokens,
+            deadline,
+            priority=self._priority if priority is None else priority,
+            tenant=self._tenant if tenant is None else tenant,
+        )
         steps = loop.run()
         answer: Any = None
         try:
@@ -204,10 +217,13 @@ class AsyncClient:
         tls: TLS | bool | None = None,
         channel: grpc.aio.Channel | None = None,
         options: Sequence[tuple[str, Any]] = (),
+        priority: int = 0,
+        tenant: str = "",
     ) -> None:
         if channel is None and not target:
             raise ValueError("AsyncClient needs a target or a channel")
         self._metadata = _metadata(token)
+        self._priority, self._tenant = priority, tenant
         self._own = channel is None
         if channel is None:
             creds, opts = _channel_args(target, tls, options)
@@ -233,6 +249,8 @@ class AsyncClient:
         *,
         estimated_tokens: int = 0,
         deadline: float | None = None,
+        priority: int | None = None,
+        tenant: str | None = None,
     ) -> T:
         """Client.call for asyncio; ``fn`` may be a coroutine function. When
         the task is cancelled while an attempt holds a permit, CANCELLED is
@@ -240,7 +258,13 @@ class AsyncClient:
         attempts, the call is ended in the sidecar (CancelCall); then the
         cancellation propagates. Both reports run on a task of their own, so
         that a second cancellation cannot cut them short."""
-        loop: CallLoop[T] = CallLoop(scope, estimated_tokens, deadline)
+        loop: CallLoop[T] = CallLoop(
+            scope,
+            estimated_tokens,
+            deadline,
+            priority=self._priority if priority is None else priority,
+            tenant=self._tenant if tenant is None else tenant,
+        )
         steps = loop.run()
         answer: Any = None
         try:

@@ -116,6 +116,8 @@ class CallLoop(Generic[T]):
         estimated_tokens: int = 0,
         deadline: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        priority: int = 0,
+        tenant: str = "",
     ) -> None:
         self.scope = scope
         self.call_id = ""
@@ -124,6 +126,8 @@ class CallLoop(Generic[T]):
         self.attempts = 0
         self.last: Result[Any] | None = None
         self._tokens = estimated_tokens
+        self._priority = max(-(2**31), min(priority, 2**31 - 1))
+        self._tenant = tenant
         self._deadline = deadline
         self._clock = clock
         self._end = None if deadline is None else clock() + deadline
@@ -197,7 +201,9 @@ class CallLoop(Generic[T]):
         return Rpc(method, req, left + RPC_GRACE_S)
 
     def _open_request(self) -> pb.PickRequest:
-        req = pb.PickRequest(scope=self.scope, estimated_tokens=min(self._tokens, _MAX_INT64))
+        req = pb.PickRequest(
+            scope=self.scope, estimated_tokens=min(self._tokens, _MAX_INT64), priority=self._priority, tenant=self._tenant
+        )
         if self._deadline is not None:
             if not self._deadline > 0:  # NaN included
                 raise self._deadline_exceeded()

@@ -116,6 +116,11 @@ const (
 	// (retry_after 0), RPM or TPM (retry_after until the sliding minute frees
 	// enough), or estimated_tokens above the source's TPM.
 	Reason_REASON_RATE_LIMITED Reason = 6
+	// Callers that this call should queue behind wait for the source's
+	// capacity (higher priority, a tenant with a smaller fair share, or the
+	// same tenant earlier); the call is held in line by OnNoRunnable (not a
+	// gate rejection).
+	Reason_REASON_QUEUED Reason = 7
 )
 
 // Enum value maps for Reason.
@@ -128,6 +133,7 @@ var (
 		4: "REASON_FORCED_OPEN",
 		5: "REASON_ADAPTIVE_PACED",
 		6: "REASON_RATE_LIMITED",
+		7: "REASON_QUEUED",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":     0,
@@ -137,6 +143,7 @@ var (
 		"REASON_FORCED_OPEN":     4,
 		"REASON_ADAPTIVE_PACED":  5,
 		"REASON_RATE_LIMITED":    6,
+		"REASON_QUEUED":          7,
 	}
 )
 
@@ -165,6 +172,57 @@ func (x Reason) Number() protoreflect.EnumNumber {
 // Deprecated: Use Reason.Descriptor instead.
 func (Reason) EnumDescriptor() ([]byte, []int) {
 	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{1}
+}
+
+// ScopeMode says whether a scope enforces its decisions.
+type ScopeMode int32
+
+const (
+	ScopeMode_SCOPE_MODE_UNSPECIFIED ScopeMode = 0
+	ScopeMode_SCOPE_MODE_ENFORCE     ScopeMode = 1
+	// Every Pick is granted; the grant lists what enforcement would refuse.
+	ScopeMode_SCOPE_MODE_SHADOW ScopeMode = 2
+)
+
+// Enum value maps for ScopeMode.
+var (
+	ScopeMode_name = map[int32]string{
+		0: "SCOPE_MODE_UNSPECIFIED",
+		1: "SCOPE_MODE_ENFORCE",
+		2: "SCOPE_MODE_SHADOW",
+	}
+	ScopeMode_value = map[string]int32{
+		"SCOPE_MODE_UNSPECIFIED": 0,
+		"SCOPE_MODE_ENFORCE":     1,
+		"SCOPE_MODE_SHADOW":      2,
+	}
+)
+
+func (x ScopeMode) Enum() *ScopeMode {
+	p := new(ScopeMode)
+	*p = x
+	return p
+}
+
+func (x ScopeMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ScopeMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_polygate_admission_v1_admission_proto_enumTypes[2].Descriptor()
+}
+
+func (ScopeMode) Type() protoreflect.EnumType {
+	return &file_polygate_admission_v1_admission_proto_enumTypes[2]
+}
+
+func (x ScopeMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ScopeMode.Descriptor instead.
+func (ScopeMode) EnumDescriptor() ([]byte, []int) {
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{2}
 }
 
 // FailureReason says why a call failed.
@@ -240,11 +298,11 @@ func (x FailureReason) String() string {
 }
 
 func (FailureReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_polygate_admission_v1_admission_proto_enumTypes[2].Descriptor()
+	return file_polygate_admission_v1_admission_proto_enumTypes[3].Descriptor()
 }
 
 func (FailureReason) Type() protoreflect.EnumType {
-	return &file_polygate_admission_v1_admission_proto_enumTypes[2]
+	return &file_polygate_admission_v1_admission_proto_enumTypes[3]
 }
 
 func (x FailureReason) Number() protoreflect.EnumNumber {
@@ -253,7 +311,7 @@ func (x FailureReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FailureReason.Descriptor instead.
 func (FailureReason) EnumDescriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{2}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{3}
 }
 
 // BreakerState is a breaker's automatic state.
@@ -293,11 +351,11 @@ func (x BreakerState) String() string {
 }
 
 func (BreakerState) Descriptor() protoreflect.EnumDescriptor {
-	return file_polygate_admission_v1_admission_proto_enumTypes[3].Descriptor()
+	return file_polygate_admission_v1_admission_proto_enumTypes[4].Descriptor()
 }
 
 func (BreakerState) Type() protoreflect.EnumType {
-	return &file_polygate_admission_v1_admission_proto_enumTypes[3]
+	return &file_polygate_admission_v1_admission_proto_enumTypes[4]
 }
 
 func (x BreakerState) Number() protoreflect.EnumNumber {
@@ -306,7 +364,7 @@ func (x BreakerState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use BreakerState.Descriptor instead.
 func (BreakerState) EnumDescriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{3}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{4}
 }
 
 // OpenCause is why a breaker is OPEN.
@@ -350,11 +408,11 @@ func (x OpenCause) String() string {
 }
 
 func (OpenCause) Descriptor() protoreflect.EnumDescriptor {
-	return file_polygate_admission_v1_admission_proto_enumTypes[4].Descriptor()
+	return file_polygate_admission_v1_admission_proto_enumTypes[5].Descriptor()
 }
 
 func (OpenCause) Type() protoreflect.EnumType {
-	return &file_polygate_admission_v1_admission_proto_enumTypes[4]
+	return &file_polygate_admission_v1_admission_proto_enumTypes[5]
 }
 
 func (x OpenCause) Number() protoreflect.EnumNumber {
@@ -363,7 +421,7 @@ func (x OpenCause) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OpenCause.Descriptor instead.
 func (OpenCause) EnumDescriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{4}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{5}
 }
 
 // Override is an operator's setting of a breaker; it stays until cleared.
@@ -407,11 +465,11 @@ func (x Override) String() string {
 }
 
 func (Override) Descriptor() protoreflect.EnumDescriptor {
-	return file_polygate_admission_v1_admission_proto_enumTypes[5].Descriptor()
+	return file_polygate_admission_v1_admission_proto_enumTypes[6].Descriptor()
 }
 
 func (Override) Type() protoreflect.EnumType {
-	return &file_polygate_admission_v1_admission_proto_enumTypes[5]
+	return &file_polygate_admission_v1_admission_proto_enumTypes[6]
 }
 
 func (x Override) Number() protoreflect.EnumNumber {
@@ -420,7 +478,7 @@ func (x Override) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Override.Descriptor instead.
 func (Override) EnumDescriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{5}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{6}
 }
 
 // OverrideAction is an operator's request to a breaker.
@@ -469,11 +527,11 @@ func (x OverrideAction) String() string {
 }
 
 func (OverrideAction) Descriptor() protoreflect.EnumDescriptor {
-	return file_polygate_admission_v1_admission_proto_enumTypes[6].Descriptor()
+	return file_polygate_admission_v1_admission_proto_enumTypes[7].Descriptor()
 }
 
 func (OverrideAction) Type() protoreflect.EnumType {
-	return &file_polygate_admission_v1_admission_proto_enumTypes[6]
+	return &file_polygate_admission_v1_admission_proto_enumTypes[7]
 }
 
 func (x OverrideAction) Number() protoreflect.EnumNumber {
@@ -482,7 +540,7 @@ func (x OverrideAction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OverrideAction.Descriptor instead.
 func (OverrideAction) EnumDescriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{6}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{7}
 }
 
 // OutcomeEffect says what a reported outcome did to the breaker.
@@ -530,11 +588,11 @@ func (x OutcomeEffect) String() string {
 }
 
 func (OutcomeEffect) Descriptor() protoreflect.EnumDescriptor {
-	return file_polygate_admission_v1_admission_proto_enumTypes[7].Descriptor()
+	return file_polygate_admission_v1_admission_proto_enumTypes[8].Descriptor()
 }
 
 func (OutcomeEffect) Type() protoreflect.EnumType {
-	return &file_polygate_admission_v1_admission_proto_enumTypes[7]
+	return &file_polygate_admission_v1_admission_proto_enumTypes[8]
 }
 
 func (x OutcomeEffect) Number() protoreflect.EnumNumber {
@@ -543,7 +601,7 @@ func (x OutcomeEffect) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OutcomeEffect.Descriptor instead.
 func (OutcomeEffect) EnumDescriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{7}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{8}
 }
 
 // OnRefusal is what a call does when every source refused it.
@@ -580,11 +638,11 @@ func (x OnRefusal) String() string {
 }
 
 func (OnRefusal) Descriptor() protoreflect.EnumDescriptor {
-	return file_polygate_admission_v1_admission_proto_enumTypes[8].Descriptor()
+	return file_polygate_admission_v1_admission_proto_enumTypes[9].Descriptor()
 }
 
 func (OnRefusal) Type() protoreflect.EnumType {
-	return &file_polygate_admission_v1_admission_proto_enumTypes[8]
+	return &file_polygate_admission_v1_admission_proto_enumTypes[9]
 }
 
 func (x OnRefusal) Number() protoreflect.EnumNumber {
@@ -593,7 +651,7 @@ func (x OnRefusal) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OnRefusal.Descriptor instead.
 func (OnRefusal) EnumDescriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{8}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{9}
 }
 
 // ErrorReason is the reason of the google.rpc.ErrorInfo on every error.
@@ -669,11 +727,11 @@ func (x ErrorReason) String() string {
 }
 
 func (ErrorReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_polygate_admission_v1_admission_proto_enumTypes[9].Descriptor()
+	return file_polygate_admission_v1_admission_proto_enumTypes[10].Descriptor()
 }
 
 func (ErrorReason) Type() protoreflect.EnumType {
-	return &file_polygate_admission_v1_admission_proto_enumTypes[9]
+	return &file_polygate_admission_v1_admission_proto_enumTypes[10]
 }
 
 func (x ErrorReason) Number() protoreflect.EnumNumber {
@@ -682,7 +740,7 @@ func (x ErrorReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ErrorReason.Descriptor instead.
 func (ErrorReason) EnumDescriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{9}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{10}
 }
 
 // TransitionCause says why a breaker changed state.
@@ -739,11 +797,11 @@ func (x TransitionCause) String() string {
 }
 
 func (TransitionCause) Descriptor() protoreflect.EnumDescriptor {
-	return file_polygate_admission_v1_admission_proto_enumTypes[10].Descriptor()
+	return file_polygate_admission_v1_admission_proto_enumTypes[11].Descriptor()
 }
 
 func (TransitionCause) Type() protoreflect.EnumType {
-	return &file_polygate_admission_v1_admission_proto_enumTypes[10]
+	return &file_polygate_admission_v1_admission_proto_enumTypes[11]
 }
 
 func (x TransitionCause) Number() protoreflect.EnumNumber {
@@ -752,7 +810,7 @@ func (x TransitionCause) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TransitionCause.Descriptor instead.
 func (TransitionCause) EnumDescriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{10}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{11}
 }
 
 // ProbeEventKind is what happened to a HALF_OPEN breaker's probe.
@@ -801,11 +859,11 @@ func (x ProbeEventKind) String() string {
 }
 
 func (ProbeEventKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_polygate_admission_v1_admission_proto_enumTypes[11].Descriptor()
+	return file_polygate_admission_v1_admission_proto_enumTypes[12].Descriptor()
 }
 
 func (ProbeEventKind) Type() protoreflect.EnumType {
-	return &file_polygate_admission_v1_admission_proto_enumTypes[11]
+	return &file_polygate_admission_v1_admission_proto_enumTypes[12]
 }
 
 func (x ProbeEventKind) Number() protoreflect.EnumNumber {
@@ -814,7 +872,7 @@ func (x ProbeEventKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ProbeEventKind.Descriptor instead.
 func (ProbeEventKind) EnumDescriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{11}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{12}
 }
 
 // SourceReason is one source's refusal.
@@ -890,7 +948,14 @@ type PickRequest struct {
 	// The call's whole budget, from this Pick; unset or zero: none. Only on the
 	// Pick that opens the call. Every sleep is capped by it; past it the call
 	// fails DEADLINE_EXCEEDED.
-	Deadline      *durationpb.Duration `protobuf:"bytes,4,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	Deadline *durationpb.Duration `protobuf:"bytes,4,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	// Higher is served first while callers wait for a source's capacity;
+	// default 0. Only on the Pick that opens the call.
+	Priority int32 `protobuf:"varint,5,opt,name=priority,proto3" json:"priority,omitempty"`
+	// Who the call is for (a team, job or customer): callers share a source's
+	// capacity by the scope's tenant weights. At most 63 bytes of
+	// [a-z0-9_-]; empty: the default tenant. Only on the Pick that opens the call.
+	Tenant        string `protobuf:"bytes,6,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -951,6 +1016,20 @@ func (x *PickRequest) GetDeadline() *durationpb.Duration {
 		return x.Deadline
 	}
 	return nil
+}
+
+func (x *PickRequest) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
+func (x *PickRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
 }
 
 type PickResponse struct {
@@ -1078,9 +1157,15 @@ type Grant struct {
 	// The attempt's number in the call, from 1.
 	Attempt int32 `protobuf:"varint,8,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	// Sources refused before this one, in walk order.
-	Skipped       []*SourceReason `protobuf:"bytes,9,rep,name=skipped,proto3" json:"skipped,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Skipped []*SourceReason `protobuf:"bytes,9,rep,name=skipped,proto3" json:"skipped,omitempty"`
+	// The scope is in shadow mode: the attempt is allowed whatever enforcement
+	// would decide.
+	Shadow bool `protobuf:"varint,10,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	// In shadow mode, what enforcement would have refused and why, in walk
+	// order (every source when enforcement would have refused the Pick).
+	ShadowRefusals []*SourceReason `protobuf:"bytes,11,rep,name=shadow_refusals,json=shadowRefusals,proto3" json:"shadow_refusals,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Grant) Reset() {
@@ -1172,6 +1257,20 @@ func (x *Grant) GetAttempt() int32 {
 func (x *Grant) GetSkipped() []*SourceReason {
 	if x != nil {
 		return x.Skipped
+	}
+	return nil
+}
+
+func (x *Grant) GetShadow() bool {
+	if x != nil {
+		return x.Shadow
+	}
+	return false
+}
+
+func (x *Grant) GetShadowRefusals() []*SourceReason {
+	if x != nil {
+		return x.ShadowRefusals
 	}
 	return nil
 }
@@ -2407,7 +2506,9 @@ type SourceState struct {
 	FailedRecently bool          `protobuf:"varint,20,opt,name=failed_recently,json=failedRecently,proto3" json:"failed_recently,omitempty"`
 	Config         *SourceConfig `protobuf:"bytes,21,opt,name=config,proto3" json:"config,omitempty"`
 	// Why the breaker is OPEN (unspecified when it is not).
-	OpenCause     OpenCause `protobuf:"varint,22,opt,name=open_cause,json=openCause,proto3,enum=polygate.admission.v1.OpenCause" json:"open_cause,omitempty"`
+	OpenCause OpenCause `protobuf:"varint,22,opt,name=open_cause,json=openCause,proto3,enum=polygate.admission.v1.OpenCause" json:"open_cause,omitempty"`
+	// The callers of this sidecar waiting in line for the source's capacity.
+	Line          *SourceLine `protobuf:"bytes,23,opt,name=line,proto3" json:"line,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2596,6 +2697,137 @@ func (x *SourceState) GetOpenCause() OpenCause {
 	return OpenCause_OPEN_CAUSE_UNSPECIFIED
 }
 
+func (x *SourceState) GetLine() *SourceLine {
+	if x != nil {
+		return x.Line
+	}
+	return nil
+}
+
+// SourceLine is the line of callers waiting for a source's capacity.
+type SourceLine struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Length int32                  `protobuf:"varint,1,opt,name=length,proto3" json:"length,omitempty"`
+	// How long the longest waiter has waited.
+	OldestWait *durationpb.Duration `protobuf:"bytes,2,opt,name=oldest_wait,json=oldestWait,proto3" json:"oldest_wait,omitempty"`
+	// Waiters by priority and tenant, highest priority first.
+	Groups        []*LineGroup `protobuf:"bytes,3,rep,name=groups,proto3" json:"groups,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SourceLine) Reset() {
+	*x = SourceLine{}
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SourceLine) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SourceLine) ProtoMessage() {}
+
+func (x *SourceLine) ProtoReflect() protoreflect.Message {
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SourceLine.ProtoReflect.Descriptor instead.
+func (*SourceLine) Descriptor() ([]byte, []int) {
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *SourceLine) GetLength() int32 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
+func (x *SourceLine) GetOldestWait() *durationpb.Duration {
+	if x != nil {
+		return x.OldestWait
+	}
+	return nil
+}
+
+func (x *SourceLine) GetGroups() []*LineGroup {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+// LineGroup counts the waiters of one priority and tenant.
+type LineGroup struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Priority      int32                  `protobuf:"varint,1,opt,name=priority,proto3" json:"priority,omitempty"`
+	Tenant        string                 `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Waiting       int32                  `protobuf:"varint,3,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LineGroup) Reset() {
+	*x = LineGroup{}
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LineGroup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LineGroup) ProtoMessage() {}
+
+func (x *LineGroup) ProtoReflect() protoreflect.Message {
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LineGroup.ProtoReflect.Descriptor instead.
+func (*LineGroup) Descriptor() ([]byte, []int) {
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *LineGroup) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
+func (x *LineGroup) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *LineGroup) GetWaiting() int32 {
+	if x != nil {
+		return x.Waiting
+	}
+	return 0
+}
+
 // ScopeConfig is a scope's effective configuration.
 type ScopeConfig struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
@@ -2611,14 +2843,22 @@ type ScopeConfig struct {
 	// The longest upstream Retry-After a backoff may take (backoff.max_retry_after).
 	MaxRetryAfter *durationpb.Duration `protobuf:"bytes,10,opt,name=max_retry_after,json=maxRetryAfter,proto3" json:"max_retry_after,omitempty"`
 	// What a call does when every source is OPEN because it is dead.
-	SourceDead    OnRefusal `protobuf:"varint,11,opt,name=source_dead,json=sourceDead,proto3,enum=polygate.admission.v1.OnRefusal" json:"source_dead,omitempty"`
+	SourceDead OnRefusal `protobuf:"varint,11,opt,name=source_dead,json=sourceDead,proto3,enum=polygate.admission.v1.OnRefusal" json:"source_dead,omitempty"`
+	Mode       ScopeMode `protobuf:"varint,12,opt,name=mode,proto3,enum=polygate.admission.v1.ScopeMode" json:"mode,omitempty"`
+	// Tenants' weights in the fair share of a source's capacity.
+	Tenants             map[string]int32 `protobuf:"bytes,13,rep,name=tenants,proto3" json:"tenants,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	DefaultTenantWeight int32            `protobuf:"varint,14,opt,name=default_tenant_weight,json=defaultTenantWeight,proto3" json:"default_tenant_weight,omitempty"`
+	// Distinct tenants tracked; beyond it, tenants share one bucket.
+	MaxTenants int32 `protobuf:"varint,15,opt,name=max_tenants,json=maxTenants,proto3" json:"max_tenants,omitempty"`
+	// +1 effective priority per priority_aging waited; unset: no aging.
+	PriorityAging *durationpb.Duration `protobuf:"bytes,16,opt,name=priority_aging,json=priorityAging,proto3" json:"priority_aging,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ScopeConfig) Reset() {
 	*x = ScopeConfig{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[25]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2630,7 +2870,7 @@ func (x *ScopeConfig) String() string {
 func (*ScopeConfig) ProtoMessage() {}
 
 func (x *ScopeConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[25]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2643,7 +2883,7 @@ func (x *ScopeConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScopeConfig.ProtoReflect.Descriptor instead.
 func (*ScopeConfig) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{25}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ScopeConfig) GetName() string {
@@ -2723,6 +2963,41 @@ func (x *ScopeConfig) GetSourceDead() OnRefusal {
 	return OnRefusal_ON_REFUSAL_UNSPECIFIED
 }
 
+func (x *ScopeConfig) GetMode() ScopeMode {
+	if x != nil {
+		return x.Mode
+	}
+	return ScopeMode_SCOPE_MODE_UNSPECIFIED
+}
+
+func (x *ScopeConfig) GetTenants() map[string]int32 {
+	if x != nil {
+		return x.Tenants
+	}
+	return nil
+}
+
+func (x *ScopeConfig) GetDefaultTenantWeight() int32 {
+	if x != nil {
+		return x.DefaultTenantWeight
+	}
+	return 0
+}
+
+func (x *ScopeConfig) GetMaxTenants() int32 {
+	if x != nil {
+		return x.MaxTenants
+	}
+	return 0
+}
+
+func (x *ScopeConfig) GetPriorityAging() *durationpb.Duration {
+	if x != nil {
+		return x.PriorityAging
+	}
+	return nil
+}
+
 // SourceConfig is a source's effective configuration.
 type SourceConfig struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
@@ -2742,7 +3017,7 @@ type SourceConfig struct {
 
 func (x *SourceConfig) Reset() {
 	*x = SourceConfig{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[26]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2754,7 +3029,7 @@ func (x *SourceConfig) String() string {
 func (*SourceConfig) ProtoMessage() {}
 
 func (x *SourceConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[26]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2767,7 +3042,7 @@ func (x *SourceConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SourceConfig.ProtoReflect.Descriptor instead.
 func (*SourceConfig) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{26}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SourceConfig) GetPriority() int32 {
@@ -2851,7 +3126,7 @@ type BreakerConfig struct {
 
 func (x *BreakerConfig) Reset() {
 	*x = BreakerConfig{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[27]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2863,7 +3138,7 @@ func (x *BreakerConfig) String() string {
 func (*BreakerConfig) ProtoMessage() {}
 
 func (x *BreakerConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[27]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2876,7 +3151,7 @@ func (x *BreakerConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BreakerConfig.ProtoReflect.Descriptor instead.
 func (*BreakerConfig) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{27}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *BreakerConfig) GetFailThreshold() int32 {
@@ -2946,7 +3221,7 @@ type WatchEventsRequest struct {
 
 func (x *WatchEventsRequest) Reset() {
 	*x = WatchEventsRequest{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[28]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2958,7 +3233,7 @@ func (x *WatchEventsRequest) String() string {
 func (*WatchEventsRequest) ProtoMessage() {}
 
 func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[28]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2971,7 +3246,7 @@ func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEventsRequest.ProtoReflect.Descriptor instead.
 func (*WatchEventsRequest) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{28}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *WatchEventsRequest) GetScope() string {
@@ -3013,7 +3288,7 @@ type WatchEventsResponse struct {
 
 func (x *WatchEventsResponse) Reset() {
 	*x = WatchEventsResponse{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[29]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3025,7 +3300,7 @@ func (x *WatchEventsResponse) String() string {
 func (*WatchEventsResponse) ProtoMessage() {}
 
 func (x *WatchEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[29]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3038,7 +3313,7 @@ func (x *WatchEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEventsResponse.ProtoReflect.Descriptor instead.
 func (*WatchEventsResponse) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{29}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *WatchEventsResponse) GetSequence() uint64 {
@@ -3189,7 +3464,7 @@ type BreakerTransition struct {
 
 func (x *BreakerTransition) Reset() {
 	*x = BreakerTransition{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[30]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3201,7 +3476,7 @@ func (x *BreakerTransition) String() string {
 func (*BreakerTransition) ProtoMessage() {}
 
 func (x *BreakerTransition) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[30]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3214,7 +3489,7 @@ func (x *BreakerTransition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BreakerTransition.ProtoReflect.Descriptor instead.
 func (*BreakerTransition) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{30}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *BreakerTransition) GetSource() string {
@@ -3287,7 +3562,7 @@ type ProbeEvent struct {
 
 func (x *ProbeEvent) Reset() {
 	*x = ProbeEvent{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[31]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3299,7 +3574,7 @@ func (x *ProbeEvent) String() string {
 func (*ProbeEvent) ProtoMessage() {}
 
 func (x *ProbeEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[31]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3312,7 +3587,7 @@ func (x *ProbeEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeEvent.ProtoReflect.Descriptor instead.
 func (*ProbeEvent) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{31}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ProbeEvent) GetSource() string {
@@ -3379,7 +3654,7 @@ type StaleOutcome struct {
 
 func (x *StaleOutcome) Reset() {
 	*x = StaleOutcome{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[32]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3391,7 +3666,7 @@ func (x *StaleOutcome) String() string {
 func (*StaleOutcome) ProtoMessage() {}
 
 func (x *StaleOutcome) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[32]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3404,7 +3679,7 @@ func (x *StaleOutcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StaleOutcome.ProtoReflect.Descriptor instead.
 func (*StaleOutcome) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{32}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *StaleOutcome) GetSource() string {
@@ -3455,7 +3730,7 @@ type OverrideChanged struct {
 
 func (x *OverrideChanged) Reset() {
 	*x = OverrideChanged{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[33]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3467,7 +3742,7 @@ func (x *OverrideChanged) String() string {
 func (*OverrideChanged) ProtoMessage() {}
 
 func (x *OverrideChanged) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[33]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3480,7 +3755,7 @@ func (x *OverrideChanged) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OverrideChanged.ProtoReflect.Descriptor instead.
 func (*OverrideChanged) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{33}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *OverrideChanged) GetSource() string {
@@ -3544,7 +3819,7 @@ type WaitStarted struct {
 
 func (x *WaitStarted) Reset() {
 	*x = WaitStarted{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[34]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3556,7 +3831,7 @@ func (x *WaitStarted) String() string {
 func (*WaitStarted) ProtoMessage() {}
 
 func (x *WaitStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[34]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3569,7 +3844,7 @@ func (x *WaitStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitStarted.ProtoReflect.Descriptor instead.
 func (*WaitStarted) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{34}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *WaitStarted) GetCallId() string {
@@ -3623,7 +3898,7 @@ type BackendHealth struct {
 
 func (x *BackendHealth) Reset() {
 	*x = BackendHealth{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[35]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3635,7 +3910,7 @@ func (x *BackendHealth) String() string {
 func (*BackendHealth) ProtoMessage() {}
 
 func (x *BackendHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[35]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3648,7 +3923,7 @@ func (x *BackendHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackendHealth.ProtoReflect.Descriptor instead.
 func (*BackendHealth) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{35}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *BackendHealth) GetBackend() string {
@@ -3681,19 +3956,21 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x125\n" +
 	"\x06reason\x18\x02 \x01(\x0e2\x1d.polygate.admission.v1.ReasonR\x06reason\x12:\n" +
 	"\vretry_after\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\n" +
-	"retryAfter\"\x9e\x01\n" +
+	"retryAfter\"\xd2\x01\n" +
 	"\vPickRequest\x12\x14\n" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x17\n" +
 	"\acall_id\x18\x02 \x01(\tR\x06callId\x12)\n" +
 	"\x10estimated_tokens\x18\x03 \x01(\x03R\x0festimatedTokens\x125\n" +
-	"\bdeadline\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\bdeadline\"\xe9\x01\n" +
+	"\bdeadline\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\bdeadline\x12\x1a\n" +
+	"\bpriority\x18\x05 \x01(\x05R\bpriority\x12\x16\n" +
+	"\x06tenant\x18\x06 \x01(\tR\x06tenant\"\xe9\x01\n" +
 	"\fPickResponse\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x124\n" +
 	"\x05grant\x18\x02 \x01(\v2\x1c.polygate.admission.v1.GrantH\x00R\x05grant\x12D\n" +
 	"\vno_runnable\x18\x03 \x01(\v2!.polygate.admission.v1.NoRunnableH\x00R\n" +
 	"noRunnable\x12:\n" +
 	"\afailure\x18\x04 \x01(\v2\x1e.polygate.admission.v1.FailureH\x00R\afailureB\b\n" +
-	"\x06result\"\xb4\x03\n" +
+	"\x06result\"\x9a\x04\n" +
 	"\x05Grant\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12L\n" +
 	"\n" +
@@ -3705,7 +3982,10 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\x05probe\x18\x06 \x01(\bR\x05probe\x12\x14\n" +
 	"\x05epoch\x18\a \x01(\x04R\x05epoch\x12\x18\n" +
 	"\aattempt\x18\b \x01(\x05R\aattempt\x12=\n" +
-	"\askipped\x18\t \x03(\v2#.polygate.admission.v1.SourceReasonR\askipped\x1a=\n" +
+	"\askipped\x18\t \x03(\v2#.polygate.admission.v1.SourceReasonR\askipped\x12\x16\n" +
+	"\x06shadow\x18\n" +
+	" \x01(\bR\x06shadow\x12L\n" +
+	"\x0fshadow_refusals\x18\v \x03(\v2#.polygate.admission.v1.SourceReasonR\x0eshadowRefusals\x1a=\n" +
 	"\x0fAttributesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x88\x01\n" +
@@ -3784,7 +4064,7 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\fprogress_age\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\vprogressAge\x12\x1d\n" +
 	"\n" +
 	"live_calls\x18\x04 \x01(\x05R\tliveCalls\x12\x18\n" +
-	"\abackend\x18\x05 \x01(\tR\abackend\"\xeb\a\n" +
+	"\abackend\x18\x05 \x01(\tR\abackend\"\xa2\b\n" +
 	"\vSourceState\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x129\n" +
 	"\x05state\x18\x02 \x01(\x0e2#.polygate.admission.v1.BreakerStateR\x05state\x125\n" +
@@ -3811,7 +4091,18 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\x0ffailed_recently\x18\x14 \x01(\bR\x0efailedRecently\x12;\n" +
 	"\x06config\x18\x15 \x01(\v2#.polygate.admission.v1.SourceConfigR\x06config\x12?\n" +
 	"\n" +
-	"open_cause\x18\x16 \x01(\x0e2 .polygate.admission.v1.OpenCauseR\topenCause\"\x84\x05\n" +
+	"open_cause\x18\x16 \x01(\x0e2 .polygate.admission.v1.OpenCauseR\topenCause\x125\n" +
+	"\x04line\x18\x17 \x01(\v2!.polygate.admission.v1.SourceLineR\x04line\"\x9a\x01\n" +
+	"\n" +
+	"SourceLine\x12\x16\n" +
+	"\x06length\x18\x01 \x01(\x05R\x06length\x12:\n" +
+	"\voldest_wait\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"oldestWait\x128\n" +
+	"\x06groups\x18\x03 \x03(\v2 .polygate.admission.v1.LineGroupR\x06groups\"Y\n" +
+	"\tLineGroup\x12\x1a\n" +
+	"\bpriority\x18\x01 \x01(\x05R\bpriority\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x18\n" +
+	"\awaiting\x18\x03 \x01(\x05R\awaiting\"\xd8\a\n" +
 	"\vScopeConfig\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12C\n" +
 	"\fcircuit_open\x18\x02 \x01(\x0e2 .polygate.admission.v1.OnRefusalR\vcircuitOpen\x12?\n" +
@@ -3828,7 +4119,16 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\x0fmax_retry_after\x18\n" +
 	" \x01(\v2\x19.google.protobuf.DurationR\rmaxRetryAfter\x12A\n" +
 	"\vsource_dead\x18\v \x01(\x0e2 .polygate.admission.v1.OnRefusalR\n" +
-	"sourceDead\"\xc9\x03\n" +
+	"sourceDead\x124\n" +
+	"\x04mode\x18\f \x01(\x0e2 .polygate.admission.v1.ScopeModeR\x04mode\x12I\n" +
+	"\atenants\x18\r \x03(\v2/.polygate.admission.v1.ScopeConfig.TenantsEntryR\atenants\x122\n" +
+	"\x15default_tenant_weight\x18\x0e \x01(\x05R\x13defaultTenantWeight\x12\x1f\n" +
+	"\vmax_tenants\x18\x0f \x01(\x05R\n" +
+	"maxTenants\x12@\n" +
+	"\x0epriority_aging\x18\x10 \x01(\v2\x19.google.protobuf.DurationR\rpriorityAging\x1a:\n" +
+	"\fTenantsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\xc9\x03\n" +
 	"\fSourceConfig\x12\x1a\n" +
 	"\bpriority\x18\x01 \x01(\x05R\bpriority\x12\x16\n" +
 	"\x06weight\x18\x02 \x01(\x05R\x06weight\x12'\n" +
@@ -3914,7 +4214,7 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\x14OUTCOME_RATE_LIMITED\x10\x03\x12\x17\n" +
 	"\x13OUTCOME_SOURCE_DEAD\x10\x04\x12\x18\n" +
 	"\x14OUTCOME_CLIENT_ERROR\x10\x05\x12\x15\n" +
-	"\x11OUTCOME_CANCELLED\x10\x06*\xb6\x01\n" +
+	"\x11OUTCOME_CANCELLED\x10\x06*\xc9\x01\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fREASON_COOLDOWN\x10\x01\x12\x17\n" +
@@ -3922,7 +4222,12 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\x16REASON_PROBE_IN_FLIGHT\x10\x03\x12\x16\n" +
 	"\x12REASON_FORCED_OPEN\x10\x04\x12\x19\n" +
 	"\x15REASON_ADAPTIVE_PACED\x10\x05\x12\x17\n" +
-	"\x13REASON_RATE_LIMITED\x10\x06*\x85\x03\n" +
+	"\x13REASON_RATE_LIMITED\x10\x06\x12\x11\n" +
+	"\rREASON_QUEUED\x10\a*V\n" +
+	"\tScopeMode\x12\x1a\n" +
+	"\x16SCOPE_MODE_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12SCOPE_MODE_ENFORCE\x10\x01\x12\x15\n" +
+	"\x11SCOPE_MODE_SHADOW\x10\x02*\x85\x03\n" +
 	"\rFailureReason\x12\x1e\n" +
 	"\x1aFAILURE_REASON_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bFAILURE_REASON_CIRCUIT_OPEN\x10\x01\x12\"\n" +
@@ -4027,165 +4332,176 @@ func file_polygate_admission_v1_admission_proto_rawDescGZIP() []byte {
 	return file_polygate_admission_v1_admission_proto_rawDescData
 }
 
-var file_polygate_admission_v1_admission_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
-var file_polygate_admission_v1_admission_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_polygate_admission_v1_admission_proto_enumTypes = make([]protoimpl.EnumInfo, 13)
+var file_polygate_admission_v1_admission_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_polygate_admission_v1_admission_proto_goTypes = []any{
 	(Outcome)(0),                    // 0: polygate.admission.v1.Outcome
 	(Reason)(0),                     // 1: polygate.admission.v1.Reason
-	(FailureReason)(0),              // 2: polygate.admission.v1.FailureReason
-	(BreakerState)(0),               // 3: polygate.admission.v1.BreakerState
-	(OpenCause)(0),                  // 4: polygate.admission.v1.OpenCause
-	(Override)(0),                   // 5: polygate.admission.v1.Override
-	(OverrideAction)(0),             // 6: polygate.admission.v1.OverrideAction
-	(OutcomeEffect)(0),              // 7: polygate.admission.v1.OutcomeEffect
-	(OnRefusal)(0),                  // 8: polygate.admission.v1.OnRefusal
-	(ErrorReason)(0),                // 9: polygate.admission.v1.ErrorReason
-	(TransitionCause)(0),            // 10: polygate.admission.v1.TransitionCause
-	(ProbeEventKind)(0),             // 11: polygate.admission.v1.ProbeEventKind
-	(*SourceReason)(nil),            // 12: polygate.admission.v1.SourceReason
-	(*PickRequest)(nil),             // 13: polygate.admission.v1.PickRequest
-	(*PickResponse)(nil),            // 14: polygate.admission.v1.PickResponse
-	(*Grant)(nil),                   // 15: polygate.admission.v1.Grant
-	(*NoRunnable)(nil),              // 16: polygate.admission.v1.NoRunnable
-	(*Failure)(nil),                 // 17: polygate.admission.v1.Failure
-	(*OnNoRunnableRequest)(nil),     // 18: polygate.admission.v1.OnNoRunnableRequest
-	(*OnNoRunnableResponse)(nil),    // 19: polygate.admission.v1.OnNoRunnableResponse
-	(*Wait)(nil),                    // 20: polygate.admission.v1.Wait
-	(*RecordOutcomeRequest)(nil),    // 21: polygate.admission.v1.RecordOutcomeRequest
-	(*RecordOutcomeResponse)(nil),   // 22: polygate.admission.v1.RecordOutcomeResponse
-	(*Done)(nil),                    // 23: polygate.admission.v1.Done
-	(*Retry)(nil),                   // 24: polygate.admission.v1.Retry
-	(*CancelCallRequest)(nil),       // 25: polygate.admission.v1.CancelCallRequest
-	(*CancelCallResponse)(nil),      // 26: polygate.admission.v1.CancelCallResponse
-	(*RetryAfterRequest)(nil),       // 27: polygate.admission.v1.RetryAfterRequest
-	(*RetryAfterResponse)(nil),      // 28: polygate.admission.v1.RetryAfterResponse
-	(*DescribeScopeRequest)(nil),    // 29: polygate.admission.v1.DescribeScopeRequest
-	(*DescribeScopeResponse)(nil),   // 30: polygate.admission.v1.DescribeScopeResponse
-	(*ListScopesRequest)(nil),       // 31: polygate.admission.v1.ListScopesRequest
-	(*ListScopesResponse)(nil),      // 32: polygate.admission.v1.ListScopesResponse
-	(*OverrideBreakerRequest)(nil),  // 33: polygate.admission.v1.OverrideBreakerRequest
-	(*OverrideBreakerResponse)(nil), // 34: polygate.admission.v1.OverrideBreakerResponse
-	(*ScopeDescription)(nil),        // 35: polygate.admission.v1.ScopeDescription
-	(*SourceState)(nil),             // 36: polygate.admission.v1.SourceState
-	(*ScopeConfig)(nil),             // 37: polygate.admission.v1.ScopeConfig
-	(*SourceConfig)(nil),            // 38: polygate.admission.v1.SourceConfig
-	(*BreakerConfig)(nil),           // 39: polygate.admission.v1.BreakerConfig
-	(*WatchEventsRequest)(nil),      // 40: polygate.admission.v1.WatchEventsRequest
-	(*WatchEventsResponse)(nil),     // 41: polygate.admission.v1.WatchEventsResponse
-	(*BreakerTransition)(nil),       // 42: polygate.admission.v1.BreakerTransition
-	(*ProbeEvent)(nil),              // 43: polygate.admission.v1.ProbeEvent
-	(*StaleOutcome)(nil),            // 44: polygate.admission.v1.StaleOutcome
-	(*OverrideChanged)(nil),         // 45: polygate.admission.v1.OverrideChanged
-	(*WaitStarted)(nil),             // 46: polygate.admission.v1.WaitStarted
-	(*BackendHealth)(nil),           // 47: polygate.admission.v1.BackendHealth
-	nil,                             // 48: polygate.admission.v1.Grant.AttributesEntry
-	nil,                             // 49: polygate.admission.v1.SourceConfig.AttributesEntry
-	(*durationpb.Duration)(nil),     // 50: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 51: google.protobuf.Timestamp
+	(ScopeMode)(0),                  // 2: polygate.admission.v1.ScopeMode
+	(FailureReason)(0),              // 3: polygate.admission.v1.FailureReason
+	(BreakerState)(0),               // 4: polygate.admission.v1.BreakerState
+	(OpenCause)(0),                  // 5: polygate.admission.v1.OpenCause
+	(Override)(0),                   // 6: polygate.admission.v1.Override
+	(OverrideAction)(0),             // 7: polygate.admission.v1.OverrideAction
+	(OutcomeEffect)(0),              // 8: polygate.admission.v1.OutcomeEffect
+	(OnRefusal)(0),                  // 9: polygate.admission.v1.OnRefusal
+	(ErrorReason)(0),                // 10: polygate.admission.v1.ErrorReason
+	(TransitionCause)(0),            // 11: polygate.admission.v1.TransitionCause
+	(ProbeEventKind)(0),             // 12: polygate.admission.v1.ProbeEventKind
+	(*SourceReason)(nil),            // 13: polygate.admission.v1.SourceReason
+	(*PickRequest)(nil),             // 14: polygate.admission.v1.PickRequest
+	(*PickResponse)(nil),            // 15: polygate.admission.v1.PickResponse
+	(*Grant)(nil),                   // 16: polygate.admission.v1.Grant
+	(*NoRunnable)(nil),              // 17: polygate.admission.v1.NoRunnable
+	(*Failure)(nil),                 // 18: polygate.admission.v1.Failure
+	(*OnNoRunnableRequest)(nil),     // 19: polygate.admission.v1.OnNoRunnableRequest
+	(*OnNoRunnableResponse)(nil),    // 20: polygate.admission.v1.OnNoRunnableResponse
+	(*Wait)(nil),                    // 21: polygate.admission.v1.Wait
+	(*RecordOutcomeRequest)(nil),    // 22: polygate.admission.v1.RecordOutcomeRequest
+	(*RecordOutcomeResponse)(nil),   // 23: polygate.admission.v1.RecordOutcomeResponse
+	(*Done)(nil),                    // 24: polygate.admission.v1.Done
+	(*Retry)(nil),                   // 25: polygate.admission.v1.Retry
+	(*CancelCallRequest)(nil),       // 26: polygate.admission.v1.CancelCallRequest
+	(*CancelCallResponse)(nil),      // 27: polygate.admission.v1.CancelCallResponse
+	(*RetryAfterRequest)(nil),       // 28: polygate.admission.v1.RetryAfterRequest
+	(*RetryAfterResponse)(nil),      // 29: polygate.admission.v1.RetryAfterResponse
+	(*DescribeScopeRequest)(nil),    // 30: polygate.admission.v1.DescribeScopeRequest
+	(*DescribeScopeResponse)(nil),   // 31: polygate.admission.v1.DescribeScopeResponse
+	(*ListScopesRequest)(nil),       // 32: polygate.admission.v1.ListScopesRequest
+	(*ListScopesResponse)(nil),      // 33: polygate.admission.v1.ListScopesResponse
+	(*OverrideBreakerRequest)(nil),  // 34: polygate.admission.v1.OverrideBreakerRequest
+	(*OverrideBreakerResponse)(nil), // 35: polygate.admission.v1.OverrideBreakerResponse
+	(*ScopeDescription)(nil),        // 36: polygate.admission.v1.ScopeDescription
+	(*SourceState)(nil),             // 37: polygate.admission.v1.SourceState
+	(*SourceLine)(nil),              // 38: polygate.admission.v1.SourceLine
+	(*LineGroup)(nil),               // 39: polygate.admission.v1.LineGroup
+	(*ScopeConfig)(nil),             // 40: polygate.admission.v1.ScopeConfig
+	(*SourceConfig)(nil),            // 41: polygate.admission.v1.SourceConfig
+	(*BreakerConfig)(nil),           // 42: polygate.admission.v1.BreakerConfig
+	(*WatchEventsRequest)(nil),      // 43: polygate.admission.v1.WatchEventsRequest
+	(*WatchEventsResponse)(nil),     // 44: polygate.admission.v1.WatchEventsResponse
+	(*BreakerTransition)(nil),       // 45: polygate.admission.v1.BreakerTransition
+	(*ProbeEvent)(nil),              // 46: polygate.admission.v1.ProbeEvent
+	(*StaleOutcome)(nil),            // 47: polygate.admission.v1.StaleOutcome
+	(*OverrideChanged)(nil),         // 48: polygate.admission.v1.OverrideChanged
+	(*WaitStarted)(nil),             // 49: polygate.admission.v1.WaitStarted
+	(*BackendHealth)(nil),           // 50: polygate.admission.v1.BackendHealth
+	nil,                             // 51: polygate.admission.v1.Grant.AttributesEntry
+	nil,                             // 52: polygate.admission.v1.ScopeConfig.TenantsEntry
+	nil,                             // 53: polygate.admission.v1.SourceConfig.AttributesEntry
+	(*durationpb.Duration)(nil),     // 54: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 55: google.protobuf.Timestamp
 }
 var file_polygate_admission_v1_admission_proto_depIdxs = []int32{
 	1,  // 0: polygate.admission.v1.SourceReason.reason:type_name -> polygate.admission.v1.Reason
-	50, // 1: polygate.admission.v1.SourceReason.retry_after:type_name -> google.protobuf.Duration
-	50, // 2: polygate.admission.v1.PickRequest.deadline:type_name -> google.protobuf.Duration
-	15, // 3: polygate.admission.v1.PickResponse.grant:type_name -> polygate.admission.v1.Grant
-	16, // 4: polygate.admission.v1.PickResponse.no_runnable:type_name -> polygate.admission.v1.NoRunnable
-	17, // 5: polygate.admission.v1.PickResponse.failure:type_name -> polygate.admission.v1.Failure
-	48, // 6: polygate.admission.v1.Grant.attributes:type_name -> polygate.admission.v1.Grant.AttributesEntry
-	50, // 7: polygate.admission.v1.Grant.lease:type_name -> google.protobuf.Duration
-	50, // 8: polygate.admission.v1.Grant.timeout:type_name -> google.protobuf.Duration
-	12, // 9: polygate.admission.v1.Grant.skipped:type_name -> polygate.admission.v1.SourceReason
-	12, // 10: polygate.admission.v1.NoRunnable.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
-	2,  // 11: polygate.admission.v1.Failure.reason:type_name -> polygate.admission.v1.FailureReason
-	50, // 12: polygate.admission.v1.Failure.retry_after:type_name -> google.protobuf.Duration
-	12, // 13: polygate.admission.v1.Failure.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
-	20, // 14: polygate.admission.v1.OnNoRunnableResponse.wait:type_name -> polygate.admission.v1.Wait
-	17, // 15: polygate.admission.v1.OnNoRunnableResponse.failure:type_name -> polygate.admission.v1.Failure
-	50, // 16: polygate.admission.v1.Wait.sleep:type_name -> google.protobuf.Duration
-	50, // 17: polygate.admission.v1.Wait.slept:type_name -> google.protobuf.Duration
-	0,  // 18: polygate.admission.v1.RecordOutcomeRequest.outcome:type_name -> polygate.admission.v1.Outcome
-	50, // 19: polygate.admission.v1.RecordOutcomeRequest.retry_after_hint:type_name -> google.protobuf.Duration
-	23, // 20: polygate.admission.v1.RecordOutcomeResponse.done:type_name -> polygate.admission.v1.Done
-	24, // 21: polygate.admission.v1.RecordOutcomeResponse.retry:type_name -> polygate.admission.v1.Retry
-	17, // 22: polygate.admission.v1.RecordOutcomeResponse.failure:type_name -> polygate.admission.v1.Failure
-	7,  // 23: polygate.admission.v1.RecordOutcomeResponse.effect:type_name -> polygate.admission.v1.OutcomeEffect
-	3,  // 24: polygate.admission.v1.RecordOutcomeResponse.breaker_state:type_name -> polygate.admission.v1.BreakerState
-	50, // 25: polygate.admission.v1.Retry.backoff:type_name -> google.protobuf.Duration
-	50, // 26: polygate.admission.v1.RetryAfterResponse.retry_after:type_name -> google.protobuf.Duration
-	36, // 27: polygate.admission.v1.RetryAfterResponse.sources:type_name -> polygate.admission.v1.SourceState
-	35, // 28: polygate.admission.v1.DescribeScopeResponse.scope:type_name -> polygate.admission.v1.ScopeDescription
-	35, // 29: polygate.admission.v1.ListScopesResponse.scopes:type_name -> polygate.admission.v1.ScopeDescription
-	6,  // 30: polygate.admission.v1.OverrideBreakerRequest.action:type_name -> polygate.admission.v1.OverrideAction
-	36, // 31: polygate.admission.v1.OverrideBreakerResponse.source:type_name -> polygate.admission.v1.SourceState
-	37, // 32: polygate.admission.v1.ScopeDescription.config:type_name -> polygate.admission.v1.ScopeConfig
-	36, // 33: polygate.admission.v1.ScopeDescription.sources:type_name -> polygate.admission.v1.SourceState
-	50, // 34: polygate.admission.v1.ScopeDescription.progress_age:type_name -> google.protobuf.Duration
-	3,  // 35: polygate.admission.v1.SourceState.state:type_name -> polygate.admission.v1.BreakerState
-	1,  // 36: polygate.admission.v1.SourceState.reason:type_name -> polygate.admission.v1.Reason
-	50, // 37: polygate.admission.v1.SourceState.retry_after:type_name -> google.protobuf.Duration
-	50, // 38: polygate.admission.v1.SourceState.probe_left:type_name -> google.protobuf.Duration
-	5,  // 39: polygate.admission.v1.SourceState.override:type_name -> polygate.admission.v1.Override
-	50, // 40: polygate.admission.v1.SourceState.cooldown_memo:type_name -> google.protobuf.Duration
-	38, // 41: polygate.admission.v1.SourceState.config:type_name -> polygate.admission.v1.SourceConfig
-	4,  // 42: polygate.admission.v1.SourceState.open_cause:type_name -> polygate.admission.v1.OpenCause
-	8,  // 43: polygate.admission.v1.ScopeConfig.circuit_open:type_name -> polygate.admission.v1.OnRefusal
-	8,  // 44: polygate.admission.v1.ScopeConfig.quota_full:type_name -> polygate.admission.v1.OnRefusal
-	50, // 45: polygate.admission.v1.ScopeConfig.backoff_base:type_name -> google.protobuf.Duration
-	50, // 46: polygate.admission.v1.ScopeConfig.backoff_max:type_name -> google.protobuf.Duration
-	50, // 47: polygate.admission.v1.ScopeConfig.stall_window:type_name -> google.protobuf.Duration
-	50, // 48: polygate.admission.v1.ScopeConfig.poll_interval:type_name -> google.protobuf.Duration
-	50, // 49: polygate.admission.v1.ScopeConfig.lease_grace:type_name -> google.protobuf.Duration
-	50, // 50: polygate.admission.v1.ScopeConfig.max_retry_after:type_name -> google.protobuf.Duration
-	8,  // 51: polygate.admission.v1.ScopeConfig.source_dead:type_name -> polygate.admission.v1.OnRefusal
-	50, // 52: polygate.admission.v1.SourceConfig.timeout:type_name -> google.protobuf.Duration
-	50, // 53: polygate.admission.v1.SourceConfig.lease:type_name -> google.protobuf.Duration
-	49, // 54: polygate.admission.v1.SourceConfig.attributes:type_name -> polygate.admission.v1.SourceConfig.AttributesEntry
-	39, // 55: polygate.admission.v1.SourceConfig.breaker:type_name -> polygate.admission.v1.BreakerConfig
-	50, // 56: polygate.admission.v1.BreakerConfig.window:type_name -> google.protobuf.Duration
-	50, // 57: polygate.admission.v1.BreakerConfig.cooldown:type_name -> google.protobuf.Duration
-	50, // 58: polygate.admission.v1.BreakerConfig.max_cooldown:type_name -> google.protobuf.Duration
-	50, // 59: polygate.admission.v1.BreakerConfig.probe_ttl:type_name -> google.protobuf.Duration
-	51, // 60: polygate.admission.v1.WatchEventsResponse.time:type_name -> google.protobuf.Timestamp
-	42, // 61: polygate.admission.v1.WatchEventsResponse.breaker_transition:type_name -> polygate.admission.v1.BreakerTransition
-	43, // 62: polygate.admission.v1.WatchEventsResponse.probe:type_name -> polygate.admission.v1.ProbeEvent
-	44, // 63: polygate.admission.v1.WatchEventsResponse.stale_outcome:type_name -> polygate.admission.v1.StaleOutcome
-	45, // 64: polygate.admission.v1.WatchEventsResponse.override_changed:type_name -> polygate.admission.v1.OverrideChanged
-	46, // 65: polygate.admission.v1.WatchEventsResponse.wait_started:type_name -> polygate.admission.v1.WaitStarted
-	47, // 66: polygate.admission.v1.WatchEventsResponse.backend_health:type_name -> polygate.admission.v1.BackendHealth
-	3,  // 67: polygate.admission.v1.BreakerTransition.from:type_name -> polygate.admission.v1.BreakerState
-	3,  // 68: polygate.admission.v1.BreakerTransition.to:type_name -> polygate.admission.v1.BreakerState
-	10, // 69: polygate.admission.v1.BreakerTransition.cause:type_name -> polygate.admission.v1.TransitionCause
-	50, // 70: polygate.admission.v1.BreakerTransition.cooldown:type_name -> google.protobuf.Duration
-	11, // 71: polygate.admission.v1.ProbeEvent.kind:type_name -> polygate.admission.v1.ProbeEventKind
-	0,  // 72: polygate.admission.v1.ProbeEvent.outcome:type_name -> polygate.admission.v1.Outcome
-	3,  // 73: polygate.admission.v1.ProbeEvent.state:type_name -> polygate.admission.v1.BreakerState
-	3,  // 74: polygate.admission.v1.StaleOutcome.state:type_name -> polygate.admission.v1.BreakerState
-	5,  // 75: polygate.admission.v1.OverrideChanged.override:type_name -> polygate.admission.v1.Override
-	3,  // 76: polygate.admission.v1.OverrideChanged.state:type_name -> polygate.admission.v1.BreakerState
-	50, // 77: polygate.admission.v1.WaitStarted.sleep:type_name -> google.protobuf.Duration
-	12, // 78: polygate.admission.v1.WaitStarted.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
-	13, // 79: polygate.admission.v1.AdmissionService.Pick:input_type -> polygate.admission.v1.PickRequest
-	18, // 80: polygate.admission.v1.AdmissionService.OnNoRunnable:input_type -> polygate.admission.v1.OnNoRunnableRequest
-	21, // 81: polygate.admission.v1.AdmissionService.RecordOutcome:input_type -> polygate.admission.v1.RecordOutcomeRequest
-	25, // 82: polygate.admission.v1.AdmissionService.CancelCall:input_type -> polygate.admission.v1.CancelCallRequest
-	27, // 83: polygate.admission.v1.AdmissionService.RetryAfter:input_type -> polygate.admission.v1.RetryAfterRequest
-	29, // 84: polygate.admission.v1.AdmissionService.DescribeScope:input_type -> polygate.admission.v1.DescribeScopeRequest
-	31, // 85: polygate.admission.v1.AdmissionService.ListScopes:input_type -> polygate.admission.v1.ListScopesRequest
-	33, // 86: polygate.admission.v1.AdmissionService.OverrideBreaker:input_type -> polygate.admission.v1.OverrideBreakerRequest
-	40, // 87: polygate.admission.v1.AdmissionService.WatchEvents:input_type -> polygate.admission.v1.WatchEventsRequest
-	14, // 88: polygate.admission.v1.AdmissionService.Pick:output_type -> polygate.admission.v1.PickResponse
-	19, // 89: polygate.admission.v1.AdmissionService.OnNoRunnable:output_type -> polygate.admission.v1.OnNoRunnableResponse
-	22, // 90: polygate.admission.v1.AdmissionService.RecordOutcome:output_type -> polygate.admission.v1.RecordOutcomeResponse
-	26, // 91: polygate.admission.v1.AdmissionService.CancelCall:output_type -> polygate.admission.v1.CancelCallResponse
-	28, // 92: polygate.admission.v1.AdmissionService.RetryAfter:output_type -> polygate.admission.v1.RetryAfterResponse
-	30, // 93: polygate.admission.v1.AdmissionService.DescribeScope:output_type -> polygate.admission.v1.DescribeScopeResponse
-	32, // 94: polygate.admission.v1.AdmissionService.ListScopes:output_type -> polygate.admission.v1.ListScopesResponse
-	34, // 95: polygate.admission.v1.AdmissionService.OverrideBreaker:output_type -> polygate.admission.v1.OverrideBreakerResponse
-	41, // 96: polygate.admission.v1.AdmissionService.WatchEvents:output_type -> polygate.admission.v1.WatchEventsResponse
-	88, // [88:97] is the sub-list for method output_type
-	79, // [79:88] is the sub-list for method input_type
-	79, // [79:79] is the sub-list for extension type_name
-	79, // [79:79] is the sub-list for extension extendee
-	0,  // [0:79] is the sub-list for field type_name
+	54, // 1: polygate.admission.v1.SourceReason.retry_after:type_name -> google.protobuf.Duration
+	54, // 2: polygate.admission.v1.PickRequest.deadline:type_name -> google.protobuf.Duration
+	16, // 3: polygate.admission.v1.PickResponse.grant:type_name -> polygate.admission.v1.Grant
+	17, // 4: polygate.admission.v1.PickResponse.no_runnable:type_name -> polygate.admission.v1.NoRunnable
+	18, // 5: polygate.admission.v1.PickResponse.failure:type_name -> polygate.admission.v1.Failure
+	51, // 6: polygate.admission.v1.Grant.attributes:type_name -> polygate.admission.v1.Grant.AttributesEntry
+	54, // 7: polygate.admission.v1.Grant.lease:type_name -> google.protobuf.Duration
+	54, // 8: polygate.admission.v1.Grant.timeout:type_name -> google.protobuf.Duration
+	13, // 9: polygate.admission.v1.Grant.skipped:type_name -> polygate.admission.v1.SourceReason
+	13, // 10: polygate.admission.v1.Grant.shadow_refusals:type_name -> polygate.admission.v1.SourceReason
+	13, // 11: polygate.admission.v1.NoRunnable.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
+	3,  // 12: polygate.admission.v1.Failure.reason:type_name -> polygate.admission.v1.FailureReason
+	54, // 13: polygate.admission.v1.Failure.retry_after:type_name -> google.protobuf.Duration
+	13, // 14: polygate.admission.v1.Failure.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
+	21, // 15: polygate.admission.v1.OnNoRunnableResponse.wait:type_name -> polygate.admission.v1.Wait
+	18, // 16: polygate.admission.v1.OnNoRunnableResponse.failure:type_name -> polygate.admission.v1.Failure
+	54, // 17: polygate.admission.v1.Wait.sleep:type_name -> google.protobuf.Duration
+	54, // 18: polygate.admission.v1.Wait.slept:type_name -> google.protobuf.Duration
+	0,  // 19: polygate.admission.v1.RecordOutcomeRequest.outcome:type_name -> polygate.admission.v1.Outcome
+	54, // 20: polygate.admission.v1.RecordOutcomeRequest.retry_after_hint:type_name -> google.protobuf.Duration
+	24, // 21: polygate.admission.v1.RecordOutcomeResponse.done:type_name -> polygate.admission.v1.Done
+	25, // 22: polygate.admission.v1.RecordOutcomeResponse.retry:type_name -> polygate.admission.v1.Retry
+	18, // 23: polygate.admission.v1.RecordOutcomeResponse.failure:type_name -> polygate.admission.v1.Failure
+	8,  // 24: polygate.admission.v1.RecordOutcomeResponse.effect:type_name -> polygate.admission.v1.OutcomeEffect
+	4,  // 25: polygate.admission.v1.RecordOutcomeResponse.breaker_state:type_name -> polygate.admission.v1.BreakerState
+	54, // 26: polygate.admission.v1.Retry.backoff:type_name -> google.protobuf.Duration
+	54, // 27: polygate.admission.v1.RetryAfterResponse.retry_after:type_name -> google.protobuf.Duration
+	37, // 28: polygate.admission.v1.RetryAfterResponse.sources:type_name -> polygate.admission.v1.SourceState
+	36, // 29: polygate.admission.v1.DescribeScopeResponse.scope:type_name -> polygate.admission.v1.ScopeDescription
+	36, // 30: polygate.admission.v1.ListScopesResponse.scopes:type_name -> polygate.admission.v1.ScopeDescription
+	7,  // 31: polygate.admission.v1.OverrideBreakerRequest.action:type_name -> polygate.admission.v1.OverrideAction
+	37, // 32: polygate.admission.v1.OverrideBreakerResponse.source:type_name -> polygate.admission.v1.SourceState
+	40, // 33: polygate.admission.v1.ScopeDescription.config:type_name -> polygate.admission.v1.ScopeConfig
+	37, // 34: polygate.admission.v1.ScopeDescription.sources:type_name -> polygate.admission.v1.SourceState
+	54, // 35: polygate.admission.v1.ScopeDescription.progress_age:type_name -> google.protobuf.Duration
+	4,  // 36: polygate.admission.v1.SourceState.state:type_name -> polygate.admission.v1.BreakerState
+	1,  // 37: polygate.admission.v1.SourceState.reason:type_name -> polygate.admission.v1.Reason
+	54, // 38: polygate.admission.v1.SourceState.retry_after:type_name -> google.protobuf.Duration
+	54, // 39: polygate.admission.v1.SourceState.probe_left:type_name -> google.protobuf.Duration
+	6,  // 40: polygate.admission.v1.SourceState.override:type_name -> polygate.admission.v1.Override
+	54, // 41: polygate.admission.v1.SourceState.cooldown_memo:type_name -> google.protobuf.Duration
+	41, // 42: polygate.admission.v1.SourceState.config:type_name -> polygate.admission.v1.SourceConfig
+	5,  // 43: polygate.admission.v1.SourceState.open_cause:type_name -> polygate.admission.v1.OpenCause
+	38, // 44: polygate.admission.v1.SourceState.line:type_name -> polygate.admission.v1.SourceLine
+	54, // 45: polygate.admission.v1.SourceLine.oldest_wait:type_name -> google.protobuf.Duration
+	39, // 46: polygate.admission.v1.SourceLine.groups:type_name -> polygate.admission.v1.LineGroup
+	9,  // 47: polygate.admission.v1.ScopeConfig.circuit_open:type_name -> polygate.admission.v1.OnRefusal
+	9,  // 48: polygate.admission.v1.ScopeConfig.quota_full:type_name -> polygate.admission.v1.OnRefusal
+	54, // 49: polygate.admission.v1.ScopeConfig.backoff_base:type_name -> google.protobuf.Duration
+	54, // 50: polygate.admission.v1.ScopeConfig.backoff_max:type_name -> google.protobuf.Duration
+	54, // 51: polygate.admission.v1.ScopeConfig.stall_window:type_name -> google.protobuf.Duration
+	54, // 52: polygate.admission.v1.ScopeConfig.poll_interval:type_name -> google.protobuf.Duration
+	54, // 53: polygate.admission.v1.ScopeConfig.lease_grace:type_name -> google.protobuf.Duration
+	54, // 54: polygate.admission.v1.ScopeConfig.max_retry_after:type_name -> google.protobuf.Duration
+	9,  // 55: polygate.admission.v1.ScopeConfig.source_dead:type_name -> polygate.admission.v1.OnRefusal
+	2,  // 56: polygate.admission.v1.ScopeConfig.mode:type_name -> polygate.admission.v1.ScopeMode
+	52, // 57: polygate.admission.v1.ScopeConfig.tenants:type_name -> polygate.admission.v1.ScopeConfig.TenantsEntry
+	54, // 58: polygate.admission.v1.ScopeConfig.priority_aging:type_name -> google.protobuf.Duration
+	54, // 59: polygate.admission.v1.SourceConfig.timeout:type_name -> google.protobuf.Duration
+	54, // 60: polygate.admission.v1.SourceConfig.lease:type_name -> google.protobuf.Duration
+	53, // 61: polygate.admission.v1.SourceConfig.attributes:type_name -> polygate.admission.v1.SourceConfig.AttributesEntry
+	42, // 62: polygate.admission.v1.SourceConfig.breaker:type_name -> polygate.admission.v1.BreakerConfig
+	54, // 63: polygate.admission.v1.BreakerConfig.window:type_name -> google.protobuf.Duration
+	54, // 64: polygate.admission.v1.BreakerConfig.cooldown:type_name -> google.protobuf.Duration
+	54, // 65: polygate.admission.v1.BreakerConfig.max_cooldown:type_name -> google.protobuf.Duration
+	54, // 66: polygate.admission.v1.BreakerConfig.probe_ttl:type_name -> google.protobuf.Duration
+	55, // 67: polygate.admission.v1.WatchEventsResponse.time:type_name -> google.protobuf.Timestamp
+	45, // 68: polygate.admission.v1.WatchEventsResponse.breaker_transition:type_name -> polygate.admission.v1.BreakerTransition
+	46, // 69: polygate.admission.v1.WatchEventsResponse.probe:type_name -> polygate.admission.v1.ProbeEvent
+	47, // 70: polygate.admission.v1.WatchEventsResponse.stale_outcome:type_name -> polygate.admission.v1.StaleOutcome
+	48, // 71: polygate.admission.v1.WatchEventsResponse.override_changed:type_name -> polygate.admission.v1.OverrideChanged
+	49, // 72: polygate.admission.v1.WatchEventsResponse.wait_started:type_name -> polygate.admission.v1.WaitStarted
+	50, // 73: polygate.admission.v1.WatchEventsResponse.backend_health:type_name -> polygate.admission.v1.BackendHealth
+	4,  // 74: polygate.admission.v1.BreakerTransition.from:type_name -> polygate.admission.v1.BreakerState
+	4,  // 75: polygate.admission.v1.BreakerTransition.to:type_name -> polygate.admission.v1.BreakerState
+	11, // 76: polygate.admission.v1.BreakerTransition.cause:type_name -> polygate.admission.v1.TransitionCause
+	54, // 77: polygate.admission.v1.BreakerTransition.cooldown:type_name -> google.protobuf.Duration
+	12, // 78: polygate.admission.v1.ProbeEvent.kind:type_name -> polygate.admission.v1.ProbeEventKind
+	0,  // 79: polygate.admission.v1.ProbeEvent.outcome:type_name -> polygate.admission.v1.Outcome
+	4,  // 80: polygate.admission.v1.ProbeEvent.state:type_name -> polygate.admission.v1.BreakerState
+	4,  // 81: polygate.admission.v1.StaleOutcome.state:type_name -> polygate.admission.v1.BreakerState
+	6,  // 82: polygate.admission.v1.OverrideChanged.override:type_name -> polygate.admission.v1.Override
+	4,  // 83: polygate.admission.v1.OverrideChanged.state:type_name -> polygate.admission.v1.BreakerState
+	54, // 84: polygate.admission.v1.WaitStarted.sleep:type_name -> google.protobuf.Duration
+	13, // 85: polygate.admission.v1.WaitStarted.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
+	14, // 86: polygate.admission.v1.AdmissionService.Pick:input_type -> polygate.admission.v1.PickRequest
+	19, // 87: polygate.admission.v1.AdmissionService.OnNoRunnable:input_type -> polygate.admission.v1.OnNoRunnableRequest
+	22, // 88: polygate.admission.v1.AdmissionService.RecordOutcome:input_type -> polygate.admission.v1.RecordOutcomeRequest
+	26, // 89: polygate.admission.v1.AdmissionService.CancelCall:input_type -> polygate.admission.v1.CancelCallRequest
+	28, // 90: polygate.admission.v1.AdmissionService.RetryAfter:input_type -> polygate.admission.v1.RetryAfterRequest
+	30, // 91: polygate.admission.v1.AdmissionService.DescribeScope:input_type -> polygate.admission.v1.DescribeScopeRequest
+	32, // 92: polygate.admission.v1.AdmissionService.ListScopes:input_type -> polygate.admission.v1.ListScopesRequest
+	34, // 93: polygate.admission.v1.AdmissionService.OverrideBreaker:input_type -> polygate.admission.v1.OverrideBreakerRequest
+	43, // 94: polygate.admission.v1.AdmissionService.WatchEvents:input_type -> polygate.admission.v1.WatchEventsRequest
+	15, // 95: polygate.admission.v1.AdmissionService.Pick:output_type -> polygate.admission.v1.PickResponse
+	20, // 96: polygate.admission.v1.AdmissionService.OnNoRunnable:output_type -> polygate.admission.v1.OnNoRunnableResponse
+	23, // 97: polygate.admission.v1.AdmissionService.RecordOutcome:output_type -> polygate.admission.v1.RecordOutcomeResponse
+	27, // 98: polygate.admission.v1.AdmissionService.CancelCall:output_type -> polygate.admission.v1.CancelCallResponse
+	29, // 99: polygate.admission.v1.AdmissionService.RetryAfter:output_type -> polygate.admission.v1.RetryAfterResponse
+	31, // 100: polygate.admission.v1.AdmissionService.DescribeScope:output_type -> polygate.admission.v1.DescribeScopeResponse
+	33, // 101: polygate.admission.v1.AdmissionService.ListScopes:output_type -> polygate.admission.v1.ListScopesResponse
+	35, // 102: polygate.admission.v1.AdmissionService.OverrideBreaker:output_type -> polygate.admission.v1.OverrideBreakerResponse
+	44, // 103: polygate.admission.v1.AdmissionService.WatchEvents:output_type -> polygate.admission.v1.WatchEventsResponse
+	95, // [95:104] is the sub-list for method output_type
+	86, // [86:95] is the sub-list for method input_type
+	86, // [86:86] is the sub-list for extension type_name
+	86, // [86:86] is the sub-list for extension extendee
+	0,  // [0:86] is the sub-list for field type_name
 }
 
 func init() { file_polygate_admission_v1_admission_proto_init() }
@@ -4208,7 +4524,7 @@ func file_polygate_admission_v1_admission_proto_init() {
 		(*RecordOutcomeResponse_Retry)(nil),
 		(*RecordOutcomeResponse_Failure)(nil),
 	}
-	file_polygate_admission_v1_admission_proto_msgTypes[29].OneofWrappers = []any{
+	file_polygate_admission_v1_admission_proto_msgTypes[31].OneofWrappers = []any{
 		(*WatchEventsResponse_BreakerTransition)(nil),
 		(*WatchEventsResponse_Probe)(nil),
 		(*WatchEventsResponse_StaleOutcome)(nil),
@@ -4221,8 +4537,8 @@ func file_polygate_admission_v1_admission_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_polygate_admission_v1_admission_proto_rawDesc), len(file_polygate_admission_v1_admission_proto_rawDesc)),
-			NumEnums:      12,
-			NumMessages:   38,
+			NumEnums:      13,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

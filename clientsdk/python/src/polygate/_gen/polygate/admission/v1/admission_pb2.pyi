@@ -30,6 +30,13 @@ class Reason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REASON_FORCED_OPEN: _ClassVar[Reason]
     REASON_ADAPTIVE_PACED: _ClassVar[Reason]
     REASON_RATE_LIMITED: _ClassVar[Reason]
+    REASON_QUEUED: _ClassVar[Reason]
+
+class ScopeMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SCOPE_MODE_UNSPECIFIED: _ClassVar[ScopeMode]
+    SCOPE_MODE_ENFORCE: _ClassVar[ScopeMode]
+    SCOPE_MODE_SHADOW: _ClassVar[ScopeMode]
 
 class FailureReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -140,6 +147,10 @@ REASON_PROBE_IN_FLIGHT: Reason
 REASON_FORCED_OPEN: Reason
 REASON_ADAPTIVE_PACED: Reason
 REASON_RATE_LIMITED: Reason
+REASON_QUEUED: Reason
+SCOPE_MODE_UNSPECIFIED: ScopeMode
+SCOPE_MODE_ENFORCE: ScopeMode
+SCOPE_MODE_SHADOW: ScopeMode
 FAILURE_REASON_UNSPECIFIED: FailureReason
 FAILURE_REASON_CIRCUIT_OPEN: FailureReason
 FAILURE_REASON_QUOTA_EXHAUSTED: FailureReason
@@ -218,16 +229,20 @@ class SourceReason(_message.Message):
     def __init__(self, source: _Optional[str] = ..., reason: _Optional[_Union[Reason, str]] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class PickRequest(_message.Message):
-    __slots__ = ("scope", "call_id", "estimated_tokens", "deadline")
+    __slots__ = ("scope", "call_id", "estimated_tokens", "deadline", "priority", "tenant")
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     ESTIMATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     scope: str
     call_id: str
     estimated_tokens: int
     deadline: _duration_pb2.Duration
-    def __init__(self, scope: _Optional[str] = ..., call_id: _Optional[str] = ..., estimated_tokens: _Optional[int] = ..., deadline: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    priority: int
+    tenant: str
+    def __init__(self, scope: _Optional[str] = ..., call_id: _Optional[str] = ..., estimated_tokens: _Optional[int] = ..., deadline: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., priority: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class PickResponse(_message.Message):
     __slots__ = ("call_id", "grant", "no_runnable", "failure")
@@ -242,7 +257,7 @@ class PickResponse(_message.Message):
     def __init__(self, call_id: _Optional[str] = ..., grant: _Optional[_Union[Grant, _Mapping]] = ..., no_runnable: _Optional[_Union[NoRunnable, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ...) -> None: ...
 
 class Grant(_message.Message):
-    __slots__ = ("source", "attributes", "permit_id", "lease", "timeout", "probe", "epoch", "attempt", "skipped")
+    __slots__ = ("source", "attributes", "permit_id", "lease", "timeout", "probe", "epoch", "attempt", "skipped", "shadow", "shadow_refusals")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -259,6 +274,8 @@ class Grant(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_REFUSALS_FIELD_NUMBER: _ClassVar[int]
     source: str
     attributes: _containers.ScalarMap[str, str]
     permit_id: str
@@ -268,7 +285,9 @@ class Grant(_message.Message):
     epoch: int
     attempt: int
     skipped: _containers.RepeatedCompositeFieldContainer[SourceReason]
-    def __init__(self, source: _Optional[str] = ..., attributes: _Optional[_Mapping[str, str]] = ..., permit_id: _Optional[str] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., probe: _Optional[bool] = ..., epoch: _Optional[int] = ..., attempt: _Optional[int] = ..., skipped: _Optional[_Iterable[_Union[SourceReason, _Mapping]]] = ...) -> None: ...
+    shadow: bool
+    shadow_refusals: _containers.RepeatedCompositeFieldContainer[SourceReason]
+    def __init__(self, source: _Optional[str] = ..., attributes: _Optional[_Mapping[str, str]] = ..., permit_id: _Optional[str] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., probe: _Optional[bool] = ..., epoch: _Optional[int] = ..., attempt: _Optional[int] = ..., skipped: _Optional[_Iterable[_Union[SourceReason, _Mapping]]] = ..., shadow: _Optional[bool] = ..., shadow_refusals: _Optional[_Iterable[_Union[SourceReason, _Mapping]]] = ...) -> None: ...
 
 class NoRunnable(_message.Message):
     __slots__ = ("gate_rejections", "per_source_reasons")
@@ -445,7 +464,7 @@ class ScopeDescription(_message.Message):
     def __init__(self, config: _Optional[_Union[ScopeConfig, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[SourceState, _Mapping]]] = ..., progress_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., live_calls: _Optional[int] = ..., backend: _Optional[str] = ...) -> None: ...
 
 class SourceState(_message.Message):
-    __slots__ = ("name", "state", "reason", "retry_after", "epoch", "reopens", "probe_out", "probe_left", "window_calls", "window_failures", "consecutive_failures", "override", "override_actor", "override_reason", "in_flight", "requests_last_minute", "tokens_last_minute", "pacer_ceiling", "cooldown_memo", "failed_recently", "config", "open_cause")
+    __slots__ = ("name", "state", "reason", "retry_after", "epoch", "reopens", "probe_out", "probe_left", "window_calls", "window_failures", "consecutive_failures", "override", "override_actor", "override_reason", "in_flight", "requests_last_minute", "tokens_last_minute", "pacer_ceiling", "cooldown_memo", "failed_recently", "config", "open_cause", "line")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
@@ -468,6 +487,7 @@ class SourceState(_message.Message):
     FAILED_RECENTLY_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     OPEN_CAUSE_FIELD_NUMBER: _ClassVar[int]
+    LINE_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: BreakerState
     reason: Reason
@@ -490,10 +510,38 @@ class SourceState(_message.Message):
     failed_recently: bool
     config: SourceConfig
     open_cause: OpenCause
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[BreakerState, str]] = ..., reason: _Optional[_Union[Reason, str]] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., epoch: _Optional[int] = ..., reopens: _Optional[int] = ..., probe_out: _Optional[bool] = ..., probe_left: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., window_calls: _Optional[int] = ..., window_failures: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., override: _Optional[_Union[Override, str]] = ..., override_actor: _Optional[str] = ..., override_reason: _Optional[str] = ..., in_flight: _Optional[int] = ..., requests_last_minute: _Optional[int] = ..., tokens_last_minute: _Optional[int] = ..., pacer_ceiling: _Optional[int] = ..., cooldown_memo: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., failed_recently: _Optional[bool] = ..., config: _Optional[_Union[SourceConfig, _Mapping]] = ..., open_cause: _Optional[_Union[OpenCause, str]] = ...) -> None: ...
+    line: SourceLine
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[BreakerState, str]] = ..., reason: _Optional[_Union[Reason, str]] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., epoch: _Optional[int] = ..., reopens: _Optional[int] = ..., probe_out: _Optional[bool] = ..., probe_left: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., window_calls: _Optional[int] = ..., window_failures: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., override: _Optional[_Union[Override, str]] = ..., override_actor: _Optional[str] = ..., override_reason: _Optional[str] = ..., in_flight: _Optional[int] = ..., requests_last_minute: _Optional[int] = ..., tokens_last_minute: _Optional[int] = ..., pacer_ceiling: _Optional[int] = ..., cooldown_memo: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., failed_recently: _Optional[bool] = ..., config: _Optional[_Union[SourceConfig, _Mapping]] = ..., open_cause: _Optional[_Union[OpenCause, str]] = ..., line: _Optional[_Union[SourceLine, _Mapping]] = ...) -> None: ...
+
+class SourceLine(_message.Message):
+    __slots__ = ("length", "oldest_wait", "groups")
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_WAIT_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    length: int
+    oldest_wait: _duration_pb2.Duration
+    groups: _containers.RepeatedCompositeFieldContainer[LineGroup]
+    def __init__(self, length: _Optional[int] = ..., oldest_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., groups: _Optional[_Iterable[_Union[LineGroup, _Mapping]]] = ...) -> None: ...
+
+class LineGroup(_message.Message):
+    __slots__ = ("priority", "tenant", "waiting")
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    priority: int
+    tenant: str
+    waiting: int
+    def __init__(self, priority: _Optional[int] = ..., tenant: _Optional[str] = ..., waiting: _Optional[int] = ...) -> None: ...
 
 class ScopeConfig(_message.Message):
-    __slots__ = ("name", "circuit_open", "quota_full", "max_attempts", "backoff_base", "backoff_max", "stall_window", "poll_interval", "lease_grace", "max_retry_after", "source_dead")
+    __slots__ = ("name", "circuit_open", "quota_full", "max_attempts", "backoff_base", "backoff_max", "stall_window", "poll_interval", "lease_grace", "max_retry_after", "source_dead", "mode", "tenants", "default_tenant_weight", "max_tenants", "priority_aging")
+    class TenantsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     CIRCUIT_OPEN_FIELD_NUMBER: _ClassVar[int]
     QUOTA_FULL_FIELD_NUMBER: _ClassVar[int]
@@ -505,6 +553,11 @@ class ScopeConfig(_message.Message):
     LEASE_GRACE_FIELD_NUMBER: _ClassVar[int]
     MAX_RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
     SOURCE_DEAD_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_TENANT_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    MAX_TENANTS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_AGING_FIELD_NUMBER: _ClassVar[int]
     name: str
     circuit_open: OnRefusal
     quota_full: OnRefusal
@@ -516,7 +569,12 @@ class ScopeConfig(_message.Message):
     lease_grace: _duration_pb2.Duration
     max_retry_after: _duration_pb2.Duration
     source_dead: OnRefusal
-    def __init__(self, name: _Optional[str] = ..., circuit_open: _Optional[_Union[OnRefusal, str]] = ..., quota_full: _Optional[_Union[OnRefusal, str]] = ..., max_attempts: _Optional[int] = ..., backoff_base: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., backoff_max: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., stall_window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., poll_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., source_dead: _Optional[_Union[OnRefusal, str]] = ...) -> None: ...
+    mode: ScopeMode
+    tenants: _containers.ScalarMap[str, int]
+    default_tenant_weight: int
+    max_tenants: int
+    priority_aging: _duration_pb2.Duration
+    def __init__(self, name: _Optional[str] = ..., circuit_open: _Optional[_Union[OnRefusal, str]] = ..., quota_full: _Optional[_Union[OnRefusal, str]] = ..., max_attempts: _Optional[int] = ..., backoff_base: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., backoff_max: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., stall_window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., poll_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., source_dead: _Optional[_Union[OnRefusal, str]] = ..., mode: _Optional[_Union[ScopeMode, str]] = ..., tenants: _Optional[_Mapping[str, int]] = ..., default_tenant_weight: _Optional[int] = ..., max_tenants: _Optional[int] = ..., priority_aging: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class SourceConfig(_message.Message):
     __slots__ = ("priority", "weight", "max_concurrency", "rpm", "tpm", "timeout", "lease", "attributes", "breaker")

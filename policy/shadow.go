@@ -1,0 +1,80 @@
+package policy
+
+import (
+	"time"
+
+	"github.com/polygate/polygate/config"
+	"github.com/polygate/polygate/gate"
+)
+
+// Shadow mode (scope key mode: shadow) grants every Pick. The walk, the
+// backend's admission, the breakers, quotas, pacer, budgets and telemetry run
+// exactly as when enforcing; only the answer differs:
+//
+//   - when enforcement grants, the grant is the same (it holds its slot,
+//     counts in in_flight, and its outcome feeds the breaker), with the
+//     sources enforcement refused before it as ShadowRefusals;
+//   - when enforcement refuses, the grant is for the first source in walk
+//     order, with a permit the backend never issued: it takes no slot (it is
+//     not in in_flight, RPM or TPM, which count only what enforcement
+//     admits), and its outcome is stale to the breaker (an attempt that
+//     enforcement would not have made neither opens nor closes a breaker).
+//     ShadowRefusals lists every source's refusal.
+//
+// Ordered admission (the line) does not apply in shadow mode. Switching
+// modes by reload keeps every state: the mode is read at each Pick.
+
+// shadowPermit is the grant of a Pick that enforcement refused: the first
+// source in walk order, with a permit that holds no slot.
+func (s *Scope) shadowPermit(order []*source, cfg *config.Scope, tokens int64) (*source, gate.Permit) {
+	src := order[0]
+	return src, gate.Permit{ID: NewID("p"), Source: src.cfg.Name, Tokens: tokens, Lease: src.cfg.Lease(cfg.LeaseGrace)}
+}
+
+// queued is the refusal of a Pick behind the head of the line: each source
+// the backend would have been asked about is refused as queued; those the
+// walk refused before (TPM, cooldown memo) keep their reasons.
+func (s *Scope) queued(c *Call, order []*source, refused map[string]gate.Rejection) *NoRunnable {
+	nr := &NoRunnable{Sources: make([]gate.Rejection, 0, len(order))}
+	for _, src := range order {
+		r, ok := refused[src.cfg.Name]
+		if !ok {
+			r = gate.Rejection{Source: src.cfg.Name, Reason: gate.ReasonQueued}
+		}
+		if r.Reason.Gate() {
+			nr.GateRejections++
+		}
+		nr.Sources = append(nr.Sources, r)
+	}
+	c.last = nr
+	return nr
+}
+
+// capacityRefused reports whether a refusal waits for capacity (a quota or
+// the pacer) rather than only for breakers.
+func capacityRefused(rs []gate.Rejection) bool {
+	for _, r := range rs {
+		switch r.Reason {
+		case gate.ReasonRateLimited, gate.ReasonAdaptivePaced, gate.ReasonQueued:
+			return true
+		}
+	}
+	return false
+}
+
+// freed is a released permit: the line's next waiter is handed the slot, and
+// callers held outside the line (none while anyone is in line) re-ask.
+func (s *Scope) freed() {
+	cfg, _ := s.snapshot()
+	s.line.handoff(cfg, time.Now())
+	s.wait.capacity.fire()
+}
+
+// polled is the poller's finding that some source would admit: handed to the
+// line when anyone waits in it, else every held caller re-asks.
+func (s *Scope) polled() {
+	cfg, _ := s.snapshot()
+	if !s.line.polled(cfg, time.Now()) {
+		s.wait.breakers.fire()
+	}
+}
