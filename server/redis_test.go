@@ -67,8 +67,8 @@ func TestOneRedisRoundTripPerRPC(t *testing.T) {
 		if err := rpc.call(); err != nil {
 			t.Fatalf("%s: %v", rpc.name, err)
 		}
-		if sent := counter.Names(); len(sent) != 1 || sent[0] != "evalsha" {
-			t.Fatalf("%s sent %v, want one EVALSHA", rpc.name, sent)
+		if sent := counter.Names(); len(sent) != 1 || sent[0] != "fcall" {
+			t.Fatalf("%s sent %v, want one FCALL", rpc.name, sent)
 		}
 	}
 }

@@ -1,49 +1,45 @@
+
 -- admit.lua: gate.Backend.Admit, one walk over the candidates
 -- (inmem.Backend.Admit with gate.SourceState.Admit per candidate).
 --
--- KEYS[1]        the scope's progress
--- KEYS[2+4(i-1)] candidate i: breaker, leases, log, data
--- ARGV  1 now_ms (0: TIME)  2 idle_ttl_ms  3 channel  4 scope  5 permit
---       6 tokens  7 n, then 13 per candidate i from 8+13(i-1):
---       name, ceiling, max_concurrency, rpm, tpm, lease_ms, and the breaker
---       policy (fail_threshold, min_calls, fail_rate, window_ms, cooldown_ms,
---       max_cooldown_ms, probe_ttl_ms)
--- Reply {granted (candidate index or 0), probe, epoch, rejections, events,
---        progress_ms, now_ms}; a rejection is {candidate, reason, retry_ms}.
-local now = now_ms(ARGV[1])
-local idle_ttl = tonumber(ARGV[2])
-local channel, scope, permit = ARGV[3], ARGV[4], ARGV[5]
-local tokens = tonumber(ARGV[6])
-local n = tonumber(ARGV[7])
-
-local granted, probe, epoch = 0, 0, 0
-local rejections, events = {}, {}
-for i = 1, n do
-  local a = 8 + 13 * (i - 1)
-  local name, ceiling = ARGV[a], tonumber(ARGV[a + 1])
-  local l = limits(a + 2)
-  local q = q_keys(3 + 4 * (i - 1))
-  local reason, wait = q_check(q, l, ceiling, tokens, now)
-  if reason ~= R_NONE then
-    rejections[#rejections + 1] = { i, reason, wait }
-  else
-    local b = b_load(KEYS[2 + 4 * (i - 1)])
-    local entry, evs = b_enter(b, policy(a + 6), permit, now)
-    for _, e in ipairs(evs) do
-      events[#events + 1] = ev_reply(i, e)
-      announce(channel, scope, name, e)
-    end
-    if not entry.allowed then
-      rejections[#rejections + 1] = { i, entry.reason, entry.wait }
+-- keys: SCOPE_KEYS, then SRC_KEYS per candidate.
+-- argv: ADMIT, then CAND per candidate (n of them).
+-- Reply ADMIT_R: rejections are REJ records, events EV records.
+-- twin: gate.(*SourceState).Admit
+local function admit(keys, argv)
+  local h = read(ADMIT, argv, 0)
+  local now = now_ms(h.now)
+  local granted, probe, epoch = 0, 0, 0
+  local rejections, events = {}, {}
+  for i = 1, h.n do
+    local c = read(CAND, argv, block(ADMIT, CAND, i))
+    local q = src_keys(keys, SCOPE_KEYS, i)
+    local reason, wait = q_check(q, c, c.ceiling, h.tokens, now)
+    if reason ~= R_NONE then
+      rejections[#rejections + 1] = pack(REJ, { src = i, reason = reason, retry = wait })
     else
-      b_save(b, idle_ttl)
-      q_take(q, l, permit, tokens, now)
-      granted, epoch = i, entry.epoch
-      if entry.probe then
-        probe = 1
+      local b = b_load(q.brk)
+      local entry, evs = b_enter(b, c, h.permit, now)
+      for _, e in ipairs(evs) do
+        events[#events + 1] = ev_reply(i, e)
+        announce(h.channel, h.scope, c.name, e)
       end
-      break
+      if not entry.allowed then
+        rejections[#rejections + 1] = pack(REJ, { src = i, reason = entry.reason, retry = entry.wait })
+      else
+        b_save(b, h.idle_ttl)
+        q_take(q, c, h.permit, h.tokens, now)
+        granted, epoch = i, entry.epoch
+        if entry.probe then
+          probe = 1
+        end
+        break
+      end
     end
   end
+  local s = read(SCOPE_KEYS, keys, 0)
+  return pack(ADMIT_R, {
+    granted = granted, probe = probe, epoch = epoch, rejections = rejections, events = events,
+    progress = tonumber(redis.call('GET', s.progress) or 0), now = now,
+  })
 end
-return { granted, probe, epoch, rejections, events, tonumber(redis.call('GET', KEYS[1]) or 0), now }

@@ -1,18 +1,41 @@
 // Package redisgate is the Redis backend of gate: breakers and quotas shared
-// by every replica, each decision one Lua script run on the Redis server.
+// by every replica, each decision one Lua function call on the Redis server.
 //
-// # Scripts
+// # Functions and scripts
 //
-// Each Backend method is one script, one round trip (EVALSHA, or EVAL once
-// when the server does not have the script cached): Admit walks every
-// candidate of the request in one script; Settle, Peek and Override are one
-// each. The scripts are admit.lua, settle.lua, peek.lua and override.lua;
-// each is sent as a prelude of the gate package's constants, written by Go,
-// then lib.lua, the port of gate/breaker.go and gate/quota.go that all four
-// share, then its own body. Keys are passed only in KEYS; every key of a
-// scope carries the hash tag {scope}, so the scripts run on Redis Cluster.
-// The breaker policy and the limits come in each call's arguments, never
-// from Redis, so a reloaded configuration applies at the next call.
+// Each Backend method is one call, one round trip: Admit walks every
+// candidate of the request at once; Settle, Peek and Override are one call
+// each. Their Lua bodies are admit.lua, settle.lua, peek.lua and
+// override.lua, and restore.lua is the background re-assertion of OPEN
+// breakers and overrides after Redis lost a scope (reassert.go), run the
+// same way; with lib.lua, the port of gate/breaker.go and gate/quota.go
+// that all of them share, and a prelude Go writes (the gate package's
+// constants and the layouts below), they form one Redis Functions library,
+// named by the digest of its text so that sidecars of different versions
+// sharing a Redis each call their own. It is loaded (FUNCTION LOAD REPLACE,
+// on every master of a Cluster) the first time a call finds it missing
+// ("Function not found": first use, a restart, FUNCTION FLUSH), and each
+// call is an FCALL that runs only its body. Where FUNCTION LOAD is refused
+// (Redis without Functions, an ACL without the FUNCTION command) each
+// method is a script of its own, prelude .. lib.lua .. body (EVALSHA, EVAL
+// once when the server does not have it cached), which re-runs lib.lua's
+// definitions on every call.
+//
+// Keys are passed only as keys; every key of a scope carries the hash tag
+// {scope}, so the library runs on Redis Cluster. The breaker policy and the
+// limits come in each call's arguments, never from Redis, so a reloaded
+// configuration applies at the next call.
+//
+// # Layouts
+//
+// Every block of arguments and every reply record (a candidate, a breaker
+// view, an event, ...) is described once, in layout.go: a table of named
+// fields from which both the Go side (packing arguments, parsing replies)
+// and the Lua side (the prelude's LAYOUT.read and LAYOUT.pack, which turn a
+// block into a table of named fields and back) are made. Lua never counts
+// a position by hand (a test greps the sources), and every Lua function
+// that follows a Go function names it in a "twin:" comment that a test
+// checks against package gate.
 //
 // # Time
 //

@@ -1,8 +1,10 @@
 -- lib.lua: the breaker and quota state machines of gate/breaker.go and
--- gate/quota.go, ported line by line. Every function names the Go function it
--- follows; keep them in step. The constants (CLOSED, R_CIRCUIT_OPEN, MINUTE,
--- ...) come from a prelude that Go writes from the gate package's own
--- constants (see scripts.go), and each script is prelude .. lib .. body.
+-- gate/quota.go, ported line by line. Every function that follows a Go
+-- function says so with a "twin:" comment naming it (a test checks that
+-- it exists); keep them in step. The constants (CLOSED, R_CIRCUIT_OPEN,
+-- MINUTE, ...) and the layouts of arguments and replies (ADMIT, CAND, BV,
+-- EV, ...; see layout.go) come from a prelude that Go writes from its own
+-- tables (see scripts.go). The library is prelude .. lib .. the bodies.
 --
 -- Times are whole Unix milliseconds. Lua numbers are doubles: every integer
 -- here stays far below 2^53, and integers are written back to Redis with
@@ -43,22 +45,29 @@ local function gmax(a, b)
   return b
 end
 
--- policy reads a gate.BreakerPolicy (in ms) from ARGV[i..i+6].
-local function policy(i)
-  return {
-    fail_threshold = tonumber(ARGV[i]),
-    min_calls = tonumber(ARGV[i + 1]),
-    fail_rate = tonumber(ARGV[i + 2]),
-    window = tonumber(ARGV[i + 3]),
-    cooldown = tonumber(ARGV[i + 4]),
-    max_cooldown = tonumber(ARGV[i + 5]),
-    probe_ttl = tonumber(ARGV[i + 6]),
-  }
+-- read returns the block of layout L that starts after argv[base] as a
+-- table of its named fields: L.read, generated with the layout.
+local function read(L, argv, base)
+  return L.read(argv, base)
+end
+
+-- block is the base of the i-th block (from 1) of layout L after a head of
+-- layout H: read(L, argv, block(H, L, i)).
+local function block(H, L, i)
+  return H.WIDTH + L.WIDTH * (i - 1)
+end
+
+-- pack is the reply array of layout L from t's named fields: L.pack,
+-- generated with the layout. Every field is a number, a string or an
+-- array: a boolean would not survive the reply.
+local function pack(L, t)
+  return L.pack(t)
 end
 
 ---------------------------------------------------------------- breaker
 
--- cooldownMs: base << (reopens-1), capped at max, without overflow.
+-- twin: gate.cooldownMs
+-- base << (reopens-1), capped at max, without overflow.
 local function cooldown_ms(base, max, reopens)
   local shift = reopens - 1
   if shift < 0 then
@@ -83,8 +92,23 @@ local SCALAR_NAMES = {
 local STRINGS = { probe = true, actor = true, why = true }
 local BUCKET_FIELDS = { 'k0', 'k1', 'k2', 'k3', 'k4', 'k5', 'k6', 'k7', 'k8', 'k9' }
 
-local function b_load(key)
-  local vals = redis.call('HMGET', key, unpack(SCALAR_FIELDS))
+-- ALL_FIELDS are the scalars and then the buckets, for one HMGET.
+-- (No loop: a library's top level runs where ipairs does not exist.)
+local ALL_FIELDS = {
+  'st', 'ep', 'ro', 'oa', 'ou', 'pr', 'pu', 'co', 'w', 'ov', 'ac', 'wy', 'oat', 'oc',
+  'k0', 'k1', 'k2', 'k3', 'k4', 'k5', 'k6', 'k7', 'k8', 'k9',
+}
+
+local b_parse_buckets
+
+-- b_load reads the breaker; with buckets (a script that will count), its
+-- window too, in the same HMGET.
+local function b_load(key, buckets)
+  local fields = SCALAR_FIELDS
+  if buckets then
+    fields = ALL_FIELDS
+  end
+  local vals = redis.call('HMGET', key, unpack(fields))
   local b = { key = key, old = {} }
   for i, name in ipairs(SCALAR_NAMES) do
     local v = vals[i]
@@ -95,6 +119,9 @@ local function b_load(key)
     end
     b[name], b.old[i] = v, v
   end
+  if buckets then
+    b_parse_buckets(b, vals, #SCALAR_FIELDS)
+  end
   return b
 end
 
@@ -103,10 +130,14 @@ local function b_buckets(b)
   if b.bi then
     return
   end
-  b.bi, b.bc, b.bf, b.bold = {}, {}, {}, {}
-  local vals = redis.call('HMGET', b.key, unpack(BUCKET_FIELDS))
+  b_parse_buckets(b, redis.call('HMGET', b.key, unpack(BUCKET_FIELDS)), 0)
+end
+
+-- b_parse_buckets reads the buckets from vals[off + 1 ..].
+b_parse_buckets = function(b, vals, off)
+  b.bi, b.bc, b.bf, b.bold, b.bdirty = {}, {}, {}, {}, {}
   for n = 0, BUCKETS - 1 do
-    local v = vals[n + 1]
+    local v = vals[off + n + 1]
     b.bold[n] = v
     local i, c, f = 0, 0, 0
     if v then
@@ -118,14 +149,15 @@ end
 
 -- b_clear_buckets zeroes every bucket, without reading them first.
 local function b_clear_buckets(b)
-  b.bi, b.bc, b.bf, b.bold = {}, {}, {}, {}
+  b.bi, b.bc, b.bf, b.bold, b.bdirty = {}, {}, {}, {}, {}
   for n = 0, BUCKETS - 1 do
     b.bi[n], b.bc[n], b.bf[n] = 0, 0, 0
     b.bold[n] = true -- unknown: written (deleted) whatever it was
+    b.bdirty[n] = true
   end
 end
 
--- b_save writes back what changed. A CLOSED breaker without an override
+-- b_save writes back what changed (of the window: the buckets marked dirty). A CLOSED breaker without an override
 -- gets the idle TTL (garbage collection of abandoned sources); an OPEN or
 -- HALF_OPEN one, or one an operator set, is PERSISTed: its state must never
 -- expire into a fresh CLOSED breaker.
@@ -144,16 +176,18 @@ local function b_save(b, idle_ttl)
   end
   if b.bi then
     for n = 0, BUCKETS - 1 do
-      local v = false
-      if b.bi[n] ~= 0 or b.bc[n] ~= 0 or b.bf[n] ~= 0 then
-        v = I(b.bi[n]) .. ':' .. I(b.bc[n]) .. ':' .. I(b.bf[n])
-      end
-      if v ~= b.bold[n] then
-        if v then
-          set[#set + 1] = BUCKET_FIELDS[n + 1]
-          set[#set + 1] = v
-        else
-          del[#del + 1] = BUCKET_FIELDS[n + 1]
+      if b.bdirty[n] then
+        local v = false
+        if b.bi[n] ~= 0 or b.bc[n] ~= 0 or b.bf[n] ~= 0 then
+          v = I(b.bi[n]) .. ':' .. I(b.bc[n]) .. ':' .. I(b.bf[n])
+        end
+        if v ~= b.bold[n] then
+          if v then
+            set[#set + 1] = BUCKET_FIELDS[n + 1]
+            set[#set + 1] = v
+          else
+            del[#del + 1] = BUCKET_FIELDS[n + 1]
+          end
         end
       end
     end
@@ -174,7 +208,7 @@ local function b_save(b, idle_ttl)
   end
 end
 
--- Breaker.event
+-- twin: gate.(*Breaker).event
 local function b_event(b, kind, from, cause)
   return {
     kind = kind, from = from, to = b.state, cause = cause, epoch = b.epoch, reopens = b.reopens,
@@ -182,7 +216,7 @@ local function b_event(b, kind, from, cause)
   }
 end
 
--- Breaker.check
+-- twin: gate.(*Breaker).check
 local function b_check(b, now)
   if b.override == FORCED_OPEN then
     return R_FORCED_OPEN, 0
@@ -201,7 +235,8 @@ local function b_check(b, now)
   return R_NONE, 0
 end
 
--- Breaker.Enter: returns the gate.Entry as a table, and the events.
+-- twin: gate.(*Breaker).Enter
+-- Returns the gate.Entry as a table, and the events.
 local function b_enter(b, p, permit, now)
   local reason, wait = b_check(b, now)
   if reason ~= R_NONE then
@@ -229,19 +264,19 @@ local function b_enter(b, p, permit, now)
   return { allowed = true, probe = true, epoch = b.epoch, reason = R_NONE, wait = 0 }, events
 end
 
--- Breaker.resetRound
+-- twin: gate.(*Breaker).resetRound
 local function b_reset_round(b)
   b.probe, b.probe_until = '', 0
   b.consecutive = 0
   b_clear_buckets(b)
 end
 
--- bucketWidth
+-- twin: gate.bucketWidth
 local function bucket_width(p)
   return gmax(idiv(p.window, BUCKETS), 1)
 end
 
--- Breaker.record
+-- twin: gate.(*Breaker).record
 local function b_record(b, p, now, fail)
   local w = bucket_width(p)
   if b.width ~= w then
@@ -254,13 +289,14 @@ local function b_record(b, p, now, fail)
   if b.bi[slot] ~= idx then
     b.bi[slot], b.bc[slot], b.bf[slot] = idx, 0, 0
   end
+  b.bdirty[slot] = true
   b.bc[slot] = b.bc[slot] + 1
   if fail then
     b.bf[slot] = b.bf[slot] + 1
   end
 end
 
--- Breaker.Counts
+-- twin: gate.(*Breaker).Counts
 local function b_counts(b, p, now)
   local w = bucket_width(p)
   if b.width ~= w then
@@ -278,7 +314,7 @@ local function b_counts(b, p, now)
   return calls, fails
 end
 
--- Breaker.open
+-- twin: gate.(*Breaker).open
 local function b_open(b, p, now, floor, cause)
   local from = b.state
   b_reset_round(b)
@@ -295,14 +331,15 @@ local function b_open(b, p, now, floor, cause)
   return e
 end
 
--- Breaker.stale
+-- twin: gate.(*Breaker).stale
 local function b_stale(b, o)
   local e = b_event(b, E_STALE, b.state, C_NONE)
   e.permit = o.permit
   return F_STALE, { e }
 end
 
--- Breaker.Settle; o = {permit, epoch, probe, verdict, floor}.
+-- twin: gate.(*Breaker).Settle
+-- o = {permit, epoch, probe, verdict, floor}.
 local function b_settle(b, p, o, now)
   if b.override == DISABLED then
     if o.probe and b.probe == o.permit and o.epoch == b.epoch then
@@ -370,7 +407,8 @@ local function b_settle(b, p, o, now)
   return b_stale(b, o)
 end
 
--- Breaker.View, as the reply array of a gate.BreakerView (cause last).
+-- twin: gate.(*Breaker).View
+-- As the reply record BV.
 local function b_view(b, p, now)
   local reason, wait = b_check(b, now)
   local state, cause = b.state, OC_NONE
@@ -390,10 +428,15 @@ local function b_view(b, p, now)
     probe_out, probe_left = 1, b.probe_until - now
   end
   local calls, fails = b_counts(b, p, now)
-  return { state, b.override, b.actor, b.why, b.epoch, b.reopens, reason, wait, probe_out, probe_left, calls, fails, b.consecutive, cause }
+  return pack(BV, {
+    state = state, override = b.override, actor = b.actor, why = b.why, epoch = b.epoch, reopens = b.reopens,
+    reason = reason, retry = wait, probe_out = probe_out, probe_left = probe_left, calls = calls, fails = fails,
+    consecutive = b.consecutive, cause = cause,
+  })
 end
 
--- Breaker.Apply; nil for an unknown action.
+-- twin: gate.(*Breaker).Apply
+-- nil for an unknown action.
 local function b_apply(b, action, actor, why, now)
   local events = {}
   if action == A_FORCE_OPEN then
@@ -429,21 +472,23 @@ end
 
 ---------------------------------------------------------------- events
 
--- ev_reply is an event as a reply array; the source is the index of the
--- candidate (Admit) or 1.
+-- ev_reply is an event as the reply record EV; the source is the index of
+-- the candidate (Admit) or 1.
 local function ev_reply(src, e)
-  return { src, e.kind, e.from, e.to, e.cause, e.epoch, e.reopens, e.cooldown, e.permit, e.override, e.actor, e.why }
+  e.src = src
+  return pack(EV, e)
 end
 
 -- announce publishes, in the same script, the events other replicas must
 -- hear at once: a breaker that opens or closes, and operators' changes.
--- The payload is [1, scope, source, kind, from, to, cause, epoch, reopens,
--- cooldown_ms, override, actor, why] in JSON.
+-- The payload is the record ANN as a JSON array.
 local function announce(channel, scope, source, e)
   if e.kind == E_OVERRIDE or (e.kind == E_TRANSITION and (e.to == OPEN or e.to == CLOSED)) then
-    redis.call('PUBLISH', channel, cjson.encode({
-      1, scope, source, e.kind, e.from, e.to, e.cause, e.epoch, e.reopens, e.cooldown, e.override, e.actor, e.why,
-    }))
+    local a = { version = 1, scope = scope, source = source }
+    for k, v in pairs(e) do
+      a[k] = v
+    end
+    redis.call('PUBLISH', channel, cjson.encode(pack(ANN, a)))
   end
 end
 
@@ -458,19 +503,17 @@ end
 -- admission order, as in Go's log.
 local SLACK = 1000 -- ms a quota key outlives the last lease or minute it holds
 
-local function q_keys(i)
-  return { leases = KEYS[i], log = KEYS[i + 1], data = KEYS[i + 2] }
+-- src_keys are the keys of the i-th source (from 1) after the head block H
+-- of keys: {brk, leases, log, data}, also the quota's q.
+local function src_keys(keys, H, i)
+  return read(SRC_KEYS, keys, block(H, SRC_KEYS, i))
 end
 
--- limits reads a gate.Limits (lease in ms) from ARGV[i..i+3].
-local function limits(i)
-  return {
-    max_concurrency = tonumber(ARGV[i]), rpm = tonumber(ARGV[i + 1]), tpm = tonumber(ARGV[i + 2]),
-    lease = tonumber(ARGV[i + 3]),
-  }
-end
+-- NO_KEYS is the empty head block of keys.
+local NO_KEYS = { WIDTH = 0 }
 
--- addTokens: a token count saturating at [0, MAX_TOKEN_SUM], so that no
+-- twin: gate.addTokens
+-- A token count saturating at [0, MAX_TOKEN_SUM], so that no
 -- report can wrap the minute's sum (or print it in exponent form).
 local function tadd(sum, n)
   local s = sum + n
@@ -487,9 +530,16 @@ end
 -- that a long minute never overflows Lua's unpack.
 local PAGE = 256
 
--- Quota.expire
-local function q_expire(q, now)
+-- twin: gate.(*Quota).expire
+-- The log (and the minute's sum) is expired only when log is true: by the
+-- walks that count it (a limit per minute). Elsewhere its expired entries
+-- wait; every reading of the log skips them by time, and the keys' TTL
+-- bounds them.
+local function q_expire(q, now, log)
   redis.call('ZREMRANGEBYSCORE', q.leases, '-inf', I(now))
+  if not log then
+    return
+  end
   local sum, changed = nil, false
   while true do
     local old = redis.call('ZRANGEBYSCORE', q.log, '-inf', I(now - MINUTE), 'LIMIT', 0, PAGE)
@@ -521,9 +571,9 @@ local function q_expire(q, now)
   end
 end
 
--- Quota.check
+-- twin: gate.(*Quota).check
 local function q_check(q, l, ceiling, tokens, now)
-  q_expire(q, now)
+  q_expire(q, now, l.rpm > 0 or l.tpm > 0)
   local in_flight = redis.call('ZCARD', q.leases)
   if ceiling < l.max_concurrency and in_flight >= ceiling then
     return R_ADAPTIVE_PACED, 0
@@ -531,7 +581,10 @@ local function q_check(q, l, ceiling, tokens, now)
   if in_flight >= l.max_concurrency then
     return R_RATE_LIMITED, 0
   end
-  local live = redis.call('ZCARD', q.log)
+  local live = 0
+  if l.rpm > 0 then
+    live = redis.call('ZCARD', q.log)
+  end
   if l.rpm > 0 and live >= l.rpm then
     -- The (len-RPM)-th oldest admission must leave the minute first.
     local e = redis.call('ZRANGE', q.log, I(live - l.rpm), I(live - l.rpm), 'WITHSCORES')
@@ -569,7 +622,7 @@ local function q_check(q, l, ceiling, tokens, now)
   return R_NONE, 0
 end
 
--- Quota.take
+-- twin: gate.(*Quota).take
 local function q_take(q, l, permit, tokens, now)
   redis.call('ZADD', q.leases, I(now + l.lease), permit)
   -- The key lives as long as its longest lease: extend, never shorten.
@@ -588,13 +641,20 @@ local function q_take(q, l, permit, tokens, now)
   redis.call('PEXPIRE', q.data, I(MINUTE + SLACK))
 end
 
--- Quota.release: frees the permit's slot, settles its tokens to actual
+-- twin: gate.(*Quota).release
+-- Frees the permit's slot, settles its tokens to actual
 -- (actual < 0 keeps the estimate), and says whether the slot was held.
+-- The log is not expired here (see q_expire): an admission older than the
+-- minute that is still stored gets its actual tokens, which leave the sum
+-- with it.
 local function q_release(q, permit, actual, now)
-  q_expire(q, now)
+  q_expire(q, now, false)
   local held = redis.call('ZREM', q.leases, permit) == 1
-  local m = redis.call('HGET', q.data, 'i' .. permit)
-  if m and actual >= 0 then
+  local m = nil
+  if actual >= 0 then
+    m = redis.call('HGET', q.data, 'i' .. permit)
+  end
+  if m then
     local old = tonumber(redis.call('HGET', q.data, 't' .. m) or 0)
     actual = tadd(0, actual)
     redis.call('HSET', q.data, 't' .. m, I(actual), 'sum', I(tadd(q_sum(q), actual - old)))
@@ -602,7 +662,8 @@ local function q_release(q, permit, actual, now)
   return held
 end
 
--- Quota.view, as the reply array of a gate.QuotaView. It changes nothing:
+-- twin: gate.(*Quota).view
+-- As the reply record QV. It changes nothing:
 -- admissions older than the minute that are still stored are left out.
 local function q_view(q, now)
   local in_flight = redis.call('ZCOUNT', q.leases, '(' .. I(now), '+inf')
@@ -622,5 +683,5 @@ local function q_view(q, now)
     end
     offset = offset + PAGE
   end
-  return { in_flight, requests, tokens }
+  return pack(QV, { in_flight = in_flight, requests = requests, tokens = tokens })
 end

@@ -1,29 +1,28 @@
+
 -- peek.lua: gate.Backend.Peek (inmem.Backend.Peek, with gate.SourceState.View
 -- and gate.SourceState.Verdict per source). It changes no state: the only
 -- writes are q_check's removals of leases and admissions already expired.
 --
--- KEYS[1]        the scope's progress
--- KEYS[2+4(i-1)] source i: breaker, leases, log, data
--- ARGV  1 now_ms (0: TIME)  2 n  3 tokens, then 6 per source i from
---       4+6(i-1): window_ms, ceiling, max_concurrency, rpm, tpm, lease_ms
--- Reply {progress_ms, now_ms, {breaker view, quota view, verdict} per
---        source}; a verdict is {reason, retry_ms}, Admit's answer now.
-local now = now_ms(ARGV[1])
-local n = tonumber(ARGV[2])
-local tokens = tonumber(ARGV[3])
-local out = {}
-for i = 1, n do
-  local k = 2 + 4 * (i - 1)
-  local a = 4 + 6 * (i - 1)
-  local b = b_load(KEYS[k])
-  local q = q_keys(k + 1)
-  local view = { b_view(b, { window = tonumber(ARGV[a]) }, now), q_view(q, now) }
-  -- SourceState.Verdict: the quota's refusal first, then the breaker's.
-  local reason, wait = q_check(q, limits(a + 2), tonumber(ARGV[a + 1]), tokens, now)
-  if reason == R_NONE then
-    reason, wait = b_check(b, now)
+-- keys: SCOPE_KEYS, then SRC_KEYS per source.
+-- argv: PEEK, then PEEK_SRC per source (n of them).
+-- Reply PEEK_R: sources are PEEK_SRC_R records (views, and Admit's verdict now).
+-- twin: gate.(*SourceState).View
+local function peek(keys, argv)
+  local h = read(PEEK, argv, 0)
+  local now = now_ms(h.now)
+  local out = {}
+  for i = 1, h.n do
+    local c = read(PEEK_SRC, argv, block(PEEK, PEEK_SRC, i))
+    local q = src_keys(keys, SCOPE_KEYS, i)
+    local b = b_load(q.brk, true)
+    local v = { breaker = b_view(b, c, now), quota = q_view(q, now) }
+    -- SourceState.Verdict: the quota's refusal first, then the breaker's.
+    v.reason, v.retry = q_check(q, c, c.ceiling, h.tokens, now)
+    if v.reason == R_NONE then
+      v.reason, v.retry = b_check(b, now)
+    end
+    out[i] = pack(PEEK_SRC_R, v)
   end
-  view[3] = { reason, wait }
-  out[i] = view
+  local s = read(SCOPE_KEYS, keys, 0)
+  return pack(PEEK_R, { progress = tonumber(redis.call('GET', s.progress) or 0), now = now, sources = out })
 end
-return { tonumber(redis.call('GET', KEYS[1]) or 0), now, out }

@@ -150,24 +150,27 @@ func (b *Backend) reassert(ctx context.Context, tick uint64) error {
 	}
 	b.memory.mu.Unlock()
 	for _, j := range jobs {
-		keys := []string{b.tag(j.scope) + ":marker"}
-		args := []any{b.nowArg(), b.idleTTL, len(j.recs)}
+		tag := b.tag(j.scope)
+		keys := append(make([]string, 0, 1+len(j.recs)), tag+":marker")
+		args := restoreArgs.pack(make([]any, 0, restoreArgs.width()+restoreSrcArgs.width()*len(j.recs)), &restoreCall{b, len(j.recs)})
 		for _, r := range j.recs {
-			keys = append(keys, b.sourceKeys(nil, j.scope, *r.source)[0])
-			var left int64
-			if r.openUntil.After(now) {
-				left = max(1, r.openUntil.Sub(now).Milliseconds())
+			keys = append(keys, tag+":src:"+*r.source+":"+brkKeys.suffixes[0]) // as appendSourceKeys
+			rec := restoreRec{
+				openedAgo: now.Sub(r.openedAt).Milliseconds(), overrideAgo: now.Sub(r.overrideAt).Milliseconds(),
+				reopens: r.reopens, epoch: r.epoch, override: r.override, actor: r.actor, why: r.why,
 			}
-			args = append(args, left, r.reopens, r.epoch, now.Sub(r.openedAt).Milliseconds(),
-				int(r.override), r.actor, r.why, now.Sub(r.overrideAt).Milliseconds())
+			if r.openUntil.After(now) {
+				rec.openLeft = max(1, r.openUntil.Sub(now).Milliseconds())
+			}
+			args = restoreSrcArgs.pack(args, &rec)
 		}
 		v, err := b.run(ctx, "restore", restoreScript, keys, args)
 		if err != nil {
 			return err
 		}
 		p := &parser{op: "restore"}
-		reply := p.array(v, 2)
-		lost, restored := p.int(reply[0]) == 1, p.int(reply[1])
+		out := restoreReply.parse(p, v)
+		lost, restored := out.lost == 1, out.restored
 		if p.err != nil {
 			return p.err
 		}

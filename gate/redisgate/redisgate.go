@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -55,6 +55,7 @@ type Backend struct {
 	prefix  string
 	idleTTL int64 // ms
 	clock   func() time.Time
+	scripts atomic.Bool // Functions refused: EVALSHA only
 	timeout time.Duration
 	orphans *orphans
 	memory  memory
@@ -93,15 +94,26 @@ func (b *Backend) tag(scope string) string {
 	return b.prefix + "{" + scopeEscaper.Replace(scope) + "}"
 }
 
-func (b *Backend) progressKey(scope string) string { return b.tag(scope) + ":progress" }
+// channelSuffix follows the tag in the name of the scope's announcement
+// channel.
+const channelSuffix = ":events"
 
-// channel is the name of the scope's announcement channel.
-func (b *Backend) channel(scope string) string { return b.tag(scope) + ":events" }
+// appendSourceKeys appends the source's keys (sourceKeys) after the
+// scope's tag.
+func appendSourceKeys(keys []string, tag, source string) []string {
+	base := tag + ":src:" + source + ":"
+	for _, s := range sourceKeys.suffixes {
+		keys = append(keys, base+s)
+	}
+	return keys
+}
 
-// sourceKeys appends the source's breaker, leases, log and data keys.
-func (b *Backend) sourceKeys(keys []string, scope, source string) []string {
-	base := b.tag(scope) + ":src:" + source + ":"
-	return append(keys, base+"brk", base+"leases", base+"log", base+"data")
+// appendScopeKeys appends the scope's own keys (scopeKeys) after its tag.
+func appendScopeKeys(keys []string, tag string) []string {
+	for _, s := range scopeKeys.suffixes {
+		keys = append(keys, tag+":"+s)
+	}
+	return keys
 }
 
 // nowArg is the now_ms argument: 0 (use TIME) unless a test clock is set.
@@ -110,11 +122,6 @@ func (b *Backend) nowArg() int64 {
 		return 0
 	}
 	return b.clock().UnixMilli()
-}
-
-func policyArgs(args []any, p gate.BreakerPolicy) []any {
-	return append(args, p.FailThreshold, p.MinCalls, strconv.FormatFloat(p.FailRate, 'g', -1, 64),
-		p.Window.Milliseconds(), p.Cooldown.Milliseconds(), p.MaxCooldown.Milliseconds(), p.ProbeTTL.Milliseconds())
 }
 
 func flag(v bool) int {
@@ -127,18 +134,18 @@ func flag(v bool) int {
 // Admit implements gate.Backend.
 func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admission, error) {
 	const op = "admit"
-	keys := make([]string, 0, 1+4*len(req.Candidates))
-	keys = append(keys, b.progressKey(req.Scope))
-	args := make([]any, 0, 7+13*len(req.Candidates))
-	args = append(args, b.nowArg(), b.idleTTL, b.channel(req.Scope), req.Scope, req.PermitID, req.Tokens, len(req.Candidates))
-	for i, c := range req.Candidates {
+	n := len(req.Candidates)
+	keys := make([]string, 0, len(scopeKeys.suffixes)+len(sourceKeys.suffixes)*n)
+	tag := b.tag(req.Scope)
+	keys = appendScopeKeys(keys, tag)
+	args := admitArgs.pack(make([]any, 0, admitArgs.width()+candArgs.width()*n), &call[gate.AdmitRequest]{b, &req, tag})
+	for i := range req.Candidates {
+		c := &req.Candidates[i]
 		if c.Source == nil {
 			return gate.Admission{}, fmt.Errorf("redisgate: %s: candidate %d has no source", op, i)
 		}
-		keys = b.sourceKeys(keys, req.Scope, c.Source.Name)
-		l := c.Source.Limits
-		args = append(args, c.Source.Name, c.Ceiling, l.MaxConcurrency, l.RPM, l.TPM, l.Lease.Milliseconds())
-		args = policyArgs(args, c.Source.Breaker)
+		keys = appendSourceKeys(keys, tag, c.Source.Name)
+		args = candArgs.pack(args, c)
 	}
 	v, err := b.run(ctx, op, admitScript, keys, args)
 	if err != nil {
@@ -146,30 +153,27 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 		return gate.Admission{}, err
 	}
 	p := &parser{op: op}
-	r := p.array(v, 7)
-	n := int64(len(req.Candidates))
+	r := admitReply.parse(p, v)
 	name := func(i int64) string {
-		if i < 1 || i > n {
+		if i < 1 || i > int64(n) {
 			p.fail("candidate index %d outside 1..%d", i, n)
 			return ""
 		}
 		return req.Candidates[i-1].Source.Name
 	}
 	var out gate.Admission
-	for _, rv := range p.array(r[3], 0) {
-		rj := p.array(rv, 3)
-		out.Rejections = append(out.Rejections, gate.Rejection{
-			Source: name(p.int(rj[0])), Reason: gate.Reason(p.int(rj[1])), RetryAfter: ms(p.int(rj[2])),
-		})
+	for _, rj := range rejection.list(p, r.rejections) {
+		rj.v.Source = name(rj.src)
+		out.Rejections = append(out.Rejections, rj.v)
 	}
-	out.Events = p.events(r[4], name)
-	out.ProgressAge = progressAge(p.int(r[5]), p.int(r[6]))
-	if g := p.int(r[0]); g != 0 {
-		if name(g); p.err == nil {
-			c := req.Candidates[g-1]
+	out.Events = p.events(r.evs, name)
+	out.ProgressAge = r.clock.age()
+	if r.granted != 0 {
+		if name(r.granted); p.err == nil {
+			c := req.Candidates[r.granted-1]
 			out.Granted = true
 			out.Permit = gate.Permit{
-				ID: req.PermitID, Source: c.Source.Name, Probe: p.int(r[1]) == 1, Epoch: p.uint(r[2]),
+				ID: req.PermitID, Source: c.Source.Name, Probe: r.probe == 1, Epoch: r.epoch,
 				Tokens: req.Tokens, Lease: c.Source.Limits.Lease,
 			}
 		}
@@ -196,26 +200,23 @@ func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 
 func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Settlement, error) {
 	const op = "settle"
-	keys := b.sourceKeys([]string{b.progressKey(req.Scope)}, req.Scope, req.Source.Name)
-	args := []any{
-		b.nowArg(), b.idleTTL, b.channel(req.Scope), req.Scope, req.Source.Name, req.PermitID,
-		strconv.FormatUint(req.Epoch, 10), flag(req.Probe), int(req.Verdict), req.Floor.Milliseconds(),
-		req.ActualTokens, flag(req.Progress),
-	}
-	args = policyArgs(args, req.Source.Breaker)
+	tag := b.tag(req.Scope)
+	keys := make([]string, 0, len(scopeKeys.suffixes)+len(sourceKeys.suffixes))
+	keys = appendSourceKeys(appendScopeKeys(keys, tag), tag, req.Source.Name)
+	args := settleArgs.pack(make([]any, 0, settleArgs.width()), &call[gate.SettleRequest]{b, &req, tag})
 	v, err := b.run(ctx, op, settleScript, keys, args)
 	if err != nil {
 		return gate.Settlement{}, err
 	}
 	p := &parser{op: op}
-	r := p.array(v, 6)
+	r := settleReply.parse(p, v)
 	out := gate.Settlement{
-		Released: p.int(r[0]) == 1,
-		Effect:   gate.Effect(p.int(r[1])),
-		Events:   p.events(r[2], p.single(req.Source.Name)),
-		Breaker:  p.breakerView(r[3]),
+		Released:    r.released == 1,
+		Effect:      gate.Effect(r.effect),
+		Events:      p.events(r.evs, p.single(req.Source.Name)),
+		Breaker:     breakerView.parse(p, r.view),
+		ProgressAge: r.clock.age(),
 	}
-	out.ProgressAge = progressAge(p.int(r[4]), p.int(r[5]))
 	if p.err != nil {
 		return gate.Settlement{}, p.err
 	}
@@ -226,36 +227,34 @@ func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 // Peek implements gate.Backend.
 func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot, error) {
 	const op = "peek"
-	keys := make([]string, 0, 1+4*len(req.Sources))
-	keys = append(keys, b.progressKey(req.Scope))
-	args := make([]any, 0, 3+6*len(req.Sources))
-	args = append(args, b.nowArg(), len(req.Sources), req.Tokens)
+	n := len(req.Sources)
+	keys := make([]string, 0, len(scopeKeys.suffixes)+len(sourceKeys.suffixes)*n)
+	tag := b.tag(req.Scope)
+	keys = appendScopeKeys(keys, tag)
+	args := peekArgs.pack(make([]any, 0, peekArgs.width()+peekSourceArgs.width()*n), &call[gate.PeekRequest]{b, &req, tag})
 	for i, s := range req.Sources {
 		if s == nil {
 			return gate.Snapshot{}, fmt.Errorf("redisgate: %s: source %d is nil", op, i)
 		}
-		keys = b.sourceKeys(keys, req.Scope, s.Name)
-		l := s.Limits
-		args = append(args, s.Breaker.Window.Milliseconds(), req.Candidate(i).Ceiling, l.MaxConcurrency, l.RPM, l.TPM, l.Lease.Milliseconds())
+		keys = appendSourceKeys(keys, tag, s.Name)
+		c := req.Candidate(i)
+		args = peekSourceArgs.pack(args, &c)
 	}
 	v, err := b.run(ctx, op, peekScript, keys, args)
 	if err != nil {
 		return gate.Snapshot{}, err
 	}
 	p := &parser{op: op}
-	r := p.array(v, 3)
-	views := p.array(r[2], len(req.Sources))
-	out := gate.Snapshot{Sources: make([]gate.SourceView, 0, len(req.Sources)), ProgressAge: progressAge(p.int(r[0]), p.int(r[1]))}
+	r := peekReply.parse(p, v)
+	views := p.array(r.sources, n)
+	out := gate.Snapshot{Sources: make([]gate.SourceView, 0, n), ProgressAge: r.clock.age()}
 	for i, s := range req.Sources {
 		if p.err != nil {
 			break
 		}
-		sv := p.array(views[i], 3)
-		vd := p.array(sv[2], 2)
-		out.Sources = append(out.Sources, gate.SourceView{
-			Source: s.Name, Breaker: p.breakerView(sv[0]), Quota: p.quotaView(sv[1]),
-			Verdict: gate.Rejection{Source: s.Name, Reason: gate.Reason(p.int(vd[0])), RetryAfter: ms(p.int(vd[1]))},
-		})
+		sv := peekSource.parse(p, views[i])
+		sv.Source, sv.Verdict.Source = s.Name, s.Name
+		out.Sources = append(out.Sources, sv)
 	}
 	if p.err != nil {
 		return gate.Snapshot{}, p.err
@@ -272,20 +271,18 @@ func (b *Backend) Override(ctx context.Context, req gate.OverrideRequest) (gate.
 	if req.Action < gate.ActionForceOpen || req.Action > gate.ActionReset {
 		return gate.OverrideResult{}, fmt.Errorf("%w: %d", gate.ErrUnknownAction, req.Action)
 	}
-	keys := b.sourceKeys(nil, req.Scope, req.Source.Name)
-	args := []any{
-		b.nowArg(), b.idleTTL, b.channel(req.Scope), req.Scope, req.Source.Name, int(req.Action), req.Actor, req.Why,
-		req.Source.Breaker.Window.Milliseconds(),
-	}
+	tag := b.tag(req.Scope)
+	keys := appendSourceKeys(make([]string, 0, len(sourceKeys.suffixes)), tag, req.Source.Name)
+	args := overrideArgs.pack(make([]any, 0, overrideArgs.width()), &call[gate.OverrideRequest]{b, &req, tag})
 	v, err := b.run(ctx, op, overrideScript, keys, args)
 	if err != nil {
 		return gate.OverrideResult{}, err
 	}
 	p := &parser{op: op}
-	r := p.array(v, 4)
+	r := overrideReply.parse(p, v)
 	out := gate.OverrideResult{
-		Events: p.events(r[0], p.single(req.Source.Name)),
-		View:   gate.SourceView{Source: req.Source.Name, Breaker: p.breakerView(r[1]), Quota: p.quotaView(r[2])},
+		Events: p.events(r.evs, p.single(req.Source.Name)),
+		View:   gate.SourceView{Source: req.Source.Name, Breaker: breakerView.parse(p, r.breaker), Quota: quotaView.parse(p, r.quota)},
 	}
 	if p.err != nil {
 		return gate.OverrideResult{}, p.err
@@ -313,19 +310,77 @@ func (b *Backend) bound(ctx context.Context) (context.Context, context.CancelFun
 	return context.WithTimeout(ctx, b.timeout)
 }
 
-// run runs one script: EVALSHA, and EVAL if the server lacks the script.
-func (b *Backend) run(ctx context.Context, op string, s *redis.Script, keys []string, args []any) (any, error) {
+// run runs one operation in one round trip: FCALL of the loaded library,
+// or EVALSHA where Functions are unavailable. When the server lacks the
+// library (first use, a restart, FUNCTION FLUSH) it loads it and calls
+// again; when it refuses FUNCTION LOAD (Redis < 7, ACL) the Backend uses
+// scripts from then on. The Backend's timeout bounds the whole run (the
+// calls and the load); wrap sees the caller's ctx, so that the Backend's own
+// deadline passing means Redis did not answer in time (unavailable), not
+// that the caller gave up.
+func (b *Backend) run(ctx context.Context, opName string, o *op, keys []string, args []any) (any, error) {
 	rctx, cancel := b.bound(ctx)
 	defer cancel()
-	v, err := s.Run(rctx, b.client, keys, args...).Result()
+	v, err := b.call(rctx, o, keys, args)
 	if err != nil {
-		// wrap sees the caller's ctx: the Backend's own deadline passing
-		// means Redis did not answer in time (unavailable), not that the
-		// caller gave up.
-		return nil, b.wrap(ctx, op, err)
+		return nil, b.wrap(ctx, opName, err)
 	}
 	b.orphans.poke()
 	return v, nil
+}
+
+func (b *Backend) call(ctx context.Context, o *op, keys []string, args []any) (any, error) {
+	if !b.scripts.Load() {
+		v, err := b.client.FCall(ctx, o.fn, keys, args...).Result()
+		switch {
+		case err == nil || errors.Is(err, redis.Nil):
+			return v, nil
+		case !noFunction(err):
+			return nil, err
+		}
+		lerr := b.load(ctx)
+		if lerr == nil {
+			return b.client.FCall(ctx, o.fn, keys, args...).Result()
+		}
+		if !refused(lerr) {
+			return nil, lerr
+		}
+		b.scripts.Store(true) // scripts from now on
+	}
+	return o.eval.Run(ctx, b.client, keys, args...).Result()
+}
+
+// load loads the library on the server (every master of a Cluster).
+func (b *Backend) load(ctx context.Context) error {
+	if c, ok := b.client.(*redis.ClusterClient); ok {
+		return c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			return m.FunctionLoadReplace(ctx, library()).Err()
+		})
+	}
+	return b.client.FunctionLoadReplace(ctx, library()).Err()
+}
+
+// refused reports whether FUNCTION LOAD failed for want of the command
+// (Redis < 7) or of the permission, rather than for an error in the library
+// (a bug, which scripts would only hide).
+func refused(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	m := strings.ToLower(err.Error())
+	return strings.Contains(m, "unknown command") || strings.Contains(m, "unknown subcommand") || redis.HasErrorPrefix(err, "NOPERM")
+}
+
+// noFunction reports whether err says the function or the FCALL command is
+// unknown to the server.
+func noFunction(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	m := strings.ToLower(err.Error())
+	return strings.Contains(m, "function not found") || strings.Contains(m, "unknown command")
 }
 
 // wrap names what failed and sorts the error: the caller's context ending

@@ -85,7 +85,7 @@ func scriptNowArgs(t testing.TB, h *redistest.Recorder) []string {
 	var out []string
 	names, args := h.Take()
 	for i, n := range names {
-		if n != "evalsha" && n != "eval" {
+		if n != "evalsha" && n != "eval" && n != "fcall" {
 			continue
 		}
 		nkeys, ok := args[i][2].(int)
@@ -179,7 +179,7 @@ func TestTestClockIsSent(t *testing.T) {
 	clock.Advance(1500 * time.Microsecond)
 	peek(t, ctx, b, "clock", src)
 	want := []string{strconv.FormatInt(gatetest.Epoch.UnixMilli(), 10), strconv.FormatInt(gatetest.Epoch.UnixMilli()+1, 10)}
-	// A first use sends EVALSHA, then EVAL with the same arguments.
+	// A first use sends FCALL, loads the library, then FCALL again.
 	if got := slices.Compact(scriptNowArgs(t, hook)); !slices.Equal(got, want) {
 		t.Fatalf("now_ms sent %v, want %v", got, want)
 	}

@@ -61,6 +61,17 @@ func (p *parser) str(v any) string {
 	return s
 }
 
+// events reads event records (eventReply), naming each source with name;
+// nil when there are none, as in the memory backend.
+func (p *parser) events(v any, name func(int64) string) []gate.Event {
+	var out []gate.Event
+	for _, e := range eventReply.list(p, v) {
+		e.v.Source = name(e.src)
+		out = append(out, e.v)
+	}
+	return out
+}
+
 // single names the events of a one-source reply (source index 1).
 func (p *parser) single(name string) func(int64) string {
 	return func(i int64) string {
@@ -69,39 +80,4 @@ func (p *parser) single(name string) func(int64) string {
 		}
 		return name
 	}
-}
-
-// events reads {source, kind, from, to, cause, epoch, reopens, cooldown_ms,
-// permit, override, actor, why} arrays; nil when there are none, as in the
-// memory backend.
-func (p *parser) events(v any, name func(int64) string) []gate.Event {
-	var out []gate.Event
-	for _, ev := range p.array(v, 0) {
-		e := p.array(ev, 12)
-		out = append(out, gate.Event{
-			Source: name(p.int(e[0])), Kind: gate.EventKind(p.int(e[1])),
-			From: gate.State(p.int(e[2])), To: gate.State(p.int(e[3])), Cause: gate.Cause(p.int(e[4])),
-			Epoch: p.uint(e[5]), Reopens: int(p.int(e[6])), Cooldown: ms(p.int(e[7])),
-			PermitID: p.str(e[8]), Override: gate.Override(p.int(e[9])), Actor: p.str(e[10]), Why: p.str(e[11]),
-		})
-	}
-	return out
-}
-
-// breakerView reads {state, override, actor, why, epoch, reopens, reason,
-// retry_ms, probe_out, probe_left_ms, calls, fails, consecutive, open_cause}.
-func (p *parser) breakerView(v any) gate.BreakerView {
-	b := p.array(v, 14)
-	return gate.BreakerView{
-		State: gate.State(p.int(b[0])), Override: gate.Override(p.int(b[1])), Actor: p.str(b[2]), Why: p.str(b[3]),
-		Epoch: p.uint(b[4]), Reopens: int(p.int(b[5])), Reason: gate.Reason(p.int(b[6])), RetryAfter: ms(p.int(b[7])),
-		ProbeOut: p.int(b[8]) == 1, ProbeLeft: ms(p.int(b[9])), Calls: p.int(b[10]), Fails: p.int(b[11]),
-		Consecutive: int(p.int(b[12])), Cause: gate.OpenCause(p.int(b[13])),
-	}
-}
-
-// quotaView reads {in_flight, requests, tokens}.
-func (p *parser) quotaView(v any) gate.QuotaView {
-	q := p.array(v, 3)
-	return gate.QuotaView{InFlight: int(p.int(q[0])), Requests: p.int(q[1]), Tokens: p.int(q[2])}
 }

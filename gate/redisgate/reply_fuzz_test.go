@@ -5,9 +5,9 @@ import (
 	"testing"
 )
 
-// reply decodes fuzz bytes into a Redis script reply tree of the shapes
+// fuzzReply decodes fuzz bytes into a Redis script reply tree of the shapes
 // go-redis hands back (int64, string, []any, nil), bounded in depth and size.
-func reply(b []byte, depth int) (any, []byte) {
+func fuzzReply(b []byte, depth int) (any, []byte) {
 	if len(b) == 0 {
 		return nil, b
 	}
@@ -33,7 +33,7 @@ func reply(b []byte, depth int) (any, []byte) {
 		out := make([]any, 0, n)
 		for range n {
 			var v any
-			v, b = reply(b, depth-1)
+			v, b = fuzzReply(b, depth-1)
 			out = append(out, v)
 		}
 		return out, b
@@ -49,10 +49,10 @@ func FuzzReplyParser(f *testing.F) {
 	f.Add([]byte{2, 3, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0})
 	f.Add([]byte{2, 1, 2, 12, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 3, 'a', 'b', 'c'})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		v, _ := reply(b, 4)
+		v, _ := fuzzReply(b, 4)
 		p := &parser{op: "fuzz"}
-		bv := p.breakerView(v)
-		qv := p.quotaView(v)
+		bv := breakerView.parse(p, v)
+		qv := quotaView.parse(p, v)
 		evs := p.events(v, p.single("s"))
 		if p.err != nil {
 			return

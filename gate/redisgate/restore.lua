@@ -6,40 +6,37 @@
 -- a Redis that kept the scope (an override another replica cleared there,
 -- its hash since expired, must not come back).
 --
--- KEYS  1 the scope's marker (no TTL: it is missing only if Redis lost the
---       scope), then the breaker of each remembered source
--- ARGV  1 now_ms (0: TIME)  2 idle_ttl_ms  3 n, then 8 per source i from
---       4+8(i-1): open_left_ms (0: not OPEN), reopens, epoch, opened_ago_ms,
---       override, actor, why, override_ago_ms
--- Reply {marker was missing (0/1), breakers restored}.
-local now = now_ms(ARGV[1])
-local idle_ttl = tonumber(ARGV[2])
-if not redis.call('SET', KEYS[1], I(now), 'NX') then
-  return { 0, 0 }
-end
-local restored = 0
-for i = 1, tonumber(ARGV[3]) do
-  local a = 4 + 8 * (i - 1)
-  local key = KEYS[1 + i]
-  if redis.call('EXISTS', key) == 0 then
-    local b = b_load(key)
-    local left = tonumber(ARGV[a])
-    if left > 0 then
-      b.state = OPEN
-      b.reopens = tonumber(ARGV[a + 1])
-      b.epoch = tonumber(ARGV[a + 2])
-      b.opened_at = now - tonumber(ARGV[a + 3])
-      b.open_until = now + left
-    end
-    local ov = tonumber(ARGV[a + 4])
-    if ov ~= NO_OVERRIDE then
-      b.override = ov
-      b.actor = ARGV[a + 5]
-      b.why = ARGV[a + 6]
-      b.override_at = now - tonumber(ARGV[a + 7])
-    end
-    b_save(b, idle_ttl)
-    restored = restored + 1
+-- keys: RESTORE_KEYS, then n × BRK_KEYS (the breaker of each remembered
+-- source).   argv: RESTORE, then n × RESTORE_SRC.   Reply RESTORE_R.
+local function restore(keys, argv)
+  local a = read(RESTORE, argv, 0)
+  local k = read(RESTORE_KEYS, keys, 0)
+  local now = now_ms(a.now)
+  if not redis.call('SET', k.marker, I(now), 'NX') then
+    return pack(RESTORE_R, { lost = 0, restored = 0 })
   end
+  local restored = 0
+  for i = 1, a.n do
+    local r = read(RESTORE_SRC, argv, block(RESTORE, RESTORE_SRC, i))
+    local key = read(BRK_KEYS, keys, block(RESTORE_KEYS, BRK_KEYS, i)).brk
+    if redis.call('EXISTS', key) == 0 then
+      local b = b_load(key)
+      if r.open_left > 0 then
+        b.state = OPEN
+        b.reopens = r.reopens
+        b.epoch = r.epoch
+        b.opened_at = now - r.opened_ago
+        b.open_until = now + r.open_left
+      end
+      if r.override ~= NO_OVERRIDE then
+        b.override = r.override
+        b.actor = r.actor
+        b.why = r.why
+        b.override_at = now - r.override_ago
+      end
+      b_save(b, a.idle_ttl)
+      restored = restored + 1
+    end
+  end
+  return pack(RESTORE_R, { lost = 1, restored = restored })
 end
-return { 1, restored }

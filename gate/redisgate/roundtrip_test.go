@@ -11,8 +11,8 @@ import (
 )
 
 // TestOneRoundTripPerCall counts the commands each Backend method sends: one
-// EVALSHA, plus one EVAL the first time a script is not in the server's
-// cache (go-redis's Script.Run falls back on NOSCRIPT).
+// FCALL, plus FUNCTION LOAD and the FCALL again the first time the server
+// lacks the library (here after a FUNCTION FLUSH, as after a restart).
 func TestOneRoundTripPerCall(t *testing.T) {
 	ctx := testCtx(t)
 	srv := redistest.Start(t)
@@ -27,7 +27,7 @@ func TestOneRoundTripPerCall(t *testing.T) {
 	bs, cs := gatetest.Src("b"), gatetest.Src("c", func(s *gate.Source) { s.Limits.RPM = 10 })
 	admit(t, ctx, b, scope, "hold", a)
 	openBreaker(t, ctx, b, scope, bs)
-	must(c.ScriptFlush(ctx).Result())(t)
+	must(c.FunctionFlush(ctx).Result())(t)
 	hook.Take()
 
 	n := 0
@@ -63,9 +63,9 @@ func TestOneRoundTripPerCall(t *testing.T) {
 				t.Fatalf("%s: %v", call.name, err)
 			}
 			got, _ := hook.Take()
-			want := []string{"evalsha"}
-			if round == 0 {
-				want = []string{"evalsha", "eval"} // NOSCRIPT after the flush
+			want := []string{"fcall"}
+			if round == 0 && call.name == "admit" {
+				want = []string{"fcall", "function", "fcall"} // not found after the flush: loaded once
 			}
 			if !slices.Equal(got, want) {
 				t.Fatalf("%s, call %d sent %v, want %v", call.name, round+1, got, want)

@@ -1,7 +1,9 @@
 package redisgate
 
 import (
+	"crypto/sha1"
 	_ "embed"
+	"encoding/hex"
 	"fmt"
 	"strings"
 
@@ -25,22 +27,66 @@ var (
 	restoreLua string
 )
 
-// The four scripts, one per Backend method. Each is the prelude, the shared
-// state machines of lib.lua, and the script's own body, so that one Lua text
-// of the state machines serves all four and no script depends on another
-// being loaded.
+// op is one Backend method's Lua entry point: body defines a local
+// function of that name, taking (keys, argv).
+type op struct {
+	name string
+	body string
+	fn   string        // the Redis Function's name in the library
+	eval *redis.Script // the fallback: prelude, lib.lua, the body, a call
+}
+
+// The operations, one per Backend method and restore. They are served from one
+// Redis Functions library (library), loaded once per server, so that a call
+// runs only its body; where Functions are missing or refused each is a
+// script of its own (EVALSHA), which runs lib.lua's definitions each time.
 var (
-	admitScript    = redis.NewScript(script(admitLua))
-	settleScript   = redis.NewScript(script(settleLua))
-	peekScript     = redis.NewScript(script(peekLua))
-	overrideScript = redis.NewScript(script(overrideLua))
+	admitScript    = newOp("admit", admitLua)
+	settleScript   = newOp("settle", settleLua)
+	peekScript     = newOp("peek", peekLua)
+	overrideScript = newOp("override", overrideLua)
 	// restoreScript is no Backend method: the background re-assertion of
 	// what a replica knows after Redis lost a scope (reassert.go).
-	restoreScript = redis.NewScript(script(restoreLua))
+	restoreScript = newOp("restore", restoreLua)
+	ops           = []*op{admitScript, settleScript, peekScript, overrideScript, restoreScript}
 )
 
-func script(body string) string {
-	return prelude() + libLua + body
+func newOp(name, body string) *op {
+	return &op{name: name, body: body, eval: redis.NewScript(prelude() + libLua + body + "\nreturn " + name + "(KEYS, ARGV)\n")}
+}
+
+// libVersion names this build's library and functions by the digest of its
+// text, so that sidecars of different versions sharing one Redis each call
+// their own.
+var libVersion = func() string {
+	var b strings.Builder
+	b.WriteString(prelude() + libLua)
+	for _, o := range ops {
+		b.WriteString(o.body)
+	}
+	sum := sha1.Sum([]byte(b.String()))
+	return hex.EncodeToString(sum[:6])
+}()
+
+func init() {
+	for _, o := range ops {
+		o.fn = "polygate_" + libVersion + "_" + o.name
+	}
+}
+
+// library is the Redis Functions library of every operation.
+func library() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "#!lua name=polygate_%s\n", libVersion)
+	b.WriteString(prelude() + libLua)
+	for _, o := range ops {
+		b.WriteString(o.body)
+		fmt.Fprintf(&b, "\nredis.register_function(%q, %s)\n", o.fn, o.name)
+	}
+	for _, l := range luaLayouts() {
+		l.write(&b)
+	}
+	return b.String()
 }
 
 // prelude writes the gate package's constants as Lua locals, so the scripts
@@ -94,5 +140,8 @@ func prelude() string {
 	def("MINUTE", gate.Minute)
 	def("BUCKETS", gate.WindowBuckets)
 	def("MAX_TOKEN_SUM", int64(gate.MaxTokenSum))
+	for _, l := range luaLayouts() {
+		l.write(&b)
+	}
 	return b.String()
 }

@@ -28,7 +28,7 @@ var globEscaper = strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`
 // scope's slot, renewed on every resharding). On a Cluster a PUBLISH reaches
 // every node; breakers change state rarely, so that costs nothing.
 func (b *Backend) Subscribe(ctx context.Context, handle func(scope string, e gate.Event)) error {
-	ps := b.client.PSubscribe(ctx, globEscaper.Replace(b.prefix)+"{*}:events")
+	ps := b.client.PSubscribe(ctx, globEscaper.Replace(b.prefix)+"{*}"+channelSuffix)
 	defer ps.Close()
 	ch := ps.Channel()
 	for {
@@ -47,42 +47,40 @@ func (b *Backend) Subscribe(ctx context.Context, handle func(scope string, e gat
 	}
 }
 
-// decodeAnnouncement reads [1, scope, source, kind, from, to, cause, epoch,
-// reopens, cooldown_ms, override, actor, why], as lib.lua's announce writes it.
+// decodeAnnouncement reads the record ANN (a JSON array), as lib.lua's
+// announce writes it.
 func decodeAnnouncement(payload string) (string, gate.Event, error) {
 	var a []any
-	if err := json.Unmarshal([]byte(payload), &a); err != nil {
+	d := json.NewDecoder(strings.NewReader(payload))
+	d.UseNumber()
+	if err := d.Decode(&a); err != nil {
 		return "", gate.Event{}, fmt.Errorf("redisgate: announcement: %w", err)
 	}
-	if len(a) != 13 {
-		return "", gate.Event{}, fmt.Errorf("redisgate: announcement of %d fields, want 13", len(a))
+	if len(a) != len(announcement.fields) {
+		return "", gate.Event{}, fmt.Errorf("redisgate: announcement of %d fields, want %d", len(a), len(announcement.fields))
 	}
-	var err error
-	num := func(v any) int64 {
-		f, ok := v.(float64)
-		if !ok || f != float64(int64(f)) {
-			err = fmt.Errorf("redisgate: announcement: want an integer, got %v", v)
+	for i, v := range a {
+		if n, ok := v.(json.Number); ok {
+			a[i] = jsonInt(n)
 		}
-		return int64(f)
 	}
-	str := func(v any) string {
-		s, ok := v.(string)
-		if !ok {
-			err = fmt.Errorf("redisgate: announcement: want a string, got %v", v)
-		}
-		return s
+	p := &parser{op: "announcement"}
+	r := announcement.parse(p, a)
+	if p.err == nil && r.version != 1 {
+		p.fail("version %d, want 1", r.version)
 	}
-	if v := num(a[0]); v != 1 {
-		return "", gate.Event{}, fmt.Errorf("redisgate: announcement version %d, want 1", v)
+	if p.err != nil {
+		return "", gate.Event{}, p.err
 	}
-	scope := str(a[1])
-	e := gate.Event{
-		Source: str(a[2]), Kind: gate.EventKind(num(a[3])), From: gate.State(num(a[4])), To: gate.State(num(a[5])),
-		Cause: gate.Cause(num(a[6])), Epoch: uint64(num(a[7])), Reopens: int(num(a[8])), Cooldown: ms(num(a[9])),
-		Override: gate.Override(num(a[10])), Actor: str(a[11]), Why: str(a[12]),
-	}
+	return r.scope, r.e, nil
+}
+
+// jsonInt is n as an int64, or n itself (which the parser refuses) when it
+// is not an integer in range.
+func jsonInt(n json.Number) any {
+	i, err := n.Int64()
 	if err != nil {
-		return "", gate.Event{}, err
+		return n
 	}
-	return scope, e, nil
+	return i
 }

@@ -1,0 +1,493 @@
+package redisgate
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/polygate/polygate/gate"
+)
+
+// Every argument block and reply record the scripts exchange with Go is
+// described once, here: a layout is the ordered list of its fields, each
+// with its name and the Go side of it (how a Go value is written as an
+// argument, or how a reply element is read into a Go value). From the same
+// table the Lua prelude gets a table per layout (see luaLayouts), which
+// lib.lua's read (arguments into a table of named fields) and pack (a table
+// of named fields into a reply array) use. Adding a field is one line in a
+// table below, plus the Lua line that uses or produces it by name.
+
+// arg is one field of an argument block: str says whether Lua keeps it a
+// string (otherwise read converts it with tonumber).
+type arg[T any] struct {
+	name string
+	str  bool
+	put  func(*T) any
+}
+
+func num[T any](name string, put func(*T) any) arg[T] { return arg[T]{name: name, put: put} }
+func str[T any](name string, put func(*T) any) arg[T] {
+	return arg[T]{name: name, str: true, put: put}
+}
+
+// args is an argument block of layout id (its Lua table's name).
+type args[T any] struct {
+	id     string
+	fields []arg[T]
+}
+
+func (l args[T]) width() int { return len(l.fields) }
+
+// pack appends v's fields in layout order.
+func (l args[T]) pack(out []any, v *T) []any {
+	for _, f := range l.fields {
+		out = append(out, f.put(v))
+	}
+	return out
+}
+
+// lua describes the layout for the prelude.
+func (l args[T]) lua() luaLayout {
+	ll := luaLayout{id: l.id}
+	for _, f := range l.fields {
+		ll.names = append(ll.names, f.name)
+		if f.str {
+			ll.strs = append(ll.strs, f.name)
+		}
+	}
+	return ll
+}
+
+// embed makes a block of U's fields part of a block of T's.
+func embed[T, U any](l args[U], part func(*T) *U) []arg[T] {
+	out := make([]arg[T], 0, len(l.fields))
+	for _, f := range l.fields {
+		out = append(out, arg[T]{name: f.name, str: f.str, put: func(v *T) any { return f.put(part(v)) }})
+	}
+	return out
+}
+
+// ret is one element of a reply record and how it is read into T.
+type ret[T any] struct {
+	name string
+	get  func(*parser, any, *T)
+}
+
+// reply is a reply record of layout id.
+type reply[T any] struct {
+	id     string
+	fields []ret[T]
+}
+
+// parse reads one record; a short or malformed one fails p.
+func (l reply[T]) parse(p *parser, v any) T {
+	var out T
+	a := p.array(v, len(l.fields))
+	for i, f := range l.fields {
+		f.get(p, a[i], &out)
+	}
+	return out
+}
+
+// list reads an array of records; nil when there are none.
+func (l reply[T]) list(p *parser, v any) []T {
+	var out []T
+	for _, e := range p.array(v, 0) {
+		out = append(out, l.parse(p, e))
+	}
+	return out
+}
+
+func (l reply[T]) lua() luaLayout {
+	ll := luaLayout{id: l.id}
+	for _, f := range l.fields {
+		ll.names = append(ll.names, f.name)
+	}
+	return ll
+}
+
+// luaLayout is what the prelude writes of a layout:
+// ID = {WIDTH = n, NAMES = {...}, STR = {...}, <NAME> = index, ...}.
+type luaLayout struct {
+	id    string
+	names []string
+	strs  []string
+}
+
+// write defines the layout's Lua table: its ID, WIDTH, the index of each
+// field by name in upper case, and two functions written out field by field
+// (a loop over the names costs more Lua work per call than the whole
+// breaker): read(argv, base) returns the block that starts after
+// argv[base] as a table of named fields (numbers unless a string field),
+// and pack(t) returns t's named fields as a reply array. A field pack finds
+// nil ends the array early, which the Go parser refuses as a short record.
+func (l luaLayout) write(b *strings.Builder) {
+	fmt.Fprintf(b, "local %s = {ID = %q, WIDTH = %d", l.id, l.id, len(l.names))
+	for i, n := range l.names {
+		fmt.Fprintf(b, ", %s = %d", strings.ToUpper(n), i+1)
+	}
+	b.WriteString("}\n")
+	fmt.Fprintf(b, "%s.read = function(argv, base)\n  return {", l.id)
+	for i, n := range l.names {
+		if slices.Contains(l.strs, n) {
+			fmt.Fprintf(b, "%s = argv[base + %d], ", n, i+1)
+		} else {
+			fmt.Fprintf(b, "%s = tonumber(argv[base + %d]), ", n, i+1)
+		}
+	}
+	b.WriteString("}\nend\n")
+	fmt.Fprintf(b, "%s.pack = function(t)\n  return {", l.id)
+	for _, n := range l.names {
+		fmt.Fprintf(b, "t.%s, ", n)
+	}
+	b.WriteString("}\nend\n")
+}
+
+// ---------------------------------------------------------------- keys
+
+// keyBlock is a block of keys; every key is a string.
+type keyBlock struct {
+	id       string
+	suffixes []string
+}
+
+func (k keyBlock) lua() luaLayout {
+	return luaLayout{id: k.id, names: k.suffixes, strs: k.suffixes}
+}
+
+// sourceKeys are a source's keys, each the source's base name plus the
+// suffix: the breaker hash, the quota's leases, log and data.
+var sourceKeys = keyBlock{"SRC_KEYS", []string{"brk", "leases", "log", "data"}}
+
+// scopeKeys are the keys of the scope itself that a script reads first.
+var scopeKeys = keyBlock{"SCOPE_KEYS", []string{"progress"}}
+
+// ---------------------------------------------------------------- arguments
+
+// limitArgs is a gate.Limits (lease in ms).
+var limitArgs = args[gate.Limits]{"LIMITS", []arg[gate.Limits]{
+	num("max_concurrency", func(l *gate.Limits) any { return l.MaxConcurrency }),
+	num("rpm", func(l *gate.Limits) any { return l.RPM }),
+	num("tpm", func(l *gate.Limits) any { return l.TPM }),
+	num("lease", func(l *gate.Limits) any { return l.Lease.Milliseconds() }),
+}}
+
+// policyArgs is a gate.BreakerPolicy (durations in ms).
+var policyArgs = args[gate.BreakerPolicy]{"POLICY", []arg[gate.BreakerPolicy]{
+	num("fail_threshold", func(p *gate.BreakerPolicy) any { return p.FailThreshold }),
+	num("min_calls", func(p *gate.BreakerPolicy) any { return p.MinCalls }),
+	num("fail_rate", func(p *gate.BreakerPolicy) any { return strconv.FormatFloat(p.FailRate, 'g', -1, 64) }),
+	num("window", func(p *gate.BreakerPolicy) any { return p.Window.Milliseconds() }),
+	num("cooldown", func(p *gate.BreakerPolicy) any { return p.Cooldown.Milliseconds() }),
+	num("max_cooldown", func(p *gate.BreakerPolicy) any { return p.MaxCooldown.Milliseconds() }),
+	num("probe_ttl", func(p *gate.BreakerPolicy) any { return p.ProbeTTL.Milliseconds() }),
+}}
+
+// call is what every head block is written from: the Backend (time, TTL,
+// channel) and the request.
+type call[R any] struct {
+	b   *Backend
+	req *R
+	tag string // the scope's, computed once per call
+}
+
+// admitArgs head the admit call; n candidates (candArgs) follow.
+var admitArgs = args[call[gate.AdmitRequest]]{"ADMIT", []arg[call[gate.AdmitRequest]]{
+	num("now", func(c *call[gate.AdmitRequest]) any { return c.b.nowArg() }),
+	num("idle_ttl", func(c *call[gate.AdmitRequest]) any { return c.b.idleTTL }),
+	str("channel", func(c *call[gate.AdmitRequest]) any { return c.tag + channelSuffix }),
+	str("scope", func(c *call[gate.AdmitRequest]) any { return c.req.Scope }),
+	str("permit", func(c *call[gate.AdmitRequest]) any { return c.req.PermitID }),
+	num("tokens", func(c *call[gate.AdmitRequest]) any { return c.req.Tokens }),
+	num("n", func(c *call[gate.AdmitRequest]) any { return len(c.req.Candidates) }),
+}}
+
+// candArgs is one candidate of the admit call.
+var candArgs = args[gate.Candidate]{"CAND", concat(
+	[]arg[gate.Candidate]{
+		str("name", func(c *gate.Candidate) any { return c.Source.Name }),
+		num("ceiling", func(c *gate.Candidate) any { return c.Ceiling }),
+	},
+	embed(limitArgs, func(c *gate.Candidate) *gate.Limits { return &c.Source.Limits }),
+	embed(policyArgs, func(c *gate.Candidate) *gate.BreakerPolicy { return &c.Source.Breaker }),
+)}
+
+// settleArgs is the whole settle call.
+var settleArgs = args[call[gate.SettleRequest]]{"SETTLE", concat(
+	[]arg[call[gate.SettleRequest]]{
+		num("now", func(c *call[gate.SettleRequest]) any { return c.b.nowArg() }),
+		num("idle_ttl", func(c *call[gate.SettleRequest]) any { return c.b.idleTTL }),
+		str("channel", func(c *call[gate.SettleRequest]) any { return c.tag + channelSuffix }),
+		str("scope", func(c *call[gate.SettleRequest]) any { return c.req.Scope }),
+		str("source", func(c *call[gate.SettleRequest]) any { return c.req.Source.Name }),
+		str("permit", func(c *call[gate.SettleRequest]) any { return c.req.PermitID }),
+		num("epoch", func(c *call[gate.SettleRequest]) any { return strconv.FormatUint(c.req.Epoch, 10) }),
+		num("probe", func(c *call[gate.SettleRequest]) any { return flag(c.req.Probe) }),
+		num("verdict", func(c *call[gate.SettleRequest]) any { return int(c.req.Verdict) }),
+		num("floor", func(c *call[gate.SettleRequest]) any { return c.req.Floor.Milliseconds() }),
+		num("actual", func(c *call[gate.SettleRequest]) any { return c.req.ActualTokens }), // < 0 keeps the estimate
+		num("progress", func(c *call[gate.SettleRequest]) any { return flag(c.req.Progress) }),
+	},
+	embed(policyArgs, func(c *call[gate.SettleRequest]) *gate.BreakerPolicy { return &c.req.Source.Breaker }),
+)}
+
+// peekArgs head the peek call; n sources (peekSourceArgs) follow.
+var peekArgs = args[call[gate.PeekRequest]]{"PEEK", []arg[call[gate.PeekRequest]]{
+	num("now", func(c *call[gate.PeekRequest]) any { return c.b.nowArg() }),
+	num("n", func(c *call[gate.PeekRequest]) any { return len(c.req.Sources) }),
+	num("tokens", func(c *call[gate.PeekRequest]) any { return c.req.Tokens }),
+}}
+
+// peekSourceArgs is one source of the peek call, as a candidate.
+var peekSourceArgs = args[gate.Candidate]{"PEEK_SRC", concat(
+	[]arg[gate.Candidate]{
+		num("window", func(c *gate.Candidate) any { return c.Source.Breaker.Window.Milliseconds() }),
+		num("ceiling", func(c *gate.Candidate) any { return c.Ceiling }),
+	},
+	embed(limitArgs, func(c *gate.Candidate) *gate.Limits { return &c.Source.Limits }),
+)}
+
+// overrideArgs is the whole override call.
+var overrideArgs = args[call[gate.OverrideRequest]]{"OVERRIDE", []arg[call[gate.OverrideRequest]]{
+	num("now", func(c *call[gate.OverrideRequest]) any { return c.b.nowArg() }),
+	num("idle_ttl", func(c *call[gate.OverrideRequest]) any { return c.b.idleTTL }),
+	str("channel", func(c *call[gate.OverrideRequest]) any { return c.tag + channelSuffix }),
+	str("scope", func(c *call[gate.OverrideRequest]) any { return c.req.Scope }),
+	str("source", func(c *call[gate.OverrideRequest]) any { return c.req.Source.Name }),
+	num("action", func(c *call[gate.OverrideRequest]) any { return int(c.req.Action) }),
+	str("actor", func(c *call[gate.OverrideRequest]) any { return c.req.Actor }),
+	str("why", func(c *call[gate.OverrideRequest]) any { return c.req.Why }),
+	num("window", func(c *call[gate.OverrideRequest]) any { return c.req.Source.Breaker.Window.Milliseconds() }),
+}}
+
+// restoreKeys head the restore call's keys: the scope's marker (no TTL: it
+// is missing only if Redis lost the scope); n brkKeys follow.
+var restoreKeys = keyBlock{"RESTORE_KEYS", []string{"marker"}}
+
+// brkKeys is a source's breaker hash alone.
+var brkKeys = keyBlock{"BRK_KEYS", []string{"brk"}}
+
+// restoreCall heads the restore call: n records (restoreSrcArgs) follow.
+type restoreCall struct {
+	b *Backend
+	n int
+}
+
+var restoreArgs = args[restoreCall]{"RESTORE", []arg[restoreCall]{
+	num("now", func(c *restoreCall) any { return c.b.nowArg() }),
+	num("idle_ttl", func(c *restoreCall) any { return c.b.idleTTL }),
+	num("n", func(c *restoreCall) any { return c.n }),
+}}
+
+// restoreRec is a remembered breaker as of now (durations in ms, relative to
+// now; open_left 0: not OPEN).
+type restoreRec struct {
+	openLeft, openedAgo, overrideAgo int64
+	reopens                          int
+	epoch                            uint64
+	override                         gate.Override
+	actor, why                       string
+}
+
+var restoreSrcArgs = args[restoreRec]{"RESTORE_SRC", []arg[restoreRec]{
+	num("open_left", func(r *restoreRec) any { return r.openLeft }),
+	num("reopens", func(r *restoreRec) any { return r.reopens }),
+	num("epoch", func(r *restoreRec) any { return strconv.FormatUint(r.epoch, 10) }),
+	num("opened_ago", func(r *restoreRec) any { return r.openedAgo }),
+	num("override", func(r *restoreRec) any { return int(r.override) }),
+	str("actor", func(r *restoreRec) any { return r.actor }),
+	str("why", func(r *restoreRec) any { return r.why }),
+	num("override_ago", func(r *restoreRec) any { return r.overrideAgo }),
+}}
+
+func concat[T any](parts ...[]arg[T]) []arg[T] {
+	var out []arg[T]
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+// ---------------------------------------------------------------- replies
+
+func getInt[T any](set func(*T, int64)) func(*parser, any, *T) {
+	return func(p *parser, v any, t *T) { set(t, p.int(v)) }
+}
+
+func getStr[T any](set func(*T, string)) func(*parser, any, *T) {
+	return func(p *parser, v any, t *T) { set(t, p.str(v)) }
+}
+
+// breakerView is a gate.BreakerView (durations in ms, probe_out 0/1).
+var breakerView = reply[gate.BreakerView]{"BV", []ret[gate.BreakerView]{
+	{"state", getInt(func(b *gate.BreakerView, v int64) { b.State = gate.State(v) })},
+	{"override", getInt(func(b *gate.BreakerView, v int64) { b.Override = gate.Override(v) })},
+	{"actor", getStr(func(b *gate.BreakerView, v string) { b.Actor = v })},
+	{"why", getStr(func(b *gate.BreakerView, v string) { b.Why = v })},
+	{"epoch", func(p *parser, v any, b *gate.BreakerView) { b.Epoch = p.uint(v) }},
+	{"reopens", getInt(func(b *gate.BreakerView, v int64) { b.Reopens = int(v) })},
+	{"reason", getInt(func(b *gate.BreakerView, v int64) { b.Reason = gate.Reason(v) })},
+	{"retry", getInt(func(b *gate.BreakerView, v int64) { b.RetryAfter = ms(v) })},
+	{"probe_out", getInt(func(b *gate.BreakerView, v int64) { b.ProbeOut = v == 1 })},
+	{"probe_left", getInt(func(b *gate.BreakerView, v int64) { b.ProbeLeft = ms(v) })},
+	{"calls", getInt(func(b *gate.BreakerView, v int64) { b.Calls = v })},
+	{"fails", getInt(func(b *gate.BreakerView, v int64) { b.Fails = v })},
+	{"consecutive", getInt(func(b *gate.BreakerView, v int64) { b.Consecutive = int(v) })},
+	{"cause", getInt(func(b *gate.BreakerView, v int64) { b.Cause = gate.OpenCause(v) })},
+}}
+
+// quotaView is a gate.QuotaView.
+var quotaView = reply[gate.QuotaView]{"QV", []ret[gate.QuotaView]{
+	{"in_flight", getInt(func(q *gate.QuotaView, v int64) { q.InFlight = int(v) })},
+	{"requests", getInt(func(q *gate.QuotaView, v int64) { q.Requests = v })},
+	{"tokens", getInt(func(q *gate.QuotaView, v int64) { q.Tokens = v })},
+}}
+
+// indexed is a record that names its source by index (the candidate's, from
+// 1; 1 in a one-source reply).
+type indexed[T any] struct {
+	src int64
+	v   T
+}
+
+// eventReply is a gate.Event with the source as an index.
+var eventReply = reply[indexed[gate.Event]]{"EV", []ret[indexed[gate.Event]]{
+	{"src", getInt(func(e *indexed[gate.Event], v int64) { e.src = v })},
+	{"kind", getInt(func(e *indexed[gate.Event], v int64) { e.v.Kind = gate.EventKind(v) })},
+	{"from", getInt(func(e *indexed[gate.Event], v int64) { e.v.From = gate.State(v) })},
+	{"to", getInt(func(e *indexed[gate.Event], v int64) { e.v.To = gate.State(v) })},
+	{"cause", getInt(func(e *indexed[gate.Event], v int64) { e.v.Cause = gate.Cause(v) })},
+	{"epoch", func(p *parser, v any, e *indexed[gate.Event]) { e.v.Epoch = p.uint(v) }},
+	{"reopens", getInt(func(e *indexed[gate.Event], v int64) { e.v.Reopens = int(v) })},
+	{"cooldown", getInt(func(e *indexed[gate.Event], v int64) { e.v.Cooldown = ms(v) })},
+	{"permit", getStr(func(e *indexed[gate.Event], v string) { e.v.PermitID = v })},
+	{"override", getInt(func(e *indexed[gate.Event], v int64) { e.v.Override = gate.Override(v) })},
+	{"actor", getStr(func(e *indexed[gate.Event], v string) { e.v.Actor = v })},
+	{"why", getStr(func(e *indexed[gate.Event], v string) { e.v.Why = v })},
+}}
+
+// rejection is a gate.Rejection with the source as an index; a verdict
+// (peek) is the same record without the index.
+var rejection = reply[indexed[gate.Rejection]]{"REJ", []ret[indexed[gate.Rejection]]{
+	{"src", getInt(func(r *indexed[gate.Rejection], v int64) { r.src = v })},
+	{"reason", getInt(func(r *indexed[gate.Rejection], v int64) { r.v.Reason = gate.Reason(v) })},
+	{"retry", getInt(func(r *indexed[gate.Rejection], v int64) { r.v.RetryAfter = ms(v) })},
+}}
+
+// raw keeps a reply element for a nested layout to read.
+func raw[T any](set func(*T, any)) func(*parser, any, *T) {
+	return func(_ *parser, v any, t *T) { set(t, v) }
+}
+
+// clockReply is the time pair every reply but override's ends with.
+type clockReply struct{ progress, now int64 }
+
+func (c clockReply) age() time.Duration { return progressAge(c.progress, c.now) }
+
+type admitOut struct {
+	granted, probe  int64
+	epoch           uint64
+	rejections, evs any
+	clock           clockReply
+}
+
+var admitReply = reply[admitOut]{"ADMIT_R", []ret[admitOut]{
+	{"granted", getInt(func(r *admitOut, v int64) { r.granted = v })},
+	{"probe", getInt(func(r *admitOut, v int64) { r.probe = v })},
+	{"epoch", func(p *parser, v any, r *admitOut) { r.epoch = p.uint(v) }},
+	{"rejections", raw(func(r *admitOut, v any) { r.rejections = v })},
+	{"events", raw(func(r *admitOut, v any) { r.evs = v })},
+	{"progress", getInt(func(r *admitOut, v int64) { r.clock.progress = v })},
+	{"now", getInt(func(r *admitOut, v int64) { r.clock.now = v })},
+}}
+
+type settleOut struct {
+	released, effect int64
+	evs, view        any
+	clock            clockReply
+}
+
+var settleReply = reply[settleOut]{"SETTLE_R", []ret[settleOut]{
+	{"released", getInt(func(r *settleOut, v int64) { r.released = v })},
+	{"effect", getInt(func(r *settleOut, v int64) { r.effect = v })},
+	{"events", raw(func(r *settleOut, v any) { r.evs = v })},
+	{"view", raw(func(r *settleOut, v any) { r.view = v })},
+	{"progress", getInt(func(r *settleOut, v int64) { r.clock.progress = v })},
+	{"now", getInt(func(r *settleOut, v int64) { r.clock.now = v })},
+}}
+
+type peekOut struct {
+	clock   clockReply
+	sources any
+}
+
+var peekReply = reply[peekOut]{"PEEK_R", []ret[peekOut]{
+	{"progress", getInt(func(r *peekOut, v int64) { r.clock.progress = v })},
+	{"now", getInt(func(r *peekOut, v int64) { r.clock.now = v })},
+	{"sources", raw(func(r *peekOut, v any) { r.sources = v })},
+}}
+
+// peekSource is one source of a peek reply: views and Admit's verdict now.
+var peekSource = reply[gate.SourceView]{"PEEK_SRC_R", []ret[gate.SourceView]{
+	{"breaker", func(p *parser, v any, s *gate.SourceView) { s.Breaker = breakerView.parse(p, v) }},
+	{"quota", func(p *parser, v any, s *gate.SourceView) { s.Quota = quotaView.parse(p, v) }},
+	{"reason", getInt(func(s *gate.SourceView, v int64) { s.Verdict.Reason = gate.Reason(v) })},
+	{"retry", getInt(func(s *gate.SourceView, v int64) { s.Verdict.RetryAfter = ms(v) })},
+}}
+
+type overrideOut struct{ evs, breaker, quota any }
+
+var overrideReply = reply[overrideOut]{"OVERRIDE_R", []ret[overrideOut]{
+	{"events", raw(func(r *overrideOut, v any) { r.evs = v })},
+	{"breaker", raw(func(r *overrideOut, v any) { r.breaker = v })},
+	{"quota", raw(func(r *overrideOut, v any) { r.quota = v })},
+	{"now", raw(func(*overrideOut, any) {})},
+}}
+
+type restoreOut struct{ lost, restored int64 }
+
+// restoreReply: whether the marker was missing (0/1), and how many
+// breakers were written.
+var restoreReply = reply[restoreOut]{"RESTORE_R", []ret[restoreOut]{
+	{"lost", getInt(func(r *restoreOut, v int64) { r.lost = v })},
+	{"restored", getInt(func(r *restoreOut, v int64) { r.restored = v })},
+}}
+
+// announced is an announcement: its format version, scope, and event.
+type announced struct {
+	version int64
+	scope   string
+	e       gate.Event
+}
+
+// announcement is what lib.lua's announce publishes (as a JSON array) and
+// Subscribe reads.
+var announcement = reply[announced]{"ANN", []ret[announced]{
+	{"version", getInt(func(a *announced, v int64) { a.version = v })},
+	{"scope", getStr(func(a *announced, v string) { a.scope = v })},
+	{"source", getStr(func(a *announced, v string) { a.e.Source = v })},
+	{"kind", getInt(func(a *announced, v int64) { a.e.Kind = gate.EventKind(v) })},
+	{"from", getInt(func(a *announced, v int64) { a.e.From = gate.State(v) })},
+	{"to", getInt(func(a *announced, v int64) { a.e.To = gate.State(v) })},
+	{"cause", getInt(func(a *announced, v int64) { a.e.Cause = gate.Cause(v) })},
+	{"epoch", func(p *parser, v any, a *announced) { a.e.Epoch = p.uint(v) }},
+	{"reopens", getInt(func(a *announced, v int64) { a.e.Reopens = int(v) })},
+	{"cooldown", getInt(func(a *announced, v int64) { a.e.Cooldown = ms(v) })},
+	{"override", getInt(func(a *announced, v int64) { a.e.Override = gate.Override(v) })},
+	{"actor", getStr(func(a *announced, v string) { a.e.Actor = v })},
+	{"why", getStr(func(a *announced, v string) { a.e.Why = v })},
+}}
+
+// luaLayouts are the layouts the prelude defines.
+func luaLayouts() []luaLayout {
+	return []luaLayout{
+		sourceKeys.lua(), scopeKeys.lua(),
+		limitArgs.lua(), policyArgs.lua(), admitArgs.lua(), candArgs.lua(), settleArgs.lua(), peekArgs.lua(),
+		peekSourceArgs.lua(), overrideArgs.lua(),
+		breakerView.lua(), quotaView.lua(), eventReply.lua(), rejection.lua(), admitReply.lua(), settleReply.lua(),
+		peekReply.lua(), peekSource.lua(), overrideReply.lua(), announcement.lua(),
+		restoreKeys.lua(), brkKeys.lua(), restoreArgs.lua(), restoreSrcArgs.lua(), restoreReply.lua(),
+	}
+}
