@@ -636,7 +636,7 @@ func resolveBreaker(c *checker, scopeKey, sourceKey string, scope, src *fileBrea
 		c.duration(pick(src.ProbeTTL != nil, "probe_ttl"), ttl, time.Millisecond)
 		return p, false
 	}
-	// DESIGN: probe_ttl = max(2 × slowest timeout, cooldown, timeout + 5 s).
+	// docs/design.md, The breaker: probe_ttl = max(2 × slowest timeout, cooldown, timeout + 5 s).
 	p.ProbeTTL = max(2*slowest, p.Cooldown, timeout+5*time.Second)
 	return p, true
 }

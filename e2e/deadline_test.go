@@ -60,7 +60,7 @@ func TestDeadline_NeverOverslept(t *testing.T) {
 		if !errors.As(err, &f) || f.Reason != polygate.DeadlineExceeded || !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("call = %v; want deadline_exceeded", err)
 		}
-		// DESIGN: "the earliest certain moment is past the deadline: fail
+		// docs/design.md, OnNoRunnable: "the earliest certain moment is past the deadline: fail
 		// now, not then" — far below the deadline (a tenth of it).
 		if elapsed > deadline/10 {
 			t.Errorf("failed after %v; want at once, far below the %v deadline", elapsed, deadline)

@@ -1,6 +1,6 @@
 // Package policy decides for one scope: the selector's order, the AIMD pacer,
 // the cooldown memo, the Pick walk, the call's two budgets, OnNoRunnable and
-// the next action after an outcome. It owns DESIGN's outcome table and keeps
+// the next action after an outcome. It owns the outcome table (docs/design.md, Outcomes) and keeps
 // breakers and quotas in a gate.Backend.
 //
 // The Scope's files, one job each: scope.go (configuration, reload, breaker

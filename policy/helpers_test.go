@@ -116,7 +116,7 @@ type result struct {
 	elapsed  time.Duration
 }
 
-// drive runs DESIGN's thin SDK loop for one call against a fake upstream,
+// drive runs the thin SDK loop of docs/design.md for one call against a fake upstream,
 // sleeping on the bubble's clock.
 func drive(t *testing.T, s *policy.Scope, c *policy.Call, upstream func(g *policy.Grant) reply) result {
 	t.Helper()

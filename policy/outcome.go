@@ -48,7 +48,7 @@ const (
 	thenClose
 )
 
-// rule is one row of DESIGN's outcome table.
+// rule is one row of the outcome table (docs/design.md, Outcomes).
 type rule struct {
 	verdict gate.Verdict
 	// charged: the attempt counts against max_attempts.
@@ -62,7 +62,7 @@ type rule struct {
 	then   then
 }
 
-// outcomes is DESIGN's outcome table, the only copy of it in the code.
+// outcomes is the outcome table of docs/design.md, the only copy of it in the code.
 var outcomes = map[Outcome]rule{
 	Success:     {verdict: gate.VerdictSuccess, then: thenDone},
 	Transient:   {verdict: gate.VerdictFailure, charged: true, failed: true, then: thenRetry},

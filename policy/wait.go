@@ -23,7 +23,7 @@ type Decision struct {
 }
 
 // OnNoRunnable decides, after a NoRunnable Pick, whether the call waits or
-// fails (DESIGN's formula, dispatched by the reason of the refusal), and does
+// fails (the formula in docs/design.md, OnNoRunnable, dispatched by the reason of the refusal), and does
 // the wait here, inside the sidecar. When every source is refused by a
 // breaker OPEN because of a SOURCE_DEAD outcome, the call fails at once with
 // source_dead (unless the scope's source_dead is wait), whatever circuit_open
@@ -144,7 +144,7 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 		// The earliest certain moment is past the deadline: fail now, not then.
 		return fail(FailDeadlineExceeded, hint)
 	}
-	// DESIGN's formula, with the stall budget as the bound of an uncertain
+	// The formula of docs/design.md, with the stall budget as the bound of an uncertain
 	// wait (see OnNoRunnable).
 	jitter := time.Duration(float64(cfg.PollInterval) * (0.5 + 0.5*s.rand()))
 	budget := cfg.StallWindow - stalled + cfg.PollInterval

@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// Classify maps an upstream HTTP result to its outcome with DESIGN's outcome
+// Classify maps an upstream HTTP result to its outcome with the outcome
 // table, and returns the largest retry hint the upstream gave (0 if none).
 // The table is shared with the Python SDK through testdata/classification.json:
 //

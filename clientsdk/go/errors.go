@@ -53,7 +53,7 @@ var failureNames = map[FailureReason]string{
 	RetryAfterTooLong: "retry_after_too_long", DeadSource: "source_dead", ScopeRemoved: "scope_removed",
 }
 
-// String is the reason as DESIGN writes it, e.g. "circuit_open".
+// String is the reason as the sidecar's API names it, e.g. "circuit_open".
 func (r FailureReason) String() string {
 	if s, ok := failureNames[r]; ok {
 		return s
@@ -100,7 +100,7 @@ var failureSentinels = map[FailureReason]error{
 // SourceReason is one source's refusal of the call's last Pick.
 type SourceReason struct {
 	Source string
-	// Reason is the refusal as DESIGN names it: "cooldown", "circuit_open",
+	// Reason is the refusal as the sidecar's API names it: "cooldown", "circuit_open",
 	// "probe_in_flight", "forced_open", "adaptive_paced" or "rate_limited".
 	Reason string
 	// RetryAfter is the time until this source's earliest certain retry (0

@@ -7,7 +7,7 @@ import (
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 )
 
-// Outcome classifies one attempt's upstream result (DESIGN's outcome table).
+// Outcome classifies one attempt's upstream result (the outcome table in the polygate README).
 type Outcome int
 
 const (

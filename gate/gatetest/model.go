@@ -13,7 +13,7 @@ import (
 
 // The model test drives one source of a backend with random admissions,
 // outcomes, peeks and clock steps, and compares every answer with a small
-// independent model of DESIGN's breaker. After every step it checks the
+// independent model of the breaker of docs/design.md. After every step it checks the
 // invariants: the state is the model's, the epoch grew exactly once per probe
 // handed out, at most one probe is out, retry_after is the remaining wait, and
 // every transition reported is an allowed one.

@@ -7,7 +7,7 @@ import (
 	"github.com/polygate/polygate/gate"
 )
 
-// runRetryAfter checks DESIGN's retry_after table at every exit of a backend:
+// runRetryAfter checks the retry_after table of docs/design.md at every exit of a backend:
 // admission refusals, settlements and peeks.
 func runRetryAfter(t *testing.T, factory Factory) {
 	t.Run("Closed", func(t *testing.T) {
