@@ -95,15 +95,16 @@ def test_non_retryable_returns_the_upstreams_answer(upstream: Upstream, start_si
 
 
 def test_open_breakers_are_raised(upstream: Upstream, start_sidecar: Callable[[str], Sidecar]) -> None:
-    """Two 401s force both breakers open: that call, and the next one (which
-    makes no attempt), fail with circuit_open and the cooldown left."""
+    """Two 401s force both breakers open because the sources are dead: that
+    call, and the next one (which makes no attempt), fail with source_dead
+    (source_dead: fail_fast, the default) and the cooldown left."""
     sc = start_sidecar(two_sources(upstream, circuit_open="fail_fast"))
     upstream.set("a", {"status": 401})
     upstream.set("b", {"status": 401})
     with polygate.Client(sc.addr) as pg, httpx.Client(transport=PolygateTransport(pg, "chat")) as http:
-        with pytest.raises(polygate.CircuitOpenError) as first:
+        with pytest.raises(polygate.SourceDeadError) as first:
             http.post(PLACEHOLDER + "/chat/completions", json={})
-        with pytest.raises(polygate.CircuitOpenError) as second:
+        with pytest.raises(polygate.SourceDeadError) as second:
             http.post(PLACEHOLDER + "/chat/completions", json={})
     last = first.value.last_result
     assert first.value.attempts == 2 and last is not None and last.http_status == 401

@@ -121,6 +121,7 @@ WAIT_SCOPES = """
 scopes:
   open:
     circuit_open: wait
+    source_dead: wait  # the 401 below only opens the breaker: what is tested is the wait's deadline
     max_attempts: 1
     breaker: {{cooldown: 60s, max_cooldown: 60s}}
     sources:
@@ -190,7 +191,8 @@ async def test_cancel_while_waiting_ends_the_call(upstream: Upstream, start_side
     """Cancelling a task that waits for a slot (it holds no permit) ends its
     call in the sidecar before the cancellation propagates (CancelCall): it
     stops counting as a live call at once, not after calls.idle_timeout."""
-    sc = start_sidecar(WAIT_SCOPES.format(url=upstream.url))
+    # At debug level the sidecar logs "call waiting" for each call that starts waiting.
+    sc = start_sidecar("log: {level: debug}\n" + WAIT_SCOPES.format(url=upstream.url))
     upstream.set("slot", {"hang": True})
     loop = asyncio.get_running_loop()
     async with polygate.AsyncClient(sc.addr) as client:
