@@ -117,7 +117,7 @@ func openRedis(r config.Redis, every time.Duration, log *slog.Logger, onChange f
 		subscribe:  shared.Subscribe,
 		check:      fb.Check,
 		giveBacks:  func(ctx context.Context) { shared.RunGiveBacks(ctx, every) },
-		collectors: []prometheus.Collector{redisCollector{shared}},
+		collectors: redisMetrics(shared),
 		close:      client.Close,
 	}, nil
 }
@@ -145,29 +145,17 @@ func announcements(ctx context.Context, b *backend, announce func(scope string, 
 	}
 }
 
-var (
-	giveBacksQueuedDesc   = prometheus.NewDesc("polygate_redis_give_backs_queued", "Settles Redis owes now: permits whose Admit reply was lost, settles that failed.", nil, nil)
-	giveBacksReleasedDesc = prometheus.NewDesc("polygate_redis_give_backs_released_total", "Give-backs and repeated settles that freed a slot nobody else would have freed before its lease ended.", nil, nil)
-	giveBacksOverDesc     = prometheus.NewDesc("polygate_redis_give_backs_overflowed_total", "Settles lost to a full give-back queue (their slots end with their leases).", nil, nil)
-	stateLossesDesc       = prometheus.NewDesc("polygate_redis_state_losses_total", "Scopes found lost by Redis (restart without persistence, failover to an empty replica) and re-asserted.", nil, nil)
-)
-
-// redisCollector exports the Redis backend's give-back queue and state checks.
-type redisCollector struct{ b *redisgate.Backend }
-
-// Describe implements prometheus.Collector.
-func (redisCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- giveBacksQueuedDesc
-	ch <- giveBacksReleasedDesc
-	ch <- giveBacksOverDesc
-	ch <- stateLossesDesc
-}
-
-// Collect implements prometheus.Collector.
-func (c redisCollector) Collect(ch chan<- prometheus.Metric) {
-	g := c.b.GiveBacks()
-	ch <- prometheus.MustNewConstMetric(giveBacksQueuedDesc, prometheus.GaugeValue, float64(g.Queued))
-	ch <- prometheus.MustNewConstMetric(giveBacksReleasedDesc, prometheus.CounterValue, float64(g.Released))
-	ch <- prometheus.MustNewConstMetric(giveBacksOverDesc, prometheus.CounterValue, float64(g.Overflowed))
-	ch <- prometheus.MustNewConstMetric(stateLossesDesc, prometheus.CounterValue, float64(c.b.StateLosses()))
+// redisMetrics export the Redis backend's give-back queue and state checks,
+// read at scrape time.
+func redisMetrics(b *redisgate.Backend) []prometheus.Collector {
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "polygate_redis_give_backs_queued", Help: "Settles Redis owes now: permits whose Admit reply was lost, settles that failed."},
+			func() float64 { return float64(b.GiveBacks().Queued) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "polygate_redis_give_backs_released_total", Help: "Give-backs and repeated settles that freed a slot nobody else would have freed before its lease ended."},
+			func() float64 { return float64(b.GiveBacks().Released) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "polygate_redis_give_backs_overflowed_total", Help: "Settles lost to a full give-back queue (their slots end with their leases)."},
+			func() float64 { return float64(b.GiveBacks().Overflowed) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "polygate_redis_state_losses_total", Help: "Scopes found lost by Redis (restart without persistence, failover to an empty replica) and re-asserted."},
+			func() float64 { return float64(b.StateLosses()) }),
+	}
 }

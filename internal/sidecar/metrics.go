@@ -56,32 +56,21 @@ func scopeStates(srv *server.Server) metrics.ReadStates {
 	}
 }
 
-var (
-	watchersDesc    = prometheus.NewDesc("polygate_event_watchers", "WatchEvents streams connected now.", nil, nil)
-	publishedDesc   = prometheus.NewDesc("polygate_events_published_total", "Events published while at least one watcher was connected.", nil, nil)
-	droppedDesc     = prometheus.NewDesc("polygate_events_dropped_total", "Events lost by watchers whose buffer was full, summed over watchers, and events the fan-out queue refused.", nil, nil)
-	refusedDesc     = prometheus.NewDesc("polygate_event_watchers_refused_total", "WatchEvents streams refused because events.max_watchers were open.", nil, nil)
-	undecodableDesc = prometheus.NewDesc("polygate_undecodable_requests_total", "Admission requests that did not decode (invalid UTF-8, malformed bytes), answered INVALID_ARGUMENT.", nil, nil)
-)
-
-// eventsCollector exports the event hub's watchers and dropped events.
-type eventsCollector struct{ srv *server.Server }
-
-// Describe implements prometheus.Collector.
-func (eventsCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- watchersDesc
-	ch <- publishedDesc
-	ch <- droppedDesc
-	ch <- refusedDesc
-	ch <- undecodableDesc
-}
-
-// Collect implements prometheus.Collector.
-func (c eventsCollector) Collect(ch chan<- prometheus.Metric) {
-	n := c.srv.EventCounts()
-	ch <- prometheus.MustNewConstMetric(watchersDesc, prometheus.GaugeValue, float64(n.Watchers))
-	ch <- prometheus.MustNewConstMetric(publishedDesc, prometheus.CounterValue, float64(n.Published))
-	ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(n.Dropped))
-	ch <- prometheus.MustNewConstMetric(refusedDesc, prometheus.CounterValue, float64(n.Refused))
-	ch <- prometheus.MustNewConstMetric(undecodableDesc, prometheus.CounterValue, float64(n.Undecodable))
+// eventMetrics export the event hub's counters, read at scrape time.
+func eventMetrics(srv *server.Server) []prometheus.Collector {
+	counter := func(name, help string, read func(server.EventCounts) uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(read(srv.EventCounts())) })
+	}
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "polygate_event_watchers", Help: "WatchEvents streams connected now."},
+			func() float64 { return float64(srv.EventCounts().Watchers) }),
+		counter("polygate_events_published_total", "Events published while at least one watcher was connected.",
+			func(n server.EventCounts) uint64 { return n.Published }),
+		counter("polygate_events_dropped_total", "Events lost by watchers whose buffer was full, summed over watchers, and events the fan-out queue refused.",
+			func(n server.EventCounts) uint64 { return n.Dropped }),
+		counter("polygate_event_watchers_refused_total", "WatchEvents streams refused because events.max_watchers were open.",
+			func(n server.EventCounts) uint64 { return n.Refused }),
+		counter("polygate_undecodable_requests_total", "Admission requests that did not decode (invalid UTF-8, malformed bytes), answered INVALID_ARGUMENT.",
+			func(n server.EventCounts) uint64 { return n.Undecodable }),
+	}
 }

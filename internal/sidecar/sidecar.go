@@ -122,7 +122,8 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 		d.created(sc.srv)
 	}
 	if cfg.MetricsListen != "" {
-		reg.MustRegister(eventsCollector{sc.srv}, metrics.NewStateCollector(scopeStates(sc.srv), 10*time.Second), buildInfoGauge(buildInfo()))
+		reg.MustRegister(eventMetrics(sc.srv)...)
+		reg.MustRegister(metrics.NewStateCollector(scopeStates(sc.srv), 10*time.Second), buildInfoGauge(buildInfo()))
 		reg.MustRegister(d.collectors...)
 	}
 	if d.tokens == nil {
