@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/internal/admissiontest"
 )
 
 const eventsConfig = `
@@ -32,9 +33,9 @@ scopes:
 // (the stream's headers arrived).
 func (e *opsEnv) watch(t *testing.T, scope string) grpc.ServerStreamingClient[admissionv1.WatchEventsResponse] {
 	t.Helper()
-	ctx, cancel := context.WithCancel(e.ctx)
+	ctx, cancel := context.WithCancel(e.Ctx)
 	t.Cleanup(cancel)
-	stream, err := e.client.WatchEvents(ctx, &admissionv1.WatchEventsRequest{Scope: scope})
+	stream, err := e.Client.WatchEvents(ctx, &admissionv1.WatchEventsRequest{Scope: scope})
 	if err != nil {
 		t.Fatalf("WatchEvents: %v", err)
 	}
@@ -61,15 +62,15 @@ func TestWatchEventsBreakerCycle(t *testing.T) {
 		chat, all := e.watch(t, "chat"), e.watch(t, "")
 		t0 := time.Now()
 
-		first := e.grant(t, "chat", "", 0)
-		e.record(t, "chat", first, outcome{o: admissionv1.Outcome_OUTCOME_TRANSIENT, status: 503})
-		e.override(t, "other", "only", admissionv1.OverrideAction_OVERRIDE_ACTION_FORCE_OPEN) // not chat's
+		first := e.Grant(t, "chat", "", 0)
+		e.Record(t, "chat", first, admissiontest.Outcome{Outcome: admissionv1.Outcome_OUTCOME_TRANSIENT, Status: 503})
+		e.Override(t, "other", "only", admissionv1.OverrideAction_OVERRIDE_ACTION_FORCE_OPEN) // not chat's
 		time.Sleep(10 * time.Second)
-		probe := e.grant(t, "chat", first.GetCallId(), 0)
+		probe := e.Grant(t, "chat", first.GetCallId(), 0)
 		if !probe.GetGrant().GetProbe() || probe.GetGrant().GetEpoch() != 1 {
 			t.Fatalf("want the probe under epoch 1: %v", probe.GetGrant())
 		}
-		e.record(t, "chat", probe, outcome{o: admissionv1.Outcome_OUTCOME_SUCCESS, status: 200})
+		e.Record(t, "chat", probe, admissiontest.Outcome{Outcome: admissionv1.Outcome_OUTCOME_SUCCESS, Status: 200})
 		t1 := t0.Add(10 * time.Second)
 		permit := probe.GetGrant().GetPermitId()
 
@@ -162,13 +163,13 @@ func TestWatchEventsWaitAndStaleAndBackend(t *testing.T) {
 
 		// Two attempts out; the first fails and opens the breaker, the second's
 		// success is then stale.
-		a, b := e.grant(t, "chat", "", 0), e.grant(t, "chat", "", 0)
-		e.record(t, "chat", a, outcome{o: admissionv1.Outcome_OUTCOME_TRANSIENT})
-		e.record(t, "chat", b, outcome{o: admissionv1.Outcome_OUTCOME_SUCCESS})
+		a, b := e.Grant(t, "chat", "", 0), e.Grant(t, "chat", "", 0)
+		e.Record(t, "chat", a, admissiontest.Outcome{Outcome: admissionv1.Outcome_OUTCOME_TRANSIENT})
+		e.Record(t, "chat", b, admissiontest.Outcome{Outcome: admissionv1.Outcome_OUTCOME_SUCCESS})
 		// A third call is refused (the cooldown memo) and starts waiting.
-		c := e.pick(t, "chat", "", 0)
+		c := e.Pick(t, "chat", "", 0)
 		e.answerWaitsAtOnce(t, "chat")
-		if d := e.onNoRunnable(t, "chat", c.GetCallId()); d.GetWait() == nil {
+		if d := e.OnNoRunnable(t, "chat", c.GetCallId()); d.GetWait() == nil {
 			t.Fatalf("OnNoRunnable: %v", d)
 		}
 		e.sc.srv.BackendChanged(BackendChange{Backend: "redis", Degraded: true, Detail: "dial tcp: connection refused; scopes fail closed"})
@@ -250,17 +251,17 @@ func TestSlowWatcherLosesEventsNotDecisions(t *testing.T) {
 	w := e.watch(t, "chat")
 
 	// Event 1 (an override) is taken by the stream, which then blocks.
-	e.override(t, "chat", "primary", admissionv1.OverrideAction_OVERRIDE_ACTION_FORCE_OPEN)
+	e.Override(t, "chat", "primary", admissionv1.OverrideAction_OVERRIDE_ACTION_FORCE_OPEN)
 	<-block.entered
 	// Ten calls are refused and start waiting: ten decisions, ten events.
 	e.answerWaitsAtOnce(t, "chat")
 	const calls = 10
 	for i := range calls {
-		p := e.pick(t, "chat", "", 0)
+		p := e.Pick(t, "chat", "", 0)
 		if p.GetNoRunnable() == nil {
 			t.Fatalf("call %d: %v", i, p)
 		}
-		if d := e.onNoRunnable(t, "chat", p.GetCallId()); d.GetWait() == nil {
+		if d := e.OnNoRunnable(t, "chat", p.GetCallId()); d.GetWait() == nil {
 			t.Fatalf("call %d: %v", i, d)
 		}
 	}
@@ -287,7 +288,7 @@ func TestSlowWatcherLosesEventsNotDecisions(t *testing.T) {
 		}
 	}
 	// The next event says how many were lost before it.
-	e.override(t, "chat", "primary", admissionv1.OverrideAction_OVERRIDE_ACTION_CLEAR)
+	e.Override(t, "chat", "primary", admissionv1.OverrideAction_OVERRIDE_ACTION_CLEAR)
 	ev := next(t, w)
 	if ev.GetSequence() != 2+calls || ev.GetOverrideChanged().GetOverride() != admissionv1.Override_OVERRIDE_UNSPECIFIED || ev.GetDropped() != calls-buffer {
 		t.Fatalf("event after the losses: %v, want sequence %d with dropped %d", ev, 2+calls, calls-buffer)
@@ -298,7 +299,7 @@ func TestSlowWatcherLosesEventsNotDecisions(t *testing.T) {
 // ends the stream cleanly.
 func TestWatchEventsEnds(t *testing.T) {
 	e := startOps(t, opsOpts{yaml: eventsConfig})
-	s, err := e.client.WatchEvents(e.ctx, &admissionv1.WatchEventsRequest{Scope: "nope"})
+	s, err := e.Client.WatchEvents(e.Ctx, &admissionv1.WatchEventsRequest{Scope: "nope"})
 	if err == nil {
 		_, err = s.Recv()
 	}
@@ -318,8 +319,8 @@ func TestWatchEventsEnds(t *testing.T) {
 func TestWatchersAreCapped(t *testing.T) {
 	e := startOps(t, opsOpts{yaml: "events: {max_watchers: 2}\n" + eventsConfig})
 	e.watch(t, "")
-	ctx, cancel := context.WithCancel(e.ctx)
-	second, err := e.client.WatchEvents(ctx, &admissionv1.WatchEventsRequest{Scope: "chat"})
+	ctx, cancel := context.WithCancel(e.Ctx)
+	second, err := e.Client.WatchEvents(ctx, &admissionv1.WatchEventsRequest{Scope: "chat"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,7 +328,7 @@ func TestWatchersAreCapped(t *testing.T) {
 		t.Fatal(err)
 	}
 	third := func() error {
-		s, err := e.client.WatchEvents(e.ctx, &admissionv1.WatchEventsRequest{})
+		s, err := e.Client.WatchEvents(e.Ctx, &admissionv1.WatchEventsRequest{})
 		if err != nil {
 			return err
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/internal/admissiontest"
 	"github.com/polygate/polygate/internal/promcheck"
 )
 
@@ -47,65 +48,65 @@ func TestMetricsAfterScriptedSequence(t *testing.T) {
 		thirty := int64(30)
 
 		// A's first attempt is rate limited: the primary's pacer halves to 2.
-		a := e.grant(t, "chat", "", 100)
-		if r := e.record(t, "chat", a, outcome{o: rateLimited, status: 429, hint: 2 * time.Second}); r.GetRetry() == nil {
+		a := e.Grant(t, "chat", "", 100)
+		if r := e.Record(t, "chat", a, admissiontest.Outcome{Outcome: rateLimited, Status: 429, Hint: 2 * time.Second}); r.GetRetry() == nil {
 			t.Fatalf("429: %v", r)
 		}
 		call := a.GetCallId()
-		a = e.grant(t, "chat", call, 0)  // primary, in flight 1
-		x := e.grant(t, "chat", "", 50)  // primary, in flight 2 = the pacer's ceiling
-		y := e.grant(t, "chat", "", 100) // primary adaptive_paced → backup
+		a = e.Grant(t, "chat", call, 0)  // primary, in flight 1
+		x := e.Grant(t, "chat", "", 50)  // primary, in flight 2 = the pacer's ceiling
+		y := e.Grant(t, "chat", "", 100) // primary adaptive_paced → backup
 		if y.GetGrant().GetSource() != "backup" || len(y.GetGrant().GetSkipped()) != 1 ||
 			y.GetGrant().GetSkipped()[0].GetReason() != admissionv1.Reason_REASON_ADAPTIVE_PACED {
 			t.Fatalf("third grant %v, want backup after primary adaptive_paced", y.GetGrant())
 		}
 		// A's transient failure opens the primary; X's success, admitted
 		// before, is stale.
-		if r := e.record(t, "chat", a, outcome{o: transient, status: 503}); r.GetRetry() == nil || r.GetBreakerState() != admissionv1.BreakerState_BREAKER_STATE_OPEN {
+		if r := e.Record(t, "chat", a, admissiontest.Outcome{Outcome: transient, Status: 503}); r.GetRetry() == nil || r.GetBreakerState() != admissionv1.BreakerState_BREAKER_STATE_OPEN {
 			t.Fatalf("transient: %v", r)
 		}
-		if r := e.record(t, "chat", x, outcome{o: success, status: 200}); r.GetDone() == nil || r.GetEffect() != admissionv1.OutcomeEffect_OUTCOME_EFFECT_STALE {
+		if r := e.Record(t, "chat", x, admissiontest.Outcome{Outcome: success, Status: 200}); r.GetDone() == nil || r.GetEffect() != admissionv1.OutcomeEffect_OUTCOME_EFFECT_STALE {
 			t.Fatalf("stale success: %v", r)
 		}
 		// B is refused by both (primary's cooldown memo, backup's concurrency)
 		// and waits.
-		b := e.pick(t, "chat", "", 100)
+		b := e.Pick(t, "chat", "", 100)
 		if b.GetNoRunnable().GetGateRejections() != 1 {
 			t.Fatalf("B: %v", b)
 		}
 		e.answerWaitsAtOnce(t, "chat")
-		if d := e.onNoRunnable(t, "chat", b.GetCallId()); d.GetWait() == nil {
+		if d := e.OnNoRunnable(t, "chat", b.GetCallId()); d.GetWait() == nil {
 			t.Fatalf("B OnNoRunnable: %v", d)
 		}
-		if r := e.record(t, "chat", y, outcome{o: success, status: 200}); r.GetDone() == nil {
+		if r := e.Record(t, "chat", y, admissiontest.Outcome{Outcome: success, Status: 200}); r.GetDone() == nil {
 			t.Fatalf("Y: %v", r)
 		}
 		// After the cooldown B probes the primary and closes it.
 		time.Sleep(10 * time.Second)
-		b = e.grant(t, "chat", b.GetCallId(), 0)
+		b = e.Grant(t, "chat", b.GetCallId(), 0)
 		if !b.GetGrant().GetProbe() || b.GetGrant().GetSource() != "primary" {
 			t.Fatalf("B's probe: %v", b)
 		}
-		if r := e.record(t, "chat", b, outcome{o: success, status: 200, actual: &thirty}); r.GetDone() == nil || r.GetBreakerState() != admissionv1.BreakerState_BREAKER_STATE_CLOSED {
+		if r := e.Record(t, "chat", b, admissiontest.Outcome{Outcome: success, Status: 200, Actual: &thirty}); r.GetDone() == nil || r.GetBreakerState() != admissionv1.BreakerState_BREAKER_STATE_CLOSED {
 			t.Fatalf("probe: %v", r)
 		}
 		// E holds a primary permit through the scrape. (A, which failed on the
 		// primary, would be sent to the backup first.)
-		if g := e.grant(t, "chat", "", 100).GetGrant(); g.GetSource() != "primary" {
+		if g := e.Grant(t, "chat", "", 100).GetGrant(); g.GetSource() != "primary" {
 			t.Fatalf("E: %v", g)
 		}
 		// D fails fast on a forced-open breaker.
-		e.override(t, "other", "only", admissionv1.OverrideAction_OVERRIDE_ACTION_FORCE_OPEN)
-		d := e.pick(t, "other", "", 0)
-		if f := e.onNoRunnable(t, "other", d.GetCallId()).GetFailure(); f.GetReason() != admissionv1.FailureReason_FAILURE_REASON_CIRCUIT_OPEN {
+		e.Override(t, "other", "only", admissionv1.OverrideAction_OVERRIDE_ACTION_FORCE_OPEN)
+		d := e.Pick(t, "other", "", 0)
+		if f := e.OnNoRunnable(t, "other", d.GetCallId()).GetFailure(); f.GetReason() != admissionv1.FailureReason_FAILURE_REASON_CIRCUIT_OPEN {
 			t.Fatalf("D: %v", f)
 		}
 		// In shadow mode a full quota still grants, and counts the refusal.
-		e.grant(t, "trial", "", 0)
-		if g := e.grant(t, "trial", "", 0).GetGrant(); !g.GetShadow() || len(g.GetShadowRefusals()) != 1 {
+		e.Grant(t, "trial", "", 0)
+		if g := e.Grant(t, "trial", "", 0).GetGrant(); !g.GetShadow() || len(g.GetShadowRefusals()) != 1 {
 			t.Fatalf("shadow grant: %v", g)
 		}
-		if err := e.sc.sink.Flush(e.ctx); err != nil {
+		if err := e.sc.sink.Flush(e.Ctx); err != nil {
 			t.Fatal(err)
 		}
 

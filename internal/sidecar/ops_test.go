@@ -8,50 +8,27 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/test/bufconn"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/polygate/polygate/config"
 	"github.com/polygate/polygate/gate/inmem"
-	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/internal/admissiontest"
 )
 
 // opsEnv is a sidecar wired as Run wires it (telemetry, metrics listener,
 // event hub, interceptors), served over bufconn. Tests that step time run in
 // testing/synctest bubbles.
 type opsEnv struct {
-	sc     *sidecar
-	client admissionv1.AdmissionServiceClient
-	ctx    context.Context
-	logs   *lockedBuffer
-	http   *http.Client
-}
-
-// lockedBuffer collects logs written from several goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	admissiontest.Caller
+	sc   *sidecar
+	logs *admissiontest.LockedBuffer
+	http *http.Client
 }
 
 // startOps starts a sidecar of the given configuration, on a memory backend
@@ -62,7 +39,7 @@ func startOps(t *testing.T, yaml string) *opsEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &lockedBuffer{}
+	logs := &admissiontest.LockedBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	// Both listeners are in memory, so that a test may run in a synctest
 	// bubble (a goroutine blocked on a real socket would stop its clock).
@@ -71,81 +48,14 @@ func startOps(t *testing.T, yaml string) *opsEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // longer than any step a bubbled test takes
 	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return metricsLis.DialContext(ctx) }}}
 	t.Cleanup(func() {
 		cancel()
-		conn.Close()
 		sc.stop()
 		client.CloseIdleConnections()
 	})
-	return &opsEnv{sc: sc, client: admissionv1.NewAdmissionServiceClient(conn), ctx: ctx, logs: logs, http: client}
-}
-
-func (e *opsEnv) pick(t *testing.T, scope, call string, tokens int64) *admissionv1.PickResponse {
-	t.Helper()
-	resp, err := e.client.Pick(e.ctx, &admissionv1.PickRequest{Scope: scope, CallId: call, EstimatedTokens: tokens})
-	if err != nil {
-		t.Fatalf("Pick: %v", err)
-	}
-	return resp
-}
-
-func (e *opsEnv) grant(t *testing.T, scope, call string, tokens int64) *admissionv1.PickResponse {
-	t.Helper()
-	resp := e.pick(t, scope, call, tokens)
-	if resp.GetGrant() == nil {
-		t.Fatalf("Pick(%s, %q) refused: %v", scope, call, resp)
-	}
-	return resp
-}
-
-// outcome reports an attempt of the call picked in p.
-type outcome struct {
-	o      admissionv1.Outcome
-	status int32
-	hint   time.Duration
-	actual *int64
-}
-
-func (e *opsEnv) record(t *testing.T, scope string, p *admissionv1.PickResponse, o outcome) *admissionv1.RecordOutcomeResponse {
-	t.Helper()
-	req := &admissionv1.RecordOutcomeRequest{
-		Scope: scope, CallId: p.GetCallId(), PermitId: p.GetGrant().GetPermitId(), Outcome: o.o,
-		HttpStatus: o.status, ActualTokens: o.actual,
-	}
-	if o.hint > 0 {
-		req.RetryAfterHint = durationpb.New(o.hint)
-	}
-	resp, err := e.client.RecordOutcome(e.ctx, req)
-	if err != nil {
-		t.Fatalf("RecordOutcome: %v", err)
-	}
-	return resp
-}
-
-func (e *opsEnv) onNoRunnable(t *testing.T, scope, call string) *admissionv1.OnNoRunnableResponse {
-	t.Helper()
-	resp, err := e.client.OnNoRunnable(e.ctx, &admissionv1.OnNoRunnableRequest{Scope: scope, CallId: call})
-	if err != nil {
-		t.Fatalf("OnNoRunnable: %v", err)
-	}
-	return resp
-}
-
-func (e *opsEnv) override(t *testing.T, scope, source string, a admissionv1.OverrideAction) {
-	t.Helper()
-	if _, err := e.client.OverrideBreaker(e.ctx, &admissionv1.OverrideBreakerRequest{
-		Scope: scope, Source: source, Action: a, Actor: "oncall", Reason: "test " + a.String(),
-	}); err != nil {
-		t.Fatalf("OverrideBreaker: %v", err)
-	}
+	return &opsEnv{Caller: admissiontest.Caller{Client: admissiontest.Dial(t, lis), Ctx: ctx}, sc: sc, logs: logs, http: client}
 }
 
 // scrape reads /metrics over the real HTTP server (on an in-memory listener).
@@ -154,7 +64,7 @@ func (e *opsEnv) scrape(t *testing.T) families {
 	if e.sc.metricsLis == nil {
 		t.Fatal("metrics_listen is not set")
 	}
-	req, err := http.NewRequestWithContext(e.ctx, http.MethodGet, "http://"+e.sc.metricsLis.Addr().String()+"/metrics", nil)
+	req, err := http.NewRequestWithContext(e.Ctx, http.MethodGet, "http://"+e.sc.metricsLis.Addr().String()+"/metrics", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

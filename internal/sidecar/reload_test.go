@@ -10,6 +10,7 @@ import (
 
 	"github.com/polygate/polygate/config"
 	"github.com/polygate/polygate/gate/inmem"
+	"github.com/polygate/polygate/internal/admissiontest"
 	"github.com/polygate/polygate/server"
 )
 
@@ -34,7 +35,7 @@ func TestReloadKeepsRestartKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &lockedBuffer{}
+	logs := &admissiontest.LockedBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, nil))
 	srv := server.New(running, inmem.New(nil), log, server.Options{})
 	t.Cleanup(srv.Close)

@@ -5,7 +5,6 @@ package sidecartest
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -17,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/polygate/polygate/internal/admissiontest"
 )
 
 var (
@@ -61,25 +62,8 @@ type Sidecar struct {
 	// Addr is what it listens on: host:port, or unix:///path.
 	Addr string
 	cmd  *exec.Cmd
-	logs *syncBuffer
+	logs *admissiontest.LockedBuffer
 	done chan error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // Start runs the binary with args (add "--listen", "127.0.0.1:0" for a free
@@ -93,7 +77,7 @@ func Start(t testing.TB, args []string, env ...string) *Sidecar {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Sidecar{cmd: cmd, logs: &syncBuffer{}, done: make(chan error, 1)}
+	s := &Sidecar{cmd: cmd, logs: &admissiontest.LockedBuffer{}, done: make(chan error, 1)}
 	cmd.Stderr = s.logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
