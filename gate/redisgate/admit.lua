@@ -5,9 +5,23 @@
 -- keys: SCOPE_KEYS, then SRC_KEYS per candidate.
 -- argv: ADMIT, then CAND per candidate (n of them).
 -- Reply ADMIT_R: rejections are REJ records, events EV records.
+
+-- unmarked: the scope's marker is not the one this replica last saw (h.seen;
+-- "" before its first look, "*" for a scope it keeps no record of): Redis
+-- lost the scope, or this replica has not looked yet. Admit then grants
+-- nothing and answers UNMARKED; the replica re-asserts what it knows
+-- (restore.lua) and admits again (reassert.go).
+local function unmarked(s, h)
+  return h.seen ~= '*' and redis.call('GET', s.marker) ~= h.seen
+end
+
 -- twin: gate.(*SourceState).Admit
 local function admit(keys, argv)
   local h = read(ADMIT, argv, 0)
+  local s = read(SCOPE_KEYS, keys, 0)
+  if unmarked(s, h) then
+    return redis.error_reply('UNMARKED the scope\'s marker changed: re-assert, then admit again')
+  end
   local now = now_ms(h.now)
   local granted, probe, epoch = 0, 0, 0
   local rejections, events = {}, {}
@@ -37,7 +51,6 @@ local function admit(keys, argv)
       end
     end
   end
-  local s = read(SCOPE_KEYS, keys, 0)
   return pack(ADMIT_R, {
     granted = granted, probe = probe, epoch = epoch, rejections = rejections, events = events,
     progress = tonumber(redis.call('GET', s.progress) or 0), now = now,

@@ -6,9 +6,10 @@
 // Each Backend method is one call, one round trip: Admit walks every
 // candidate of the request at once; Settle, Peek and Override are one call
 // each. Their Lua bodies are admit.lua, settle.lua, peek.lua and
-// override.lua, and restore.lua is the background re-assertion of OPEN
-// breakers and overrides after Redis lost a scope (reassert.go), run the
-// same way; with lib.lua, the port of gate/breaker.go and gate/quota.go
+// override.lua, and restore.lua is the re-assertion of OPEN breakers and
+// overrides after Redis lost a scope (reassert.go: before an Admit that
+// finds the scope's marker changed, and in the background), run the same
+// way; with lib.lua, the port of gate/breaker.go and gate/quota.go
 // that all of them share, and a prelude Go writes (the gate package's
 // constants and the layouts below), they form one Redis Functions library,
 // named by the digest of its text so that sidecars of different versions

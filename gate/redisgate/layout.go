@@ -161,8 +161,10 @@ func (k keyBlock) lua() luaLayout {
 // suffix: the breaker hash, the quota's leases, log and data.
 var sourceKeys = keyBlock{"SRC_KEYS", []string{"brk", "leases", "log", "data"}}
 
-// scopeKeys are the keys of the scope itself that a script reads first.
-var scopeKeys = keyBlock{"SCOPE_KEYS", []string{"progress"}}
+// scopeKeys are the keys of the scope itself that a script reads first. The
+// marker (no TTL) is missing or changed only if Redis lost the scope (see
+// reassert.go).
+var scopeKeys = keyBlock{"SCOPE_KEYS", []string{"progress", "marker"}}
 
 // ---------------------------------------------------------------- arguments
 
@@ -202,6 +204,7 @@ var admitArgs = args[call[gate.AdmitRequest]]{"ADMIT", []arg[call[gate.AdmitRequ
 	str("permit", func(c *call[gate.AdmitRequest]) any { return c.req.PermitID }),
 	num("tokens", func(c *call[gate.AdmitRequest]) any { return c.req.Tokens }),
 	num("n", func(c *call[gate.AdmitRequest]) any { return len(c.req.Candidates) }),
+	str("seen", func(c *call[gate.AdmitRequest]) any { return c.b.memory.marker(c.req.Scope) }), // see admit.lua's unmarked
 }}
 
 // candArgs is one candidate of the admit call.
@@ -273,12 +276,17 @@ var brkKeys = keyBlock{"BRK_KEYS", []string{"brk"}}
 type restoreCall struct {
 	b *Backend
 	n int
+	// seen is the marker this Backend last saw ("" : none yet); token is
+	// the marker to create if it is missing.
+	seen, token string
 }
 
 var restoreArgs = args[restoreCall]{"RESTORE", []arg[restoreCall]{
 	num("now", func(c *restoreCall) any { return c.b.nowArg() }),
 	num("idle_ttl", func(c *restoreCall) any { return c.b.idleTTL }),
 	num("n", func(c *restoreCall) any { return c.n }),
+	str("seen", func(c *restoreCall) any { return c.seen }),
+	str("token", func(c *restoreCall) any { return c.token }),
 }}
 
 // restoreRec is a remembered breaker as of now (durations in ms, relative to
@@ -287,6 +295,7 @@ type restoreRec struct {
 	openLeft, openedAgo, overrideAgo int64
 	reopens                          int
 	epoch                            uint64
+	cause                            gate.OpenCause
 	override                         gate.Override
 	actor, why                       string
 }
@@ -296,6 +305,7 @@ var restoreSrcArgs = args[restoreRec]{"RESTORE_SRC", []arg[restoreRec]{
 	num("reopens", func(r *restoreRec) any { return r.reopens }),
 	num("epoch", func(r *restoreRec) any { return strconv.FormatUint(r.epoch, 10) }),
 	num("opened_ago", func(r *restoreRec) any { return r.openedAgo }),
+	num("cause", func(r *restoreRec) any { return int(r.cause) }),
 	num("override", func(r *restoreRec) any { return int(r.override) }),
 	str("actor", func(r *restoreRec) any { return r.actor }),
 	str("why", func(r *restoreRec) any { return r.why }),
@@ -446,13 +456,17 @@ var overrideReply = reply[overrideOut]{"OVERRIDE_R", []ret[overrideOut]{
 	{"now", raw(func(*overrideOut, any) {})},
 }}
 
-type restoreOut struct{ lost, restored int64 }
+type restoreOut struct {
+	lost, restored int64
+	marker         string
+}
 
-// restoreReply: whether the marker was missing (0/1), and how many
-// breakers were written.
+// restoreReply: whether the marker was missing or not the one seen (0/1),
+// how many breakers were written, and the marker now.
 var restoreReply = reply[restoreOut]{"RESTORE_R", []ret[restoreOut]{
 	{"lost", getInt(func(r *restoreOut, v int64) { r.lost = v })},
 	{"restored", getInt(func(r *restoreOut, v int64) { r.restored = v })},
+	{"marker", getStr(func(r *restoreOut, v string) { r.marker = v })},
 }}
 
 // announced is an announcement: its format version, scope, and event.

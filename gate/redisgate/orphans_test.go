@@ -57,9 +57,10 @@ func TestGiveBacks(t *testing.T) {
 	cands := []gate.Candidate{{Source: a, Ceiling: 1}, {Source: z, Ceiling: 1}}
 
 	t.Run("lost admit", func(t *testing.T) {
-		// Once Redis has the script, the EVALSHA that queues up during the
-		// stall runs when it resumes.
-		must(b.Admit(ctx, gate.AdmitRequest{Scope: "warm-up", PermitID: "p0", Tokens: 1, Candidates: cands}))(t)
+		// Once Redis has the script, and the Backend the scope's marker, the
+		// FCALL that queues up during the stall runs when it resumes.
+		warm := must(b.Admit(ctx, gate.AdmitRequest{Scope: "lost", PermitID: "p0", Tokens: 1, Candidates: cands}))(t)
+		must(b.Settle(ctx, gate.SettleRequest{Scope: "lost", Source: a, PermitID: "p0", Epoch: warm.Permit.Epoch, Verdict: gate.VerdictSuccess, ActualTokens: -1}))(t)
 		srv.Pause()
 		_, err := b.Admit(ctx, gate.AdmitRequest{Scope: "lost", PermitID: "p1", Tokens: 1, Candidates: cands})
 		if !errors.Is(err, gate.ErrUnavailable) {

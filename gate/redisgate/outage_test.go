@@ -156,3 +156,76 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 	}
 }
+
+// TestNoAdmitAfterStateLoss: a replica that knows a source OPEN (or FORCED_OPEN)
+// never grants it after Redis lost the scope, not even once and without
+// waiting for RunGiveBacks (not running here): Admit checks the scope's
+// marker in its own script run and re-asserts first. It holds whichever
+// replica finds the loss first: one that did not know (other) may grant
+// once, and after the knowing replica's next Admit nobody grants.
+func TestNoAdmitAfterStateLoss(t *testing.T) {
+	ctx := testCtx(t)
+	srv := redistest.Start(t)
+	knows := newBackend(t, srv.Client(t), redisgate.Options{})
+	other := newBackend(t, srv.Client(t), redisgate.Options{})
+	const scope = "loss"
+	long := func(s *gate.Source) { s.Breaker.Cooldown, s.Breaker.MaxCooldown = time.Hour, time.Hour }
+	dead, ops := gatetest.Src("dead", long), gatetest.Src("ops", long)
+	adm := admit(t, ctx, knows, scope, "p1", dead)
+	settle(t, ctx, knows, scope, dead, adm.Permit, gate.VerdictForceOpen)
+	must(knows.Override(ctx, gate.OverrideRequest{Scope: scope, Source: ops, Action: gate.ActionForceOpen, Actor: "alice", Why: "INC-42"}))(t)
+	before := peek(t, ctx, knows, scope, dead).Breaker
+
+	// refused checks that b grants neither source, and how.
+	refused := func(t *testing.T, b *redisgate.Backend, id string) {
+		t.Helper()
+		for _, src := range []*gate.Source{dead, ops} {
+			a := admit(t, ctx, b, scope, id+src.Name, src)
+			if a.Granted || len(a.Rejections) != 1 {
+				t.Fatalf("admit %s of %s after the loss: %+v, want refused", id, src.Name, a)
+			}
+			want := map[string]gate.Reason{"dead": gate.ReasonCircuitOpen, "ops": gate.ReasonForcedOpen}[src.Name]
+			if r := a.Rejections[0]; r.Reason != want {
+				t.Fatalf("admit %s of %s refused with %v, want %v", id, src.Name, r.Reason, want)
+			}
+		}
+		d := peek(t, ctx, b, scope, dead).Breaker
+		if d.State != gate.Open || d.Cause != gate.OpenCauseSourceDead || d.Reopens != before.Reopens ||
+			d.RetryAfter <= 0 || d.RetryAfter > before.RetryAfter {
+			t.Fatalf("dead after the loss: %+v; want OPEN by source_dead as before (%+v), no more cooldown left", d, before)
+		}
+	}
+
+	t.Run("restart empty", func(t *testing.T) {
+		srv.Stop()
+		srv.Start()
+		for i := range 10 {
+			refused(t, knows, fmt.Sprint("k", i))
+		}
+		if l := knows.StateLoss(scope); l.Count != 1 || l.Restored != 2 || l.Pending || l.Last.IsZero() {
+			t.Errorf("StateLoss = %+v, want one loss, 2 breakers restored, not pending", l)
+		}
+		refused(t, other, "o")
+		if l := other.StateLoss(scope); l.Count != 0 {
+			t.Errorf("the replica that never saw the scope before reports a loss: %+v", l)
+		}
+	})
+
+	t.Run("another replica first", func(t *testing.T) {
+		must(srv.Client(t).FlushAll(ctx).Result())(t)
+		// other knows nothing (it subscribes to no announcements here): it
+		// finds the loss first, re-asserts nothing, and grants.
+		if a := admit(t, ctx, other, scope, "o1", dead); !a.Granted {
+			t.Fatalf("other's admit after the flush: %+v, want granted (it never saw the OPEN)", a)
+		} else {
+			settle(t, ctx, other, scope, dead, a.Permit, gate.VerdictSuccess)
+		}
+		for i := range 10 {
+			refused(t, knows, fmt.Sprint("k2-", i))
+		}
+		refused(t, other, "o2")
+		if l := knows.StateLoss(scope); l.Count != 2 || l.Restored != 2 {
+			t.Errorf("StateLoss = %+v, want a second loss, 2 breakers restored", l)
+		}
+	})
+}

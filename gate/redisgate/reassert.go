@@ -2,6 +2,9 @@ package redisgate
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,17 +18,22 @@ import (
 // it. Each Backend therefore keeps a small record of the last OPEN and the
 // last override it saw of every source, from its own replies and from other
 // replicas' announcements, and re-asserts them (restore.lua) where Redis
-// lost them. A marker key per scope, without TTL, says whether Redis lost the
-// scope: restore.lua creates it, and finding it missing for a scope this
-// Backend had seen it for is a state loss (the first time a scope is seen,
-// a missing marker is just a new scope).
+// lost them.
 //
-// The check is one script run per scope, in the background (RunGiveBacks's
-// ticks): scopes with something to re-assert at every tick, every other
-// scope once every lossCheckEvery ticks. It adds nothing to the RPCs'
-// round trips; in exchange a replica may admit a source that was OPEN for at
-// most one tick after Redis comes back empty (the cooldown memo of the
-// replica that saw the OPEN refuses it meanwhile).
+// A marker key per scope, without TTL, says whether Redis lost the scope:
+// restore.lua creates it with a random value, and each Backend remembers
+// the value it saw. Every Admit passes that value and checks the marker in
+// the same script run (admit.lua's unmarked); when the marker is missing or
+// another (Redis lost the scope since, and maybe another replica found it
+// first), the script grants nothing and the Backend re-asserts, then admits
+// again: three round trips, within one timeout, in the rare loss case (and
+// at a Backend's first Admit of a scope), one otherwise. So a replica that
+// knows a source OPEN never grants it after a loss, not even once.
+//
+// The same check runs in the background (RunGiveBacks's ticks), so that a
+// scope without Admits is re-asserted too: scopes with something to
+// re-assert at every tick, every other scope once every lossCheckEvery
+// ticks.
 
 // maxRemembered bounds the records (sources) and the scopes kept; names
 // come from announcements too, which any replica with the same prefix sends.
@@ -42,6 +50,7 @@ type remembered struct {
 	openUntil, openedAt time.Time
 	reopens             int
 	epoch               uint64
+	cause               gate.OpenCause
 	override            gate.Override
 	actor, why          string
 	overrideAt          time.Time
@@ -51,21 +60,44 @@ func (r *remembered) empty(now time.Time) bool {
 	return !r.openUntil.After(now) && r.override == gate.NoOverride
 }
 
+// StateLoss is what one Backend saw of Redis losing a scope's state.
+type StateLoss struct {
+	// Count is how many losses this Backend found; Last is when it found
+	// the last one.
+	Count uint64
+	Last  time.Time
+	// Restored is how many breakers the last re-assert wrote.
+	Restored int
+	// Pending: an Admit found the scope's marker changed and the re-assert
+	// has not succeeded yet (it is retried by the next Admit and by
+	// RunGiveBacks).
+	Pending bool
+}
+
 // memory is every scope's records.
 type memory struct {
 	mu     sync.Mutex
 	scopes map[string]*scopeMemory
 	n      int
 	losses atomic.Uint64
+	// restoring admits one restore at a time (see Backend.restore).
+	restoring chan struct{}
 }
 
 type scopeMemory struct {
 	sources map[string]*remembered
-	// marked: the scope's marker was seen (created or found) by this Backend.
-	marked bool
+	// marker is the value of the scope's marker this Backend last saw; ""
+	// before its first look.
+	marker string
+	loss   StateLoss
 }
 
+// scope is the named scope's memory, created if there is room; nil if not.
+// The caller holds m.mu.
 func (m *memory) scope(name string) *scopeMemory {
+	if m.scopes == nil {
+		m.scopes = map[string]*scopeMemory{}
+	}
 	sm := m.scopes[name]
 	if sm == nil && len(m.scopes) < maxRemembered {
 		sm = &scopeMemory{sources: map[string]*remembered{}}
@@ -74,13 +106,37 @@ func (m *memory) scope(name string) *scopeMemory {
 	return sm
 }
 
+// unchecked is the marker an Admit passes for a scope this Backend has no
+// room to remember: it has no record of it to re-assert either, so the
+// script does not check (admit.lua's unmarked).
+const unchecked = "*"
+
+// marker is the scope's marker as this Backend last saw it, for Admit.
+func (m *memory) marker(scope string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sm := m.scope(scope)
+	if sm == nil {
+		return unchecked
+	}
+	return sm.marker
+}
+
+// suspect notes that an Admit found the scope's marker changed (a loss,
+// unless this Backend had not looked yet); the restore that follows clears
+// it.
+func (m *memory) suspect(scope string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if sm := m.scopes[scope]; sm != nil && sm.marker != "" {
+		sm.loss.Pending = true
+	}
+}
+
 // see records the breaker events of one reply or announcement.
 func (m *memory) see(scope string, events []gate.Event, now time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.scopes == nil {
-		m.scopes = map[string]*scopeMemory{}
-	}
 	sm := m.scope(scope)
 	if sm == nil {
 		return
@@ -104,6 +160,10 @@ func (m *memory) see(scope string, events []gate.Event, now time.Time) {
 			r.openUntil = time.Time{}
 			if e.To == gate.Open {
 				r.openUntil, r.openedAt, r.reopens, r.epoch = now.Add(e.Cooldown), now, e.Reopens, e.Epoch
+				r.cause = gate.OpenCauseFailures
+				if e.Cause == gate.CauseSourceDead {
+					r.cause = gate.OpenCauseSourceDead
+				}
 			}
 		case gate.EventOverride:
 			r.override, r.actor, r.why, r.overrideAt = e.Override, e.Actor, e.Why, now
@@ -129,63 +189,115 @@ func (m *memory) restoreArgs(sm *scopeMemory, now time.Time) []remembered {
 	return out
 }
 
-// StateLosses counts the scopes found lost by Redis (see RunGiveBacks).
+// StateLosses counts the scopes found lost by Redis.
 func (b *Backend) StateLosses() uint64 { return b.memory.losses.Load() }
+
+// StateLoss is what this Backend saw of Redis losing the scope's state.
+func (b *Backend) StateLoss(scope string) StateLoss {
+	b.memory.mu.Lock()
+	defer b.memory.mu.Unlock()
+	if sm := b.memory.scopes[scope]; sm != nil {
+		return sm.loss
+	}
+	return StateLoss{}
+}
 
 // reassert checks the scopes due at tick and re-asserts their records.
 func (b *Backend) reassert(ctx context.Context, tick uint64) error {
-	now := time.Now()
-	type job struct {
-		scope  string
-		recs   []remembered
-		marked bool
-	}
-	var jobs []job
+	var due []string
 	b.memory.mu.Lock()
+	now := time.Now()
 	for name, sm := range b.memory.scopes {
-		recs := b.memory.restoreArgs(sm, now)
-		if len(recs) > 0 || !sm.marked || tick%lossCheckEvery == 0 {
-			jobs = append(jobs, job{name, recs, sm.marked})
+		if sm.marker == "" || sm.loss.Pending || tick%lossCheckEvery == 0 || len(b.memory.restoreArgs(sm, now)) > 0 {
+			due = append(due, name)
 		}
 	}
 	b.memory.mu.Unlock()
-	for _, j := range jobs {
-		tag := b.tag(j.scope)
-		keys := append(make([]string, 0, 1+len(j.recs)), tag+":marker")
-		args := restoreArgs.pack(make([]any, 0, restoreArgs.width()+restoreSrcArgs.width()*len(j.recs)), &restoreCall{b, len(j.recs)})
-		for _, r := range j.recs {
-			keys = append(keys, tag+":src:"+*r.source+":"+brkKeys.suffixes[0]) // as appendSourceKeys
-			rec := restoreRec{
-				openedAgo: now.Sub(r.openedAt).Milliseconds(), overrideAgo: now.Sub(r.overrideAt).Milliseconds(),
-				reopens: r.reopens, epoch: r.epoch, override: r.override, actor: r.actor, why: r.why,
-			}
-			if r.openUntil.After(now) {
-				rec.openLeft = max(1, r.openUntil.Sub(now).Milliseconds())
-			}
-			args = restoreSrcArgs.pack(args, &rec)
-		}
-		v, err := b.run(ctx, "restore", restoreScript, keys, args)
+	for _, scope := range due {
+		rctx, cancel := b.bound(ctx)
+		err := b.restore(ctx, rctx, scope)
+		cancel()
 		if err != nil {
 			return err
 		}
-		p := &parser{op: "restore"}
-		out := restoreReply.parse(p, v)
-		lost, restored := out.lost == 1, out.restored
-		if p.err != nil {
-			return p.err
-		}
-		b.memory.mu.Lock()
-		if sm := b.memory.scopes[j.scope]; sm != nil {
-			sm.marked = true
-		}
+	}
+	return nil
+}
+
+// restore checks whether Redis lost the scope since this Backend last saw
+// its marker and re-asserts the scope's records if so (restore.lua), within
+// rctx (ctx bounded by the Backend's timeout). One runs at a time, so that
+// a loss found by several Admits at once is re-asserted and counted once:
+// the later ones pass the marker the first one learned.
+func (b *Backend) restore(ctx, rctx context.Context, scope string) error {
+	const op = "restore"
+	b.memory.mu.Lock()
+	if b.memory.restoring == nil {
+		b.memory.restoring = make(chan struct{}, 1)
+	}
+	sem := b.memory.restoring
+	b.memory.mu.Unlock()
+	select {
+	case sem <- struct{}{}:
+		defer func() { <-sem }()
+	case <-rctx.Done():
+		return b.wrap(ctx, op, rctx.Err())
+	}
+
+	now := time.Now()
+	b.memory.mu.Lock()
+	sm := b.memory.scope(scope)
+	if sm == nil {
 		b.memory.mu.Unlock()
-		if lost && (j.marked || restored > 0) {
-			n := b.memory.losses.Add(1)
-			b.orphans.log.Error("redis lost the scope's state (restart without persistence, or failover to an empty replica); re-asserted the OPEN breakers and overrides this replica knew",
-				"scope", j.scope, "restored", restored, "state_losses_total", n)
-			if b.onLoss != nil {
-				b.onLoss(j.scope, int(restored))
-			}
+		return nil
+	}
+	seen, recs := sm.marker, b.memory.restoreArgs(sm, now)
+	b.memory.mu.Unlock()
+
+	tag := b.tag(scope)
+	keys := append(make([]string, 0, 1+len(recs)), tag+":"+restoreKeys.suffixes[0])
+	call := &restoreCall{b: b, n: len(recs), seen: seen, token: strconv.FormatUint(rand.Uint64(), 36)}
+	args := restoreArgs.pack(make([]any, 0, restoreArgs.width()+restoreSrcArgs.width()*len(recs)), call)
+	for _, r := range recs {
+		keys = append(keys, tag+":src:"+*r.source+":"+brkKeys.suffixes[0]) // as appendSourceKeys
+		rec := restoreRec{
+			openedAgo: now.Sub(r.openedAt).Milliseconds(), overrideAgo: now.Sub(r.overrideAt).Milliseconds(),
+			reopens: r.reopens, epoch: r.epoch, cause: r.cause, override: r.override, actor: r.actor, why: r.why,
+		}
+		if r.openUntil.After(now) {
+			rec.openLeft = max(1, r.openUntil.Sub(now).Milliseconds())
+		}
+		args = restoreSrcArgs.pack(args, &rec)
+	}
+	v, err := b.runIn(ctx, rctx, op, restoreScript, keys, args)
+	if err != nil {
+		return err
+	}
+	p := &parser{op: op}
+	out := restoreReply.parse(p, v)
+	if p.err != nil {
+		return p.err
+	}
+	if out.marker == "" {
+		return fmt.Errorf("redisgate: %s: empty marker in the reply", op)
+	}
+	// A missing marker at a first look is a new scope, unless there was
+	// something to write.
+	loss := out.lost == 1 && (seen != "" || out.restored > 0)
+	b.memory.mu.Lock()
+	sm.marker = out.marker
+	sm.loss.Pending = false
+	if loss {
+		sm.loss.Count++
+		sm.loss.Last, sm.loss.Restored = now, int(out.restored)
+	}
+	b.memory.mu.Unlock()
+	if loss {
+		n := b.memory.losses.Add(1)
+		b.orphans.log.Error("redis lost the scope's state (restart without persistence, or failover to an empty replica); re-asserted the OPEN breakers and overrides this replica knew",
+			"scope", scope, "restored", out.restored, "state_losses_total", n)
+		if b.onLoss != nil {
+			b.onLoss(scope, int(out.restored))
 		}
 	}
 	return nil

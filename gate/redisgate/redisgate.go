@@ -135,19 +135,25 @@ func flag(v bool) int {
 func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admission, error) {
 	const op = "admit"
 	n := len(req.Candidates)
-	keys := make([]string, 0, len(scopeKeys.suffixes)+len(sourceKeys.suffixes)*n)
-	tag := b.tag(req.Scope)
-	keys = appendScopeKeys(keys, tag)
-	args := admitArgs.pack(make([]any, 0, admitArgs.width()+candArgs.width()*n), &call[gate.AdmitRequest]{b, &req, tag})
 	for i := range req.Candidates {
-		c := &req.Candidates[i]
-		if c.Source == nil {
+		if req.Candidates[i].Source == nil {
 			return gate.Admission{}, fmt.Errorf("redisgate: %s: candidate %d has no source", op, i)
 		}
-		keys = appendSourceKeys(keys, tag, c.Source.Name)
-		args = candArgs.pack(args, c)
 	}
-	v, err := b.run(ctx, op, admitScript, keys, args)
+	rctx, cancel := b.bound(ctx)
+	defer cancel()
+	v, err := b.admit(ctx, rctx, &req)
+	if unmarkedErr(err) {
+		// Redis lost the scope since this Backend last looked (or it never
+		// looked): nothing was granted. Re-assert what it knows, then admit.
+		b.memory.suspect(req.Scope)
+		if err := b.restore(ctx, rctx, req.Scope); err != nil {
+			return gate.Admission{}, err
+		}
+		if v, err = b.admit(ctx, rctx, &req); unmarkedErr(err) {
+			return gate.Admission{}, fmt.Errorf("redisgate: %s: %w: redis lost the scope's state again during the re-assert", op, gate.ErrUnavailable)
+		}
+	}
 	if err != nil {
 		b.lostAdmit(req) // the script may have run: nobody would own its permit
 		return gate.Admission{}, err
@@ -184,6 +190,26 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 	b.memory.see(req.Scope, out.Events, time.Now())
 	return out, nil
 }
+
+// admit runs admit.lua once, within rctx.
+func (b *Backend) admit(ctx, rctx context.Context, req *gate.AdmitRequest) (any, error) {
+	n := len(req.Candidates)
+	keys := make([]string, 0, len(scopeKeys.suffixes)+len(sourceKeys.suffixes)*n)
+	tag := b.tag(req.Scope)
+	keys = appendScopeKeys(keys, tag)
+	c := &call[gate.AdmitRequest]{b, req, tag}
+	args := admitArgs.pack(make([]any, 0, admitArgs.width()+candArgs.width()*n), c)
+	for i := range req.Candidates {
+		c := &req.Candidates[i]
+		keys = appendSourceKeys(keys, tag, c.Source.Name)
+		args = candArgs.pack(args, c)
+	}
+	return b.runIn(ctx, rctx, "admit", admitScript, keys, args)
+}
+
+// unmarkedErr reports whether admit.lua refused to run because the
+// scope's marker is not the one this Backend saw (see reassert.go).
+func unmarkedErr(err error) bool { return redis.HasErrorPrefix(err, "UNMARKED") }
 
 // Settle implements gate.Backend. A settle that fails is also kept for
 // RunGiveBacks, which repeats it until Redis confirms.
@@ -321,6 +347,13 @@ func (b *Backend) bound(ctx context.Context) (context.Context, context.CancelFun
 func (b *Backend) run(ctx context.Context, opName string, o *op, keys []string, args []any) (any, error) {
 	rctx, cancel := b.bound(ctx)
 	defer cancel()
+	return b.runIn(ctx, rctx, opName, o, keys, args)
+}
+
+// runIn is run within rctx, ctx with the Backend's timeout already put on
+// it: an Admit that re-asserts first keeps its round trips within one
+// timeout.
+func (b *Backend) runIn(ctx, rctx context.Context, opName string, o *op, keys []string, args []any) (any, error) {
 	v, err := b.call(rctx, o, keys, args)
 	if err != nil {
 		return nil, b.wrap(ctx, opName, err)
