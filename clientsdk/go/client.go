@@ -10,6 +10,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -30,6 +32,7 @@ type Client struct {
 	rpc  admissionv1.AdmissionServiceClient
 	conn *grpc.ClientConn  // nil when the connection is the caller's
 	call []grpc.CallOption // sent with every RPC: the token's credentials
+	tr   trace.Tracer
 
 	priority int32  // every call's, unless WithPriority
 	tenant   string // every call's, unless WithTenant
@@ -46,6 +49,8 @@ type clientConfig struct {
 
 	priority int32
 	tenant   string
+
+	tracerProvider trace.TracerProvider
 }
 
 // WithDefaultPriority is every call's priority unless the call sets its own
@@ -97,11 +102,11 @@ func Dial(target string, opts ...Option) (*Client, error) {
 }
 
 // New returns a client over a connection the caller owns (Close leaves it
-// open). Of the options, only WithToken applies: the connection's transport
-// is the caller's.
+// open). The options of the transport (TLS, dial options) do not apply: the
+// connection's transport is the caller's.
 func New(conn grpc.ClientConnInterface, opts ...Option) *Client {
 	cfg := configure(opts)
-	c := &Client{rpc: admissionv1.NewAdmissionServiceClient(conn), priority: cfg.priority, tenant: cfg.tenant}
+	c := &Client{rpc: admissionv1.NewAdmissionServiceClient(tracedConn{conn}), priority: cfg.priority, tenant: cfg.tenant, tr: cfg.tracer()}
 	if cfg.token != "" {
 		c.call = []grpc.CallOption{grpc.PerRPCCredentials(bearer(cfg.token))}
 	}
@@ -230,6 +235,15 @@ func WithDeadline(t time.Time) CallOption { return func(c *callConfig) { c.deadl
 // anything else; a Result of SUCCESS is still reported as such. A panic in fn
 // releases the permit and goes on.
 func Do[T any](ctx context.Context, c *Client, scope string, fn func(context.Context, Attempt) (T, Result), opts ...CallOption) (T, error) {
+	ctx, spans := startCall(ctx, c.tr, scope)
+	call := &callState{c: c, scope: scope, spans: spans}
+	value, err := do(ctx, call, fn, opts)
+	spans.end(call.attempts, err)
+	return value, err
+}
+
+// do is Do's loop; ctx carries the call's span.
+func do[T any](ctx context.Context, call *callState, fn func(context.Context, Attempt) (T, Result), opts []CallOption) (T, error) {
 	var last T
 	var cfg callConfig
 	for _, o := range opts {
@@ -238,6 +252,7 @@ func Do[T any](ctx context.Context, c *Client, scope string, fn func(context.Con
 	if err := ctx.Err(); err != nil {
 		return last, err
 	}
+	c, scope := call.c, call.scope
 	req := &admissionv1.PickRequest{Scope: scope, EstimatedTokens: cfg.tokens, Priority: c.priority, Tenant: c.tenant}
 	if cfg.priority != nil {
 		req.Priority = *cfg.priority
@@ -252,19 +267,26 @@ func Do[T any](ctx context.Context, c *Client, scope string, fn func(context.Con
 		}
 		req.Deadline = durationpb.New(budget)
 	}
-	pick, err := c.rpc.Pick(ctx, req, c.call...)
+	// actx carries the span of the attempt being sought or run: its Picks,
+	// waits, fn and report are under it.
+	actx := call.spans.startAttempt(ctx, 1)
+	pick, err := c.rpc.Pick(actx, req, c.call...)
 	if err != nil {
 		return last, rpcError(ctx, "Pick", err)
 	}
-	call := &callState{c: c, scope: scope, id: pick.GetCallId()}
+	call.id = pick.GetCallId()
+	call.spans.call.SetAttributes(attribute.String("polygate.call_id", call.id))
 	for {
 		switch r := pick.GetResult().(type) {
 		case *admissionv1.PickResponse_Grant:
-			value, next, err := attempt(ctx, call, r.Grant, fn)
+			call.spans.granted(r.Grant)
+			value, next, err := attempt(actx, call, r.Grant, fn)
 			last = value
 			if err != nil {
 				return last, call.abandon(ctx, err)
 			}
+			call.spans.reported(*call.last, next)
+			call.spans.endAttempt()
 			switch n := next.GetNext().(type) {
 			case *admissionv1.RecordOutcomeResponse_Done:
 				return last, nil
@@ -277,8 +299,9 @@ func Do[T any](ctx context.Context, c *Client, scope string, fn func(context.Con
 			default:
 				return last, fmt.Errorf("polygate: RecordOutcome of call %s answered no next action", call.id)
 			}
+			actx = call.spans.startAttempt(ctx, call.attempts+1)
 		case *admissionv1.PickResponse_NoRunnable:
-			d, err := c.rpc.OnNoRunnable(ctx, &admissionv1.OnNoRunnableRequest{Scope: scope, CallId: call.id}, c.call...)
+			d, err := c.rpc.OnNoRunnable(actx, &admissionv1.OnNoRunnableRequest{Scope: scope, CallId: call.id}, c.call...)
 			if err != nil {
 				return last, call.abandon(ctx, rpcError(ctx, "OnNoRunnable", err))
 			}
@@ -286,6 +309,7 @@ func Do[T any](ctx context.Context, c *Client, scope string, fn func(context.Con
 			case *admissionv1.OnNoRunnableResponse_Failure:
 				return last, call.failure(n.Failure, r.NoRunnable.GetPerSourceReasons())
 			case *admissionv1.OnNoRunnableResponse_Wait:
+				call.spans.waited(n.Wait.GetSleep().AsDuration(), r.NoRunnable.GetPerSourceReasons())
 				if err := sleep(ctx, n.Wait.GetSleep().AsDuration()); err != nil {
 					return last, call.abandon(ctx, err)
 				}
@@ -297,7 +321,7 @@ func Do[T any](ctx context.Context, c *Client, scope string, fn func(context.Con
 		default:
 			return last, fmt.Errorf("polygate: Pick of call %s answered no result", call.id)
 		}
-		pick, err = c.rpc.Pick(ctx, &admissionv1.PickRequest{Scope: scope, CallId: call.id}, c.call...)
+		pick, err = c.rpc.Pick(actx, &admissionv1.PickRequest{Scope: scope, CallId: call.id}, c.call...)
 		if err != nil {
 			return last, call.abandon(ctx, rpcError(ctx, "Pick", err))
 		}
@@ -331,6 +355,7 @@ type callState struct {
 	id       string
 	attempts int
 	last     *Result
+	spans    *callSpans
 }
 
 // attempt runs fn under the grant and reports its result. It is a function,
