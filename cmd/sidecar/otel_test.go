@@ -2,12 +2,17 @@ package main
 
 import (
 	"cmp"
+	"compress/gzip"
 	"context"
 	"encoding/hex"
 	"fmt"
+	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -15,11 +20,13 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	collectorpb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	polygate "github.com/polygate/polygate/clientsdk/go"
 	"github.com/polygate/polygate/internal/sidecartest"
@@ -30,17 +37,79 @@ type collector struct {
 	collectorpb.UnimplementedTraceServiceServer
 	mu    sync.Mutex
 	spans []*tracepb.Span
+	by    map[string]int // spans received per protocol
 }
 
 func (c *collector) Export(_ context.Context, req *collectorpb.ExportTraceServiceRequest) (*collectorpb.ExportTraceServiceResponse, error) {
+	c.add(req, "grpc")
+	return &collectorpb.ExportTraceServiceResponse{}, nil
+}
+
+func (c *collector) add(req *collectorpb.ExportTraceServiceRequest, protocol string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.by == nil {
+		c.by = map[string]int{}
+	}
 	for _, rs := range req.GetResourceSpans() {
 		for _, ss := range rs.GetScopeSpans() {
 			c.spans = append(c.spans, ss.GetSpans()...)
+			c.by[protocol] += len(ss.GetSpans())
 		}
 	}
-	return &collectorpb.ExportTraceServiceResponse{}, nil
+}
+
+func (c *collector) received() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.by)
+}
+
+// ServeHTTP is the OTLP/HTTP receiver: POST /v1/traces with a protobuf
+// body, gzipped or not.
+func (c *collector) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost || r.URL.Path != "/v1/traces" || r.Header.Get("Content-Type") != "application/x-protobuf" {
+		http.Error(w, "want POST /v1/traces of application/x-protobuf", http.StatusBadRequest)
+		return
+	}
+	body := io.Reader(r.Body)
+	if r.Header.Get("Content-Encoding") == "gzip" {
+		zr, err := gzip.NewReader(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		body = zr
+	}
+	b, err := io.ReadAll(io.LimitReader(body, 16<<20))
+	var req collectorpb.ExportTraceServiceRequest
+	if err == nil {
+		err = proto.Unmarshal(b, &req)
+	}
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	c.add(&req, "http/protobuf")
+	out, _ := proto.Marshal(&collectorpb.ExportTraceServiceResponse{})
+	w.Header().Set("Content-Type", "application/x-protobuf")
+	_, _ = w.Write(out)
+}
+
+// startCollector serves c over OTLP/gRPC and OTLP/HTTP; it returns both
+// addresses (host:port).
+func startCollector(t *testing.T, c *collector) (grpcAddr, httpAddr string) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	collectorpb.RegisterTraceServiceServer(gs, c)
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	hs := httptest.NewServer(c)
+	t.Cleanup(hs.Close)
+	return lis.Addr().String(), hs.Listener.Addr().String()
 }
 
 func (c *collector) all() []*tracepb.Span {
@@ -76,29 +145,42 @@ func anyValue(v *commonpb.AnyValue) string {
 // first source answers 503, the other 200. The collector receives one trace:
 // the application's span, the SDK's call span, an attempt span per source,
 // and under each attempt the sidecar's server spans for its RPCs. The test
-// logs the trace as a tree.
+// logs the trace as a tree. It runs once per OTLP protocol the sidecar
+// speaks: grpc, and http/protobuf (the specification's default, so that
+// case leaves OTEL_EXPORTER_OTLP_PROTOCOL unset).
 func TestOTLPExportEndToEnd(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for _, protocol := range []string{"grpc", "http/protobuf"} {
+		t.Run(strings.ReplaceAll(protocol, "/", "_"), func(t *testing.T) { testOTLPExport(t, protocol) })
 	}
-	col := &collector{}
-	gs := grpc.NewServer()
-	collectorpb.RegisterTraceServiceServer(gs, col)
-	go func() { _ = gs.Serve(lis) }()
-	defer gs.Stop()
+}
 
-	s := sidecartest.Start(t, []string{"--listen", "127.0.0.1:0"},
+func testOTLPExport(t *testing.T, protocol string) {
+	col := &collector{}
+	grpcAddr, httpAddr := startCollector(t, col)
+	env := []string{
 		"POLYGATE_SCOPES__DEMO__MAX_ATTEMPTS=3",
 		"OTEL_TRACES_EXPORTER=otlp",
-		"OTEL_EXPORTER_OTLP_ENDPOINT=http://"+lis.Addr().String(),
 		"OTEL_EXPORTER_OTLP_INSECURE=true",
 		"OTEL_BSP_SCHEDULE_DELAY=100",
-	)
+	}
+	if protocol == "grpc" {
+		env = append(env, "OTEL_EXPORTER_OTLP_PROTOCOL=grpc", "OTEL_EXPORTER_OTLP_ENDPOINT=http://"+grpcAddr)
+	} else {
+		env = append(env, "OTEL_EXPORTER_OTLP_ENDPOINT=http://"+httpAddr)
+	}
+	s := sidecartest.Start(t, []string{"--listen", "127.0.0.1:0"}, env...)
 	ctx := testContext(t)
+	s.WaitLog(t, ctx, "tracing on: OTLP\" protocol="+protocol+" ")
 
-	// The application: its tracer provider exports to the same collector.
-	exp, err := otlptracegrpc.New(ctx, otlptracegrpc.WithEndpoint(lis.Addr().String()), otlptracegrpc.WithInsecure())
+	// The application: its tracer provider exports to the same collector,
+	// over the same protocol.
+	var exp sdktrace.SpanExporter
+	var err error
+	if protocol == "grpc" {
+		exp, err = otlptracegrpc.New(ctx, otlptracegrpc.WithEndpoint(grpcAddr), otlptracegrpc.WithInsecure())
+	} else {
+		exp, err = otlptracehttp.New(ctx, otlptracehttp.WithEndpoint(httpAddr), otlptracehttp.WithInsecure())
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,6 +266,9 @@ func TestOTLPExportEndToEnd(t *testing.T) {
 	if shape := spanShape(spans); shape != want {
 		t.Errorf("the trace's shape:\n%s\nwant:\n%s", shape, want)
 	}
+	if by := col.received(); by[protocol] != len(col.all()) {
+		t.Errorf("spans received per protocol: %v; want all over %s", by, protocol)
+	}
 	for _, sp := range spans {
 		if strings.HasPrefix(sp.GetName(), "polygate.admission.v1.") && sp.GetKind() != tracepb.Span_SPAN_KIND_SERVER {
 			t.Errorf("span %s has kind %v, want a server span", sp.GetName(), sp.GetKind())
@@ -261,4 +346,15 @@ func spanShape(spans []*tracepb.Span) string {
 		fmt.Fprintf(&b, "%s%s\n", strings.Repeat("  ", depth), spanLabel(sp))
 	})
 	return b.String()
+}
+
+// An OTLP protocol the sidecar does not speak stops the start with an error
+// naming the variable, its value and the allowed values.
+func TestOTLPUnsupportedProtocolStopsTheStart(t *testing.T) {
+	cmd := exec.Command(sidecartest.Binary(t), "--listen", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "OTEL_TRACES_EXPORTER=otlp", "OTEL_EXPORTER_OTLP_PROTOCOL=http/json")
+	out, err := cmd.CombinedOutput()
+	if want := `OTEL_EXPORTER_OTLP_PROTOCOL="http/json" is not supported; use http/protobuf or grpc`; err == nil || !strings.Contains(string(out), want) {
+		t.Fatalf("exit %v, output %s; want an error saying %s", err, out, want)
+	}
 }

@@ -48,13 +48,13 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 	level := new(slog.LevelVar)
 	log := newLogger(cfg.Log, level, stderr)
-	traced, err := tracingEnabled(environ)
+	traced, protocol, err := tracingEnabled(environ)
 	if err != nil {
 		return err
 	}
 	var tracer trace.TracerProvider
 	if traced {
-		tp, err := newOTLPProvider(ctx, buildInfo())
+		tp, err := newOTLPProvider(ctx, buildInfo(), protocol)
 		if err != nil {
 			return err
 		}
@@ -67,7 +67,7 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 			}
 		}()
 		tracer = tp
-		log.Info("tracing on: OTLP over gRPC", "endpoint", firstSet(environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"))
+		log.Info("tracing on: OTLP", "protocol", protocol, "endpoint", firstSet(environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"))
 	}
 	tokens := server.NewTokens(cfg.Auth)
 

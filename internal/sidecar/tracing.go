@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -23,18 +24,25 @@ import (
 	"github.com/polygate/polygate/policy"
 )
 
+// OTLP protocols, as OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL names them.
+const (
+	otlpGRPC = "grpc"
+	otlpHTTP = "http/protobuf"
+)
+
 // tracingEnabled applies the OpenTelemetry environment: tracing is on when
 // OTEL_TRACES_EXPORTER is "otlp", or when it is unset and
 // OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set;
-// OTEL_SDK_DISABLED=true turns it off whatever else says. Only the OTLP/gRPC
-// protocol is built in: OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL, when set, must
-// be "grpc".
-func tracingEnabled(environ []string) (bool, error) {
+// OTEL_SDK_DISABLED=true turns it off whatever else says. protocol is the
+// OTLP protocol: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, else
+// OTEL_EXPORTER_OTLP_PROTOCOL, else the specification's default
+// http/protobuf; grpc and http/protobuf are built in, anything else is an
+// error.
+func tracingEnabled(environ []string) (on bool, protocol string, err error) {
 	get := func(k string) string { return strings.TrimSpace(lookupEnv(environ, k)) }
 	if strings.EqualFold(get("OTEL_SDK_DISABLED"), "true") {
-		return false, nil
+		return false, "", nil
 	}
-	on := false
 	switch exp := get("OTEL_TRACES_EXPORTER"); exp {
 	case "otlp":
 		on = true
@@ -42,17 +50,22 @@ func tracingEnabled(environ []string) (bool, error) {
 		on = get("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
 	case "none":
 	default:
-		return false, fmt.Errorf("OTEL_TRACES_EXPORTER=%.40q is not supported; use otlp or none", exp)
+		return false, "", fmt.Errorf("OTEL_TRACES_EXPORTER=%.40q is not supported; use otlp or none", exp)
 	}
 	if !on {
-		return false, nil
+		return false, "", nil
 	}
 	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"} {
-		if p := get(k); p != "" && p != "grpc" {
-			return false, fmt.Errorf("%s=%.40q is not supported; the sidecar exports OTLP over gRPC: use grpc", k, p)
+		switch p := get(k); p {
+		case "":
+			continue
+		case otlpGRPC, otlpHTTP:
+			return true, p, nil
+		default:
+			return false, "", fmt.Errorf("%s=%.40q is not supported; use %s or %s", k, p, otlpHTTP, otlpGRPC)
 		}
 	}
-	return true, nil
+	return true, otlpHTTP, nil
 }
 
 func lookupEnv(environ []string, name string) string {
@@ -64,13 +77,19 @@ func lookupEnv(environ []string, name string) string {
 	return ""
 }
 
-// newOTLPProvider builds a tracer provider exporting OTLP over gRPC; the
-// exporter reads its endpoint, headers, TLS and timeout from the standard
-// OTEL_EXPORTER_OTLP_* variables, the SDK its sampler (OTEL_TRACES_SAMPLER)
-// and batching (OTEL_BSP_*), the resource OTEL_SERVICE_NAME and
-// OTEL_RESOURCE_ATTRIBUTES.
-func newOTLPProvider(ctx context.Context, b Build) (*sdktrace.TracerProvider, error) {
-	exp, err := otlptracegrpc.New(ctx)
+// newOTLPProvider builds a tracer provider exporting OTLP over protocol
+// (otlpGRPC or otlpHTTP); the exporter reads its endpoint, headers, TLS,
+// compression and timeout from the standard OTEL_EXPORTER_OTLP_* variables,
+// the SDK its sampler (OTEL_TRACES_SAMPLER) and batching (OTEL_BSP_*), the
+// resource OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES.
+func newOTLPProvider(ctx context.Context, b Build, protocol string) (*sdktrace.TracerProvider, error) {
+	var exp sdktrace.SpanExporter
+	var err error
+	if protocol == otlpGRPC {
+		exp, err = otlptracegrpc.New(ctx)
+	} else {
+		exp, err = otlptracehttp.New(ctx)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("OTLP trace exporter: %w", err)
 	}

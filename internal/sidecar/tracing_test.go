@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,24 +26,31 @@ import (
 // TestTracingEnabledFollowsTheOTelEnvironment checks the documented rule.
 func TestTracingEnabledFollowsTheOTelEnvironment(t *testing.T) {
 	for _, c := range []struct {
-		name    string
-		environ []string
-		on, err bool
+		name     string
+		environ  []string
+		on       bool
+		protocol string
+		err      string // a part of the error; "" for none
 	}{
-		{"nothing set", nil, false, false},
-		{"exporter otlp", []string{"OTEL_TRACES_EXPORTER=otlp"}, true, false},
-		{"endpoint only", []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317"}, true, false},
-		{"traces endpoint only", []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://127.0.0.1:4317"}, true, false},
-		{"exporter none wins", []string{"OTEL_TRACES_EXPORTER=none", "OTEL_EXPORTER_OTLP_ENDPOINT=http://x:4317"}, false, false},
-		{"sdk disabled wins", []string{"OTEL_SDK_DISABLED=true", "OTEL_TRACES_EXPORTER=otlp"}, false, false},
-		{"unsupported exporter", []string{"OTEL_TRACES_EXPORTER=zipkin"}, false, true},
-		{"http protocol refused", []string{"OTEL_TRACES_EXPORTER=otlp", "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf"}, false, true},
-		{"grpc protocol", []string{"OTEL_TRACES_EXPORTER=otlp", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=grpc"}, true, false},
+		{"nothing set", nil, false, "", ""},
+		{"exporter otlp", []string{"OTEL_TRACES_EXPORTER=otlp"}, true, "http/protobuf", ""},
+		{"endpoint only", []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318"}, true, "http/protobuf", ""},
+		{"traces endpoint only", []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://127.0.0.1:4318/v1/traces"}, true, "http/protobuf", ""},
+		{"exporter none wins", []string{"OTEL_TRACES_EXPORTER=none", "OTEL_EXPORTER_OTLP_ENDPOINT=http://x:4317"}, false, "", ""},
+		{"sdk disabled wins", []string{"OTEL_SDK_DISABLED=true", "OTEL_TRACES_EXPORTER=otlp"}, false, "", ""},
+		{"unsupported exporter", []string{"OTEL_TRACES_EXPORTER=zipkin"}, false, "", `OTEL_TRACES_EXPORTER="zipkin" is not supported; use otlp or none`},
+		{"grpc protocol", []string{"OTEL_TRACES_EXPORTER=otlp", "OTEL_EXPORTER_OTLP_PROTOCOL=grpc"}, true, "grpc", ""},
+		{"http protocol", []string{"OTEL_TRACES_EXPORTER=otlp", "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf"}, true, "http/protobuf", ""},
+		{"traces protocol wins", []string{"OTEL_TRACES_EXPORTER=otlp", "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=grpc"}, true, "grpc", ""},
+		{"http/json refused", []string{"OTEL_TRACES_EXPORTER=otlp", "OTEL_EXPORTER_OTLP_PROTOCOL=http/json"},
+			false, "", `OTEL_EXPORTER_OTLP_PROTOCOL="http/json" is not supported; use http/protobuf or grpc`},
+		{"bad traces protocol refused", []string{"OTEL_TRACES_EXPORTER=otlp", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=udp"},
+			false, "", `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="udp" is not supported; use http/protobuf or grpc`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			on, err := tracingEnabled(c.environ)
-			if on != c.on || (err != nil) != c.err {
-				t.Errorf("tracingEnabled(%q) = %v, %v; want %v, error %v", c.environ, on, err, c.on, c.err)
+			on, protocol, err := tracingEnabled(c.environ)
+			if on != c.on || protocol != c.protocol || (err == nil) != (c.err == "") || (err != nil && !strings.Contains(err.Error(), c.err)) {
+				t.Errorf("tracingEnabled(%q) = %v, %q, %v; want %v, %q, error %q", c.environ, on, protocol, err, c.on, c.protocol, c.err)
 			}
 		})
 	}
