@@ -186,15 +186,15 @@ func TestDescribeShowsAnOpenBreakerAndZeros(t *testing.T) {
 	if primary == nil || backup == nil {
 		t.Fatalf("BREAKERS rows %v\n%s", breakers, out)
 	}
-	if primary["STATE"] != "OPEN" || primary["NEXT ATTEMPT"] != "refused: circuit_open" || primary["REOPENS"] != "1" ||
+	if primary["STATE"] != "OPEN" || primary["OPEN CAUSE"] != "source_dead" || primary["NEXT ATTEMPT"] != "refused: circuit_open" || primary["REOPENS"] != "1" ||
 		primary["EPOCH"] != "0" || primary["PROBE"] != "none" || primary["OVERRIDE"] != "none" {
-		t.Errorf("primary %v, want OPEN, refused: circuit_open, reopens 1, epoch 0, no probe, no override", primary)
+		t.Errorf("primary %v, want OPEN by source_dead, refused: circuit_open, reopens 1, epoch 0, no probe, no override", primary)
 	}
 	// The remaining cooldown: positive and at most the configured 10m.
 	if left, err := time.ParseDuration(primary["RETRY AFTER"]); err != nil || left <= 0 || left > 10*time.Minute {
 		t.Errorf("primary RETRY AFTER %q (%v), want the remaining cooldown in (0, 10m]", primary["RETRY AFTER"], err)
 	}
-	wantBackup := map[string]string{"STATE": "CLOSED", "NEXT ATTEMPT": "admitted", "RETRY AFTER": "0s", "EPOCH": "0", "REOPENS": "0",
+	wantBackup := map[string]string{"STATE": "CLOSED", "OPEN CAUSE": "none", "NEXT ATTEMPT": "admitted", "RETRY AFTER": "0s", "EPOCH": "0", "REOPENS": "0",
 		"PROBE": "none", "WINDOW CALLS": "0", "WINDOW FAILURES": "0", "CONSECUTIVE FAILURES": "0/5", "OVERRIDE": "none"}
 	for col, want := range wantBackup {
 		if backup[col] != want {
@@ -210,6 +210,12 @@ func TestDescribeShowsAnOpenBreakerAndZeros(t *testing.T) {
 			if quota[src][col] != v {
 				t.Errorf("%s %s = %q, want %q", src, col, quota[src][col], v)
 			}
+		}
+	}
+	line := section(t, out, "LINE")
+	for _, src := range []string{"primary", "backup"} {
+		if l := line[src]; l["WAITING"] != "0" || l["OLDEST WAIT"] != "0s" || l["BY PRIORITY/TENANT"] != "none" {
+			t.Errorf("%s LINE %v, want 0 waiting, 0s, none", src, l)
 		}
 	}
 	cfg := section(t, out, "CONFIGURATION")
@@ -242,10 +248,16 @@ func TestJSONIsProtojsonWithZeros(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &generic); err != nil || len(generic.Scope.Sources) != 2 {
 		t.Fatalf("describe --json: %v\n%s", err, out)
 	}
-	for _, key := range []string{"epoch", "windowCalls", "windowFailures", "consecutiveFailures", "inFlight", "probeOut", "override"} {
+	for _, key := range []string{"epoch", "windowCalls", "windowFailures", "consecutiveFailures", "inFlight", "probeOut", "override", "openCause", "line"} {
 		if _, ok := generic.Scope.Sources[1][key]; !ok {
 			t.Errorf("backup's %q is missing from --json; zero values must be shown", key)
 		}
+	}
+	if c := generic.Scope.Sources[0]["openCause"]; c != "OPEN_CAUSE_SOURCE_DEAD" {
+		t.Errorf("primary's openCause %v, want OPEN_CAUSE_SOURCE_DEAD", c)
+	}
+	if l, _ := json.Marshal(generic.Scope.Sources[1]["line"]); string(l) != `{"groups":[],"length":0,"oldestWait":"0s"}` {
+		t.Errorf("backup's line %s, want every field at zero", l)
 	}
 
 	out, _, err = ctl(t, ctx, s, "--json", "scopes")
@@ -465,5 +477,87 @@ func TestExitStatus(t *testing.T) {
 		if code != tc.code || !strings.Contains(stderr.String(), tc.want) {
 			t.Errorf("polygatectl %v: exit %d, stderr %q; want exit %d and %q", tc.args, code, stderr.String(), tc.code, tc.want)
 		}
+	}
+}
+
+// describe shows who waits in line for a source: how many, the longest
+// wait, and the count per priority and tenant; --json has the same.
+func TestDescribeShowsTheLine(t *testing.T) {
+	ctx := testContext(t)
+	file := filepath.Join(t.TempDir(), "polygate.yaml")
+	if err := os.WriteFile(file, []byte(`
+scopes:
+  queue:
+    quota_full: wait
+    backpressure: {stall_window: 10m, poll_interval: 10m}
+    sources: [{name: only, max_concurrency: 1}]
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := sidecartest.Start(t, []string{"--listen", "127.0.0.1:0", "--config", file}, "POLYGATE_AUTH__TOKEN="+token)
+	actx, c := client(t, ctx, s)
+	held, err := c.Pick(actx, &admissionv1.PickRequest{Scope: "queue"})
+	if err != nil || held.GetGrant() == nil {
+		t.Fatalf("Pick: %v %v", held, err)
+	}
+	// Three callers wait (in OnNoRunnable) until the test ends.
+	wctx, stop := context.WithCancel(actx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stop()
+	for _, w := range []struct {
+		priority int32
+		tenant   string
+	}{{5, "search"}, {0, "batch"}, {5, "search"}} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p, err := c.Pick(wctx, &admissionv1.PickRequest{Scope: "queue", Priority: w.priority, Tenant: w.tenant})
+			if err != nil || p.GetNoRunnable() == nil {
+				t.Errorf("waiter's Pick: %v %v", p, err)
+				return
+			}
+			_, _ = c.OnNoRunnable(wctx, &admissionv1.OnNoRunnableRequest{Scope: "queue", CallId: p.GetCallId()})
+		}()
+	}
+	for {
+		d, err := c.DescribeScope(actx, &admissionv1.DescribeScopeRequest{Scope: "queue"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.GetScope().GetSources()[0].GetLine().GetLength() == 3 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the line never reached 3: %v", d)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+
+	out, _, err := ctl(t, ctx, s, "describe", "queue")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := section(t, out, "LINE")["only"]
+	if l["WAITING"] != "3" || l["BY PRIORITY/TENANT"] != "5/search=2 0/batch=1" {
+		t.Errorf("LINE %v, want 3 waiting: 5/search=2 0/batch=1\n%s", l, out)
+	}
+	if d, err := time.ParseDuration(l["OLDEST WAIT"]); err != nil || d <= 0 {
+		t.Errorf("OLDEST WAIT %q (%v), want a positive duration", l["OLDEST WAIT"], err)
+	}
+	t.Logf("polygatectl describe queue, three callers in line:\n%s", out)
+
+	out, _, err = ctl(t, ctx, s, "describe", "queue", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d admissionv1.DescribeScopeResponse
+	if err := protojson.Unmarshal([]byte(out), &d); err != nil {
+		t.Fatalf("describe --json: %v\n%s", err, out)
+	}
+	if line := d.GetScope().GetSources()[0].GetLine(); line.GetLength() != 3 || len(line.GetGroups()) != 2 ||
+		line.GetGroups()[0].GetWaiting() != 2 || line.GetGroups()[0].GetTenant() != "search" {
+		t.Errorf("--json line %v", line)
 	}
 }

@@ -69,9 +69,9 @@ func printScopes(w io.Writer, scopes []*admissionv1.ScopeDescription) error {
 	return tw.Flush()
 }
 
-// printScope is describe's output: the scope's policies, then three tables
-// of its sources (breaker; quota and pacer; configuration), every value
-// shown, zeros included.
+// printScope is describe's output: the scope's policies, then four tables
+// of its sources (breaker; quota and pacer; line; configuration), every
+// value shown, zeros included.
 func printScope(w io.Writer, s *admissionv1.ScopeDescription) error {
 	cfg := s.GetConfig()
 	tw := newTable(w)
@@ -109,6 +109,11 @@ func printScope(w io.Writer, s *admissionv1.ScopeDescription) error {
 		return err
 	}
 
+	fmt.Fprintln(w, "\nLINE")
+	if err := printLines(w, s.GetSources()); err != nil {
+		return err
+	}
+
 	fmt.Fprintln(w, "\nCONFIGURATION")
 	tw = newTable(w)
 	row(tw, "SOURCE", "PRIORITY", "WEIGHT", "TIMEOUT", "LEASE", "FAIL THRESHOLD", "MIN CALLS", "FAIL RATE", "WINDOW", "COOLDOWN", "MAX COOLDOWN", "PROBE TTL")
@@ -128,7 +133,7 @@ func printScope(w io.Writer, s *admissionv1.ScopeDescription) error {
 // printBreakers is a table of breakers, then who set each override and why.
 func printBreakers(w io.Writer, sources []*admissionv1.SourceState) error {
 	tw := newTable(w)
-	row(tw, "SOURCE", "STATE", "NEXT ATTEMPT", "RETRY AFTER", "EPOCH", "REOPENS", "PROBE", "WINDOW CALLS", "WINDOW FAILURES", "CONSECUTIVE FAILURES", "OVERRIDE")
+	row(tw, "SOURCE", "STATE", "OPEN CAUSE", "NEXT ATTEMPT", "RETRY AFTER", "EPOCH", "REOPENS", "PROBE", "WINDOW CALLS", "WINDOW FAILURES", "CONSECUTIVE FAILURES", "OVERRIDE")
 	for _, st := range sources {
 		probe := "none"
 		if st.GetProbeOut() {
@@ -138,7 +143,7 @@ func printBreakers(w io.Writer, sources []*admissionv1.SourceState) error {
 		if st.GetReason() != admissionv1.Reason_REASON_UNSPECIFIED {
 			next = "refused: " + enumName(st.GetReason().String(), "REASON_")
 		}
-		row(tw, st.GetName(), breakerState(st.GetState()), next, dur(st.GetRetryAfter()),
+		row(tw, st.GetName(), breakerState(st.GetState()), openCause(st.GetOpenCause()), next, dur(st.GetRetryAfter()),
 			strconv.FormatUint(st.GetEpoch(), 10), strconv.Itoa(int(st.GetReopens())), probe,
 			strconv.FormatInt(st.GetWindowCalls(), 10), strconv.FormatInt(st.GetWindowFailures(), 10),
 			fmt.Sprintf("%d/%d", st.GetConsecutiveFailures(), st.GetConfig().GetBreaker().GetFailThreshold()),
@@ -154,6 +159,38 @@ func printBreakers(w io.Writer, sources []*admissionv1.SourceState) error {
 		}
 	}
 	return nil
+}
+
+// maxGroups bounds the line's groups shown per source; --json has them all.
+const maxGroups = 8
+
+// printLines is a table of the callers waiting in line for each source's
+// capacity: how many, the longest wait, and how many per priority and
+// tenant (highest priority first, as the sidecar serves them).
+func printLines(w io.Writer, sources []*admissionv1.SourceState) error {
+	tw := newTable(w)
+	row(tw, "SOURCE", "WAITING", "OLDEST WAIT", "BY PRIORITY/TENANT")
+	for _, st := range sources {
+		l := st.GetLine()
+		groups := make([]string, 0, min(len(l.GetGroups()), maxGroups)+1)
+		for i, g := range l.GetGroups() {
+			if i == maxGroups {
+				groups = append(groups, fmt.Sprintf("(%d more groups)", len(l.GetGroups())-maxGroups))
+				break
+			}
+			tenant := bounded(g.GetTenant(), 64)
+			if tenant == "" {
+				tenant = "(default)"
+			}
+			groups = append(groups, fmt.Sprintf("%d/%s=%d", g.GetPriority(), tenant, g.GetWaiting()))
+		}
+		by := strings.Join(groups, " ")
+		if by == "" {
+			by = "none"
+		}
+		row(tw, st.GetName(), strconv.Itoa(int(l.GetLength())), dur(l.GetOldestWait()), by)
+	}
+	return tw.Flush()
 }
 
 // eventLine renders one event on one line: time, sequence, scope, what.
@@ -237,6 +274,14 @@ func enumName(s, prefix string) string { return strings.ToLower(strings.TrimPref
 
 func breakerState(s admissionv1.BreakerState) string {
 	return strings.TrimPrefix(s.String(), "BREAKER_STATE_")
+}
+
+// openCause is why an OPEN breaker opened; "none" when it is not OPEN.
+func openCause(c admissionv1.OpenCause) string {
+	if c == admissionv1.OpenCause_OPEN_CAUSE_UNSPECIFIED {
+		return "none"
+	}
+	return enumName(c.String(), "OPEN_CAUSE_")
 }
 
 func onRefusal(r admissionv1.OnRefusal) string { return enumName(r.String(), "ON_REFUSAL_") }
