@@ -17,6 +17,7 @@ import grpc.aio
 
 from polygate._gen.polygate.admission.v1 import admission_pb2_grpc as pb_grpc
 from polygate._loop import Attempt, CallLoop, Rpc, Step
+from polygate._tracing import tracer
 from polygate._types import Grant, Result
 
 T = TypeVar("T")
@@ -108,6 +109,9 @@ class Client:
     ``tls``: None (the default) is plaintext to a unix socket or a loopback
     address and TLS with the system's roots to anything else; ``True`` is
     TLS with the system's roots; ``False`` plaintext; a ``TLS`` its files.
+    ``tracer_provider``: the OpenTelemetry provider of the call and attempt
+    spans (None: the global one); every RPC carries the current span's trace
+    context. Without opentelemetry-api installed, no spans.
     Safe to share between threads; close it (or use ``with``)."""
 
     def __init__(
@@ -120,10 +124,12 @@ class Client:
         options: Sequence[tuple[str, Any]] = (),
         priority: int = 0,
         tenant: str = "",
+        tracer_provider: Any = None,
     ) -> None:
         if channel is None and not target:
             raise ValueError("Client needs a target or a channel")
         self._metadata = _metadata(token)
+        self._tracer = tracer(tracer_provider)
         self._priority, self._tenant = priority, tenant
         self._own = channel is None
         if channel is None:
@@ -170,6 +176,7 @@ class Client:
             deadline,
             priority=self._priority if priority is None else priority,
             tenant=self._tenant if tenant is None else tenant,
+            tracer=self._tracer,
         )
         steps = loop.run()
         answer: Any = None
@@ -178,19 +185,22 @@ class Client:
                 try:
                     step = steps.send(answer)
                 except StopIteration as stop:
+                    loop.trace.end(loop.attempts, None)
                     value: T = stop.value
                     return value
                 answer = self._perform(loop, step, fn)
         except BaseException as exc:
             self._give_up(loop, exc)
+            loop.trace.end(loop.attempts, exc)
             raise
 
     def _perform(self, loop: CallLoop[Any], step: Step, fn: Callable[[Grant], Any]) -> Any:
         if isinstance(step, Attempt):
-            return fn(step.grant)
+            with loop.trace.attempt_context():
+                return fn(step.grant)
         if isinstance(step, Rpc):
             try:
-                return getattr(self._stub, step.method)(step.request, timeout=step.timeout, metadata=self._metadata)
+                return getattr(self._stub, step.method)(step.request, timeout=step.timeout, metadata=self._metadata + loop.trace.metadata())
             except grpc.RpcError as err:
                 raise loop.rpc_error(step.method, err) from None
         time.sleep(step.seconds)
@@ -201,7 +211,7 @@ class Client:
         if rpc is None:
             return
         try:
-            getattr(self._stub, rpc.method)(rpc.request, timeout=rpc.timeout, metadata=self._metadata)
+            getattr(self._stub, rpc.method)(rpc.request, timeout=rpc.timeout, metadata=self._metadata + loop.trace.metadata())
         except grpc.RpcError:
             pass  # the permit's lease frees it; the sidecar forgets the call after calls.idle_timeout
 
@@ -219,10 +229,12 @@ class AsyncClient:
         options: Sequence[tuple[str, Any]] = (),
         priority: int = 0,
         tenant: str = "",
+        tracer_provider: Any = None,
     ) -> None:
         if channel is None and not target:
             raise ValueError("AsyncClient needs a target or a channel")
         self._metadata = _metadata(token)
+        self._tracer = tracer(tracer_provider)
         self._priority, self._tenant = priority, tenant
         self._own = channel is None
         if channel is None:
@@ -264,6 +276,7 @@ class AsyncClient:
             deadline,
             priority=self._priority if priority is None else priority,
             tenant=self._tenant if tenant is None else tenant,
+            tracer=self._tracer,
         )
         steps = loop.run()
         answer: Any = None
@@ -272,20 +285,23 @@ class AsyncClient:
                 try:
                     step = steps.send(answer)
                 except StopIteration as stop:
+                    loop.trace.end(loop.attempts, None)
                     value: T = stop.value
                     return value
                 answer = await self._perform(loop, step, fn)
         except BaseException as exc:
             await self._give_up(loop, exc)
+            loop.trace.end(loop.attempts, exc)
             raise
 
     async def _perform(self, loop: CallLoop[Any], step: Step, fn: Callable[[Grant], Any]) -> Any:
         if isinstance(step, Attempt):
-            out = fn(step.grant)
-            return await out if inspect.isawaitable(out) else out
+            with loop.trace.attempt_context():
+                out = fn(step.grant)
+                return await out if inspect.isawaitable(out) else out
         if isinstance(step, Rpc):
             try:
-                return await getattr(self._stub, step.method)(step.request, timeout=step.timeout, metadata=self._metadata)
+                return await getattr(self._stub, step.method)(step.request, timeout=step.timeout, metadata=self._metadata + loop.trace.metadata())
             except grpc.aio.AioRpcError as err:
                 raise loop.rpc_error(step.method, err) from None
         await asyncio.sleep(step.seconds)
@@ -295,10 +311,11 @@ class AsyncClient:
         rpc = loop.give_up(exc)
         if rpc is None:
             return
+        metadata = self._metadata + loop.trace.metadata()
 
         async def report() -> None:
             try:
-                await getattr(self._stub, rpc.method)(rpc.request, timeout=rpc.timeout, metadata=self._metadata)
+                await getattr(self._stub, rpc.method)(rpc.request, timeout=rpc.timeout, metadata=metadata)
             except grpc.aio.AioRpcError:
                 pass  # the permit's lease frees it; the sidecar forgets the call after calls.idle_timeout
 

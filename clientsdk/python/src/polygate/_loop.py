@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 
 from polygate._errors import VERDICTS, CallFailedError, DeadlineExceededError, PolygateError, sidecar_error
 from polygate._gen.polygate.admission.v1 import admission_pb2 as pb
+from polygate._tracing import CallTrace
 from polygate._types import Grant, Outcome, Result, SourceReason
 
 T = TypeVar("T")
@@ -118,8 +119,11 @@ class CallLoop(Generic[T]):
         clock: Callable[[], float] = time.monotonic,
         priority: int = 0,
         tenant: str = "",
+        tracer: Any = None,
     ) -> None:
         self.scope = scope
+        self.trace = CallTrace(tracer, scope)
+        """The call's spans (no-ops without a tracer); the driver ends them."""
         self.call_id = ""
         self.permit_id = ""
         """The permit the call holds now ("" between attempts)."""
@@ -135,13 +139,18 @@ class CallLoop(Generic[T]):
     def run(self) -> Generator[Step, Any, T]:
         """The loop: Pick; a Grant runs the attempt and reports it (done,
         retry after a backoff, or fail); a NoRunnable asks OnNoRunnable (wait,
-        or fail); then Pick again. Verdicts are raised as CallFailedError."""
+        or fail); then Pick again. Verdicts are raised as CallFailedError.
+        Each attempt's span opens with the Pick that seeks its permit."""
+        self.trace.start()
+        self.trace.start_attempt(1)
         pick = yield self._rpc("Pick", self._open_request())
         self.call_id = pick.call_id
+        self.trace.call_id(self.call_id)
         while True:
             kind = pick.WhichOneof("result")
             if kind == "grant":
                 grant = self._grant(pick.grant)
+                self.trace.granted(grant)
                 result = yield Attempt(grant)
                 req = self._record_request(grant, result)
                 self.last = result
@@ -149,16 +158,25 @@ class CallLoop(Generic[T]):
                 self.permit_id = ""
                 nxt = rec.WhichOneof("next")
                 if nxt == "done":
+                    self.trace.reported(result, "done")
                     value: T = result.value
                     return value
                 if nxt == "failure":
+                    self.trace.reported(result, "failure", _FAILURES.get(rec.failure.reason, ""))
                     raise self._failure(rec.failure)
-                yield Sleep(_seconds(rec.retry.backoff))
+                backoff = _seconds(rec.retry.backoff)
+                self.trace.reported(result, "retry", backoff_s=backoff)
+                yield Sleep(backoff)
+                self.trace.start_attempt(self.attempts + 1)
             elif kind == "no_runnable":
                 d = yield self._rpc("OnNoRunnable", pb.OnNoRunnableRequest(scope=self.scope, call_id=self.call_id))
                 if d.WhichOneof("decision") == "failure":
                     raise self._failure(d.failure, pick.no_runnable.per_source_reasons)
-                yield Sleep(_seconds(d.wait.sleep))
+                sleep = _seconds(d.wait.sleep)
+                self.trace.waited(
+                    sleep, [(r.source, _REFUSALS.get(r.reason, pb.Reason.Name(r.reason))) for r in pick.no_runnable.per_source_reasons]
+                )
+                yield Sleep(sleep)
             elif kind == "failure":
                 raise self._failure(pick.failure)
             else:
