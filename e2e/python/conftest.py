@@ -50,9 +50,9 @@ def binaries(tmp_path_factory: pytest.TempPathFactory) -> Binaries:
     return Binaries(paths["sidecar"], paths["fakeupstream"])
 
 
-def _start(args: list[str], prefix: str) -> tuple[subprocess.Popen[str], str, list[str]]:
+def _start(args: list[str], prefix: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str, list[str]]:
     """Starts a process and reads stdout until its "<prefix> ADDR" line."""
-    proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     logs: list[str] = []
     threading.Thread(target=lambda: logs.extend(proc.stderr or []), daemon=True).start()
     found: list[str] = []
@@ -139,13 +139,16 @@ class Sidecar:
 
 
 @pytest.fixture
-def start_sidecar(binaries: Binaries, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[[str], Sidecar]]:
+def start_sidecar(binaries: Binaries, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Sidecar]]:
     started: list[tuple[subprocess.Popen[str], Sidecar]] = []
 
-    def start(config: str) -> Sidecar:
+    def start(config: str, env: dict[str, str] | None = None) -> Sidecar:
+        """Starts the sidecar with config, and env added to the environment."""
         path = tmp_path / f"polygate-{len(started)}.yaml"
         path.write_text(config)
-        proc, addr, logs = _start([binaries.sidecar, "--config", str(path), "--listen", "127.0.0.1:0"], "polygate listening on ")
+        proc, addr, logs = _start(
+            [binaries.sidecar, "--config", str(path), "--listen", "127.0.0.1:0"], "polygate listening on ", {**os.environ, **(env or {})}
+        )
         sc = Sidecar(addr, logs)
         started.append((proc, sc))
         return sc
