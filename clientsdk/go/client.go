@@ -10,7 +10,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -275,7 +274,7 @@ func do[T any](ctx context.Context, call *callState, fn func(context.Context, At
 		return last, rpcError(ctx, "Pick", err)
 	}
 	call.id = pick.GetCallId()
-	call.spans.call.SetAttributes(attribute.String("polygate.call_id", call.id))
+	call.spans.callID(call.id)
 	for {
 		switch r := pick.GetResult().(type) {
 		case *admissionv1.PickResponse_Grant:

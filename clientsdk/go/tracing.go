@@ -94,8 +94,14 @@ type callSpans struct {
 	waits   []string // the attempt's wait causes, in order
 }
 
+// The methods build attributes only for a recording span: with the default
+// no-op provider they cost next to nothing.
+
 func startCall(ctx context.Context, tr trace.Tracer, scope string) (context.Context, *callSpans) {
-	ctx, span := tr.Start(ctx, "polygate.call", trace.WithAttributes(attribute.String("polygate.scope", scope)))
+	ctx, span := tr.Start(ctx, "polygate.call")
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("polygate.scope", scope))
+	}
 	return ctx, &callSpans{tracer: tr, scope: scope, call: span}
 }
 
@@ -103,19 +109,34 @@ func startCall(ctx context.Context, tr trace.Tracer, scope string) (context.Cont
 // Pick that seeks its permit; ctx is the call's.
 func (s *callSpans) startAttempt(ctx context.Context, n int) context.Context {
 	s.endAttempt()
-	ctx, s.attempt = s.tracer.Start(ctx, "polygate.attempt", trace.WithAttributes(
-		attribute.String("polygate.scope", s.scope), attribute.Int("polygate.attempt", n)))
+	ctx, s.attempt = s.tracer.Start(ctx, "polygate.attempt")
+	if s.attempt.IsRecording() {
+		s.attempt.SetAttributes(attribute.String("polygate.scope", s.scope), attribute.Int("polygate.attempt", n))
+	}
 	return ctx
+}
+
+// callID names the call.
+func (s *callSpans) callID(id string) {
+	if s.call.IsRecording() {
+		s.call.SetAttributes(attribute.String("polygate.call_id", id))
+	}
 }
 
 // granted names the attempt's source.
 func (s *callSpans) granted(g *admissionv1.Grant) {
+	if !s.attempt.IsRecording() {
+		return
+	}
 	s.attempt.SetAttributes(attribute.String("polygate.source", g.GetSource()),
 		attribute.Int("polygate.attempt", int(g.GetAttempt())), attribute.Bool("polygate.probe", g.GetProbe()))
 }
 
 // waited records one wait for capacity: how long, and each source's refusal.
 func (s *callSpans) waited(sleep time.Duration, refused []*admissionv1.SourceReason) {
+	if !s.attempt.IsRecording() {
+		return
+	}
 	parts := make([]string, 0, len(refused))
 	for _, r := range refused {
 		parts = append(parts, r.GetSource()+"="+refusalName(r.GetReason()))
@@ -129,6 +150,9 @@ func (s *callSpans) waited(sleep time.Duration, refused []*admissionv1.SourceRea
 
 // reported records the attempt's outcome and the sidecar's answer to it.
 func (s *callSpans) reported(res Result, next *admissionv1.RecordOutcomeResponse) {
+	if !s.attempt.IsRecording() {
+		return
+	}
 	s.attempt.SetAttributes(attribute.String("polygate.outcome", res.Outcome.String()))
 	if res.HTTPStatus != 0 {
 		s.attempt.SetAttributes(attribute.Int("polygate.http_status", res.HTTPStatus))
@@ -157,6 +181,11 @@ func (s *callSpans) endAttempt() {
 
 // end closes the spans with the call's result.
 func (s *callSpans) end(attempts int, err error) {
+	if !s.call.IsRecording() {
+		s.endAttempt()
+		s.call.End()
+		return
+	}
 	verdict := []attribute.KeyValue{attribute.String("polygate.verdict", verdictOf(err))}
 	var f *FailureError
 	if errors.As(err, &f) {

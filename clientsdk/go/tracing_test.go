@@ -230,3 +230,54 @@ func TestTracing_OffByDefault(t *testing.T) {
 		}
 	}
 }
+
+// grantDone grants every Pick and answers Done to every outcome.
+type grantDone struct {
+	admissionv1.UnimplementedAdmissionServiceServer
+}
+
+func (grantDone) Pick(context.Context, *admissionv1.PickRequest) (*admissionv1.PickResponse, error) {
+	return &admissionv1.PickResponse{CallId: "c1", Result: &admissionv1.PickResponse_Grant{Grant: &admissionv1.Grant{Source: "a", Attempt: 1, PermitId: "p1"}}}, nil
+}
+
+func (grantDone) RecordOutcome(context.Context, *admissionv1.RecordOutcomeRequest) (*admissionv1.RecordOutcomeResponse, error) {
+	return &admissionv1.RecordOutcomeResponse{Next: &admissionv1.RecordOutcomeResponse_Done{Done: &admissionv1.Done{}}}, nil
+}
+
+// BenchmarkDoTracing is one granted, successful call (two RPCs over
+// loopback) with tracing off (the global no-op provider) and with an SDK
+// provider that samples every span and exports none.
+func BenchmarkDoTracing(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		opts []polygate.Option
+	}{
+		{"off", nil},
+		{"sdk", []polygate.Option{polygate.WithTracerProvider(sdktrace.NewTracerProvider())}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			gs := grpc.NewServer()
+			admissionv1.RegisterAdmissionServiceServer(gs, grantDone{})
+			go gs.Serve(lis)
+			defer gs.Stop()
+			c, err := polygate.Dial(lis.Addr().String(), tc.opts...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			fn := func(context.Context, polygate.Attempt) (int, polygate.Result) {
+				return 1, polygate.Result{Outcome: polygate.Success}
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := polygate.Do(context.Background(), c, "chat", fn); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
