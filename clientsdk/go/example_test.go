@@ -9,6 +9,8 @@ import (
 	"os"
 	"strings"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
 	polygate "github.com/polygate/polygate/clientsdk/go"
 )
 
@@ -92,4 +94,26 @@ func ExampleClassify() {
 	// SOURCE_DEAD 0s
 	// TRANSIENT 24h0m0s
 	// CLIENT_ERROR 0s
+}
+
+// With the application's tracer provider, each call is a span under the
+// caller's, with a child span per attempt; the sidecar's own spans join the
+// same trace. Without the option the global provider is used.
+func ExampleWithTracerProvider() {
+	tp := sdktrace.NewTracerProvider() // with the application's exporter: sdktrace.WithBatcher(exp)
+	defer tp.Shutdown(context.Background())
+	client, err := polygate.Dial("127.0.0.1:50051", polygate.WithTracerProvider(tp))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer client.Close()
+
+	ctx, span := tp.Tracer("app").Start(context.Background(), "handle request")
+	defer span.End()
+	_, err = polygate.Do(ctx, client, "chat", func(ctx context.Context, a polygate.Attempt) (string, polygate.Result) {
+		// ctx carries the attempt's span: the upstream request's spans nest under it.
+		return "answer", polygate.Result{Outcome: polygate.Success}
+	})
+	fmt.Println(err)
 }
