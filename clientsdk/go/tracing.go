@@ -144,7 +144,7 @@ func (s *callSpans) waited(sleep time.Duration, refused []*admissionv1.SourceRea
 	cause := strings.Join(parts, ",")
 	s.waits = append(s.waits, cause)
 	s.attempt.AddEvent("wait", trace.WithAttributes(
-		attribute.String("polygate.wait.cause", cause), attribute.String("polygate.wait.sleep", sleep.String())))
+		attribute.String("polygate.wait.cause", cause), attribute.Float64("polygate.wait.sleep_s", sleep.Seconds())))
 	s.attempt.SetAttributes(attribute.Int("polygate.waits", len(s.waits)), attribute.String("polygate.wait.cause", cause))
 }
 
@@ -162,7 +162,7 @@ func (s *callSpans) reported(res Result, next *admissionv1.RecordOutcomeResponse
 		s.attempt.SetAttributes(attribute.String("polygate.verdict", "done"))
 	case *admissionv1.RecordOutcomeResponse_Retry:
 		s.attempt.SetAttributes(attribute.String("polygate.verdict", "retry"),
-			attribute.String("polygate.backoff", n.Retry.GetBackoff().AsDuration().String()))
+			attribute.Float64("polygate.backoff_s", n.Retry.GetBackoff().AsDuration().Seconds()))
 	case *admissionv1.RecordOutcomeResponse_Failure:
 		s.attempt.SetAttributes(attribute.String("polygate.verdict", "failure"),
 			attribute.String("polygate.reason", failureFromProto[n.Failure.GetReason()].String()))

@@ -147,7 +147,7 @@ func TestTracing_SpanTreeAndPropagation(t *testing.T) {
 	}
 	want := []map[attribute.Key]string{
 		{"polygate.scope": "chat", "polygate.source": "a", "polygate.attempt": "1", "polygate.outcome": "TRANSIENT",
-			"polygate.http_status": "503", "polygate.verdict": "retry", "polygate.backoff": "1ms",
+			"polygate.http_status": "503", "polygate.verdict": "retry", "polygate.backoff_s": "0.001",
 			"polygate.waits": "1", "polygate.wait.cause": "a=circuit_open,b=rate_limited"},
 		{"polygate.scope": "chat", "polygate.source": "b", "polygate.attempt": "2", "polygate.outcome": "SUCCESS",
 			"polygate.http_status": "200", "polygate.verdict": "done"},

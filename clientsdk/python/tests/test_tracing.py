@@ -225,3 +225,22 @@ with polygate.Client("{target}") as c:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert len(side.rpcs) == 6 and all(r.endswith(" ") for r in side.rpcs), side.rpcs
+
+
+@pytest.mark.parametrize(("exc", "verdict"), [(RuntimeError("boom"), "error"), (KeyboardInterrupt(), "cancelled")])
+def test_an_exception_in_the_attempt_ends_the_spans(
+    sidecar: tuple[str, Scripted], spans: tuple[TracerProvider, InMemorySpanExporter], exc: BaseException, verdict: str
+) -> None:
+    target, side = sidecar
+    tp, exporter = spans
+
+    def fn(g: polygate.Grant) -> polygate.Result[str]:
+        raise exc
+
+    with polygate.Client(target, tracer_provider=tp) as client, pytest.raises(type(exc)):
+        client.call("chat", fn)
+    got = {s.name: s for s in exporter.get_finished_spans()}
+    assert sorted(got) == ["polygate.attempt", "polygate.call"]
+    for s in got.values():
+        assert (s.attributes or {})["polygate.verdict"] == verdict and s.status.status_code == trace.StatusCode.ERROR
+    assert side.rpcs[-1].startswith("RecordOutcome 00-"), "the CANCELLED report carries the attempt's trace context"

@@ -12,6 +12,7 @@ spans join the trace.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -115,6 +116,8 @@ class CallTrace:
         attrs: dict[str, Any] = {"polygate.verdict": "done"}
         if isinstance(exc, CallFailedError):
             attrs = {"polygate.verdict": "failure", "polygate.reason": exc.reason}
+        elif isinstance(exc, asyncio.CancelledError | KeyboardInterrupt):
+            attrs = {"polygate.verdict": "cancelled"}
         elif exc is not None:
             attrs = {"polygate.verdict": "error", "polygate.error": type(exc).__name__}
         for span in (self._attempt, self._call):
