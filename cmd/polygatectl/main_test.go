@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/internal/admissiontest"
 	"github.com/polygate/polygate/internal/sidecartest"
 )
 
@@ -73,25 +74,6 @@ func client(t *testing.T, ctx context.Context, s *sidecartest.Sidecar) (context.
 	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token), admissionv1.NewAdmissionServiceClient(conn)
 }
 
-// syncBuffer is a bytes.Buffer that a running command may write while the
-// test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // env is a fake environment for run.
 func env(kv ...string) func(string) string {
 	m := map[string]string{}
@@ -105,7 +87,7 @@ func env(kv ...string) func(string) string {
 // ctl runs polygatectl against s with the token in $POLYGATE_TOKEN.
 func ctl(t *testing.T, ctx context.Context, s *sidecartest.Sidecar, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
-	var out, errOut syncBuffer
+	var out, errOut admissiontest.LockedBuffer
 	err = run(ctx, append([]string{"--addr", s.Addr}, args...), env("POLYGATE_TOKEN="+token, "USER=tester"), &out, &errOut)
 	return out.String(), errOut.String(), err
 }
@@ -291,7 +273,7 @@ func TestWatchPrintsOverrides(t *testing.T) {
 	s := startSidecar(t, "127.0.0.1:0")
 
 	watchCtx, stopWatch := context.WithCancel(ctx)
-	var out, errOut syncBuffer
+	var out, errOut admissiontest.LockedBuffer
 	done := make(chan error, 1)
 	go func() {
 		done <- run(watchCtx, []string{"--addr", s.Addr, "watch", "chat"}, env("POLYGATE_TOKEN="+token), &out, &errOut)
@@ -338,7 +320,7 @@ func TestWatchJSONIsOneObjectPerLine(t *testing.T) {
 	s := startSidecar(t, "127.0.0.1:0")
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
-	var out, errOut syncBuffer
+	var out, errOut admissiontest.LockedBuffer
 	done := make(chan error, 1)
 	go func() {
 		done <- run(watchCtx, []string{"--addr", s.Addr, "--json", "watch"}, env("POLYGATE_TOKEN="+token), &out, &errOut)
@@ -379,7 +361,7 @@ func TestUnixSocketAndTokenFile(t *testing.T) {
 	if err := os.WriteFile(file, []byte(token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var out syncBuffer
+	var out admissiontest.LockedBuffer
 	if err := run(ctx, []string{"--addr", s.Addr, "--token-file", file, "scopes"}, env(), &out, &out); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
@@ -387,7 +369,7 @@ func TestUnixSocketAndTokenFile(t *testing.T) {
 		t.Errorf("scopes:\n%s", out.String())
 	}
 	// Inside the sidecar's container (kubectl exec), its own token is used.
-	out = syncBuffer{}
+	out = admissiontest.LockedBuffer{}
 	if err := run(ctx, []string{"--addr", s.Addr, "scopes"}, env("POLYGATE_AUTH__TOKEN="+token), &out, &out); err != nil {
 		t.Fatalf("with $POLYGATE_AUTH__TOKEN: %v\n%s", err, out.String())
 	}
@@ -422,7 +404,7 @@ func TestErrorsAreClear(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := append([]string{"POLYGATE_TOKEN=" + token, "USER=tester"}, tc.env...)
-			var out, errOut syncBuffer
+			var out, errOut admissiontest.LockedBuffer
 			args := append([]string{"--addr", s.Addr}, tc.args...)
 			err := run(ctx, args, env(e...), &out, &errOut)
 			if err == nil {

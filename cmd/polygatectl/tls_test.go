@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/polygate/polygate/internal/admissiontest"
 	"github.com/polygate/polygate/internal/testcerts"
 )
 
@@ -35,7 +36,7 @@ func TestTLSOptions(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := testContext(t)
-			var out, errOut syncBuffer
+			var out, errOut admissiontest.LockedBuffer
 			err := run(ctx, append(tc.args, "scopes"), env("POLYGATE_TOKEN="+token), &out, &errOut)
 			switch {
 			case tc.fail && err == nil:
