@@ -1,9 +1,11 @@
 package server
 
 import (
+	"math"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/polygate/polygate/config"
 	"github.com/polygate/polygate/gate"
@@ -221,6 +223,23 @@ func sourceLine(l policy.LineState) *admissionv1.SourceLine {
 	out := &admissionv1.SourceLine{Length: int32(l.Length), OldestWait: dur(l.OldestWait)}
 	for _, g := range l.Groups {
 		out.Groups = append(out.Groups, &admissionv1.LineGroup{Priority: g.Priority, Tenant: g.Tenant, Waiting: int32(g.Waiting)})
+	}
+	return out
+}
+
+// StateLoss is what this replica saw of a shared backend losing a scope's
+// state (see redisgate.StateLoss).
+type StateLoss struct {
+	Count    uint64
+	Last     time.Time
+	Restored int
+	Pending  bool
+}
+
+func stateLoss(l StateLoss) *admissionv1.StateLoss {
+	out := &admissionv1.StateLoss{Count: l.Count, Restored: int32(min(l.Restored, math.MaxInt32)), ReassertPending: l.Pending}
+	if l.Count > 0 {
+		out.Last = timestamppb.New(l.Last)
 	}
 	return out
 }

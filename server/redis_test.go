@@ -3,6 +3,7 @@ package server
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -25,10 +26,12 @@ func TestOneRedisRoundTripPerRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := start(t, harnessOpts{backend: b, yaml: strings.Replace(testConfig, "max_live: 3", "max_live: 100", 1)})
-	// Warm the script cache: one of each RPC.
+	// Warm the script cache: one of each RPC (and the first Pick of a scope
+	// looks at its marker: see redisgate's reassert.go).
 	for range 2 {
 		h.record(t, "chat", h.pick(t, &admissionv1.PickRequest{Scope: "chat"}), admissionv1.Outcome_OUTCOME_TRANSIENT)
 	}
+	h.record(t, "other", h.pick(t, &admissionv1.PickRequest{Scope: "other"}), admissionv1.Outcome_OUTCOME_SUCCESS)
 	p := h.pick(t, &admissionv1.PickRequest{Scope: "chat"}) // refused: the breaker opened
 	if _, err := h.client.OnNoRunnable(h.ctx, &admissionv1.OnNoRunnableRequest{Scope: "chat", CallId: p.CallId}); err != nil {
 		t.Fatal(err)
@@ -126,3 +129,43 @@ scopes:
   other:
     sources: [{name: a, max_concurrency: 1000000}, {name: b, max_concurrency: 1000000}]
 `
+
+// DescribeScope says when Redis lost the scope's state (FLUSHALL stands in
+// for a restart without persistence): how many times this replica found it,
+// when, how many breakers it re-asserted; nothing before.
+func TestDescribeShowsStateLoss(t *testing.T) {
+	r := redistest.Start(t)
+	client := r.Client(t)
+	b, err := redisgate.New(client, redisgate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := start(t, harnessOpts{backend: b, stateLoss: func(scope string) StateLoss { return StateLoss(b.StateLoss(scope)) }})
+	describe := func() *admissionv1.StateLoss {
+		t.Helper()
+		d, err := h.client.DescribeScope(h.ctx, &admissionv1.DescribeScopeRequest{Scope: "other"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.GetScope().GetStateLoss()
+	}
+	if _, err := h.client.OverrideBreaker(h.ctx, &admissionv1.OverrideBreakerRequest{Scope: "other", Source: "only",
+		Action: admissionv1.OverrideAction_OVERRIDE_ACTION_FORCE_OPEN, Actor: "oncall", Reason: "key rotated"}); err != nil {
+		t.Fatal(err)
+	}
+	h.pick(t, &admissionv1.PickRequest{Scope: "other"}) // the first look at the scope's marker
+	if l := describe(); l == nil || l.GetCount() != 0 || l.GetLast() != nil || l.GetReassertPending() {
+		t.Fatalf("state_loss before any loss: %v, want present and zero", l)
+	}
+	before := time.Now()
+	if err := client.FlushAll(h.ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if p := h.pick(t, &admissionv1.PickRequest{Scope: "other"}); p.GetGrant() != nil {
+		t.Fatalf("Pick after the loss granted %v: the override this replica saw was not re-asserted first", p.GetGrant())
+	}
+	l := describe()
+	if l.GetCount() != 1 || l.GetRestored() != 1 || l.GetReassertPending() || l.GetLast().AsTime().Before(before.Truncate(time.Second)) {
+		t.Fatalf("state_loss after a FLUSHALL: %v, want one loss found after %v, 1 breaker re-asserted, none pending", l, before)
+	}
+}

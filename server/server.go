@@ -20,6 +20,7 @@ type Server struct {
 
 	backend     gate.Backend
 	backendName func() string
+	stateLoss   func(scope string) StateLoss
 	log         *slog.Logger
 	observer    observers
 	events      *hub
@@ -39,6 +40,9 @@ type Server struct {
 type Options struct {
 	// BackendName describes the backend for DescribeScope.
 	BackendName func() string
+	// StateLoss, for a shared backend that can lose a scope's state (Redis),
+	// is what this replica saw of it, for DescribeScope.
+	StateLoss func(scope string) StateLoss
 	// Observers are told every decision, after the built-in log observer
 	// and event hub. An observer that also implements Abandoned(*policy.Call,
 	// string) is told of calls that end without a decision (expired idle,
@@ -57,7 +61,7 @@ func New(cfg *config.Config, backend gate.Backend, log *slog.Logger, o Options) 
 	events := newHub(o.WatchBuffer, cfg.Events.MaxWatchers)
 	waits := newWaitLog(log, time.Now())
 	s := &Server{
-		backend: backend, backendName: o.BackendName, log: log,
+		backend: backend, backendName: o.BackendName, stateLoss: o.StateLoss, log: log,
 		observer: append(observers{logObserver{log: log, waits: waits}, events}, o.Observers...),
 		events:   events,
 		waits:    waits,
@@ -388,7 +392,11 @@ func (s *Server) describe(ctx context.Context, sc *policy.Scope) (*admissionv1.S
 	if err != nil {
 		return nil, err
 	}
-	return scopeDescription(d, s.calls.liveIn(sc.Name()), s.backendName()), nil
+	out := scopeDescription(d, s.calls.liveIn(sc.Name()), s.backendName())
+	if s.stateLoss != nil {
+		out.StateLoss = stateLoss(s.stateLoss(sc.Name()))
+	}
+	return out, nil
 }
 
 // ListScopes implements admissionv1.AdmissionServiceServer.

@@ -66,6 +66,8 @@ type harnessOpts struct {
 	operator string
 	// loopback serves on a real TCP port instead of bufconn (benchmarks).
 	loopback bool
+	// stateLoss is Options.StateLoss.
+	stateLoss func(scope string) StateLoss
 }
 
 func start(t testing.TB, o harnessOpts) *harness {
@@ -81,7 +83,7 @@ func start(t testing.TB, o harnessOpts) *harness {
 		o.backend = inmem.New(time.Now)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	srv := New(cfg, o.backend, log, Options{})
+	srv := New(cfg, o.backend, log, Options{StateLoss: o.stateLoss})
 	gs := grpc.NewServer(append(ServerOptions(log, NewTokens(config.Auth{Token: o.token, OperatorToken: o.operator}), Interceptors{}), append(LimitOptions(cfg.Limits), CodecOption())...)...)
 	admissionv1.RegisterAdmissionServiceServer(gs, srv)
 	hs := health.NewServer()

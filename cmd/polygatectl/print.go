@@ -79,6 +79,13 @@ func printScope(w io.Writer, s *admissionv1.ScopeDescription) error {
 	row(tw, "backend", s.GetBackend())
 	row(tw, "live calls", strconv.Itoa(int(s.GetLiveCalls())))
 	row(tw, "last success", lastSuccess(s.GetProgressAge()))
+	if l := s.GetStateLoss(); l != nil { // a shared backend (Redis): what this replica saw of it losing the scope
+		last := "never"
+		if l.GetLast() != nil {
+			last = l.GetLast().AsTime().UTC().Format(time.RFC3339)
+		}
+		row(tw, "state losses", fmt.Sprintf("%d, last %s, %d breakers re-asserted, re-assert pending %t", l.GetCount(), last, l.GetRestored(), l.GetReassertPending()))
+	}
 	row(tw, "on refusal", fmt.Sprintf("circuit_open %s, quota_full %s", onRefusal(cfg.GetCircuitOpen()), onRefusal(cfg.GetQuotaFull())))
 	row(tw, "retry budget", fmt.Sprintf("max_attempts %d, backoff %s to %s", cfg.GetMaxAttempts(), dur(cfg.GetBackoffBase()), dur(cfg.GetBackoffMax())))
 	row(tw, "stall budget", fmt.Sprintf("stall_window %s, poll_interval %s", dur(cfg.GetStallWindow()), dur(cfg.GetPollInterval())))

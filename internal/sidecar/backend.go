@@ -22,6 +22,9 @@ type backend struct {
 	gate.Backend
 	// describe names it for DescribeScope, saying when it is degraded.
 	describe func() string
+	// stateLoss, for a shared backend, is what it saw of losing a scope's
+	// state, for DescribeScope.
+	stateLoss func(scope string) server.StateLoss
 	// subscribe, for a shared backend, delivers other replicas' breaker
 	// announcements until ctx ends.
 	subscribe func(ctx context.Context, handle func(scope string, e gate.Event)) error
@@ -114,6 +117,7 @@ func openRedis(r config.Redis, every time.Duration, log *slog.Logger, onChange f
 			}
 			return "redis (unavailable: fail_closed)"
 		},
+		stateLoss:  func(scope string) server.StateLoss { return server.StateLoss(shared.StateLoss(scope)) },
 		subscribe:  shared.Subscribe,
 		check:      fb.Check,
 		giveBacks:  func(ctx context.Context) { shared.RunGiveBacks(ctx, every) },

@@ -90,7 +90,7 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return err
 	}
 	defer b.close()
-	sc, err := startSidecar(cfg, log, sidecarDeps{backend: b, backendName: b.describe, health: hs, created: started.Store, tokens: tokens, collectors: b.collectors, tracer: tracer})
+	sc, err := startSidecar(cfg, log, sidecarDeps{backend: b, backendName: b.describe, stateLoss: b.stateLoss, health: hs, created: started.Store, tokens: tokens, collectors: b.collectors, tracer: tracer})
 	if err != nil {
 		return err
 	}

@@ -58,6 +58,9 @@ type sidecarDeps struct {
 	health       *health.Server      // nil: a new one
 	interceptors server.Interceptors // extra, outermost
 	watchBuffer  int
+	// stateLoss, for a backend that can lose a scope's state (Redis), is
+	// what it saw of that, for DescribeScope (nil: none).
+	stateLoss func(scope string) server.StateLoss
 	// created is told the server as soon as it exists, before anything
 	// listens (a scrape reads the backend, which may report its health).
 	created func(*server.Server)
@@ -117,7 +120,7 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 		observers = append(observers, tr)
 		extra.Unary = append(extra.Unary, tr.unary)
 	}
-	sc.srv = server.New(cfg, d.backend, log, server.Options{BackendName: d.backendName, Observers: observers, WatchBuffer: d.watchBuffer})
+	sc.srv = server.New(cfg, d.backend, log, server.Options{BackendName: d.backendName, StateLoss: d.stateLoss, Observers: observers, WatchBuffer: d.watchBuffer})
 	if d.created != nil {
 		d.created(sc.srv)
 	}

@@ -2400,7 +2400,10 @@ type ScopeDescription struct {
 	LiveCalls int32 `protobuf:"varint,4,opt,name=live_calls,json=liveCalls,proto3" json:"live_calls,omitempty"`
 	// The backend: "memory", "redis", "redis (unavailable: fail_closed)" or
 	// "redis (unavailable: local fallback)".
-	Backend       string `protobuf:"bytes,5,opt,name=backend,proto3" json:"backend,omitempty"`
+	Backend string `protobuf:"bytes,5,opt,name=backend,proto3" json:"backend,omitempty"`
+	// What this replica saw of a shared backend (Redis) losing the scope's
+	// state; unset on a backend that keeps its own state (memory).
+	StateLoss     *StateLoss `protobuf:"bytes,6,opt,name=state_loss,json=stateLoss,proto3" json:"state_loss,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2470,6 +2473,89 @@ func (x *ScopeDescription) GetBackend() string {
 	return ""
 }
 
+func (x *ScopeDescription) GetStateLoss() *StateLoss {
+	if x != nil {
+		return x.StateLoss
+	}
+	return nil
+}
+
+// StateLoss is what one replica saw of Redis losing a scope's state (a
+// restart without persistence, a failover to an empty replica) and of
+// re-asserting the OPEN breakers and overrides it knew (docs/redis.md).
+type StateLoss struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Losses this replica found since it started.
+	Count uint64 `protobuf:"varint,1,opt,name=count,proto3" json:"count,omitempty"`
+	// When it found the last one; unset while count is 0.
+	Last *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=last,proto3" json:"last,omitempty"`
+	// Breakers (OPEN, overrides) re-asserted after the last loss.
+	Restored int32 `protobuf:"varint,3,opt,name=restored,proto3" json:"restored,omitempty"`
+	// A loss was found and its re-assert has not succeeded yet: until it has,
+	// this replica grants nothing of the scope.
+	ReassertPending bool `protobuf:"varint,4,opt,name=reassert_pending,json=reassertPending,proto3" json:"reassert_pending,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *StateLoss) Reset() {
+	*x = StateLoss{}
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StateLoss) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StateLoss) ProtoMessage() {}
+
+func (x *StateLoss) ProtoReflect() protoreflect.Message {
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StateLoss.ProtoReflect.Descriptor instead.
+func (*StateLoss) Descriptor() ([]byte, []int) {
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *StateLoss) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *StateLoss) GetLast() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Last
+	}
+	return nil
+}
+
+func (x *StateLoss) GetRestored() int32 {
+	if x != nil {
+		return x.Restored
+	}
+	return 0
+}
+
+func (x *StateLoss) GetReassertPending() bool {
+	if x != nil {
+		return x.ReassertPending
+	}
+	return false
+}
+
 // SourceState is one source's live state.
 type SourceState struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2515,7 +2601,7 @@ type SourceState struct {
 
 func (x *SourceState) Reset() {
 	*x = SourceState{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[24]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2527,7 +2613,7 @@ func (x *SourceState) String() string {
 func (*SourceState) ProtoMessage() {}
 
 func (x *SourceState) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[24]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2540,7 +2626,7 @@ func (x *SourceState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SourceState.ProtoReflect.Descriptor instead.
 func (*SourceState) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{24}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SourceState) GetName() string {
@@ -2718,7 +2804,7 @@ type SourceLine struct {
 
 func (x *SourceLine) Reset() {
 	*x = SourceLine{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[25]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2730,7 +2816,7 @@ func (x *SourceLine) String() string {
 func (*SourceLine) ProtoMessage() {}
 
 func (x *SourceLine) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[25]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2743,7 +2829,7 @@ func (x *SourceLine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SourceLine.ProtoReflect.Descriptor instead.
 func (*SourceLine) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{25}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SourceLine) GetLength() int32 {
@@ -2779,7 +2865,7 @@ type LineGroup struct {
 
 func (x *LineGroup) Reset() {
 	*x = LineGroup{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[26]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2791,7 +2877,7 @@ func (x *LineGroup) String() string {
 func (*LineGroup) ProtoMessage() {}
 
 func (x *LineGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[26]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2804,7 +2890,7 @@ func (x *LineGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LineGroup.ProtoReflect.Descriptor instead.
 func (*LineGroup) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{26}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *LineGroup) GetPriority() int32 {
@@ -2858,7 +2944,7 @@ type ScopeConfig struct {
 
 func (x *ScopeConfig) Reset() {
 	*x = ScopeConfig{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[27]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2870,7 +2956,7 @@ func (x *ScopeConfig) String() string {
 func (*ScopeConfig) ProtoMessage() {}
 
 func (x *ScopeConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[27]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2883,7 +2969,7 @@ func (x *ScopeConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScopeConfig.ProtoReflect.Descriptor instead.
 func (*ScopeConfig) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{27}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ScopeConfig) GetName() string {
@@ -3017,7 +3103,7 @@ type SourceConfig struct {
 
 func (x *SourceConfig) Reset() {
 	*x = SourceConfig{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[28]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3029,7 +3115,7 @@ func (x *SourceConfig) String() string {
 func (*SourceConfig) ProtoMessage() {}
 
 func (x *SourceConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[28]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3042,7 +3128,7 @@ func (x *SourceConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SourceConfig.ProtoReflect.Descriptor instead.
 func (*SourceConfig) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{28}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SourceConfig) GetPriority() int32 {
@@ -3126,7 +3212,7 @@ type BreakerConfig struct {
 
 func (x *BreakerConfig) Reset() {
 	*x = BreakerConfig{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[29]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3138,7 +3224,7 @@ func (x *BreakerConfig) String() string {
 func (*BreakerConfig) ProtoMessage() {}
 
 func (x *BreakerConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[29]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3151,7 +3237,7 @@ func (x *BreakerConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BreakerConfig.ProtoReflect.Descriptor instead.
 func (*BreakerConfig) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{29}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *BreakerConfig) GetFailThreshold() int32 {
@@ -3221,7 +3307,7 @@ type WatchEventsRequest struct {
 
 func (x *WatchEventsRequest) Reset() {
 	*x = WatchEventsRequest{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[30]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3233,7 +3319,7 @@ func (x *WatchEventsRequest) String() string {
 func (*WatchEventsRequest) ProtoMessage() {}
 
 func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[30]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3246,7 +3332,7 @@ func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEventsRequest.ProtoReflect.Descriptor instead.
 func (*WatchEventsRequest) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{30}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *WatchEventsRequest) GetScope() string {
@@ -3288,7 +3374,7 @@ type WatchEventsResponse struct {
 
 func (x *WatchEventsResponse) Reset() {
 	*x = WatchEventsResponse{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[31]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3300,7 +3386,7 @@ func (x *WatchEventsResponse) String() string {
 func (*WatchEventsResponse) ProtoMessage() {}
 
 func (x *WatchEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[31]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3313,7 +3399,7 @@ func (x *WatchEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEventsResponse.ProtoReflect.Descriptor instead.
 func (*WatchEventsResponse) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{31}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *WatchEventsResponse) GetSequence() uint64 {
@@ -3464,7 +3550,7 @@ type BreakerTransition struct {
 
 func (x *BreakerTransition) Reset() {
 	*x = BreakerTransition{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[32]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3476,7 +3562,7 @@ func (x *BreakerTransition) String() string {
 func (*BreakerTransition) ProtoMessage() {}
 
 func (x *BreakerTransition) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[32]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3489,7 +3575,7 @@ func (x *BreakerTransition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BreakerTransition.ProtoReflect.Descriptor instead.
 func (*BreakerTransition) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{32}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *BreakerTransition) GetSource() string {
@@ -3562,7 +3648,7 @@ type ProbeEvent struct {
 
 func (x *ProbeEvent) Reset() {
 	*x = ProbeEvent{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[33]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3574,7 +3660,7 @@ func (x *ProbeEvent) String() string {
 func (*ProbeEvent) ProtoMessage() {}
 
 func (x *ProbeEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[33]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3587,7 +3673,7 @@ func (x *ProbeEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeEvent.ProtoReflect.Descriptor instead.
 func (*ProbeEvent) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{33}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ProbeEvent) GetSource() string {
@@ -3654,7 +3740,7 @@ type StaleOutcome struct {
 
 func (x *StaleOutcome) Reset() {
 	*x = StaleOutcome{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[34]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3666,7 +3752,7 @@ func (x *StaleOutcome) String() string {
 func (*StaleOutcome) ProtoMessage() {}
 
 func (x *StaleOutcome) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[34]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3679,7 +3765,7 @@ func (x *StaleOutcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StaleOutcome.ProtoReflect.Descriptor instead.
 func (*StaleOutcome) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{34}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *StaleOutcome) GetSource() string {
@@ -3730,7 +3816,7 @@ type OverrideChanged struct {
 
 func (x *OverrideChanged) Reset() {
 	*x = OverrideChanged{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[35]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3742,7 +3828,7 @@ func (x *OverrideChanged) String() string {
 func (*OverrideChanged) ProtoMessage() {}
 
 func (x *OverrideChanged) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[35]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3755,7 +3841,7 @@ func (x *OverrideChanged) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OverrideChanged.ProtoReflect.Descriptor instead.
 func (*OverrideChanged) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{35}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *OverrideChanged) GetSource() string {
@@ -3819,7 +3905,7 @@ type WaitStarted struct {
 
 func (x *WaitStarted) Reset() {
 	*x = WaitStarted{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[36]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3831,7 +3917,7 @@ func (x *WaitStarted) String() string {
 func (*WaitStarted) ProtoMessage() {}
 
 func (x *WaitStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[36]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3844,7 +3930,7 @@ func (x *WaitStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitStarted.ProtoReflect.Descriptor instead.
 func (*WaitStarted) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{36}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *WaitStarted) GetCallId() string {
@@ -3898,7 +3984,7 @@ type BackendHealth struct {
 
 func (x *BackendHealth) Reset() {
 	*x = BackendHealth{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[37]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3910,7 +3996,7 @@ func (x *BackendHealth) String() string {
 func (*BackendHealth) ProtoMessage() {}
 
 func (x *BackendHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[37]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3923,7 +4009,7 @@ func (x *BackendHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackendHealth.ProtoReflect.Descriptor instead.
 func (*BackendHealth) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{37}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *BackendHealth) GetBackend() string {
@@ -4057,14 +4143,21 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\x05actor\x18\x04 \x01(\tR\x05actor\x12\x16\n" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\"U\n" +
 	"\x17OverrideBreakerResponse\x12:\n" +
-	"\x06source\x18\x01 \x01(\v2\".polygate.admission.v1.SourceStateR\x06source\"\x83\x02\n" +
+	"\x06source\x18\x01 \x01(\v2\".polygate.admission.v1.SourceStateR\x06source\"\xc4\x02\n" +
 	"\x10ScopeDescription\x12:\n" +
 	"\x06config\x18\x01 \x01(\v2\".polygate.admission.v1.ScopeConfigR\x06config\x12<\n" +
 	"\asources\x18\x02 \x03(\v2\".polygate.admission.v1.SourceStateR\asources\x12<\n" +
 	"\fprogress_age\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\vprogressAge\x12\x1d\n" +
 	"\n" +
 	"live_calls\x18\x04 \x01(\x05R\tliveCalls\x12\x18\n" +
-	"\abackend\x18\x05 \x01(\tR\abackend\"\xa2\b\n" +
+	"\abackend\x18\x05 \x01(\tR\abackend\x12?\n" +
+	"\n" +
+	"state_loss\x18\x06 \x01(\v2 .polygate.admission.v1.StateLossR\tstateLoss\"\x98\x01\n" +
+	"\tStateLoss\x12\x14\n" +
+	"\x05count\x18\x01 \x01(\x04R\x05count\x12.\n" +
+	"\x04last\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04last\x12\x1a\n" +
+	"\brestored\x18\x03 \x01(\x05R\brestored\x12)\n" +
+	"\x10reassert_pending\x18\x04 \x01(\bR\x0freassertPending\"\xa2\b\n" +
 	"\vSourceState\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x129\n" +
 	"\x05state\x18\x02 \x01(\x0e2#.polygate.admission.v1.BreakerStateR\x05state\x125\n" +
@@ -4333,7 +4426,7 @@ func file_polygate_admission_v1_admission_proto_rawDescGZIP() []byte {
 }
 
 var file_polygate_admission_v1_admission_proto_enumTypes = make([]protoimpl.EnumInfo, 13)
-var file_polygate_admission_v1_admission_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_polygate_admission_v1_admission_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_polygate_admission_v1_admission_proto_goTypes = []any{
 	(Outcome)(0),                    // 0: polygate.admission.v1.Outcome
 	(Reason)(0),                     // 1: polygate.admission.v1.Reason
@@ -4372,136 +4465,139 @@ var file_polygate_admission_v1_admission_proto_goTypes = []any{
 	(*OverrideBreakerRequest)(nil),  // 34: polygate.admission.v1.OverrideBreakerRequest
 	(*OverrideBreakerResponse)(nil), // 35: polygate.admission.v1.OverrideBreakerResponse
 	(*ScopeDescription)(nil),        // 36: polygate.admission.v1.ScopeDescription
-	(*SourceState)(nil),             // 37: polygate.admission.v1.SourceState
-	(*SourceLine)(nil),              // 38: polygate.admission.v1.SourceLine
-	(*LineGroup)(nil),               // 39: polygate.admission.v1.LineGroup
-	(*ScopeConfig)(nil),             // 40: polygate.admission.v1.ScopeConfig
-	(*SourceConfig)(nil),            // 41: polygate.admission.v1.SourceConfig
-	(*BreakerConfig)(nil),           // 42: polygate.admission.v1.BreakerConfig
-	(*WatchEventsRequest)(nil),      // 43: polygate.admission.v1.WatchEventsRequest
-	(*WatchEventsResponse)(nil),     // 44: polygate.admission.v1.WatchEventsResponse
-	(*BreakerTransition)(nil),       // 45: polygate.admission.v1.BreakerTransition
-	(*ProbeEvent)(nil),              // 46: polygate.admission.v1.ProbeEvent
-	(*StaleOutcome)(nil),            // 47: polygate.admission.v1.StaleOutcome
-	(*OverrideChanged)(nil),         // 48: polygate.admission.v1.OverrideChanged
-	(*WaitStarted)(nil),             // 49: polygate.admission.v1.WaitStarted
-	(*BackendHealth)(nil),           // 50: polygate.admission.v1.BackendHealth
-	nil,                             // 51: polygate.admission.v1.Grant.AttributesEntry
-	nil,                             // 52: polygate.admission.v1.ScopeConfig.TenantsEntry
-	nil,                             // 53: polygate.admission.v1.SourceConfig.AttributesEntry
-	(*durationpb.Duration)(nil),     // 54: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 55: google.protobuf.Timestamp
+	(*StateLoss)(nil),               // 37: polygate.admission.v1.StateLoss
+	(*SourceState)(nil),             // 38: polygate.admission.v1.SourceState
+	(*SourceLine)(nil),              // 39: polygate.admission.v1.SourceLine
+	(*LineGroup)(nil),               // 40: polygate.admission.v1.LineGroup
+	(*ScopeConfig)(nil),             // 41: polygate.admission.v1.ScopeConfig
+	(*SourceConfig)(nil),            // 42: polygate.admission.v1.SourceConfig
+	(*BreakerConfig)(nil),           // 43: polygate.admission.v1.BreakerConfig
+	(*WatchEventsRequest)(nil),      // 44: polygate.admission.v1.WatchEventsRequest
+	(*WatchEventsResponse)(nil),     // 45: polygate.admission.v1.WatchEventsResponse
+	(*BreakerTransition)(nil),       // 46: polygate.admission.v1.BreakerTransition
+	(*ProbeEvent)(nil),              // 47: polygate.admission.v1.ProbeEvent
+	(*StaleOutcome)(nil),            // 48: polygate.admission.v1.StaleOutcome
+	(*OverrideChanged)(nil),         // 49: polygate.admission.v1.OverrideChanged
+	(*WaitStarted)(nil),             // 50: polygate.admission.v1.WaitStarted
+	(*BackendHealth)(nil),           // 51: polygate.admission.v1.BackendHealth
+	nil,                             // 52: polygate.admission.v1.Grant.AttributesEntry
+	nil,                             // 53: polygate.admission.v1.ScopeConfig.TenantsEntry
+	nil,                             // 54: polygate.admission.v1.SourceConfig.AttributesEntry
+	(*durationpb.Duration)(nil),     // 55: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 56: google.protobuf.Timestamp
 }
 var file_polygate_admission_v1_admission_proto_depIdxs = []int32{
 	1,  // 0: polygate.admission.v1.SourceReason.reason:type_name -> polygate.admission.v1.Reason
-	54, // 1: polygate.admission.v1.SourceReason.retry_after:type_name -> google.protobuf.Duration
-	54, // 2: polygate.admission.v1.PickRequest.deadline:type_name -> google.protobuf.Duration
+	55, // 1: polygate.admission.v1.SourceReason.retry_after:type_name -> google.protobuf.Duration
+	55, // 2: polygate.admission.v1.PickRequest.deadline:type_name -> google.protobuf.Duration
 	16, // 3: polygate.admission.v1.PickResponse.grant:type_name -> polygate.admission.v1.Grant
 	17, // 4: polygate.admission.v1.PickResponse.no_runnable:type_name -> polygate.admission.v1.NoRunnable
 	18, // 5: polygate.admission.v1.PickResponse.failure:type_name -> polygate.admission.v1.Failure
-	51, // 6: polygate.admission.v1.Grant.attributes:type_name -> polygate.admission.v1.Grant.AttributesEntry
-	54, // 7: polygate.admission.v1.Grant.lease:type_name -> google.protobuf.Duration
-	54, // 8: polygate.admission.v1.Grant.timeout:type_name -> google.protobuf.Duration
+	52, // 6: polygate.admission.v1.Grant.attributes:type_name -> polygate.admission.v1.Grant.AttributesEntry
+	55, // 7: polygate.admission.v1.Grant.lease:type_name -> google.protobuf.Duration
+	55, // 8: polygate.admission.v1.Grant.timeout:type_name -> google.protobuf.Duration
 	13, // 9: polygate.admission.v1.Grant.skipped:type_name -> polygate.admission.v1.SourceReason
 	13, // 10: polygate.admission.v1.Grant.shadow_refusals:type_name -> polygate.admission.v1.SourceReason
 	13, // 11: polygate.admission.v1.NoRunnable.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
 	3,  // 12: polygate.admission.v1.Failure.reason:type_name -> polygate.admission.v1.FailureReason
-	54, // 13: polygate.admission.v1.Failure.retry_after:type_name -> google.protobuf.Duration
+	55, // 13: polygate.admission.v1.Failure.retry_after:type_name -> google.protobuf.Duration
 	13, // 14: polygate.admission.v1.Failure.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
 	21, // 15: polygate.admission.v1.OnNoRunnableResponse.wait:type_name -> polygate.admission.v1.Wait
 	18, // 16: polygate.admission.v1.OnNoRunnableResponse.failure:type_name -> polygate.admission.v1.Failure
-	54, // 17: polygate.admission.v1.Wait.sleep:type_name -> google.protobuf.Duration
-	54, // 18: polygate.admission.v1.Wait.slept:type_name -> google.protobuf.Duration
+	55, // 17: polygate.admission.v1.Wait.sleep:type_name -> google.protobuf.Duration
+	55, // 18: polygate.admission.v1.Wait.slept:type_name -> google.protobuf.Duration
 	0,  // 19: polygate.admission.v1.RecordOutcomeRequest.outcome:type_name -> polygate.admission.v1.Outcome
-	54, // 20: polygate.admission.v1.RecordOutcomeRequest.retry_after_hint:type_name -> google.protobuf.Duration
+	55, // 20: polygate.admission.v1.RecordOutcomeRequest.retry_after_hint:type_name -> google.protobuf.Duration
 	24, // 21: polygate.admission.v1.RecordOutcomeResponse.done:type_name -> polygate.admission.v1.Done
 	25, // 22: polygate.admission.v1.RecordOutcomeResponse.retry:type_name -> polygate.admission.v1.Retry
 	18, // 23: polygate.admission.v1.RecordOutcomeResponse.failure:type_name -> polygate.admission.v1.Failure
 	8,  // 24: polygate.admission.v1.RecordOutcomeResponse.effect:type_name -> polygate.admission.v1.OutcomeEffect
 	4,  // 25: polygate.admission.v1.RecordOutcomeResponse.breaker_state:type_name -> polygate.admission.v1.BreakerState
-	54, // 26: polygate.admission.v1.Retry.backoff:type_name -> google.protobuf.Duration
-	54, // 27: polygate.admission.v1.RetryAfterResponse.retry_after:type_name -> google.protobuf.Duration
-	37, // 28: polygate.admission.v1.RetryAfterResponse.sources:type_name -> polygate.admission.v1.SourceState
+	55, // 26: polygate.admission.v1.Retry.backoff:type_name -> google.protobuf.Duration
+	55, // 27: polygate.admission.v1.RetryAfterResponse.retry_after:type_name -> google.protobuf.Duration
+	38, // 28: polygate.admission.v1.RetryAfterResponse.sources:type_name -> polygate.admission.v1.SourceState
 	36, // 29: polygate.admission.v1.DescribeScopeResponse.scope:type_name -> polygate.admission.v1.ScopeDescription
 	36, // 30: polygate.admission.v1.ListScopesResponse.scopes:type_name -> polygate.admission.v1.ScopeDescription
 	7,  // 31: polygate.admission.v1.OverrideBreakerRequest.action:type_name -> polygate.admission.v1.OverrideAction
-	37, // 32: polygate.admission.v1.OverrideBreakerResponse.source:type_name -> polygate.admission.v1.SourceState
-	40, // 33: polygate.admission.v1.ScopeDescription.config:type_name -> polygate.admission.v1.ScopeConfig
-	37, // 34: polygate.admission.v1.ScopeDescription.sources:type_name -> polygate.admission.v1.SourceState
-	54, // 35: polygate.admission.v1.ScopeDescription.progress_age:type_name -> google.protobuf.Duration
-	4,  // 36: polygate.admission.v1.SourceState.state:type_name -> polygate.admission.v1.BreakerState
-	1,  // 37: polygate.admission.v1.SourceState.reason:type_name -> polygate.admission.v1.Reason
-	54, // 38: polygate.admission.v1.SourceState.retry_after:type_name -> google.protobuf.Duration
-	54, // 39: polygate.admission.v1.SourceState.probe_left:type_name -> google.protobuf.Duration
-	6,  // 40: polygate.admission.v1.SourceState.override:type_name -> polygate.admission.v1.Override
-	54, // 41: polygate.admission.v1.SourceState.cooldown_memo:type_name -> google.protobuf.Duration
-	41, // 42: polygate.admission.v1.SourceState.config:type_name -> polygate.admission.v1.SourceConfig
-	5,  // 43: polygate.admission.v1.SourceState.open_cause:type_name -> polygate.admission.v1.OpenCause
-	38, // 44: polygate.admission.v1.SourceState.line:type_name -> polygate.admission.v1.SourceLine
-	54, // 45: polygate.admission.v1.SourceLine.oldest_wait:type_name -> google.protobuf.Duration
-	39, // 46: polygate.admission.v1.SourceLine.groups:type_name -> polygate.admission.v1.LineGroup
-	9,  // 47: polygate.admission.v1.ScopeConfig.circuit_open:type_name -> polygate.admission.v1.OnRefusal
-	9,  // 48: polygate.admission.v1.ScopeConfig.quota_full:type_name -> polygate.admission.v1.OnRefusal
-	54, // 49: polygate.admission.v1.ScopeConfig.backoff_base:type_name -> google.protobuf.Duration
-	54, // 50: polygate.admission.v1.ScopeConfig.backoff_max:type_name -> google.protobuf.Duration
-	54, // 51: polygate.admission.v1.ScopeConfig.stall_window:type_name -> google.protobuf.Duration
-	54, // 52: polygate.admission.v1.ScopeConfig.poll_interval:type_name -> google.protobuf.Duration
-	54, // 53: polygate.admission.v1.ScopeConfig.lease_grace:type_name -> google.protobuf.Duration
-	54, // 54: polygate.admission.v1.ScopeConfig.max_retry_after:type_name -> google.protobuf.Duration
-	9,  // 55: polygate.admission.v1.ScopeConfig.source_dead:type_name -> polygate.admission.v1.OnRefusal
-	2,  // 56: polygate.admission.v1.ScopeConfig.mode:type_name -> polygate.admission.v1.ScopeMode
-	52, // 57: polygate.admission.v1.ScopeConfig.tenants:type_name -> polygate.admission.v1.ScopeConfig.TenantsEntry
-	54, // 58: polygate.admission.v1.ScopeConfig.priority_aging:type_name -> google.protobuf.Duration
-	54, // 59: polygate.admission.v1.SourceConfig.timeout:type_name -> google.protobuf.Duration
-	54, // 60: polygate.admission.v1.SourceConfig.lease:type_name -> google.protobuf.Duration
-	53, // 61: polygate.admission.v1.SourceConfig.attributes:type_name -> polygate.admission.v1.SourceConfig.AttributesEntry
-	42, // 62: polygate.admission.v1.SourceConfig.breaker:type_name -> polygate.admission.v1.BreakerConfig
-	54, // 63: polygate.admission.v1.BreakerConfig.window:type_name -> google.protobuf.Duration
-	54, // 64: polygate.admission.v1.BreakerConfig.cooldown:type_name -> google.protobuf.Duration
-	54, // 65: polygate.admission.v1.BreakerConfig.max_cooldown:type_name -> google.protobuf.Duration
-	54, // 66: polygate.admission.v1.BreakerConfig.probe_ttl:type_name -> google.protobuf.Duration
-	55, // 67: polygate.admission.v1.WatchEventsResponse.time:type_name -> google.protobuf.Timestamp
-	45, // 68: polygate.admission.v1.WatchEventsResponse.breaker_transition:type_name -> polygate.admission.v1.BreakerTransition
-	46, // 69: polygate.admission.v1.WatchEventsResponse.probe:type_name -> polygate.admission.v1.ProbeEvent
-	47, // 70: polygate.admission.v1.WatchEventsResponse.stale_outcome:type_name -> polygate.admission.v1.StaleOutcome
-	48, // 71: polygate.admission.v1.WatchEventsResponse.override_changed:type_name -> polygate.admission.v1.OverrideChanged
-	49, // 72: polygate.admission.v1.WatchEventsResponse.wait_started:type_name -> polygate.admission.v1.WaitStarted
-	50, // 73: polygate.admission.v1.WatchEventsResponse.backend_health:type_name -> polygate.admission.v1.BackendHealth
-	4,  // 74: polygate.admission.v1.BreakerTransition.from:type_name -> polygate.admission.v1.BreakerState
-	4,  // 75: polygate.admission.v1.BreakerTransition.to:type_name -> polygate.admission.v1.BreakerState
-	11, // 76: polygate.admission.v1.BreakerTransition.cause:type_name -> polygate.admission.v1.TransitionCause
-	54, // 77: polygate.admission.v1.BreakerTransition.cooldown:type_name -> google.protobuf.Duration
-	12, // 78: polygate.admission.v1.ProbeEvent.kind:type_name -> polygate.admission.v1.ProbeEventKind
-	0,  // 79: polygate.admission.v1.ProbeEvent.outcome:type_name -> polygate.admission.v1.Outcome
-	4,  // 80: polygate.admission.v1.ProbeEvent.state:type_name -> polygate.admission.v1.BreakerState
-	4,  // 81: polygate.admission.v1.StaleOutcome.state:type_name -> polygate.admission.v1.BreakerState
-	6,  // 82: polygate.admission.v1.OverrideChanged.override:type_name -> polygate.admission.v1.Override
-	4,  // 83: polygate.admission.v1.OverrideChanged.state:type_name -> polygate.admission.v1.BreakerState
-	54, // 84: polygate.admission.v1.WaitStarted.sleep:type_name -> google.protobuf.Duration
-	13, // 85: polygate.admission.v1.WaitStarted.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
-	14, // 86: polygate.admission.v1.AdmissionService.Pick:input_type -> polygate.admission.v1.PickRequest
-	19, // 87: polygate.admission.v1.AdmissionService.OnNoRunnable:input_type -> polygate.admission.v1.OnNoRunnableRequest
-	22, // 88: polygate.admission.v1.AdmissionService.RecordOutcome:input_type -> polygate.admission.v1.RecordOutcomeRequest
-	26, // 89: polygate.admission.v1.AdmissionService.CancelCall:input_type -> polygate.admission.v1.CancelCallRequest
-	28, // 90: polygate.admission.v1.AdmissionService.RetryAfter:input_type -> polygate.admission.v1.RetryAfterRequest
-	30, // 91: polygate.admission.v1.AdmissionService.DescribeScope:input_type -> polygate.admission.v1.DescribeScopeRequest
-	32, // 92: polygate.admission.v1.AdmissionService.ListScopes:input_type -> polygate.admission.v1.ListScopesRequest
-	34, // 93: polygate.admission.v1.AdmissionService.OverrideBreaker:input_type -> polygate.admission.v1.OverrideBreakerRequest
-	43, // 94: polygate.admission.v1.AdmissionService.WatchEvents:input_type -> polygate.admission.v1.WatchEventsRequest
-	15, // 95: polygate.admission.v1.AdmissionService.Pick:output_type -> polygate.admission.v1.PickResponse
-	20, // 96: polygate.admission.v1.AdmissionService.OnNoRunnable:output_type -> polygate.admission.v1.OnNoRunnableResponse
-	23, // 97: polygate.admission.v1.AdmissionService.RecordOutcome:output_type -> polygate.admission.v1.RecordOutcomeResponse
-	27, // 98: polygate.admission.v1.AdmissionService.CancelCall:output_type -> polygate.admission.v1.CancelCallResponse
-	29, // 99: polygate.admission.v1.AdmissionService.RetryAfter:output_type -> polygate.admission.v1.RetryAfterResponse
-	31, // 100: polygate.admission.v1.AdmissionService.DescribeScope:output_type -> polygate.admission.v1.DescribeScopeResponse
-	33, // 101: polygate.admission.v1.AdmissionService.ListScopes:output_type -> polygate.admission.v1.ListScopesResponse
-	35, // 102: polygate.admission.v1.AdmissionService.OverrideBreaker:output_type -> polygate.admission.v1.OverrideBreakerResponse
-	44, // 103: polygate.admission.v1.AdmissionService.WatchEvents:output_type -> polygate.admission.v1.WatchEventsResponse
-	95, // [95:104] is the sub-list for method output_type
-	86, // [86:95] is the sub-list for method input_type
-	86, // [86:86] is the sub-list for extension type_name
-	86, // [86:86] is the sub-list for extension extendee
-	0,  // [0:86] is the sub-list for field type_name
+	38, // 32: polygate.admission.v1.OverrideBreakerResponse.source:type_name -> polygate.admission.v1.SourceState
+	41, // 33: polygate.admission.v1.ScopeDescription.config:type_name -> polygate.admission.v1.ScopeConfig
+	38, // 34: polygate.admission.v1.ScopeDescription.sources:type_name -> polygate.admission.v1.SourceState
+	55, // 35: polygate.admission.v1.ScopeDescription.progress_age:type_name -> google.protobuf.Duration
+	37, // 36: polygate.admission.v1.ScopeDescription.state_loss:type_name -> polygate.admission.v1.StateLoss
+	56, // 37: polygate.admission.v1.StateLoss.last:type_name -> google.protobuf.Timestamp
+	4,  // 38: polygate.admission.v1.SourceState.state:type_name -> polygate.admission.v1.BreakerState
+	1,  // 39: polygate.admission.v1.SourceState.reason:type_name -> polygate.admission.v1.Reason
+	55, // 40: polygate.admission.v1.SourceState.retry_after:type_name -> google.protobuf.Duration
+	55, // 41: polygate.admission.v1.SourceState.probe_left:type_name -> google.protobuf.Duration
+	6,  // 42: polygate.admission.v1.SourceState.override:type_name -> polygate.admission.v1.Override
+	55, // 43: polygate.admission.v1.SourceState.cooldown_memo:type_name -> google.protobuf.Duration
+	42, // 44: polygate.admission.v1.SourceState.config:type_name -> polygate.admission.v1.SourceConfig
+	5,  // 45: polygate.admission.v1.SourceState.open_cause:type_name -> polygate.admission.v1.OpenCause
+	39, // 46: polygate.admission.v1.SourceState.line:type_name -> polygate.admission.v1.SourceLine
+	55, // 47: polygate.admission.v1.SourceLine.oldest_wait:type_name -> google.protobuf.Duration
+	40, // 48: polygate.admission.v1.SourceLine.groups:type_name -> polygate.admission.v1.LineGroup
+	9,  // 49: polygate.admission.v1.ScopeConfig.circuit_open:type_name -> polygate.admission.v1.OnRefusal
+	9,  // 50: polygate.admission.v1.ScopeConfig.quota_full:type_name -> polygate.admission.v1.OnRefusal
+	55, // 51: polygate.admission.v1.ScopeConfig.backoff_base:type_name -> google.protobuf.Duration
+	55, // 52: polygate.admission.v1.ScopeConfig.backoff_max:type_name -> google.protobuf.Duration
+	55, // 53: polygate.admission.v1.ScopeConfig.stall_window:type_name -> google.protobuf.Duration
+	55, // 54: polygate.admission.v1.ScopeConfig.poll_interval:type_name -> google.protobuf.Duration
+	55, // 55: polygate.admission.v1.ScopeConfig.lease_grace:type_name -> google.protobuf.Duration
+	55, // 56: polygate.admission.v1.ScopeConfig.max_retry_after:type_name -> google.protobuf.Duration
+	9,  // 57: polygate.admission.v1.ScopeConfig.source_dead:type_name -> polygate.admission.v1.OnRefusal
+	2,  // 58: polygate.admission.v1.ScopeConfig.mode:type_name -> polygate.admission.v1.ScopeMode
+	53, // 59: polygate.admission.v1.ScopeConfig.tenants:type_name -> polygate.admission.v1.ScopeConfig.TenantsEntry
+	55, // 60: polygate.admission.v1.ScopeConfig.priority_aging:type_name -> google.protobuf.Duration
+	55, // 61: polygate.admission.v1.SourceConfig.timeout:type_name -> google.protobuf.Duration
+	55, // 62: polygate.admission.v1.SourceConfig.lease:type_name -> google.protobuf.Duration
+	54, // 63: polygate.admission.v1.SourceConfig.attributes:type_name -> polygate.admission.v1.SourceConfig.AttributesEntry
+	43, // 64: polygate.admission.v1.SourceConfig.breaker:type_name -> polygate.admission.v1.BreakerConfig
+	55, // 65: polygate.admission.v1.BreakerConfig.window:type_name -> google.protobuf.Duration
+	55, // 66: polygate.admission.v1.BreakerConfig.cooldown:type_name -> google.protobuf.Duration
+	55, // 67: polygate.admission.v1.BreakerConfig.max_cooldown:type_name -> google.protobuf.Duration
+	55, // 68: polygate.admission.v1.BreakerConfig.probe_ttl:type_name -> google.protobuf.Duration
+	56, // 69: polygate.admission.v1.WatchEventsResponse.time:type_name -> google.protobuf.Timestamp
+	46, // 70: polygate.admission.v1.WatchEventsResponse.breaker_transition:type_name -> polygate.admission.v1.BreakerTransition
+	47, // 71: polygate.admission.v1.WatchEventsResponse.probe:type_name -> polygate.admission.v1.ProbeEvent
+	48, // 72: polygate.admission.v1.WatchEventsResponse.stale_outcome:type_name -> polygate.admission.v1.StaleOutcome
+	49, // 73: polygate.admission.v1.WatchEventsResponse.override_changed:type_name -> polygate.admission.v1.OverrideChanged
+	50, // 74: polygate.admission.v1.WatchEventsResponse.wait_started:type_name -> polygate.admission.v1.WaitStarted
+	51, // 75: polygate.admission.v1.WatchEventsResponse.backend_health:type_name -> polygate.admission.v1.BackendHealth
+	4,  // 76: polygate.admission.v1.BreakerTransition.from:type_name -> polygate.admission.v1.BreakerState
+	4,  // 77: polygate.admission.v1.BreakerTransition.to:type_name -> polygate.admission.v1.BreakerState
+	11, // 78: polygate.admission.v1.BreakerTransition.cause:type_name -> polygate.admission.v1.TransitionCause
+	55, // 79: polygate.admission.v1.BreakerTransition.cooldown:type_name -> google.protobuf.Duration
+	12, // 80: polygate.admission.v1.ProbeEvent.kind:type_name -> polygate.admission.v1.ProbeEventKind
+	0,  // 81: polygate.admission.v1.ProbeEvent.outcome:type_name -> polygate.admission.v1.Outcome
+	4,  // 82: polygate.admission.v1.ProbeEvent.state:type_name -> polygate.admission.v1.BreakerState
+	4,  // 83: polygate.admission.v1.StaleOutcome.state:type_name -> polygate.admission.v1.BreakerState
+	6,  // 84: polygate.admission.v1.OverrideChanged.override:type_name -> polygate.admission.v1.Override
+	4,  // 85: polygate.admission.v1.OverrideChanged.state:type_name -> polygate.admission.v1.BreakerState
+	55, // 86: polygate.admission.v1.WaitStarted.sleep:type_name -> google.protobuf.Duration
+	13, // 87: polygate.admission.v1.WaitStarted.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
+	14, // 88: polygate.admission.v1.AdmissionService.Pick:input_type -> polygate.admission.v1.PickRequest
+	19, // 89: polygate.admission.v1.AdmissionService.OnNoRunnable:input_type -> polygate.admission.v1.OnNoRunnableRequest
+	22, // 90: polygate.admission.v1.AdmissionService.RecordOutcome:input_type -> polygate.admission.v1.RecordOutcomeRequest
+	26, // 91: polygate.admission.v1.AdmissionService.CancelCall:input_type -> polygate.admission.v1.CancelCallRequest
+	28, // 92: polygate.admission.v1.AdmissionService.RetryAfter:input_type -> polygate.admission.v1.RetryAfterRequest
+	30, // 93: polygate.admission.v1.AdmissionService.DescribeScope:input_type -> polygate.admission.v1.DescribeScopeRequest
+	32, // 94: polygate.admission.v1.AdmissionService.ListScopes:input_type -> polygate.admission.v1.ListScopesRequest
+	34, // 95: polygate.admission.v1.AdmissionService.OverrideBreaker:input_type -> polygate.admission.v1.OverrideBreakerRequest
+	44, // 96: polygate.admission.v1.AdmissionService.WatchEvents:input_type -> polygate.admission.v1.WatchEventsRequest
+	15, // 97: polygate.admission.v1.AdmissionService.Pick:output_type -> polygate.admission.v1.PickResponse
+	20, // 98: polygate.admission.v1.AdmissionService.OnNoRunnable:output_type -> polygate.admission.v1.OnNoRunnableResponse
+	23, // 99: polygate.admission.v1.AdmissionService.RecordOutcome:output_type -> polygate.admission.v1.RecordOutcomeResponse
+	27, // 100: polygate.admission.v1.AdmissionService.CancelCall:output_type -> polygate.admission.v1.CancelCallResponse
+	29, // 101: polygate.admission.v1.AdmissionService.RetryAfter:output_type -> polygate.admission.v1.RetryAfterResponse
+	31, // 102: polygate.admission.v1.AdmissionService.DescribeScope:output_type -> polygate.admission.v1.DescribeScopeResponse
+	33, // 103: polygate.admission.v1.AdmissionService.ListScopes:output_type -> polygate.admission.v1.ListScopesResponse
+	35, // 104: polygate.admission.v1.AdmissionService.OverrideBreaker:output_type -> polygate.admission.v1.OverrideBreakerResponse
+	45, // 105: polygate.admission.v1.AdmissionService.WatchEvents:output_type -> polygate.admission.v1.WatchEventsResponse
+	97, // [97:106] is the sub-list for method output_type
+	88, // [88:97] is the sub-list for method input_type
+	88, // [88:88] is the sub-list for extension type_name
+	88, // [88:88] is the sub-list for extension extendee
+	0,  // [0:88] is the sub-list for field type_name
 }
 
 func init() { file_polygate_admission_v1_admission_proto_init() }
@@ -4524,7 +4620,7 @@ func file_polygate_admission_v1_admission_proto_init() {
 		(*RecordOutcomeResponse_Retry)(nil),
 		(*RecordOutcomeResponse_Failure)(nil),
 	}
-	file_polygate_admission_v1_admission_proto_msgTypes[31].OneofWrappers = []any{
+	file_polygate_admission_v1_admission_proto_msgTypes[32].OneofWrappers = []any{
 		(*WatchEventsResponse_BreakerTransition)(nil),
 		(*WatchEventsResponse_Probe)(nil),
 		(*WatchEventsResponse_StaleOutcome)(nil),
@@ -4538,7 +4634,7 @@ func file_polygate_admission_v1_admission_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_polygate_admission_v1_admission_proto_rawDesc), len(file_polygate_admission_v1_admission_proto_rawDesc)),
 			NumEnums:      13,
-			NumMessages:   41,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -450,18 +450,32 @@ class OverrideBreakerResponse(_message.Message):
     def __init__(self, source: _Optional[_Union[SourceState, _Mapping]] = ...) -> None: ...
 
 class ScopeDescription(_message.Message):
-    __slots__ = ("config", "sources", "progress_age", "live_calls", "backend")
+    __slots__ = ("config", "sources", "progress_age", "live_calls", "backend", "state_loss")
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_AGE_FIELD_NUMBER: _ClassVar[int]
     LIVE_CALLS_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    STATE_LOSS_FIELD_NUMBER: _ClassVar[int]
     config: ScopeConfig
     sources: _containers.RepeatedCompositeFieldContainer[SourceState]
     progress_age: _duration_pb2.Duration
     live_calls: int
     backend: str
-    def __init__(self, config: _Optional[_Union[ScopeConfig, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[SourceState, _Mapping]]] = ..., progress_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., live_calls: _Optional[int] = ..., backend: _Optional[str] = ...) -> None: ...
+    state_loss: StateLoss
+    def __init__(self, config: _Optional[_Union[ScopeConfig, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[SourceState, _Mapping]]] = ..., progress_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., live_calls: _Optional[int] = ..., backend: _Optional[str] = ..., state_loss: _Optional[_Union[StateLoss, _Mapping]] = ...) -> None: ...
+
+class StateLoss(_message.Message):
+    __slots__ = ("count", "last", "restored", "reassert_pending")
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_FIELD_NUMBER: _ClassVar[int]
+    REASSERT_PENDING_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    last: _timestamp_pb2.Timestamp
+    restored: int
+    reassert_pending: bool
+    def __init__(self, count: _Optional[int] = ..., last: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., restored: _Optional[int] = ..., reassert_pending: _Optional[bool] = ...) -> None: ...
 
 class SourceState(_message.Message):
     __slots__ = ("name", "state", "reason", "retry_after", "epoch", "reopens", "probe_out", "probe_left", "window_calls", "window_failures", "consecutive_failures", "override", "override_actor", "override_reason", "in_flight", "requests_last_minute", "tokens_last_minute", "pacer_ceiling", "cooldown_memo", "failed_recently", "config", "open_cause", "line")
