@@ -1,10 +1,17 @@
 package e2e
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	polygate "github.com/polygate/polygate/clientsdk/go"
 	"github.com/polygate/polygate/e2e/upstream"
@@ -32,15 +39,53 @@ scopes:
 `, sourceDead, cooldown, baseURL)
 }
 
+// answers records each RPC a client makes and what the sidecar answered.
+type answers struct {
+	mu   sync.Mutex
+	rpcs []string
+	last map[string]any // the last reply of each RPC
+}
+
+func (a *answers) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	name := method[strings.LastIndex(method, "/")+1:]
+	a.rpcs = append(a.rpcs, name)
+	if a.last == nil {
+		a.last = map[string]any{}
+	}
+	a.last[name] = reply
+	return err
+}
+
+// take returns the RPCs made since the last take, and the last reply of
+// RecordOutcome among them (nil if none).
+func (a *answers) take() ([]string, *admissionv1.RecordOutcomeResponse) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	rpcs, rec := a.rpcs, a.last["RecordOutcome"]
+	a.rpcs, a.last = nil, nil
+	r, _ := rec.(*admissionv1.RecordOutcomeResponse)
+	return rpcs, r
+}
+
 // A dead key fails fast and loudly: with the quickstart's single-source scope
-// (circuit_open: wait) and an upstream answering 401, the call fails with
-// source_dead instead of waiting out the cooldown, and so does the next one,
-// without reaching the upstream.
+// (circuit_open: wait) and an upstream answering 401, the first call ends
+// with RecordOutcome's answer to its one attempt (Failure source_dead with
+// the remaining cooldown: no backoff, no second Pick), and the next one with
+// source_dead before any attempt, without reaching the upstream.
 func TestSourceDead_FailsFast(t *testing.T) {
 	const cooldown = 60 * time.Second
 	up := newUpstream(t)
 	sc := startSidecar(t, quickstartScope("fail_fast", cooldown.String(), up.URL+"/primary"))
-	client := sc.client(t)
+	log := &answers{}
+	conn, err := grpc.NewClient(sc.addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(log.intercept))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	client := polygate.New(conn)
 	ctx := ctxT(t)
 	up.Set("primary", upstream.Step{Status: 401})
 
@@ -57,10 +102,23 @@ func TestSourceDead_FailsFast(t *testing.T) {
 		if f.RetryAfter <= 0 || f.RetryAfter > cooldown {
 			t.Errorf("call %d: retry_after %v; want the remaining cooldown (at most %v)", i+1, f.RetryAfter, cooldown)
 		}
-		if g, _, _ := a.log(); len(g) != want {
-			t.Errorf("call %d made %d attempts; want %d", i+1, len(g), want)
+		if g, _, _ := a.log(); len(g) != want || f.Attempts != want {
+			t.Errorf("call %d made %d attempts (the failure says %d); want %d", i+1, len(g), f.Attempts, want)
 		}
-		t.Logf("call %d: failed source_dead after %v (%d attempts, retry_after %v; cooldown %v)", i+1, elapsed, f.Attempts, f.RetryAfter, cooldown)
+		rpcs, rec := log.take()
+		if i == 0 {
+			// The call ended with RecordOutcome's answer, not one backoff later.
+			if !slices.Equal(rpcs, []string{"Pick", "RecordOutcome"}) {
+				t.Errorf("call 1 sent %v; want Pick, RecordOutcome and nothing after", rpcs)
+			}
+			if r := rec.GetFailure(); r.GetReason() != admissionv1.FailureReason_FAILURE_REASON_SOURCE_DEAD ||
+				r.GetRetryAfter().AsDuration() <= 0 || r.GetRetryAfter().AsDuration() > cooldown {
+				t.Errorf("RecordOutcome answered %v; want Failure source_dead with the cooldown left", rec)
+			}
+		} else if rec != nil {
+			t.Errorf("call 2 sent %v; want no attempt reported", rpcs)
+		}
+		t.Logf("call %d: failed source_dead after %v (%d attempts, RPCs %v, retry_after %v; cooldown %v)", i+1, elapsed, f.Attempts, rpcs, f.RetryAfter, cooldown)
 	}
 	if n := up.Count("primary"); n != 1 {
 		t.Errorf("the upstream received %d requests; want the 1 that found the key dead", n)

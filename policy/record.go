@@ -119,17 +119,59 @@ func (s *Scope) record(ctx context.Context, c *Call, a Attempt) (Recorded, Attem
 	}
 	c.permit = nil
 
-	rec := Recorded{Next: s.next(c, cfg, r, a, st.ProgressAge, now), Effect: st.Effect, Breaker: st.Breaker, Released: st.Released}
+	var dead []gate.Rejection
+	if a.Outcome == SourceDead {
+		dead = s.deadEverywhere(ctx, cfg, c.Tokens, p.Source, st.Breaker, now)
+	}
+	rec := Recorded{Next: s.next(c, cfg, r, a, st.ProgressAge, dead, now), Effect: st.Effect, Breaker: st.Breaker, Released: st.Released}
 	c.keepAnswer(a.PermitID, rec)
 	c.finish(rec.Next)
 	return rec, a, &st, nil
+}
+
+// deadEverywhere is, after a SOURCE_DEAD outcome whose breaker (view v of
+// source name) now refuses as dead, with source_dead: fail_fast, every
+// source's refusal when each of them is refused by a breaker OPEN because
+// of a SOURCE_DEAD outcome; nil otherwise. A retry would only be refused
+// and fail source_dead in OnNoRunnable one backoff later, so the call ends
+// now. A scope of one source needs no other read; otherwise one Peek (a
+// dead key is rare), whose failure leaves the retry to find out.
+func (s *Scope) deadEverywhere(ctx context.Context, cfg *config.Scope, tokens int64, name string, v gate.BreakerView, now time.Time) []gate.Rejection {
+	if cfg.SourceDead != config.FailFast || !refusedDead(v) {
+		return nil
+	}
+	_, srcs := s.snapshot()
+	if len(srcs) == 1 && srcs[0].cfg.Name == name {
+		return []gate.Rejection{{Source: name, Reason: v.Reason, RetryAfter: v.RetryAfter}}
+	}
+	snap, err := s.backend.Peek(context.WithoutCancel(ctx), s.peekRequest(srcs, tokens))
+	if err != nil {
+		return nil
+	}
+	out := make([]gate.Rejection, 0, len(snap.Sources))
+	for _, sv := range snap.Sources {
+		s.remember(sv.Source, sv.Breaker, now)
+		if !refusedDead(sv.Breaker) {
+			return nil
+		}
+		out = append(out, gate.Rejection{Source: sv.Source, Reason: sv.Breaker.Reason, RetryAfter: sv.Breaker.RetryAfter})
+	}
+	return out
+}
+
+// refusedDead reports whether a breaker refuses because a SOURCE_DEAD
+// outcome opened it (not an override, not failures).
+func refusedDead(v gate.BreakerView) bool {
+	return v.Reason == gate.ReasonCircuitOpen && v.Cause == gate.OpenCauseSourceDead
 }
 
 // next is the outcome table's last column. Both budgets are checked at every
 // failed attempt, so a call ends with whichever runs out first; a backoff is
 // clamped to the rest of the stall budget (plus one poll interval) while
 // there is some left, and is never shorter than an upstream Retry-After.
-func (s *Scope) next(c *Call, cfg *config.Scope, r rule, a Attempt, progressAge time.Duration, now time.Time) Action {
+// dead, when set, are the refusals of a scope whose every source is now
+// dead (deadEverywhere): the call fails source_dead at once.
+func (s *Scope) next(c *Call, cfg *config.Scope, r rule, a Attempt, progressAge time.Duration, dead []gate.Rejection, now time.Time) Action {
 	switch r.then {
 	case thenDone:
 		return Action{Done: true}
@@ -138,6 +180,9 @@ func (s *Scope) next(c *Call, cfg *config.Scope, r rule, a Attempt, progressAge 
 	case thenClose:
 		return Action{Failure: &Failure{Reason: FailCancelled}}
 	case thenRetry:
+		if dead != nil {
+			return Action{Failure: &Failure{Reason: FailSourceDead, RetryAfter: minRetryAfter(dead), Sources: dead}}
+		}
 		if c.charged >= cfg.MaxAttempts {
 			return Action{Failure: &Failure{Reason: FailRetryExhausted}}
 		}

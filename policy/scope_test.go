@@ -314,6 +314,75 @@ sources:
 	})
 }
 
+// A SOURCE_DEAD outcome that leaves every source of the scope refused as
+// dead ends the call in RecordOutcome's answer (source_dead, with the
+// cooldown left), after that one attempt and without a backoff; while some
+// source is not dead, or with source_dead: wait, the call retries as the
+// outcome table says.
+func TestSourceDeadEndsAtRecordOutcome(t *testing.T) {
+	const two = `
+circuit_open: wait
+backoff: {base: 1s, max: 1s}
+backpressure: {stall_window: 300s, poll_interval: 100ms}
+breaker: {fail_threshold: 1}
+sources:
+  - {name: a, priority: 0, breaker: {cooldown: 10s, max_cooldown: 10s}}
+  - {name: b, priority: 1, breaker: {cooldown: 20s, max_cooldown: 20s}}
+`
+	t.Run("OneSource", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s, _ := newScope(t, "circuit_open: wait\nbreaker: {cooldown: 60s, max_cooldown: 60s}\nsources: [{name: only}]\n")
+			c := newCall(s)
+			rec := record(t, s, c, grant(t, s, c), policy.SourceDead)
+			f := rec.Next.Failure
+			if f == nil || f.Reason != policy.FailSourceDead || f.RetryAfter != 60*time.Second ||
+				len(f.Sources) != 1 || f.Sources[0].Source != "only" || f.Sources[0].Reason != gate.ReasonCircuitOpen {
+				t.Fatalf("RecordOutcome answered %+v, want Failure source_dead with the 60s cooldown left", rec.Next)
+			}
+			if _, err := s.OnNoRunnable(ctx(t), c); !errors.Is(err, policy.ErrCallEnded) {
+				t.Fatalf("OnNoRunnable after the failure: %v, want the call ended", err)
+			}
+		})
+	})
+	t.Run("TheLastLiveSource", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s, _ := newScope(t, two)
+			res := drive(t, s, newCall(s), always(policy.SourceDead))
+			f := wantFailure(t, res.action, policy.FailSourceDead)
+			if len(res.attempts) != 2 || len(res.retries) != 1 || res.elapsed != res.retries[0] {
+				t.Fatalf("attempts %v, retries %v, elapsed %v: want a, then b, ended by b's outcome after one backoff", res.attempts, res.retries, res.elapsed)
+			}
+			if want := 10*time.Second - res.elapsed; f.RetryAfter != want || len(f.Sources) != 2 {
+				t.Fatalf("failure %+v, want a's %v cooldown left and both sources' refusals", f, want)
+			}
+		})
+	})
+	t.Run("AnotherMerelyCoolingDown", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s, _ := newScope(t, two)
+			fail(t, s, policy.Transient) // a opens on failures
+			c := newCall(s)
+			g := grant(t, s, c)
+			if g.Source.Name != "b" {
+				t.Fatalf("granted %s, want b", g.Source.Name)
+			}
+			if rec := record(t, s, c, g, policy.SourceDead); rec.Next.Retry == nil {
+				t.Fatalf("RecordOutcome answered %+v, want a retry: a is cooling down, not dead", rec.Next)
+			}
+		})
+	})
+	t.Run("SourceDeadWait", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s, _ := newScope(t, "source_dead: wait\n"+two)
+			fail(t, s, policy.SourceDead) // a
+			c := newCall(s)
+			if rec := record(t, s, c, grant(t, s, c), policy.SourceDead); rec.Next.Retry == nil {
+				t.Fatalf("RecordOutcome answered %+v, want a retry as before", rec.Next)
+			}
+		})
+	})
+}
+
 func TestBudgets(t *testing.T) {
 	t.Run("OneLongAttemptIsNotStalling", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
