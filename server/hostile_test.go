@@ -221,10 +221,14 @@ func TestHintsHaveACeiling(t *testing.T) {
 	t.Run("source dead", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) { // the OPEN's remaining cooldown, read at a later instant
 			h := start(t, harnessOpts{yaml: hintConfig})
-			for _, hint := range []*durationpb.Duration{century, forever} {
+			for i, hint := range []*durationpb.Duration{century, forever} {
 				p, r := report(t, h, admissionv1.Outcome_OUTCOME_SOURCE_DEAD, hint)
-				if r.GetRetry() == nil || r.GetRetry().GetBackoff().AsDuration() > 5*time.Minute {
+				if i == 0 && (r.GetRetry() == nil || r.GetRetry().GetBackoff().AsDuration() > 5*time.Minute) {
 					t.Fatalf("next: %v, want a retry on the other source within max_cooldown", r)
+				}
+				// The second dead source leaves none alive: the call ends.
+				if f := r.GetFailure(); i == 1 && (f.GetReason() != admissionv1.FailureReason_FAILURE_REASON_SOURCE_DEAD || f.GetRetryAfter().AsDuration() > 5*time.Minute) {
+					t.Fatalf("next: %v, want source_dead with retry_after within max_cooldown", r)
 				}
 				ra, err := h.client.RetryAfter(h.ctx, &admissionv1.RetryAfterRequest{Scope: "chat", Sources: []string{p.GetGrant().GetSource()}})
 				if err != nil {
