@@ -65,6 +65,68 @@ func (s *sidecar) client(t *testing.T) *polygate.Client {
 	return c
 }
 
+// loggedClient dials the sidecar with the Go SDK through a connection
+// whose RPCs and answers are recorded.
+func (s *sidecar) loggedClient(t *testing.T) (*polygate.Client, *answers) {
+	t.Helper()
+	log := &answers{}
+	conn, err := grpc.NewClient(s.addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(log.intercept))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return polygate.New(conn), log
+}
+
+// answers records each RPC a client makes and what the sidecar answered,
+// so that tests assert answers (reasons, retry_after, what the sidecar
+// slept) rather than wall-clock times.
+type answers struct {
+	mu      sync.Mutex
+	rpcs    []string
+	replies []any
+}
+
+func (a *answers) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.rpcs = append(a.rpcs, method[strings.LastIndex(method, "/")+1:])
+	if err != nil {
+		reply = err
+	}
+	a.replies = append(a.replies, reply)
+	return err
+}
+
+// take returns the RPCs made since the last take (method names) and their
+// answers (the reply, or the error).
+func (a *answers) take() ([]string, []any) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	rpcs, replies := a.rpcs, a.replies
+	a.rpcs, a.replies = nil, nil
+	return rpcs, replies
+}
+
+// replyOf is an answer as a T (the zero T if it is not one).
+func replyOf[T any](reply any) T {
+	r, _ := reply.(T)
+	return r
+}
+
+// lastReply is the last answer to the RPC named name, if it was a T.
+func lastReply[T any](rpcs []string, replies []any, name string) (T, bool) {
+	for i := len(rpcs) - 1; i >= 0; i-- {
+		if rpcs[i] == name {
+			r, ok := replies[i].(T)
+			return r, ok
+		}
+	}
+	var zero T
+	return zero, false
+}
+
 // source reads one source's live state.
 func (s *sidecar) source(t *testing.T, scope, name string) *admissionv1.SourceState {
 	t.Helper()

@@ -3,6 +3,7 @@ package e2e
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -39,7 +40,7 @@ func TestIncident_FailFast(t *testing.T) {
 	const cooldown = 10 * time.Second
 	up := newUpstream(t)
 	sc := startSidecar(t, incidentConfig("fail_fast", up.URL+"/primary", cooldown, cooldown))
-	client := sc.client(t)
+	client, log := sc.loggedClient(t)
 	ctx := ctxT(t)
 
 	up.Set("primary", upstream.Step{Status: 503})
@@ -61,6 +62,7 @@ func TestIncident_FailFast(t *testing.T) {
 	}
 
 	var last *polygate.FailureError
+	log.take()
 	for i := range 5 {
 		start := time.Now()
 		_, err := polygate.Do(ctx, client, "incident", trip.fn)
@@ -69,9 +71,12 @@ func TestIncident_FailFast(t *testing.T) {
 		if !errors.As(err, &f) || f.Reason != polygate.CircuitOpen || !errors.Is(err, polygate.ErrCircuitOpen) {
 			t.Fatalf("call %d while open = %v; want circuit_open", i+1, err)
 		}
-		// "Fails within milliseconds": far below the cooldown (a tenth of it).
-		if elapsed > cooldown/10 {
-			t.Errorf("call %d while open took %v; want far below the %v cooldown", i+1, elapsed, cooldown)
+		// "Fails within milliseconds": the refused Pick's OnNoRunnable
+		// answers the failure, the sidecar holding nobody.
+		rpcs, replies := log.take()
+		d, _ := lastReply[*admissionv1.OnNoRunnableResponse](rpcs, replies, "OnNoRunnable")
+		if !slices.Equal(rpcs, []string{"Pick", "OnNoRunnable"}) || d.GetFailure().GetReason() != admissionv1.FailureReason_FAILURE_REASON_CIRCUIT_OPEN {
+			t.Errorf("call %d while open sent %v, OnNoRunnable answered %v; want Pick, then OnNoRunnable failing circuit_open at once", i+1, rpcs, d)
 		}
 		// retry_after is the remaining cooldown. The breaker's clock counts
 		// whole milliseconds (open_until = the opening millisecond + cooldown;

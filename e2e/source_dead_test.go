@@ -1,17 +1,11 @@
 package e2e
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
-	"sync"
 	"testing"
 	"time"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	polygate "github.com/polygate/polygate/clientsdk/go"
 	"github.com/polygate/polygate/e2e/upstream"
@@ -39,37 +33,6 @@ scopes:
 `, sourceDead, cooldown, baseURL)
 }
 
-// answers records each RPC a client makes and what the sidecar answered.
-type answers struct {
-	mu   sync.Mutex
-	rpcs []string
-	last map[string]any // the last reply of each RPC
-}
-
-func (a *answers) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	err := invoker(ctx, method, req, reply, cc, opts...)
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	name := method[strings.LastIndex(method, "/")+1:]
-	a.rpcs = append(a.rpcs, name)
-	if a.last == nil {
-		a.last = map[string]any{}
-	}
-	a.last[name] = reply
-	return err
-}
-
-// take returns the RPCs made since the last take, and the last reply of
-// RecordOutcome among them (nil if none).
-func (a *answers) take() ([]string, *admissionv1.RecordOutcomeResponse) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	rpcs, rec := a.rpcs, a.last["RecordOutcome"]
-	a.rpcs, a.last = nil, nil
-	r, _ := rec.(*admissionv1.RecordOutcomeResponse)
-	return rpcs, r
-}
-
 // A dead key fails fast and loudly: with the quickstart's single-source scope
 // (circuit_open: wait) and an upstream answering 401, the first call ends
 // with RecordOutcome's answer to its one attempt (Failure source_dead with
@@ -79,13 +42,7 @@ func TestSourceDead_FailsFast(t *testing.T) {
 	const cooldown = 60 * time.Second
 	up := newUpstream(t)
 	sc := startSidecar(t, quickstartScope("fail_fast", cooldown.String(), up.URL+"/primary"))
-	log := &answers{}
-	conn, err := grpc.NewClient(sc.addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(log.intercept))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	client := polygate.New(conn)
+	client, log := sc.loggedClient(t)
 	ctx := ctxT(t)
 	up.Set("primary", upstream.Step{Status: 401})
 
@@ -105,7 +62,8 @@ func TestSourceDead_FailsFast(t *testing.T) {
 		if g, _, _ := a.log(); len(g) != want || f.Attempts != want {
 			t.Errorf("call %d made %d attempts (the failure says %d); want %d", i+1, len(g), f.Attempts, want)
 		}
-		rpcs, rec := log.take()
+		rpcs, replies := log.take()
+		rec, _ := lastReply[*admissionv1.RecordOutcomeResponse](rpcs, replies, "RecordOutcome")
 		if i == 0 {
 			// The call ended with RecordOutcome's answer, not one backoff later.
 			if !slices.Equal(rpcs, []string{"Pick", "RecordOutcome"}) {
