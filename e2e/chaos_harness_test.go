@@ -104,6 +104,78 @@ func (c *chaosSidecar) source(ctx context.Context, scope, name string) (*admissi
 	return nil, fmt.Errorf("scope %s has no source %s", scope, name)
 }
 
+// protections are what a restart must not forget, set on two single-source
+// scopes (source primary): an operator's FORCE_OPEN, with actor and reason,
+// on forced, and a breaker OPEN by a SOURCE_DEAD outcome on dead.
+type protections struct {
+	forced, dead string
+	// opened is a moment after the dead breaker opened.
+	opened time.Time
+}
+
+const (
+	protectActor  = "alice"
+	protectReason = "INC-42 garbage answers"
+)
+
+// protect sets the protections on scopes forced and dead.
+func (c *chaosSidecar) protect(ctx context.Context, forced, dead string) protections {
+	c.t.Helper()
+	if _, err := c.raw.OverrideBreaker(ctx, &admissionv1.OverrideBreakerRequest{Scope: forced, Source: "primary",
+		Action: admissionv1.OverrideAction_OVERRIDE_ACTION_FORCE_OPEN, Actor: protectActor, Reason: protectReason}); err != nil {
+		c.t.Fatal(err)
+	}
+	pick, err := c.raw.Pick(ctx, &admissionv1.PickRequest{Scope: dead})
+	if err != nil || pick.GetGrant() == nil {
+		c.t.Fatalf("Pick(%s) = %v, %v; want a grant", dead, pick, err)
+	}
+	if _, err := c.raw.RecordOutcome(ctx, &admissionv1.RecordOutcomeRequest{Scope: dead, CallId: pick.GetCallId(),
+		PermitId: pick.GetGrant().GetPermitId(), Outcome: admissionv1.Outcome_OUTCOME_SOURCE_DEAD, HttpStatus: 401}); err != nil {
+		c.t.Fatal(err)
+	}
+	return protections{forced: forced, dead: dead, opened: time.Now()}
+}
+
+// read reads both protected sources back, and when they were read.
+func (p protections) read(ctx context.Context, c *chaosSidecar) (forced, dead *admissionv1.SourceState, at time.Time, err error) {
+	at = time.Now()
+	if forced, err = c.source(ctx, p.forced, "primary"); err != nil {
+		return nil, nil, at, err
+	}
+	dead, err = c.source(ctx, p.dead, "primary")
+	return forced, dead, at, err
+}
+
+// inForce reports whether what read returned shows both protections.
+func inForce(forced, dead *admissionv1.SourceState) bool {
+	return forced.GetOverride() == admissionv1.Override_OVERRIDE_FORCED_OPEN && dead.GetState() == admissionv1.BreakerState_BREAKER_STATE_OPEN
+}
+
+// roundings is what whole milliseconds (the backends', Redis's TIME, a
+// re-asserted cooldown's rest) may add to a remaining cooldown read back.
+const roundings = 5 * time.Millisecond
+
+// check checks that both protections are in force as they were set (read
+// at at): the override with its actor and reason; the OPEN with reopens 1,
+// its cause, and no more than the rest of its cooldown left; and that a Pick
+// of either scope is refused.
+func (p protections) check(t *testing.T, ctx context.Context, c *chaosSidecar, forced, dead *admissionv1.SourceState, at time.Time, cooldown time.Duration) {
+	t.Helper()
+	if forced.GetOverride() != admissionv1.Override_OVERRIDE_FORCED_OPEN || forced.GetOverrideActor() != protectActor || forced.GetOverrideReason() != protectReason {
+		t.Errorf("override = %v by %q (%q); want FORCED_OPEN by %s (%q)", forced.GetOverride(), forced.GetOverrideActor(), forced.GetOverrideReason(), protectActor, protectReason)
+	}
+	if ra := dead.GetRetryAfter().AsDuration(); dead.GetState() != admissionv1.BreakerState_BREAKER_STATE_OPEN || dead.GetReopens() != 1 ||
+		dead.GetOpenCause() != admissionv1.OpenCause_OPEN_CAUSE_SOURCE_DEAD || ra <= 0 || ra > cooldown-at.Sub(p.opened)+roundings {
+		t.Errorf("dead source: %v by %v, reopens %d, retry_after %v; want OPEN by source_dead for the rest of its %v cooldown",
+			dead.GetState(), dead.GetOpenCause(), dead.GetReopens(), ra, cooldown)
+	}
+	for _, scope := range []string{p.forced, p.dead} {
+		if pk, err := c.raw.Pick(ctx, &admissionv1.PickRequest{Scope: scope}); err != nil || pk.GetGrant() != nil {
+			t.Errorf("Pick(%s) = %v, %v; want NoRunnable", scope, pk, err)
+		}
+	}
+}
+
 // answer is one RPC a caller of the load made.
 type answer struct {
 	rpc     string

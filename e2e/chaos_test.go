@@ -57,21 +57,9 @@ func TestChaos_SidecarKill9Restart(t *testing.T) {
 			sc := startChaosSidecar(t, restartConfig(statePath, cooldown))
 			ctx := ctxT(t)
 
-			if _, err := sc.raw.OverrideBreaker(ctx, &admissionv1.OverrideBreakerRequest{Scope: "ops", Source: "primary",
-				Action: admissionv1.OverrideAction_OVERRIDE_ACTION_FORCE_OPEN, Actor: "alice", Reason: "INC-42 garbage answers"}); err != nil {
-				t.Fatal(err)
-			}
-			pick, err := sc.raw.Pick(ctx, &admissionv1.PickRequest{Scope: "dead"})
-			if err != nil || pick.GetGrant() == nil {
-				t.Fatalf("Pick(dead) = %v, %v; want a grant", pick, err)
-			}
-			if _, err := sc.raw.RecordOutcome(ctx, &admissionv1.RecordOutcomeRequest{Scope: "dead", CallId: pick.GetCallId(),
-				PermitId: pick.GetGrant().GetPermitId(), Outcome: admissionv1.Outcome_OUTCOME_SOURCE_DEAD, HttpStatus: 401}); err != nil {
-				t.Fatal(err)
-			}
-			opened := time.Now()
+			prot := sc.protect(ctx, "ops", "dead")
 			burstAt := time.Now()
-			pick, err = sc.raw.Pick(ctx, &admissionv1.PickRequest{Scope: "metered", EstimatedTokens: burst})
+			pick, err := sc.raw.Pick(ctx, &admissionv1.PickRequest{Scope: "metered", EstimatedTokens: burst})
 			if err != nil || pick.GetGrant() == nil {
 				t.Fatalf("Pick(metered, %d tokens) = %v, %v; want a grant", burst, pick, err)
 			}
@@ -90,16 +78,11 @@ func TestChaos_SidecarKill9Restart(t *testing.T) {
 			if since := time.Since(burstAt); since >= time.Minute {
 				t.Fatalf("the restart took %v: the burst left the sliding minute, nothing to check", since)
 			}
-			if since := time.Since(opened); since >= cooldown {
+			if since := time.Since(prot.opened); since >= cooldown {
 				t.Fatalf("the restart took %v: the %v cooldown is over, nothing to check", since, cooldown)
 			}
 
-			readAt := time.Now() // the breaker opened before opened, so at most cooldown − (readAt − opened) is left
-			ops, err := sc.source(ctx, "ops", "primary")
-			if err != nil {
-				t.Fatal(err)
-			}
-			dead, err := sc.source(ctx, "dead", "primary")
+			ops, dead, readAt, err := prot.read(ctx, sc)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -122,25 +105,13 @@ func TestChaos_SidecarKill9Restart(t *testing.T) {
 					admissionv1.Override_OVERRIDE_FORCED_OPEN, ops.GetOverride(), dead.GetState(), burst, metered.GetTokensLastMinute(), burst, again.GetGrant() != nil)
 				return
 			}
-			if ops.GetOverride() != admissionv1.Override_OVERRIDE_FORCED_OPEN || ops.GetOverrideActor() != "alice" || ops.GetOverrideReason() != "INC-42 garbage answers" {
-				t.Errorf("override after restart = %v by %q (%q); want FORCED_OPEN by alice", ops.GetOverride(), ops.GetOverrideActor(), ops.GetOverrideReason())
-			}
-			if ra := dead.GetRetryAfter().AsDuration(); dead.GetState() != admissionv1.BreakerState_BREAKER_STATE_OPEN || dead.GetReopens() != 1 ||
-				ra <= 0 || ra > cooldown-readAt.Sub(opened)+time.Millisecond {
-				t.Errorf("dead source after restart: %v, reopens %d, retry_after %v; want OPEN for the rest of its %v cooldown", dead.GetState(), dead.GetReopens(), ra, cooldown)
-			}
+			prot.check(t, ctx, sc, ops, dead, readAt, cooldown)
 			if metered.GetTokensLastMinute() != burst || metered.GetRequestsLastMinute() != 1 || metered.GetInFlight() != 0 {
 				t.Errorf("metered source after restart: %d tokens, %d requests, %d in flight; want %d, 1, 0",
 					metered.GetTokensLastMinute(), metered.GetRequestsLastMinute(), metered.GetInFlight(), burst)
 			}
 			if again.GetGrant() != nil {
 				t.Errorf("a second %d-token burst was granted after restart on tpm 1000", burst)
-			}
-			for _, scope := range []string{"ops", "dead"} {
-				p, err := sc.raw.Pick(ctx, &admissionv1.PickRequest{Scope: scope})
-				if err != nil || p.GetGrant() != nil {
-					t.Errorf("Pick(%s) after restart = %v, %v; want NoRunnable", scope, p, err)
-				}
 			}
 		})
 	}
