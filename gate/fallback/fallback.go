@@ -3,6 +3,7 @@ package fallback
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,14 +66,19 @@ type Options struct {
 // Options.Mode while that one is unavailable.
 //
 // In Local mode the local backend knows nothing of the shared state: a
-// permit granted by one side and settled by the other is reported stale and
-// its slot ends with its lease. Override is never served locally: an
-// operator's action that would vanish when the shared backend comes back
-// fails instead.
+// permit the shared backend granted and that is settled while degraded is
+// reported stale (and handed to the shared backend to settle later, see
+// Settle). Permits the local backend granted still hold their slots when
+// the shared backend is back, which it does not know of: until they are
+// settled (locally) or their leases end, its Admits and Peeks of their
+// sources leave them room (see lent). Override is never served locally:
+// an operator's action that would vanish when the shared backend comes
+// back fails instead.
 type Backend struct {
 	shared Shared
 	local  *inmem.Backend
 	o      Options
+	lent   lent
 
 	degraded atomic.Bool
 	changes  atomic.Uint64 // counts changes of mode
@@ -111,8 +117,14 @@ func (b *Backend) Check(ctx context.Context) error {
 // Admit implements gate.Backend.
 func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admission, error) {
 	return call(b, ctx,
-		func() (gate.Admission, error) { return b.shared.Admit(ctx, req) },
-		func() (gate.Admission, error) { return b.local.Admit(ctx, b.share(req)) })
+		func() (gate.Admission, error) { return b.shared.Admit(ctx, b.leaveRoom(ctx, req)) },
+		func() (gate.Admission, error) {
+			a, err := b.local.Admit(ctx, b.share(req))
+			if err == nil && a.Granted {
+				b.lent.add(req.Scope, a.Permit.Source)
+			}
+			return a, err
+		})
 }
 
 // Settle implements gate.Backend. A settle served locally may be of a
@@ -121,7 +133,16 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 // answers again, so that its slot does not stay held until its lease ends.
 func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (gate.Settlement, error) {
 	return call(b, ctx,
-		func() (gate.Settlement, error) { return b.shared.Settle(ctx, req) },
+		func() (gate.Settlement, error) {
+			if req.Source != nil && b.lent.has(req.Scope, req.Source.Name) {
+				// Perhaps a permit the local backend granted: settle it
+				// there, where its slot is held.
+				if st, err := b.local.Settle(ctx, req); err == nil && st.Released {
+					return st, nil
+				}
+			}
+			return b.shared.Settle(ctx, req)
+		},
 		func() (gate.Settlement, error) {
 			if d, ok := b.shared.(Deferrer); ok {
 				d.DeferSettle(req)
@@ -138,7 +159,7 @@ type Deferrer interface {
 // Peek implements gate.Backend.
 func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot, error) {
 	return call(b, ctx,
-		func() (gate.Snapshot, error) { return b.shared.Peek(ctx, req) },
+		func() (gate.Snapshot, error) { return b.shared.Peek(ctx, b.leaveRoomPeek(ctx, req)) },
 		func() (gate.Snapshot, error) { return b.local.Peek(ctx, b.sharePeek(req)) })
 }
 
@@ -258,4 +279,115 @@ func part(v int64, n int) int64 {
 		return v
 	}
 	return max(1, (v+int64(n)-1)/int64(n))
+}
+
+// lent marks the sources, by scope, of which the local backend granted
+// permits that may still hold their slots. It is empty (and costs one
+// atomic load per call) unless the Backend served permits locally.
+type lent struct {
+	n  atomic.Int64 // len(by)
+	mu sync.Mutex
+	by map[lentKey]struct{}
+}
+
+type lentKey struct{ scope, source string }
+
+func (l *lent) add(scope, source string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.by == nil {
+		l.by = map[lentKey]struct{}{}
+	}
+	l.by[lentKey{scope, source}] = struct{}{}
+	l.n.Store(int64(len(l.by)))
+}
+
+func (l *lent) has(scope, source string) bool {
+	if l.n.Load() == 0 {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.by[lentKey{scope, source}]
+	return ok
+}
+
+func (l *lent) drop(scope, source string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.by, lentKey{scope, source})
+	l.n.Store(int64(len(l.by)))
+}
+
+// room is the local backend's permits in flight of each of srcs (nil when
+// none is lent), forgetting the sources that have none left.
+func (b *Backend) room(ctx context.Context, scope string, srcs []*gate.Source) []int {
+	if b.lent.n.Load() == 0 {
+		return nil
+	}
+	var out []int
+	for i, src := range srcs {
+		if src == nil || !b.lent.has(scope, src.Name) {
+			continue
+		}
+		snap, err := b.local.Peek(ctx, gate.PeekRequest{Scope: scope, Sources: []*gate.Source{src}})
+		if err != nil || len(snap.Sources) != 1 {
+			continue
+		}
+		n := snap.Sources[0].Quota.InFlight
+		if n == 0 {
+			b.lent.drop(scope, src.Name)
+			continue
+		}
+		if out == nil {
+			out = make([]int, len(srcs))
+		}
+		out[i] = n
+	}
+	return out
+}
+
+// less is src with n fewer slots (n permits the shared backend does not
+// know of hold them).
+func less(src *gate.Source, n int) *gate.Source {
+	s := *src
+	s.Limits.MaxConcurrency = max(0, s.Limits.MaxConcurrency-n)
+	return &s
+}
+
+// leaveRoom is req with the slots of the local backend's permits still out
+// taken from its candidates' limits.
+func (b *Backend) leaveRoom(ctx context.Context, req gate.AdmitRequest) gate.AdmitRequest {
+	srcs := make([]*gate.Source, len(req.Candidates))
+	for i, c := range req.Candidates {
+		srcs[i] = c.Source
+	}
+	n := b.room(ctx, req.Scope, srcs)
+	if n == nil {
+		return req
+	}
+	out := req
+	out.Candidates = slices.Clone(req.Candidates)
+	for i := range out.Candidates {
+		if n[i] > 0 {
+			out.Candidates[i].Source = less(out.Candidates[i].Source, n[i])
+		}
+	}
+	return out
+}
+
+// leaveRoomPeek is leaveRoom for a Peek, so that its verdicts are Admit's.
+func (b *Backend) leaveRoomPeek(ctx context.Context, req gate.PeekRequest) gate.PeekRequest {
+	n := b.room(ctx, req.Scope, req.Sources)
+	if n == nil {
+		return req
+	}
+	out := req
+	out.Sources = slices.Clone(req.Sources)
+	for i := range out.Sources {
+		if n[i] > 0 {
+			out.Sources[i] = less(out.Sources[i], n[i])
+		}
+	}
+	return out
 }

@@ -192,6 +192,84 @@ func TestLocal(t *testing.T) {
 	}
 }
 
+// TestLocalPermitsKeepTheirSlots: permits granted locally still hold their
+// slots when Redis is back, which Redis does not know of. Redis's Admits and
+// Peeks leave them room until they are settled (locally, where their slots
+// are) or their leases end: never more holders than max_concurrency across
+// the return.
+func TestLocalPermitsKeepTheirSlots(t *testing.T) {
+	f := newFixture(t, fallback.Local, 1)
+	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 2; s.Limits.Lease = 10 * time.Second })
+	settle := func(p gate.Permit) gate.Settlement {
+		t.Helper()
+		st, err := f.b.Settle(f.ctx, gate.SettleRequest{Scope: "fb", Source: src, PermitID: p.ID, Epoch: p.Epoch, Verdict: gate.VerdictSuccess, ActualTokens: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	granted := func(id string) (gate.Permit, bool) {
+		t.Helper()
+		a, err := f.admit(id, src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a.Permit, a.Granted
+	}
+	if _, ok := granted("r0"); !ok { // Redis has the scope
+		t.Fatal("healthy admission refused")
+	}
+	f.srv.Stop()
+	f.poll("the local mode", func() bool {
+		f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}})
+		return f.b.Degraded()
+	})
+	var local []gate.Permit
+	for _, id := range []string{"l0", "l1"} {
+		p, ok := granted(id)
+		if !ok {
+			t.Fatalf("local admission %s refused", id)
+		}
+		local = append(local, p)
+	}
+	f.srv.Start() // empty: r0 is gone with it
+	f.poll("Redis to be used again", func() bool {
+		f.clock.Advance(time.Second)
+		f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}})
+		return !f.b.Degraded()
+	})
+
+	// Two local holders: Redis grants nothing, and Peek says so.
+	if _, ok := granted("r1"); ok {
+		t.Fatal("Redis granted a third holder on max_concurrency 2 while two local permits are out")
+	}
+	if v, err := f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}}); err != nil || v.Sources[0].Verdict.Reason != gate.ReasonRateLimited {
+		t.Fatalf("Peek with two local permits out: %+v %v, want rate_limited", v, err)
+	}
+	// A local permit settled after the return frees its slot.
+	if st := settle(local[0]); !st.Released {
+		t.Fatalf("settling a local permit after the return: %+v, want its slot released", st)
+	}
+	r2, ok := granted("r2")
+	if !ok {
+		t.Fatal("Redis refused the slot the settled local permit freed")
+	}
+	if _, ok := granted("r3"); ok {
+		t.Fatal("a third holder: one local permit and r2 hold both slots")
+	}
+	if st := settle(r2); !st.Released {
+		t.Fatalf("settling Redis's permit: %+v, want released", st)
+	}
+	// A local permit whose holder never reports holds its slot until its
+	// lease ends, and no longer.
+	f.clock.Advance(src.Limits.Lease)
+	for _, id := range []string{"r4", "r5"} {
+		if _, ok := granted(id); !ok {
+			t.Fatalf("admission %s refused after the local lease ended", id)
+		}
+	}
+}
+
 // TestFailClosed: with Redis down every call fails with an error wrapping
 // gate.ErrUnavailable, and the first success after the restart ends the
 // degradation.
