@@ -325,6 +325,20 @@ func (l *loadDriver) stats(from, to time.Time) stats {
 	return s
 }
 
+// worstBelow is the longest answer under limit to an RPC that started in
+// [from, to) (0 if none).
+func (l *loadDriver) worstBelow(from, to time.Time, limit time.Duration) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var worst time.Duration
+	for _, a := range l.answers {
+		if !a.start.Before(from) && a.start.Before(to) && a.took < limit {
+			worst = max(worst, a.took)
+		}
+	}
+	return worst
+}
+
 func (s stats) String() string {
 	return fmt.Sprintf("%d answers (%d errors, %d grants), p50 %v, worst %v (%s, %v)",
 		s.n, s.errs, s.grants, s.p50.Round(time.Millisecond), s.worst.took.Round(time.Millisecond), s.worst.rpc, s.worst.code)
