@@ -157,15 +157,16 @@ const roundings = 5 * time.Millisecond
 
 // check checks that both protections are in force as they were set (read
 // at at): the override with its actor and reason; the OPEN with reopens 1,
-// its cause, and no more than the rest of its cooldown left; and that a Pick
-// of either scope is refused.
-func (p protections) check(t *testing.T, ctx context.Context, c *chaosSidecar, forced, dead *admissionv1.SourceState, at time.Time, cooldown time.Duration) {
+// its cause, and no more than the rest of its cooldown left (plus later,
+// how much later a re-asserted OPEN may end: the re-assert's round trip);
+// and that a Pick of either scope is refused.
+func (p protections) check(t *testing.T, ctx context.Context, c *chaosSidecar, forced, dead *admissionv1.SourceState, at time.Time, cooldown, later time.Duration) {
 	t.Helper()
 	if forced.GetOverride() != admissionv1.Override_OVERRIDE_FORCED_OPEN || forced.GetOverrideActor() != protectActor || forced.GetOverrideReason() != protectReason {
 		t.Errorf("override = %v by %q (%q); want FORCED_OPEN by %s (%q)", forced.GetOverride(), forced.GetOverrideActor(), forced.GetOverrideReason(), protectActor, protectReason)
 	}
 	if ra := dead.GetRetryAfter().AsDuration(); dead.GetState() != admissionv1.BreakerState_BREAKER_STATE_OPEN || dead.GetReopens() != 1 ||
-		dead.GetOpenCause() != admissionv1.OpenCause_OPEN_CAUSE_SOURCE_DEAD || ra <= 0 || ra > cooldown-at.Sub(p.opened)+roundings {
+		dead.GetOpenCause() != admissionv1.OpenCause_OPEN_CAUSE_SOURCE_DEAD || ra <= 0 || ra > cooldown-at.Sub(p.opened)+later+roundings {
 		t.Errorf("dead source: %v by %v, reopens %d, retry_after %v; want OPEN by source_dead for the rest of its %v cooldown",
 			dead.GetState(), dead.GetOpenCause(), dead.GetReopens(), ra, cooldown)
 	}

@@ -105,7 +105,7 @@ func TestChaos_SidecarKill9Restart(t *testing.T) {
 					admissionv1.Override_OVERRIDE_FORCED_OPEN, ops.GetOverride(), dead.GetState(), burst, metered.GetTokensLastMinute(), burst, again.GetGrant() != nil)
 				return
 			}
-			prot.check(t, ctx, sc, ops, dead, readAt, cooldown)
+			prot.check(t, ctx, sc, ops, dead, readAt, cooldown, 0)
 			if metered.GetTokensLastMinute() != burst || metered.GetRequestsLastMinute() != 1 || metered.GetInFlight() != 0 {
 				t.Errorf("metered source after restart: %d tokens, %d requests, %d in flight; want %d, 1, 0",
 					metered.GetTokensLastMinute(), metered.GetRequestsLastMinute(), metered.GetInFlight(), burst)
