@@ -31,6 +31,9 @@ type AdmitRequest struct {
 	// Tokens is the attempt's estimated token count, charged to TPM.
 	Tokens     int64
 	Candidates []Candidate
+	// Line, when set, orders the Pick in the scope's line (see line.go):
+	// a Pick behind the head is Queued without walking the candidates.
+	Line *Waiter
 }
 
 // Rejection is why one candidate was refused.
@@ -63,6 +66,10 @@ type Admission struct {
 	Events     []Event
 	// ProgressAge is the time since the scope's last successful attempt (Never if none).
 	ProgressAge time.Duration
+	// Queued: the line refused the Pick; no candidate was asked.
+	Queued bool
+	// Place is the Line waiter's place after the Pick ("" none).
+	Place string
 }
 
 // SettleRequest reports the outcome of one permit's attempt.
@@ -79,6 +86,8 @@ type SettleRequest struct {
 	ActualTokens int64
 	// Progress: the attempt succeeded, so the scope made progress.
 	Progress bool
+	// Line, when set, hands a released slot to the scope's line.
+	Line *LineHandoff
 }
 
 // Settlement is the result of one Settle.
@@ -91,6 +100,8 @@ type Settlement struct {
 	// Breaker is the source's breaker after the outcome.
 	Breaker     BreakerView
 	ProgressAge time.Duration
+	// Handoff is the waiter handed the released slot ("" none).
+	Handoff string
 }
 
 // PeekRequest reads sources without changing them, and asks the backend
@@ -103,6 +114,8 @@ type PeekRequest struct {
 	Ceilings []int
 	// Tokens is the estimate of the attempt the verdicts are for.
 	Tokens int64
+	// Line, when set, reads the scope's line (and may join it).
+	Line *LineRead
 }
 
 // Candidate is source i of the request, as Admit would be offered it.
@@ -131,6 +144,7 @@ type SourceView struct {
 type Snapshot struct {
 	Sources     []SourceView
 	ProgressAge time.Duration
+	Line        LineView
 }
 
 // OverrideRequest carries an operator's action on one source's breaker.
@@ -167,6 +181,8 @@ type Backend interface {
 	Peek(ctx context.Context, req PeekRequest) (Snapshot, error)
 	// Override carries out an operator's action on a breaker.
 	Override(ctx context.Context, req OverrideRequest) (OverrideResult, error)
+	// Leave takes a waiter out of its scope's line.
+	Leave(ctx context.Context, req LeaveRequest) error
 }
 
 // SourceState is one source's breaker and quota, as the memory backend keeps

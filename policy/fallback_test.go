@@ -29,7 +29,8 @@ func (down) Peek(context.Context, gate.PeekRequest) (gate.Snapshot, error) {
 func (down) Override(context.Context, gate.OverrideRequest) (gate.OverrideResult, error) {
 	return gate.OverrideResult{}, gate.ErrUnavailable
 }
-func (down) Ping(context.Context) error { return gate.ErrUnavailable }
+func (down) Leave(context.Context, gate.LeaveRequest) error { return gate.ErrUnavailable }
+func (down) Ping(context.Context) error                     { return gate.ErrUnavailable }
 
 // With on_unavailable: local and two replicas, the local gate admits against
 // the replica's share (max_concurrency 2 → 1). A caller refused for that

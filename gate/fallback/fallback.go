@@ -163,6 +163,14 @@ func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot
 		func() (gate.Snapshot, error) { return b.local.Peek(ctx, b.sharePeek(req)) })
 }
 
+// Leave implements gate.Backend.
+func (b *Backend) Leave(ctx context.Context, req gate.LeaveRequest) error {
+	_, err := call(b, ctx,
+		func() (struct{}, error) { return struct{}{}, b.shared.Leave(ctx, req) },
+		func() (struct{}, error) { return struct{}{}, b.local.Leave(ctx, req) })
+	return err
+}
+
 // Override implements gate.Backend; it always goes to the shared backend.
 func (b *Backend) Override(ctx context.Context, req gate.OverrideRequest) (gate.OverrideResult, error) {
 	seen := b.changes.Load()

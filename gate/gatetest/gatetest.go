@@ -53,6 +53,7 @@ func Run(t *testing.T, factory Factory) {
 	t.Run("Quota", func(t *testing.T) { runQuota(t, factory) })
 	t.Run("Verdict", func(t *testing.T) { runVerdict(t, factory) })
 	t.Run("Model", func(t *testing.T) { runModel(t, factory) })
+	t.Run("Line", func(t *testing.T) { runLine(t, factory) })
 }
 
 // env is one test's backend, clock and scope.

@@ -25,6 +25,7 @@ type scope struct {
 	mu       sync.Mutex
 	sources  map[string]*gate.SourceState
 	progress int64 // ms of the last successful attempt; 0 = never
+	line     gate.Line
 }
 
 // New returns a memory backend reading time from now (time.Now if nil).
@@ -75,6 +76,11 @@ func named(events []gate.Event, source string) []gate.Event {
 func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (out gate.Admission, _ error) {
 	s, now := b.lock(req.Scope)
 	defer b.unlock(ctx, s, &out.Events)
+	out.ProgressAge = s.progressAge(now)
+	if w := req.Line; w != nil && !s.line.Check(w, now) {
+		out.Queued, out.Place = true, s.line.Place(w.ID)
+		return out, nil
+	}
 	for _, c := range req.Candidates {
 		permit, rej, events := s.source(c.Source.Name).Admit(c, req.PermitID, req.Tokens, now)
 		out.Events = append(out.Events, named(events, c.Source.Name)...)
@@ -84,7 +90,9 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (out gate.Ad
 		}
 		out.Rejections = append(out.Rejections, rej)
 	}
-	out.ProgressAge = s.progressAge(now)
+	if w := req.Line; w != nil {
+		out.Place = s.line.After(w, out.Granted, gate.CapacityRefused(out.Rejections))
+	}
 	return out, nil
 }
 
@@ -96,6 +104,9 @@ func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (out gate.
 	out.Events = named(events, req.Source.Name)
 	if req.Progress {
 		s.progress = now
+	}
+	if req.Line != nil && out.Released {
+		out.Handoff = s.line.Handoff(req.Line, now)
 	}
 	out.ProgressAge = s.progressAge(now)
 	return out, nil
@@ -115,7 +126,18 @@ func (b *Backend) Peek(_ context.Context, req gate.PeekRequest) (gate.Snapshot, 
 		v.Verdict = st.Verdict(req.Candidate(i), req.Tokens, now)
 		out.Sources = append(out.Sources, v)
 	}
+	if req.Line != nil {
+		out.Line = s.line.Read(req.Line, now)
+	}
 	return out, nil
+}
+
+// Leave implements gate.Backend.
+func (b *Backend) Leave(_ context.Context, req gate.LeaveRequest) error {
+	s, _ := b.lock(req.Scope)
+	defer s.mu.Unlock()
+	s.line.Leave(req.Waiter)
+	return nil
 }
 
 // Override implements gate.Backend.

@@ -2,8 +2,8 @@
 -- admit.lua: gate.Backend.Admit, one walk over the candidates
 -- (inmem.Backend.Admit with gate.SourceState.Admit per candidate).
 --
--- keys: SCOPE_KEYS, then SRC_KEYS per candidate.
--- argv: ADMIT, then CAND per candidate (n of them).
+-- keys: SCOPE_KEYS, then SRC_KEYS per candidate, then LINE_KEYS.
+-- argv: ADMIT, then CAND per candidate (n of them), then WAITER.
 -- Reply ADMIT_R: rejections are REJ records, events EV records.
 
 -- unmarked: the scope's marker is not the one this replica last saw (h.seen;
@@ -23,6 +23,10 @@ local function admit(keys, argv)
     return redis.error_reply('UNMARKED the scope\'s marker changed: re-assert, then admit again')
   end
   local now = now_ms(h.now)
+  local lk, w = line_of(keys, h.n, argv, ADMIT, CAND, h.n, WAITER)
+  if w and not l_check(lk, w, now) then
+    return admit_queued(keys, lk, w, now)
+  end
   local granted, probe, epoch = 0, 0, 0
   local rejections, events = {}, {}
   for i = 1, h.n do
@@ -51,8 +55,12 @@ local function admit(keys, argv)
       end
     end
   end
+  local line = { queued = 0, place = '' }
+  if w then
+    line.place = l_after(lk, w, granted ~= 0, l_capacity(rejections))
+  end
   return pack(ADMIT_R, {
     granted = granted, probe = probe, epoch = epoch, rejections = rejections, events = events,
-    progress = tonumber(redis.call('GET', s.progress) or 0), now = now,
+    progress = tonumber(redis.call('GET', s.progress) or 0), now = now, line = pack(LINE_ADMIT_R, line),
   })
 end

@@ -401,6 +401,7 @@ type admitOut struct {
 	epoch           uint64
 	rejections, evs any
 	clock           clockReply
+	line            lineAdmit
 }
 
 var admitReply = reply[admitOut]{"ADMIT_R", []ret[admitOut]{
@@ -411,12 +412,14 @@ var admitReply = reply[admitOut]{"ADMIT_R", []ret[admitOut]{
 	{"events", raw(func(r *admitOut, v any) { r.evs = v })},
 	{"progress", getInt(func(r *admitOut, v int64) { r.clock.progress = v })},
 	{"now", getInt(func(r *admitOut, v int64) { r.clock.now = v })},
+	{"line", func(p *parser, v any, r *admitOut) { r.line = lineAdmitReply.parse(p, v) }},
 }}
 
 type settleOut struct {
 	released, effect int64
 	evs, view        any
 	clock            clockReply
+	handoff          string
 }
 
 var settleReply = reply[settleOut]{"SETTLE_R", []ret[settleOut]{
@@ -426,17 +429,20 @@ var settleReply = reply[settleOut]{"SETTLE_R", []ret[settleOut]{
 	{"view", raw(func(r *settleOut, v any) { r.view = v })},
 	{"progress", getInt(func(r *settleOut, v int64) { r.clock.progress = v })},
 	{"now", getInt(func(r *settleOut, v int64) { r.clock.now = v })},
+	{"handoff", getStr(func(r *settleOut, v string) { r.handoff = v })},
 }}
 
 type peekOut struct {
 	clock   clockReply
 	sources any
+	line    gate.LineView
 }
 
 var peekReply = reply[peekOut]{"PEEK_R", []ret[peekOut]{
 	{"progress", getInt(func(r *peekOut, v int64) { r.clock.progress = v })},
 	{"now", getInt(func(r *peekOut, v int64) { r.clock.now = v })},
 	{"sources", raw(func(r *peekOut, v any) { r.sources = v })},
+	{"line", func(p *parser, v any, r *peekOut) { r.line = lineReply.parse(p, v) }},
 }}
 
 // peekSource is one source of a peek reply: views and Admit's verdict now.
@@ -496,12 +502,12 @@ var announcement = reply[announced]{"ANN", []ret[announced]{
 
 // luaLayouts are the layouts the prelude defines.
 func luaLayouts() []luaLayout {
-	return []luaLayout{
+	return append([]luaLayout{
 		sourceKeys.lua(), scopeKeys.lua(),
 		limitArgs.lua(), policyArgs.lua(), admitArgs.lua(), candArgs.lua(), settleArgs.lua(), peekArgs.lua(),
 		peekSourceArgs.lua(), overrideArgs.lua(),
 		breakerView.lua(), quotaView.lua(), eventReply.lua(), rejection.lua(), admitReply.lua(), settleReply.lua(),
 		peekReply.lua(), peekSource.lua(), overrideReply.lua(), announcement.lua(),
 		restoreKeys.lua(), brkKeys.lua(), restoreArgs.lua(), restoreSrcArgs.lua(), restoreReply.lua(),
-	}
+	}, lineLayouts()...)
 }

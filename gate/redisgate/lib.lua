@@ -685,3 +685,314 @@ local function q_view(q, now)
   end
   return pack(QV, { in_flight = in_flight, requests = requests, tokens = tokens })
 end
+
+---------------------------------------------------------------- line
+
+-- The scope's line of callers waiting for capacity: gate/line.go's Line,
+-- function by function (the rank and the rules are described there). Keys
+-- (LINE_KEYS, after every other key of a call):
+--   line: ZSET of members, all scored 0, so ordered as text: a member is the
+--         waiter's key (class, share, arrival: KEY_LEN digits) and its id
+--   w:    HASH w<id> -> the record member|replica|joined|prio|tenant,
+--         c<id> -> called until (ms), r<replica> -> heard of until (ms)
+--   s:    HASH v, seq, t<tenant> -> the tenant's last share tag
+-- An empty line has no keys; the keys live LINE_TTL leases past the last
+-- word of a replica.
+local LINE_TTL = 4
+
+-- line_of is the line's keys after nkeys source blocks of keys, and the
+-- block of layout L that follows n blocks of layout B after the head H of
+-- argv, when it is on (nil otherwise).
+local function line_of(keys, nkeys, argv, H, B, n, L)
+  local k = read(LINE_KEYS, keys, block(SCOPE_KEYS, SRC_KEYS, nkeys + 1))
+  local a = read(L, argv, H.WIDTH + B.WIDTH * n)
+  if a.on ~= 1 then
+    return k, nil
+  end
+  return k, a
+end
+
+local function l_parse(r)
+  local member, replica, joined, prio, tenant = string.match(r, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
+  if member == nil or #member <= KEY_LEN then
+    return nil
+  end
+  return {
+    member = member, id = string.sub(member, KEY_LEN + 1), replica = replica,
+    joined = tonumber(joined), prio = tonumber(prio), tenant = tenant, called = 0,
+  }
+end
+
+local function l_record(e)
+  return e.member .. '|' .. e.replica .. '|' .. I(e.joined) .. '|' .. I(e.prio) .. '|' .. e.tenant
+end
+
+-- l_entry is the waiter id's entry, or nil.
+local function l_entry(k, id)
+  local v = redis.call('HMGET', k.line_w, 'w' .. id, 'c' .. id)
+  if not v[1] then
+    return nil
+  end
+  local e = l_parse(v[1])
+  if e then
+    e.called = tonumber(v[2] or 0)
+  end
+  return e
+end
+
+local function l_touch(k, lease)
+  local ttl = I(lease * LINE_TTL + SLACK)
+  redis.call('PEXPIRE', k.line, ttl)
+  redis.call('PEXPIRE', k.line_w, ttl)
+  redis.call('PEXPIRE', k.line_s, ttl)
+end
+
+-- twin: gate.(*Line).remove
+local function l_remove(k, e)
+  redis.call('ZREM', k.line, e.member)
+  redis.call('HDEL', k.line_w, 'w' .. e.id, 'c' .. e.id)
+  if redis.call('ZCARD', k.line) == 0 then
+    redis.call('DEL', k.line_w, k.line_s)
+  end
+end
+
+-- twin: gate.(*Line).live
+local function l_live(k, replica, lease, now)
+  if redis.call('ZCARD', k.line) > 0 then
+    redis.call('HSET', k.line_w, 'r' .. replica, I(now + lease))
+    l_touch(k, lease)
+  end
+end
+
+-- twin: gate.(*Line).dead
+local function l_dead(k, e, now)
+  return tonumber(redis.call('HGET', k.line_w, 'r' .. e.replica) or 0) < now
+end
+
+-- l_at is the entry at rank i (from 0), or nil past the end; a member
+-- without its record is dropped.
+local function l_at(k, i)
+  while true do
+    local m = redis.call('ZRANGE', k.line, i, i)
+    if #m == 0 then
+      return nil
+    end
+    local e = l_entry(k, string.sub(m[1], KEY_LEN + 1))
+    if e then
+      return e
+    end
+    redis.call('ZREM', k.line, m[1])
+  end
+end
+
+-- l_gone reports whether e vanished: its replica is silent, or it was
+-- called and did not ask in time.
+local function l_gone(k, e, now)
+  return l_dead(k, e, now) or (e.called ~= 0 and e.called < now)
+end
+
+-- twin: gate.(*Line).head
+local function l_head(k, now)
+  while true do
+    local e = l_at(k, 0)
+    if e == nil or not l_gone(k, e, now) then
+      return e
+    end
+    l_remove(k, e)
+  end
+end
+
+-- twin: gate.(*Line).key
+local function l_key(k, w, now)
+  local tenant, weight = w.tenant, w.weight
+  local s = redis.call('HMGET', k.line_s, 'v', 'seq', 't' .. tenant, 'nt')
+  if not s[3] and tonumber(s[4] or 0) >= w.max_tenants then
+    tenant, weight = OVERFLOW_TENANT, w.other_weight
+    s[3] = redis.call('HGET', k.line_s, 't' .. tenant)
+  end
+  local share = gmax(tonumber(s[1] or 0), tonumber(s[3] or 0)) + idiv(SHARE_SCALE, gmax(1, weight))
+  local class = w.priority
+  if w.aging > 0 then
+    class = class - idiv(now, w.aging)
+  end
+  local key = string.format('%016d%016d%016d', CLASS_OFFSET - class, share, tonumber(s[2] or 0) + 1)
+  return tenant, share, key
+end
+
+-- twin: gate.(*Line).prune
+local function l_prune(k, now)
+  for _, m in ipairs(redis.call('ZRANGE', k.line, 0, -1)) do
+    local e = l_entry(k, string.sub(m, KEY_LEN + 1))
+    if e == nil then
+      redis.call('ZREM', k.line, m)
+    elseif l_dead(k, e, now) then
+      l_remove(k, e)
+    end
+  end
+end
+
+-- twin: gate.(*Line).enter
+local function l_enter(k, w, now)
+  local r = redis.call('HGET', k.line_w, 'w' .. w.waiter)
+  if r then
+    return r
+  end
+  if redis.call('ZCARD', k.line) >= LINE_CAP then
+    l_prune(k, now)
+    if redis.call('ZCARD', k.line) >= LINE_CAP then
+      return ''
+    end
+  end
+  local e = l_parse(w.place)
+  if e == nil or e.id ~= w.waiter then
+    local tenant, share, key = l_key(k, w, now)
+    if redis.call('HSETNX', k.line_s, 't' .. tenant, I(share)) == 1 then
+      redis.call('HINCRBY', k.line_s, 'nt', 1)
+    else
+      redis.call('HSET', k.line_s, 't' .. tenant, I(share))
+    end
+    redis.call('HINCRBY', k.line_s, 'seq', 1)
+    e = { member = key .. w.waiter, id = w.waiter, tenant = tenant, prio = w.priority, joined = now }
+  end
+  e.replica = w.replica
+  r = l_record(e)
+  redis.call('ZADD', k.line, 0, e.member)
+  redis.call('HSET', k.line_w, 'w' .. w.waiter, r, 'r' .. w.replica, I(now + w.lease))
+  l_touch(k, w.lease)
+  return r
+end
+
+-- twin: gate.(*Line).Check
+local function l_check(k, w, now)
+  if w.place == '' and redis.call('EXISTS', k.line) == 0 then
+    return true
+  end
+  l_live(k, w.replica, w.lease, now)
+  local e = l_entry(k, w.waiter)
+  if e == nil and w.place ~= '' then
+    l_enter(k, w, now)
+    e = l_entry(k, w.waiter)
+  end
+  local head = l_head(k, now)
+  if head == nil then
+    return true
+  elseif e ~= nil then
+    return e.id == head.id or e.called >= now
+  end
+  local _, _, key = l_key(k, w, now)
+  return key < string.sub(head.member, 1, KEY_LEN)
+end
+
+-- twin: gate.CapacityRefused
+local function l_capacity(rejections)
+  for _, r in ipairs(rejections) do
+    local reason = r[REJ.REASON]
+    if reason == R_RATE_LIMITED or reason == R_ADAPTIVE_PACED then
+      return true
+    end
+  end
+  return false
+end
+
+-- twin: gate.(*Line).After
+local function l_after(k, w, granted, capacity)
+  local e = l_entry(k, w.waiter)
+  if e == nil then
+    return ''
+  end
+  if granted then
+    local share = tonumber(string.sub(e.member, 17, 32))
+    if share > tonumber(redis.call('HGET', k.line_s, 'v') or 0) then
+      redis.call('HSET', k.line_s, 'v', I(share))
+    end
+    l_remove(k, e)
+    return ''
+  elseif capacity then
+    redis.call('HDEL', k.line_w, 'c' .. w.waiter)
+    return l_record(e)
+  end
+  l_remove(k, e)
+  return ''
+end
+
+-- l_place is the waiter's place ('' none).
+local function l_place(k, id)
+  return redis.call('HGET', k.line_w, 'w' .. id) or ''
+end
+
+-- twin: gate.(*Line).Handoff
+local function l_handoff(k, h, now)
+  l_live(k, h.replica, h.lease, now)
+  local i = 0
+  while true do
+    local e = l_at(k, i)
+    if e == nil then
+      return ''
+    elseif l_gone(k, e, now) then
+      l_remove(k, e)
+    elseif e.called ~= 0 then
+      i = i + 1
+    else
+      redis.call('HSET', k.line_w, 'c' .. e.id, I(now + h.lease))
+      return e.id
+    end
+  end
+end
+
+-- twin: gate.(*Line).Read
+-- As the reply record LINE_R.
+local function l_read(k, r, w, now)
+  local v = { length = 0, place = '', wake = {}, oldest = 0, groups = {} }
+  l_live(k, r.replica, r.lease, now)
+  if w then
+    v.place = l_enter(k, w, now)
+  end
+  local i = 0
+  while true do
+    local e = l_at(k, i)
+    if e == nil then
+      break
+    elseif l_gone(k, e, now) then
+      l_remove(k, e)
+    else
+      if e.replica == r.replica then
+        v.wake[#v.wake + 1] = e.id
+      end
+      if e.called == 0 then
+        break
+      end
+      i = i + 1
+    end
+  end
+  if r.describe == 1 then
+    l_prune(k, now)
+    local count, order = {}, {}
+    for _, m in ipairs(redis.call('ZRANGE', k.line, 0, -1)) do
+      local e = l_entry(k, string.sub(m, KEY_LEN + 1))
+      if e then
+        v.oldest = gmax(v.oldest, now - e.joined)
+        local g = I(e.prio) .. '|' .. e.tenant
+        if not count[g] then
+          count[g] = 0
+          order[#order + 1] = { priority = e.prio, tenant = e.tenant, g = g }
+        end
+        count[g] = count[g] + 1
+      end
+    end
+    for _, g in ipairs(order) do
+      v.groups[#v.groups + 1] = pack(LINE_GROUP, { priority = g.priority, tenant = g.tenant, waiting = count[g.g] })
+    end
+  end
+  v.length = redis.call('ZCARD', k.line)
+  return pack(LINE_R, v)
+end
+
+-- admit_queued is admit's reply to a Pick the line refused: nothing asked.
+local function admit_queued(keys, k, w, now)
+  local s = read(SCOPE_KEYS, keys, 0)
+  return pack(ADMIT_R, {
+    granted = 0, probe = 0, epoch = 0, rejections = {}, events = {},
+    progress = tonumber(redis.call('GET', s.progress) or 0), now = now,
+    line = pack(LINE_ADMIT_R, { queued = 1, place = l_place(k, w.waiter) }),
+  })
+end

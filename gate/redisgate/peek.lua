@@ -3,8 +3,9 @@
 -- and gate.SourceState.Verdict per source). It changes no state: the only
 -- writes are q_check's removals of leases and admissions already expired.
 --
--- keys: SCOPE_KEYS, then SRC_KEYS per source.
--- argv: PEEK, then PEEK_SRC per source (n of them).
+-- keys: SCOPE_KEYS, then SRC_KEYS per source, then LINE_KEYS.
+-- argv: PEEK, then PEEK_SRC per source (n of them), then LINE_READ and
+-- WAITER (the waiter joining, if on).
 -- Reply PEEK_R: sources are PEEK_SRC_R records (views, and Admit's verdict now).
 -- twin: gate.(*SourceState).View
 local function peek(keys, argv)
@@ -24,5 +25,14 @@ local function peek(keys, argv)
     out[i] = pack(PEEK_SRC_R, v)
   end
   local s = read(SCOPE_KEYS, keys, 0)
-  return pack(PEEK_R, { progress = tonumber(redis.call('GET', s.progress) or 0), now = now, sources = out })
+  local line = pack(LINE_R, { length = 0, place = '', wake = {}, oldest = 0, groups = {} })
+  local lk, r = line_of(keys, h.n, argv, PEEK, PEEK_SRC, h.n, LINE_READ)
+  if r then
+    local w = read(WAITER, argv, PEEK.WIDTH + PEEK_SRC.WIDTH * h.n + LINE_READ.WIDTH)
+    if w.on ~= 1 then
+      w = nil
+    end
+    line = l_read(lk, r, w, now)
+  end
+  return pack(PEEK_R, { progress = tonumber(redis.call('GET', s.progress) or 0), now = now, sources = out, line = line })
 end

@@ -60,6 +60,7 @@ type Backend struct {
 	orphans *orphans
 	memory  memory
 	onLoss  func(scope string, restored int)
+	replica string // this Backend among those sharing a line
 }
 
 var _ gate.Backend = (*Backend)(nil)
@@ -83,7 +84,7 @@ func New(client redis.UniversalClient, o Options) (*Backend, error) {
 		return nil, fmt.Errorf("redisgate: timeout %v: must not be negative", o.Timeout)
 	}
 	return &Backend{client: client, prefix: o.Prefix, idleTTL: o.IdleTTL.Milliseconds(), clock: o.Clock,
-		timeout: o.Timeout, orphans: newOrphans(o.GiveBackQueue, o.Log), onLoss: o.OnStateLoss}, nil
+		timeout: o.Timeout, orphans: newOrphans(o.GiveBackQueue, o.Log), onLoss: o.OnStateLoss, replica: newReplica()}, nil
 }
 
 // scopeEscaper keeps braces out of the hash tag (and stays injective).
@@ -174,6 +175,7 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 	}
 	out.Events = p.events(r.evs, name)
 	out.ProgressAge = r.clock.age()
+	out.Queued, out.Place = r.line.queued, r.line.place
 	if r.granted != 0 {
 		if name(r.granted); p.err == nil {
 			c := req.Candidates[r.granted-1]
@@ -204,6 +206,8 @@ func (b *Backend) admit(ctx, rctx context.Context, req *gate.AdmitRequest) (any,
 		keys = appendSourceKeys(keys, tag, c.Source.Name)
 		args = candArgs.pack(args, c)
 	}
+	keys = appendLineKeys(keys, tag)
+	args = waiterArgs.pack(args, &lineArg{b, req.Line})
 	return b.runIn(ctx, rctx, "admit", admitScript, keys, args)
 }
 
@@ -228,8 +232,9 @@ func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 	const op = "settle"
 	tag := b.tag(req.Scope)
 	keys := make([]string, 0, len(scopeKeys.suffixes)+len(sourceKeys.suffixes))
-	keys = appendSourceKeys(appendScopeKeys(keys, tag), tag, req.Source.Name)
+	keys = appendLineKeys(appendSourceKeys(appendScopeKeys(keys, tag), tag, req.Source.Name), tag)
 	args := settleArgs.pack(make([]any, 0, settleArgs.width()), &call[gate.SettleRequest]{b, &req, tag})
+	args = handoffArgs.pack(args, &handoffArg{b, req.Line})
 	v, err := b.run(ctx, op, settleScript, keys, args)
 	if err != nil {
 		return gate.Settlement{}, err
@@ -242,6 +247,7 @@ func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 		Events:      p.events(r.evs, p.single(req.Source.Name)),
 		Breaker:     breakerView.parse(p, r.view),
 		ProgressAge: r.clock.age(),
+		Handoff:     r.handoff,
 	}
 	if p.err != nil {
 		return gate.Settlement{}, p.err
@@ -266,6 +272,13 @@ func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot
 		c := req.Candidate(i)
 		args = peekSourceArgs.pack(args, &c)
 	}
+	keys = appendLineKeys(keys, tag)
+	args = lineReadArgs.pack(args, &lineRead{b, req.Line})
+	var join *gate.Waiter
+	if req.Line != nil {
+		join = req.Line.Join
+	}
+	args = waiterArgs.pack(args, &lineArg{b, join})
 	v, err := b.run(ctx, op, peekScript, keys, args)
 	if err != nil {
 		return gate.Snapshot{}, err
@@ -273,7 +286,7 @@ func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot
 	p := &parser{op: op}
 	r := peekReply.parse(p, v)
 	views := p.array(r.sources, n)
-	out := gate.Snapshot{Sources: make([]gate.SourceView, 0, n), ProgressAge: r.clock.age()}
+	out := gate.Snapshot{Sources: make([]gate.SourceView, 0, n), ProgressAge: r.clock.age(), Line: r.line}
 	for i, s := range req.Sources {
 		if p.err != nil {
 			break

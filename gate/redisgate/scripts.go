@@ -48,7 +48,7 @@ var (
 	// restoreScript is no Backend method: the background re-assertion of
 	// what a replica knows after Redis lost a scope (reassert.go).
 	restoreScript = newOp("restore", restoreLua)
-	ops           = []*op{admitScript, settleScript, peekScript, overrideScript, restoreScript}
+	ops           = []*op{admitScript, settleScript, peekScript, overrideScript, restoreScript, leaveScript}
 )
 
 func newOp(name, body string) *op {
@@ -140,6 +140,8 @@ func prelude() string {
 	def("MINUTE", gate.Minute)
 	def("BUCKETS", gate.WindowBuckets)
 	def("MAX_TOKEN_SUM", int64(gate.MaxTokenSum))
+	lineConstants(def)
+	fmt.Fprintf(&b, "local OVERFLOW_TENANT = %q\n", gate.OverflowTenant)
 	for _, l := range luaLayouts() {
 		l.write(&b)
 	}

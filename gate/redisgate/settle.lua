@@ -1,7 +1,7 @@
 
 -- settle.lua: gate.Backend.Settle (gate.SourceState.Settle, then progress).
 --
--- keys: SCOPE_KEYS, SRC_KEYS.   argv: SETTLE.   Reply SETTLE_R.
+-- keys: SCOPE_KEYS, SRC_KEYS, LINE_KEYS.   argv: SETTLE, HANDOFF.   Reply SETTLE_R.
 -- twin: gate.(*SourceState).Settle
 local function settle(keys, argv)
   local a = read(SETTLE, argv, 0)
@@ -31,11 +31,16 @@ local function settle(keys, argv)
   else
     progress = tonumber(redis.call('GET', s.progress) or 0)
   end
-  local rel = 0
+  local rel, handoff = 0, ''
   if released then
     rel = 1
+    local lk, h = line_of(keys, 1, argv, SETTLE, SETTLE, 0, HANDOFF)
+    if h then
+      handoff = l_handoff(lk, h, now)
+    end
   end
   return pack(SETTLE_R, {
     released = rel, effect = effect, events = events, view = view, progress = progress, now = now,
+    handoff = handoff,
   })
 end

@@ -1,0 +1,276 @@
+package gatetest
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/polygate/polygate/gate"
+)
+
+// The line's contract (gate/line.go): the order (priority with aging, then
+// weighted fair share, then arrival), newcomers against the head, handoff to
+// the first waiter not called, and waiters that vanish or leave.
+
+const lineLease = time.Second
+
+// waiter is a waiter of replica r1; tenant a weighs 2, the others 1.
+func waiter(id string, prio int32, tenant string, opts ...func(*gate.Waiter)) *gate.Waiter {
+	w := &gate.Waiter{ID: id, Replica: "r1", Priority: prio, Tenant: tenant, Weight: 1, OtherWeight: 1, MaxTenants: 8, Lease: lineLease}
+	switch tenant {
+	case "a":
+		w.Weight = 2
+	}
+	for _, o := range opts {
+		o(w)
+	}
+	return w
+}
+
+// join gives w a place (the Peek of a caller that waits).
+func (e *env) join(src *gate.Source, w *gate.Waiter) {
+	e.t.Helper()
+	v := e.readLine(src, &gate.LineRead{Replica: w.Replica, Lease: w.Lease, Join: w})
+	if v.Place == "" {
+		e.t.Fatalf("join %s: no place", w.ID)
+	}
+	w.Place = v.Place
+}
+
+func (e *env) readLine(src *gate.Source, r *gate.LineRead) gate.LineView {
+	e.t.Helper()
+	s, err := e.b.Peek(e.ctx, gate.PeekRequest{Scope: e.scope, Sources: []*gate.Source{src}, Line: r})
+	if err != nil {
+		e.t.Fatalf("Peek: %v", err)
+	}
+	return s.Line
+}
+
+// pick is w's Pick on src.
+func (e *env) pick(src *gate.Source, w *gate.Waiter) gate.Admission {
+	e.t.Helper()
+	a, err := e.b.Admit(e.ctx, gate.AdmitRequest{Scope: e.scope, PermitID: e.nextID(), Line: w,
+		Candidates: []gate.Candidate{{Source: src, Ceiling: src.Limits.MaxConcurrency}}})
+	if err != nil {
+		e.t.Fatalf("Admit: %v", err)
+	}
+	if a.Queued && (a.Granted || len(a.Rejections) > 0) {
+		e.t.Fatalf("a queued Pick asked the source: %+v", a)
+	}
+	w.Place = a.Place
+	return a
+}
+
+// serve lets every waiter Pick, again and again, and returns the ids in the
+// order they were granted: in each round exactly the head passes.
+func (e *env) serve(src *gate.Source, ws []*gate.Waiter) []string {
+	e.t.Helper()
+	var order []string
+	for len(ws) > 0 {
+		i := slices.IndexFunc(ws, func(w *gate.Waiter) bool { return e.pick(src, w).Granted })
+		if i < 0 {
+			e.t.Fatalf("nobody of %d waiters passes; granted so far %v", len(ws), order)
+		}
+		order = append(order, ws[i].ID)
+		ws = slices.Delete(ws, i, i+1)
+	}
+	return order
+}
+
+func runLine(t *testing.T, factory Factory) {
+	roomy := Src("s")
+	one := func(n int) *gate.Source {
+		return Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = n })
+	}
+	t.Run("Order", func(t *testing.T) {
+		e := newEnv(t, factory)
+		var ws []*gate.Waiter
+		for _, w := range []*gate.Waiter{
+			waiter("a1", 0, "a"), waiter("a2", 0, "a"), waiter("a3", 0, "a"),
+			waiter("b1", 0, "b"), waiter("b2", 0, "b"), waiter("b3", 0, "b"),
+			waiter("c1", 5, "c"),
+		} {
+			e.join(roomy, w)
+			ws = append(ws, w)
+		}
+		// Priority first; then a (weight 2) gets two grants to b's one;
+		// then arrival.
+		want := []string{"c1", "a1", "a2", "b1", "a3", "b2", "b3"}
+		if got := e.serve(roomy, ws); !slices.Equal(got, want) {
+			t.Fatalf("order %v, want %v", got, want)
+		}
+		if v := e.readLine(roomy, &gate.LineRead{Replica: "r1", Lease: lineLease, Describe: true}); v.Length != 0 {
+			t.Fatalf("line after serving everyone: %+v", v)
+		}
+	})
+	t.Run("NoBankedShare", func(t *testing.T) {
+		// b joins after a's first grant: it starts where the line is, not
+		// with credit for the time it had nobody waiting.
+		e := newEnv(t, factory)
+		a := []*gate.Waiter{waiter("a1", 0, "c"), waiter("a2", 0, "c"), waiter("a3", 0, "c"), waiter("a4", 0, "c")}
+		for _, w := range a {
+			e.join(roomy, w)
+		}
+		got := e.serve(roomy, a[:1])
+		b := []*gate.Waiter{waiter("b1", 0, "b"), waiter("b2", 0, "b")}
+		for _, w := range b {
+			e.join(roomy, w)
+		}
+		got = append(got, e.serve(roomy, append(a[1:], b...))...)
+		if want := []string{"a1", "a2", "b1", "a3", "b2", "a4"}; !slices.Equal(got, want) {
+			t.Fatalf("order %v, want %v", got, want)
+		}
+	})
+	t.Run("Aging", func(t *testing.T) {
+		for _, aging := range []time.Duration{0, time.Second} {
+			e := newEnv(t, factory)
+			age := func(w *gate.Waiter) { w.Aging = aging }
+			old := waiter("old", 0, "x", age)
+			e.join(roomy, old)
+			e.clock.Advance(800 * time.Millisecond) // the replica stays heard of
+			e.readLine(roomy, &gate.LineRead{Replica: "r1", Lease: lineLease})
+			e.clock.Advance(800 * time.Millisecond)
+			e.readLine(roomy, &gate.LineRead{Replica: "r1", Lease: lineLease})
+			e.clock.Advance(800 * time.Millisecond)
+			e.readLine(roomy, &gate.LineRead{Replica: "r1", Lease: lineLease})
+			young := waiter("young", 1, "x", age)
+			e.join(roomy, young)
+			want := []string{"young", "old"}
+			if aging > 0 {
+				want = []string{"old", "young"} // one horizon and more behind
+			}
+			if got := e.serve(roomy, []*gate.Waiter{young, old}); !slices.Equal(got, want) {
+				t.Fatalf("aging %v: order %v, want %v", aging, got, want)
+			}
+		}
+	})
+	t.Run("Newcomer", func(t *testing.T) {
+		e := newEnv(t, factory)
+		w := waiter("w", 0, "x")
+		e.join(roomy, w)
+		if a := e.pick(roomy, waiter("same", 0, "x")); !a.Queued || a.Place != "" {
+			t.Fatalf("a newcomer behind the head: %+v, want queued without a place", a)
+		}
+		if a := e.pick(roomy, waiter("urgent", 1, "x")); !a.Granted {
+			t.Fatalf("a newcomer ranked before the head: %+v, want granted", a)
+		}
+		if a := e.pick(roomy, w); !a.Granted || a.Place != "" {
+			t.Fatalf("the head: %+v", a)
+		}
+		if a := e.pick(roomy, waiter("late", 0, "x")); !a.Granted || a.Queued {
+			t.Fatalf("a newcomer to an empty line: %+v", a)
+		}
+	})
+	t.Run("Handoff", func(t *testing.T) {
+		e := newEnv(t, factory)
+		src := one(2)
+		p1, p2 := e.grant(src), e.grant(src)
+		w1, w2, w3 := waiter("w1", 0, "x"), waiter("w2", 0, "x"), waiter("w3", 0, "x")
+		for _, w := range []*gate.Waiter{w1, w2, w3} {
+			e.join(src, w)
+		}
+		// The head asks and is refused for capacity: it keeps its place.
+		if a := e.pick(src, w1); a.Queued || a.Granted || a.Place == "" {
+			t.Fatalf("the head on a full source: %+v", a)
+		}
+		handoff := &gate.LineHandoff{Replica: "r1", Lease: lineLease}
+		settle := func(p gate.Permit) string {
+			return e.settleReq(gate.SettleRequest{Source: src, PermitID: p.ID, Epoch: p.Epoch, Verdict: gate.VerdictSuccess, ActualTokens: -1, Line: handoff}).Handoff
+		}
+		// Two releases call the first two waiters; the third stays queued.
+		if h := settle(p1); h != "w1" {
+			t.Fatalf("first release handed to %q, want w1", h)
+		}
+		if h := settle(p2); h != "w2" {
+			t.Fatalf("second release handed to %q, want w2", h)
+		}
+		if a := e.pick(src, w3); !a.Queued {
+			t.Fatalf("w3 behind two called waiters: %+v", a)
+		}
+		if a := e.pick(src, w2); !a.Granted {
+			t.Fatalf("w2, called: %+v", a)
+		}
+		if a := e.pick(src, w1); !a.Granted {
+			t.Fatalf("w1, called: %+v", a)
+		}
+		if a := e.pick(src, w3); a.Queued || a.Granted {
+			t.Fatalf("w3 at the head on a full source: %+v", a)
+		}
+	})
+	t.Run("Wake", func(t *testing.T) {
+		e := newEnv(t, factory)
+		other := func(w *gate.Waiter) { w.Replica = "r2" }
+		w1, w2, w3 := waiter("w1", 0, "x", other), waiter("w2", 0, "x"), waiter("w3", 0, "x")
+		for _, w := range []*gate.Waiter{w1, w2, w3} {
+			e.join(roomy, w)
+		}
+		read := func(replica string) []string {
+			return e.readLine(roomy, &gate.LineRead{Replica: replica, Lease: lineLease}).Wake
+		}
+		if got := read("r2"); !slices.Equal(got, []string{"w1"}) {
+			t.Fatalf("r2's front: %v, want [w1]", got)
+		}
+		if got := read("r1"); len(got) != 0 {
+			t.Fatalf("r1's front: %v, want none (r2's waiter is the head)", got)
+		}
+	})
+	t.Run("Vanish", func(t *testing.T) {
+		e := newEnv(t, factory)
+		gone := waiter("gone", 1, "x", func(w *gate.Waiter) { w.Replica = "r2" })
+		stays := waiter("stays", 0, "x")
+		e.join(roomy, gone)
+		e.join(roomy, stays)
+		if a := e.pick(roomy, stays); !a.Queued {
+			t.Fatalf("behind a live replica's waiter: %+v", a)
+		}
+		// r2 is not heard of for longer than its lease; r1 is.
+		for range 3 {
+			e.clock.Advance(lineLease / 2)
+			e.readLine(roomy, &gate.LineRead{Replica: "r1", Lease: lineLease})
+		}
+		if a := e.pick(roomy, stays); !a.Granted {
+			t.Fatalf("behind a silent replica's waiter: %+v, want granted", a)
+		}
+	})
+	t.Run("CalledSetAside", func(t *testing.T) {
+		e := newEnv(t, factory)
+		src := one(1)
+		p := e.grant(src)
+		slow, next := waiter("slow", 0, "x"), waiter("next", 0, "x")
+		e.join(src, slow)
+		e.join(src, next)
+		if h := e.settleReq(gate.SettleRequest{Source: src, PermitID: p.ID, Epoch: p.Epoch, Verdict: gate.VerdictSuccess, ActualTokens: -1,
+			Line: &gate.LineHandoff{Replica: "r1", Lease: lineLease}}).Handoff; h != "slow" {
+			t.Fatalf("handed to %q, want slow", h)
+		}
+		e.clock.Advance(2 * lineLease)
+		if v := e.readLine(src, &gate.LineRead{Replica: "r1", Lease: lineLease}); v.Length != 1 || !slices.Equal(v.Wake, []string{"next"}) {
+			t.Fatalf("after the called waiter did not ask: %+v, want only next", v)
+		}
+		// It takes its place back when it asks at last.
+		if a := e.pick(src, slow); !a.Granted {
+			t.Fatalf("the waiter set aside, asking: %+v", a)
+		}
+	})
+	t.Run("LeaveAndDescribe", func(t *testing.T) {
+		e := newEnv(t, factory)
+		few := func(w *gate.Waiter) { w.MaxTenants = 1 }
+		ws := []*gate.Waiter{waiter("a1", 0, "a", few), waiter("b1", 0, "b", few), waiter("b2", 2, "b", few)}
+		for _, w := range ws {
+			e.join(roomy, w)
+			e.clock.Advance(100 * time.Millisecond)
+		}
+		v := e.readLine(roomy, &gate.LineRead{Replica: "r1", Lease: lineLease, Describe: true})
+		want := []gate.LineGroup{{Priority: 2, Tenant: gate.OverflowTenant, Waiting: 1}, {Priority: 0, Tenant: gate.OverflowTenant, Waiting: 1}, {Priority: 0, Tenant: "a", Waiting: 1}}
+		gate.SortGroups(want)
+		if v.Length != 3 || v.Oldest != 300*time.Millisecond || !slices.Equal(v.Groups, want) {
+			t.Fatalf("line %+v, want 3 waiting for 300ms in %v", v, want)
+		}
+		if err := e.b.Leave(e.ctx, gate.LeaveRequest{Scope: e.scope, Waiter: "b2"}); err != nil {
+			t.Fatal(err)
+		}
+		if got := e.serve(roomy, ws[:2]); !slices.Equal(got, []string{"a1", "b1"}) {
+			t.Fatalf("after b2 left: %v", got)
+		}
+	})
+}

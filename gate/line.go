@@ -1,0 +1,413 @@
+package gate
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The line orders the callers of a scope that wait for its capacity
+// (concurrency, RPM, TPM, pacer), in the backend, so that on a shared
+// backend it is the fleet's: a waiter held by one replica ranked before a
+// waiter held by another gets the slot first.
+//
+// Rank is static, fixed when a waiter joins, so that the order needs no
+// re-scoring: a key of three fixed-width numbers compared as text.
+//   - class: the priority, less one for each aging horizon (priority_aging)
+//     of the arrival time: effective priority p + (now − t0)/H orders as
+//     p − t0/H, counted in whole horizons so that within one horizon the
+//     share decides. Higher first.
+//   - share: start-time fair queuing across tenants. A waiter of tenant T
+//     joins at max(V, last[T]) + Scale/weight(T), where last[T] is T's last
+//     tag and V the tag of the last waiter granted: a tenant's share of the
+//     grants follows its weight while it has demand, and a tenant that had
+//     nobody waiting banks no share (it starts at V). Lower first.
+//   - arrival: a counter of the line. Lower first.
+//
+// Beyond MaxTenants distinct tenants, newcomers share OverflowTenant's
+// bucket. When the line empties the shares, V and the counter start over.
+//
+// A Pick of a waiter goes to the walk when it is the head, or was handed a
+// slot (called) that it has not spent; a newcomer goes when nobody waits or
+// it would rank before the head; any other Pick is queued without asking the
+// quotas. A released slot calls the first waiter not called yet (handoff).
+// Waiters leave on a grant, on a refusal by every breaker, on Leave, and
+// when they vanish: a waiter whose replica has not been heard of for its
+// lease, and a called waiter that did not ask within its lease (it is set
+// aside: a later Pick with its Place takes the same place back).
+//
+// The line holds at most LineCap waiters; a caller that finds it full has no
+// place: it is not ordered, and its Picks are queued while anyone waits
+// ahead of it, as any newcomer's.
+
+// LineCap bounds a scope's line.
+const LineCap = 10000
+
+// OverflowTenant is the bucket of tenants beyond a scope's max_tenants.
+const OverflowTenant = "~other"
+
+// ShareScale is a grant's share step for weight 1 (weights go to 1000).
+const ShareScale = 1_000_000
+
+// ClassOffset makes the class (higher first) a positive number ordered
+// lower first.
+const ClassOffset = 1 << 51
+
+// Waiter names a call in its scope's line.
+type Waiter struct {
+	ID string
+	// Replica holds the waiter; "" is the backend's own (the Redis backend
+	// fills in its replica id).
+	Replica  string
+	Priority int32
+	Tenant   string
+	// Weight is the tenant's weight, OtherWeight the overflow bucket's.
+	Weight, OtherWeight int
+	MaxTenants          int
+	Aging               time.Duration
+	// Lease is how long the replica is trusted without being heard from,
+	// and how long a called waiter has to ask.
+	Lease time.Duration
+	// Place is the place the waiter had ("" none), to take back.
+	Place string
+}
+
+// LineRead asks Peek about the line.
+type LineRead struct {
+	Replica string
+	Lease   time.Duration
+	// Join, when set, gives the waiter a place (or keeps the one it has).
+	Join *Waiter
+	// Describe counts the whole line (Oldest, Groups).
+	Describe bool
+}
+
+// LineView is Peek's read of the line.
+type LineView struct {
+	Length int
+	// Place is the place of Join's waiter ("" when the line is full).
+	Place string
+	// Wake are the replica's waiters at the front of the line: those called
+	// and the first not called.
+	Wake   []string
+	Oldest time.Duration
+	Groups []LineGroup
+}
+
+// LineGroup counts the waiters of one priority and tenant.
+type LineGroup struct {
+	Priority int32
+	Tenant   string
+	Waiting  int
+}
+
+// LineHandoff asks Settle to hand a released slot to the line.
+type LineHandoff struct {
+	Replica string
+	Lease   time.Duration
+}
+
+// LeaveRequest takes a waiter out of its scope's line.
+type LeaveRequest struct {
+	Scope  string
+	Waiter string
+}
+
+// Line is a scope's line as the memory backend keeps it; the Redis
+// backend's lib.lua follows it function by function.
+type Line struct {
+	entries []*lineEntry // by member
+	byID    map[string]*lineEntry
+	last    map[string]int64 // tenant → its last share tag
+	v, seq  int64
+	alive   map[string]int64 // replica → heard of until (ms)
+}
+
+type lineEntry struct {
+	member  string // key, then the id
+	id      string
+	replica string
+	tenant  string
+	prio    int32
+	joined  int64
+	called  int64 // until (ms); 0: not called
+}
+
+// KeyLen is the length of a member's key: class, share, arrival.
+const KeyLen = 48
+
+// record is the entry as text: member|replica|joined|prio|tenant.
+func (e *lineEntry) record() string {
+	return e.member + "|" + e.replica + "|" + strconv.FormatInt(e.joined, 10) + "|" + strconv.FormatInt(int64(e.prio), 10) + "|" + e.tenant
+}
+
+func parseRecord(r string) (*lineEntry, bool) {
+	f := strings.SplitN(r, "|", 5)
+	if len(f) != 5 || len(f[0]) <= KeyLen {
+		return nil, false
+	}
+	joined, err1 := strconv.ParseInt(f[2], 10, 64)
+	prio, err2 := strconv.ParseInt(f[3], 10, 32)
+	if err1 != nil || err2 != nil {
+		return nil, false
+	}
+	return &lineEntry{member: f[0], id: f[0][KeyLen:], replica: f[1], joined: joined, prio: int32(prio), tenant: f[4]}, true
+}
+
+func (e *lineEntry) share() int64 {
+	n, _ := strconv.ParseInt(e.member[16:32], 10, 64)
+	return n
+}
+
+func (l *Line) init() {
+	if l.byID == nil {
+		l.byID, l.last, l.alive = map[string]*lineEntry{}, map[string]int64{}, map[string]int64{}
+	}
+}
+
+// Len is the number of waiters.
+func (l *Line) Len() int { return len(l.entries) }
+
+func (l *Line) insert(e *lineEntry) {
+	i, _ := slices.BinarySearchFunc(l.entries, e.member, func(x *lineEntry, m string) int { return strings.Compare(x.member, m) })
+	l.entries = slices.Insert(l.entries, i, e)
+	l.byID[e.id] = e
+}
+
+// twin: l_remove
+func (l *Line) remove(e *lineEntry) {
+	if i, ok := slices.BinarySearchFunc(l.entries, e.member, func(x *lineEntry, m string) int { return strings.Compare(x.member, m) }); ok {
+		l.entries = slices.Delete(l.entries, i, i+1)
+	}
+	delete(l.byID, e.id)
+	if len(l.entries) == 0 {
+		clear(l.last)
+		clear(l.alive)
+		l.v, l.seq = 0, 0
+	}
+}
+
+// twin: l_live
+func (l *Line) live(replica string, lease time.Duration, now int64) {
+	if len(l.entries) > 0 {
+		l.alive[replica] = now + lease.Milliseconds()
+	}
+}
+
+// dead reports whether e's replica has not been heard of within its lease.
+func (l *Line) dead(e *lineEntry, now int64) bool { return l.alive[e.replica] < now }
+
+// twin: l_head
+// head is the first live waiter (nil when none), setting aside on the way
+// those that vanished.
+func (l *Line) head(now int64) *lineEntry {
+	for len(l.entries) > 0 {
+		e := l.entries[0]
+		if l.dead(e, now) || (e.called != 0 && e.called < now) {
+			l.remove(e)
+			continue
+		}
+		return e
+	}
+	return nil
+}
+
+// twin: l_key
+// key is where a waiter of w would join now: its tenant's bucket, share tag
+// and key.
+func (l *Line) key(w *Waiter, now int64) (tenant string, share int64, key string) {
+	tenant, weight := w.Tenant, w.Weight
+	if _, known := l.last[tenant]; !known && len(l.last) >= w.MaxTenants {
+		tenant, weight = OverflowTenant, w.OtherWeight
+	}
+	share = max(l.v, l.last[tenant]) + ShareScale/int64(max(1, weight))
+	class := int64(w.Priority)
+	if h := w.Aging.Milliseconds(); h > 0 {
+		class -= now / h
+	}
+	return tenant, share, fmt.Sprintf("%016d%016d%016d", ClassOffset-class, share, l.seq+1)
+}
+
+// twin: l_enter
+// enter gives w its place back, or a new one; "" when the line is full.
+func (l *Line) enter(w *Waiter, now int64) string {
+	if e := l.byID[w.ID]; e != nil {
+		return e.record()
+	}
+	if len(l.entries) >= LineCap {
+		l.prune(now)
+		if len(l.entries) >= LineCap {
+			return ""
+		}
+	}
+	l.alive[w.Replica] = now + w.Lease.Milliseconds()
+	if e, ok := parseRecord(w.Place); ok && e.id == w.ID {
+		e.replica = w.Replica
+		l.insert(e)
+		return e.record()
+	}
+	tenant, share, key := l.key(w, now)
+	l.seq++
+	l.last[tenant] = share
+	e := &lineEntry{member: key + w.ID, id: w.ID, replica: w.Replica, tenant: tenant, prio: w.Priority, joined: now}
+	l.insert(e)
+	return e.record()
+}
+
+// prune removes every waiter whose replica is gone.
+func (l *Line) prune(now int64) {
+	for _, e := range slices.Clone(l.entries) {
+		if l.dead(e, now) {
+			l.remove(e)
+		}
+	}
+}
+
+// twin: l_check
+// Check decides whether a Pick of w goes to the walk (true) or is queued.
+// A waiter set aside takes its place back.
+func (l *Line) Check(w *Waiter, now int64) bool {
+	l.init()
+	if len(l.entries) == 0 && w.Place == "" {
+		return true
+	}
+	l.live(w.Replica, w.Lease, now)
+	e := l.byID[w.ID]
+	if e == nil && w.Place != "" {
+		l.enter(w, now)
+		e = l.byID[w.ID]
+	}
+	head := l.head(now)
+	switch {
+	case head == nil:
+		return true
+	case e != nil:
+		return e == head || e.called >= now
+	}
+	_, _, key := l.key(w, now)
+	return key < head.member[:KeyLen]
+}
+
+// twin: l_after
+// After records the walk's result for w and returns its place: a grant
+// leaves the line (its tag becomes V); a refusal for capacity keeps the place
+// (a slot it was handed is spent); a refusal by every breaker leaves.
+func (l *Line) After(w *Waiter, granted, capacity bool) string {
+	l.init()
+	e := l.byID[w.ID]
+	if e == nil {
+		return ""
+	}
+	switch {
+	case granted:
+		l.v = max(l.v, e.share())
+		l.remove(e)
+		return ""
+	case capacity:
+		e.called = 0
+		return e.record()
+	}
+	l.remove(e)
+	return ""
+}
+
+// Place is w's place now ("" when it has none).
+func (l *Line) Place(id string) string {
+	if e := l.byID[id]; e != nil {
+		return e.record()
+	}
+	return ""
+}
+
+// twin: l_handoff
+// Handoff hands a released slot to the first waiter not called yet, and
+// returns its id ("" when nobody waits uncalled).
+func (l *Line) Handoff(h *LineHandoff, now int64) string {
+	l.init()
+	l.live(h.Replica, h.Lease, now)
+	for i := 0; i < len(l.entries); {
+		e := l.entries[i]
+		switch {
+		case l.dead(e, now) || (e.called != 0 && e.called < now):
+			l.remove(e)
+		case e.called != 0:
+			i++
+		default:
+			e.called = now + h.Lease.Milliseconds()
+			return e.id
+		}
+	}
+	return ""
+}
+
+// twin: l_read
+// Read is Peek's part: join, the replica's waiters at the front, and the
+// counts.
+func (l *Line) Read(r *LineRead, now int64) LineView {
+	l.init()
+	var v LineView
+	l.live(r.Replica, r.Lease, now)
+	if r.Join != nil {
+		v.Place = l.enter(r.Join, now)
+	}
+	for i := 0; i < len(l.entries); {
+		e := l.entries[i]
+		if l.dead(e, now) || (e.called != 0 && e.called < now) {
+			l.remove(e)
+			continue
+		}
+		if e.replica == r.Replica {
+			v.Wake = append(v.Wake, e.id)
+		}
+		if e.called == 0 {
+			break
+		}
+		i++
+	}
+	if r.Describe {
+		l.prune(now)
+		groups := map[LineGroup]int{}
+		for _, e := range l.entries {
+			v.Oldest = max(v.Oldest, time.Duration(now-e.joined)*time.Millisecond)
+			groups[LineGroup{Priority: e.prio, Tenant: e.tenant}]++
+		}
+		for g, n := range groups {
+			g.Waiting = n
+			v.Groups = append(v.Groups, g)
+		}
+		SortGroups(v.Groups)
+	}
+	v.Length = len(l.entries)
+	return v
+}
+
+// Leave takes a waiter out of the line.
+func (l *Line) Leave(id string) {
+	l.init()
+	if e := l.byID[id]; e != nil {
+		l.remove(e)
+	}
+}
+
+// SortGroups orders groups highest priority first, then by tenant.
+func SortGroups(gs []LineGroup) {
+	slices.SortFunc(gs, func(a, b LineGroup) int {
+		if a.Priority != b.Priority {
+			return int(b.Priority) - int(a.Priority)
+		}
+		return strings.Compare(a.Tenant, b.Tenant)
+	})
+}
+
+// CapacityRefused reports whether a walk's refusals include one for capacity
+// (a quota or the pacer) rather than only breakers.
+func CapacityRefused(rs []Rejection) bool {
+	for _, r := range rs {
+		if r.Reason == ReasonRateLimited || r.Reason == ReasonAdaptivePaced || r.Reason == ReasonQueued {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,172 @@
+package redisgate
+
+import (
+	"context"
+	"crypto/rand"
+	_ "embed"
+
+	"github.com/polygate/polygate/gate"
+)
+
+// The scope's line (gate/line.go) lives in three keys under the scope's
+// hash tag, after every other key of the admit, settle and peek calls, and
+// rides in those calls: a waiter's place is checked and kept by the Pick's
+// admit, a released slot is handed on by the settle, and the poller's peek
+// tells a replica which of its waiters are at the front. lib.lua's "line"
+// section has the functions.
+
+//go:embed leave.lua
+var leaveLua string
+
+// leaveScript is Backend.Leave.
+var leaveScript = newOp("leave", leaveLua)
+
+// lineKeys are the line's keys (see lib.lua).
+var lineKeys = keyBlock{"LINE_KEYS", []string{"line", "line_w", "line_s"}}
+
+func appendLineKeys(keys []string, tag string) []string {
+	for _, s := range lineKeys.suffixes {
+		keys = append(keys, tag+":"+s)
+	}
+	return keys
+}
+
+// newReplica names this Backend among the replicas that share a line.
+func newReplica() string { return "r" + rand.Text()[:16] }
+
+// lineArg is a waiter as an argument block; nil is off.
+type lineArg struct {
+	b *Backend
+	w *gate.Waiter
+}
+
+func (a *lineArg) replica() string {
+	if a.w.Replica != "" {
+		return a.w.Replica
+	}
+	return a.b.replica
+}
+
+func on[T any](isOn func(*T) bool, put func(*T) any) func(*T) any {
+	return func(v *T) any {
+		if !isOn(v) {
+			return 0
+		}
+		return put(v)
+	}
+}
+
+func waiterOn(a *lineArg) bool { return a.w != nil }
+
+var waiterArgs = args[lineArg]{"WAITER", []arg[lineArg]{
+	num("on", func(a *lineArg) any { return flag(a.w != nil) }),
+	str("waiter", on(waiterOn, func(a *lineArg) any { return a.w.ID })),
+	str("replica", on(waiterOn, func(a *lineArg) any { return a.replica() })),
+	num("priority", on(waiterOn, func(a *lineArg) any { return a.w.Priority })),
+	str("tenant", on(waiterOn, func(a *lineArg) any { return a.w.Tenant })),
+	num("weight", on(waiterOn, func(a *lineArg) any { return a.w.Weight })),
+	num("other_weight", on(waiterOn, func(a *lineArg) any { return a.w.OtherWeight })),
+	num("max_tenants", on(waiterOn, func(a *lineArg) any { return a.w.MaxTenants })),
+	num("aging", on(waiterOn, func(a *lineArg) any { return a.w.Aging.Milliseconds() })),
+	num("lease", on(waiterOn, func(a *lineArg) any { return max(1, a.w.Lease.Milliseconds()) })),
+	str("place", on(waiterOn, func(a *lineArg) any { return a.w.Place })),
+}}
+
+// lineRead is a peek's line block; a waiter block (the join) follows it.
+type lineRead struct {
+	b *Backend
+	r *gate.LineRead
+}
+
+func readOn(a *lineRead) bool { return a.r != nil }
+
+func (a *lineRead) replica() string {
+	if a.r.Replica != "" {
+		return a.r.Replica
+	}
+	return a.b.replica
+}
+
+var lineReadArgs = args[lineRead]{"LINE_READ", []arg[lineRead]{
+	num("on", func(a *lineRead) any { return flag(a.r != nil) }),
+	str("replica", on(readOn, func(a *lineRead) any { return a.replica() })),
+	num("lease", on(readOn, func(a *lineRead) any { return max(1, a.r.Lease.Milliseconds()) })),
+	num("describe", on(readOn, func(a *lineRead) any { return flag(a.r.Describe) })),
+}}
+
+type handoffArg struct {
+	b *Backend
+	h *gate.LineHandoff
+}
+
+func handoffOn(a *handoffArg) bool { return a.h != nil }
+
+var handoffArgs = args[handoffArg]{"HANDOFF", []arg[handoffArg]{
+	num("on", func(a *handoffArg) any { return flag(a.h != nil) }),
+	str("replica", on(handoffOn, func(a *handoffArg) any {
+		if a.h.Replica != "" {
+			return a.h.Replica
+		}
+		return a.b.replica
+	})),
+	num("lease", on(handoffOn, func(a *handoffArg) any { return max(1, a.h.Lease.Milliseconds()) })),
+}}
+
+// lineAdmit is the admit reply's line record.
+type lineAdmit struct {
+	queued bool
+	place  string
+}
+
+var lineAdmitReply = reply[lineAdmit]{"LINE_ADMIT_R", []ret[lineAdmit]{
+	{"queued", getInt(func(r *lineAdmit, v int64) { r.queued = v == 1 })},
+	{"place", getStr(func(r *lineAdmit, v string) { r.place = v })},
+}}
+
+var lineReply = reply[gate.LineView]{"LINE_R", []ret[gate.LineView]{
+	{"length", getInt(func(r *gate.LineView, v int64) { r.Length = int(v) })},
+	{"place", getStr(func(r *gate.LineView, v string) { r.Place = v })},
+	{"wake", func(p *parser, v any, r *gate.LineView) {
+		for _, id := range p.array(v, 0) {
+			r.Wake = append(r.Wake, p.str(id))
+		}
+	}},
+	{"oldest", getInt(func(r *gate.LineView, v int64) { r.Oldest = ms(v) })},
+	{"groups", func(p *parser, v any, r *gate.LineView) {
+		r.Groups = lineGroup.list(p, v)
+		gate.SortGroups(r.Groups)
+	}},
+}}
+
+var lineGroup = reply[gate.LineGroup]{"LINE_GROUP", []ret[gate.LineGroup]{
+	{"priority", getInt(func(g *gate.LineGroup, v int64) { g.Priority = int32(v) })},
+	{"tenant", getStr(func(g *gate.LineGroup, v string) { g.Tenant = v })},
+	{"waiting", getInt(func(g *gate.LineGroup, v int64) { g.Waiting = int(v) })},
+}}
+
+// leaveArgs is the whole leave call.
+var leaveArgs = args[gate.LeaveRequest]{"LEAVE", []arg[gate.LeaveRequest]{
+	str("waiter", func(r *gate.LeaveRequest) any { return r.Waiter }),
+}}
+
+// lineLayouts are the line's layouts, for the prelude.
+func lineLayouts() []luaLayout {
+	return []luaLayout{lineKeys.lua(), waiterArgs.lua(), lineReadArgs.lua(), handoffArgs.lua(), lineAdmitReply.lua(), lineReply.lua(), lineGroup.lua(), leaveArgs.lua()}
+}
+
+// lineConstants are gate/line.go's constants, for the prelude.
+func lineConstants(def func(string, any)) {
+	def("LINE_CAP", gate.LineCap)
+	def("SHARE_SCALE", gate.ShareScale)
+	def("CLASS_OFFSET", int64(gate.ClassOffset))
+	def("KEY_LEN", gate.KeyLen)
+}
+
+// Leave implements gate.Backend.
+func (b *Backend) Leave(ctx context.Context, req gate.LeaveRequest) error {
+	keys := appendLineKeys(make([]string, 0, len(lineKeys.suffixes)), b.tag(req.Scope))
+	if _, err := b.run(ctx, "leave", leaveScript, keys, leaveArgs.pack(nil, &req)); err != nil {
+		return err
+	}
+	return nil
+}
