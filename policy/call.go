@@ -48,7 +48,7 @@ type Call struct {
 	lastPermit string
 	lastAnswer Recorded
 	answers    map[string]Recorded
-	place      *place // the call's place in line, once it had one (see line)
+	place      string // the call's place in line as the backend gave it ("" none; see line)
 }
 
 // NewCall opens a call at now. Its maps are made when first written: most

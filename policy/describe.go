@@ -47,20 +47,23 @@ type Description struct {
 	Config      *config.Scope
 	Sources     []SourceState
 	ProgressAge time.Duration
-	// Line is this sidecar's line of callers waiting for the scope's
-	// capacity (one line for the scope's sources).
+	// Line is the line of callers waiting for the scope's capacity (one
+	// line for the scope's sources; the fleet's on a shared backend).
 	Line LineState
 }
 
 // Describe reads the scope; it never takes a probe.
 func (s *Scope) Describe(ctx context.Context) (Description, error) {
 	cfg, srcs := s.snapshot()
-	snap, err := s.backend.Peek(ctx, s.peekRequest(srcs, 0))
+	req := s.peekRequest(srcs, 0)
+	req.Line = &gate.LineRead{Lease: lineLease(cfg), Describe: true}
+	snap, err := s.backend.Peek(ctx, req)
 	if err != nil {
 		return Description{}, err
 	}
 	now := time.Now()
-	d := Description{Config: cfg, ProgressAge: snap.ProgressAge, Line: s.line.state(now)}
+	d := Description{Config: cfg, ProgressAge: snap.ProgressAge,
+		Line: LineState{Length: snap.Line.Length, OldestWait: snap.Line.Oldest, Groups: snap.Line.Groups}}
 	for i, src := range srcs {
 		d.Sources = append(d.Sources, SourceState{
 			Config: src.cfg, View: snap.Sources[i], Ceiling: src.pacer.Ceiling(),

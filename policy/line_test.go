@@ -1,127 +1,132 @@
-package policy
+package policy_test
 
 import (
+	"context"
+	"slices"
+	"sync"
 	"testing"
-	"time"
+	"testing/synctest"
 
-	"github.com/polygate/polygate/config"
+	"github.com/polygate/polygate/gate"
+	"github.com/polygate/polygate/policy"
 )
 
-func lineScope(weights map[string]int, aging time.Duration) *config.Scope {
-	return &config.Scope{Tenants: weights, DefaultTenantWeight: 1, MaxTenants: 2, PriorityAging: aging}
+// lineBench holds callers of a one-slot scope in line and serves them one
+// release at a time.
+type lineBench struct {
+	t     *testing.T
+	s     *policy.Scope
+	calls map[string]*policy.Call
+	woken chan string
+	wg    sync.WaitGroup
 }
 
-// serve grants the head of the line n times and returns the tenants served.
-func serve(l *line, cfg *config.Scope, now time.Time, n int) []string {
-	var out []string
+func newLineBench(t *testing.T) *lineBench {
+	s, _ := newScope(t, `
+backpressure: {poll_interval: 10s, stall_window: 300s}
+sources: [{name: only, max_concurrency: 1}]
+`)
+	return &lineBench{t: t, s: s, calls: map[string]*policy.Call{}, woken: make(chan string, 16)}
+}
+
+// wait refuses a new call and holds it in OnNoRunnable until it is woken.
+func (b *lineBench) wait(ctx context.Context, label string, prio int32, tenant string) {
+	b.t.Helper()
+	c := newCall(b.s)
+	c.Priority, c.Tenant = prio, tenant
+	b.calls[label] = c
+	if p := pick(b.t, b.s, c); p.NoRunnable == nil {
+		b.t.Fatalf("%s: %+v, want a refusal", label, p)
+	}
+	b.wg.Go(func() {
+		d, err := b.s.OnNoRunnable(ctx, c)
+		if err != nil {
+			return // the client is gone
+		}
+		if !d.Woken {
+			b.t.Errorf("%s: %+v, want woken", label, d)
+		}
+		b.woken <- label
+	})
+	synctest.Wait()
+}
+
+// serve releases held's permit, then each woken caller takes the slot and
+// releases it; every release must wake exactly one caller.
+func (b *lineBench) serve(holder *policy.Call, g *policy.Grant, n int) []string {
+	b.t.Helper()
+	var order []string
 	for range n {
-		l.mu.Lock()
-		var head *Call
-		best := l.head(cfg, now, false)
-		for c, p := range l.entries {
-			if p == best {
-				head = c
-			}
+		record(b.t, b.s, holder, g, policy.Success)
+		synctest.Wait()
+		if len(b.woken) != 1 {
+			b.t.Fatalf("one release woke %d callers (served so far %v)", len(b.woken), order)
 		}
-		l.mu.Unlock()
-		if head == nil {
-			break
-		}
-		l.after(head, cfg, true, false)
-		out = append(out, head.Tenant)
+		label := <-b.woken
+		order = append(order, label)
+		holder = b.calls[label]
+		g = grant(b.t, b.s, holder)
 	}
-	return out
+	record(b.t, b.s, holder, g, policy.Success)
+	b.wg.Wait()
+	return order
 }
 
-func TestLineOrder(t *testing.T) {
-	now := time.Unix(1000, 0)
-	join := func(l *line, cfg *config.Scope, prio int32, tenant string, at time.Time) *Call {
-		c := &Call{Priority: prio, Tenant: tenant}
-		l.join(c, cfg, at)
-		return c
-	}
-	t.Run("WeightedShare", func(t *testing.T) {
-		cfg := lineScope(map[string]int{"a": 3, "b": 1}, 0)
-		l := newLine()
-		for range 40 {
-			join(l, cfg, 0, "a", now)
-		}
-		for range 40 {
-			join(l, cfg, 0, "b", now)
-		}
-		got := serve(l, cfg, now, 40)
-		a := 0
-		for _, x := range got {
-			if x == "a" {
-				a++
+// The line orders callers by priority, then fair share across tenants,
+// then arrival, and hands each released slot to the head alone.
+func TestLineOrdersAndHandsOff(t *testing.T) {
+	t.Run("Order", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			b := newLineBench(t)
+			holder := newCall(b.s)
+			g := grant(t, b.s, holder)
+			for _, w := range []struct {
+				label  string
+				prio   int32
+				tenant string
+			}{{"a1", 0, "a"}, {"a2", 0, "a"}, {"a3", 0, "a"}, {"b1", 0, "b"}, {"hi", 5, "b"}} {
+				b.wait(ctx(t), w.label, w.prio, w.tenant)
 			}
-		}
-		if a != 30 {
-			t.Fatalf("a served %d of 40, want 30 (3:1): %v", a, got)
-		}
-	})
-	t.Run("PriorityThenFIFO", func(t *testing.T) {
-		cfg := lineScope(nil, 0)
-		l := newLine()
-		first := join(l, cfg, 0, "", now)
-		join(l, cfg, 0, "", now)
-		high := join(l, cfg, 5, "", now)
-		if l.admit(high, cfg, now) || !l.admit(first, cfg, now) {
-			t.Fatal("the high-priority call must be the head, the first low one queued behind it")
-		}
-		if !l.admit(&Call{}, cfg, now) || l.admit(&Call{Priority: 6}, cfg, now) {
-			t.Fatal("a newcomer queues behind the head unless it ranks before it")
-		}
-	})
-	t.Run("Aging", func(t *testing.T) {
-		cfg := lineScope(nil, time.Second)
-		l := newLine()
-		old := join(l, cfg, 0, "", now)
-		later := now.Add(11 * time.Second)
-		join(l, cfg, 10, "", later)
-		if l.admit(old, cfg, later) {
-			t.Fatal("a call aged 11 horizons must rank before a new priority-10 call")
-		}
-	})
-	t.Run("TenantsBeyondTheCapShareABucket", func(t *testing.T) {
-		cfg := lineScope(nil, 0)
-		l := newLine()
-		for _, tenant := range []string{"a", "b", "c", "d"} {
-			join(l, cfg, 0, tenant, now)
-		}
-		st := l.state(now)
-		if len(st.Groups) != 3 || st.Groups[2].Tenant != overflowTenant || st.Groups[2].Waiting != 2 {
-			t.Fatalf("groups %+v, want a, b and the shared bucket", st.Groups)
-		}
-	})
-	t.Run("HandoffOnePerRelease", func(t *testing.T) {
-		cfg := lineScope(nil, 0)
-		l := newLine()
-		calls := []*Call{join(l, cfg, 0, "", now), join(l, cfg, 0, "", now), join(l, cfg, 0, "", now)}
-		l.handoff(cfg, now)
-		woken := 0
-		for _, c := range calls {
-			select {
-			case <-l.waker(c):
-				woken++
-				if c != calls[0] {
-					t.Fatal("the slot went to a waiter that is not the head")
-				}
-			default:
+			d, err := b.s.Describe(ctx(t))
+			if err != nil || d.Line.Length != 5 {
+				t.Fatalf("line %+v %v, want 5 waiting", d.Line, err)
 			}
-		}
-		if woken != 1 {
-			t.Fatalf("one release woke %d waiters", woken)
-		}
-		// A waiter that does not answer a handed slot is set aside by the
-		// poller after a round, and the next is handed one.
-		l.polled(cfg, now)
-		l.polled(cfg, now)
-		if _, in := l.entries[calls[0]]; in {
-			t.Fatal("a waiter that never answered stays in line")
-		}
-		if l.admit(calls[0], cfg, now) {
-			t.Fatal("a waiter set aside takes its place back when it asks")
-		}
+			want := []string{"hi", "a1", "b1", "a2", "a3"}
+			if got := b.serve(holder, g, 5); !slices.Equal(got, want) {
+				t.Fatalf("served %v, want %v", got, want)
+			}
+		})
+	})
+	t.Run("NewcomerQueuesBehindTheHead", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			b := newLineBench(t)
+			holder := newCall(b.s)
+			g := grant(t, b.s, holder)
+			b.wait(ctx(t), "first", 0, "")
+			record(t, b.s, holder, g, policy.Success) // handed to first
+			synctest.Wait()
+			late := newCall(b.s)
+			p := pick(t, b.s, late)
+			if p.NoRunnable == nil || p.NoRunnable.Sources[0].Reason != gate.ReasonQueued {
+				t.Fatalf("a newcomer while the slot is handed to the head: %+v, want queued", p)
+			}
+			grant(t, b.s, b.calls[<-b.woken])
+			b.wg.Wait()
+		})
+	})
+	t.Run("ClientGoneLeaves", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			b := newLineBench(t)
+			holder := newCall(b.s)
+			g := grant(t, b.s, holder)
+			gone, cancel := context.WithCancel(ctx(t))
+			b.wait(gone, "gone", 0, "")
+			b.wait(ctx(t), "stays", 0, "")
+			cancel()
+			synctest.Wait()
+			if got := b.serve(holder, g, 1); !slices.Equal(got, []string{"stays"}) {
+				t.Fatalf("served %v, want the caller that stayed", got)
+			}
+		})
 	})
 }

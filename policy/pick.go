@@ -72,7 +72,7 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 	if !c.Deadline.IsZero() && !now.Before(c.Deadline) {
 		f := &Failure{Reason: FailDeadlineExceeded}
 		c.finish(Action{Failure: f})
-		s.line.leave(c)
+		s.leave(c)
 		return Pick{Failure: f}, nil, nil
 	}
 
@@ -98,15 +98,22 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 	}
 
 	shadow := cfg.Mode == config.Shadow
-	if len(cands) > 0 && !shadow && s.line.admit(c, cfg, now) {
-		return Pick{NoRunnable: s.queued(c, order, refused)}, nil, nil
-	}
 	var adm gate.Admission
 	if len(cands) > 0 {
+		var w *gate.Waiter
+		if !shadow {
+			w = s.waiter(c, cfg)
+		}
 		var err error
-		adm, err = s.backend.Admit(context.WithoutCancel(ctx), gate.AdmitRequest{Scope: s.name, PermitID: NewID("p"), Tokens: c.Tokens, Candidates: cands})
+		adm, err = s.backend.Admit(context.WithoutCancel(ctx), gate.AdmitRequest{Scope: s.name, PermitID: NewID("p"), Tokens: c.Tokens, Candidates: cands, Line: w})
 		if err != nil {
 			return Pick{}, nil, err
+		}
+		if w != nil {
+			s.placed(c, adm.Place)
+		}
+		if adm.Queued {
+			return Pick{NoRunnable: s.queued(c, order, refused)}, adm.Events, nil
 		}
 		if adm.Granted && ctx.Err() != nil {
 			i := slices.IndexFunc(cands, func(c gate.Candidate) bool { return c.Source.Name == adm.Permit.Source })
@@ -139,10 +146,12 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 		}
 	}
 
-	if !shadow {
-		s.line.after(c, cfg, granted != nil, capacityRefused(reasons))
-	} else {
-		s.line.leave(c) // in line from before a reload to shadow mode
+	if shadow || (len(cands) == 0 && !capacityRefused(reasons)) {
+		// In line from before a reload to shadow mode, or refused by every
+		// breaker without asking the backend.
+		s.leave(c)
+	}
+	if shadow {
 		if granted == nil {
 			granted, adm.Permit = s.shadowPermit(order, cfg, c.Tokens)
 		}
@@ -166,11 +175,13 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 // giveBack releases a permit of src nobody will report, without a verdict (a
 // probe's lease ends, the next entrant may probe).
 func (s *Scope) giveBack(ctx context.Context, p gate.Permit, src *gate.Source) ([]gate.Event, error) {
+	cfg, _ := s.snapshot()
 	st, err := s.backend.Settle(context.WithoutCancel(ctx), gate.SettleRequest{
 		Scope: s.name, Source: src, PermitID: p.ID, Epoch: p.Epoch, Probe: p.Probe, Verdict: gate.VerdictNone, ActualTokens: -1,
+		Line: &gate.LineHandoff{Lease: lineLease(cfg)},
 	})
 	if err == nil && st.Released {
-		s.freed()
+		s.freed(st.Handoff)
 	}
 	return st.Events, err
 }
@@ -203,7 +214,7 @@ func (s *Scope) Cancel(ctx context.Context, c *Call) (ended, settled bool, err e
 		return false, false, nil
 	case c.permit == nil:
 		c.finish(Action{Failure: &Failure{Reason: FailCancelled}})
-		s.line.leave(c)
+		s.leave(c)
 		c.mu.Unlock()
 		return true, false, nil
 	}

@@ -51,7 +51,7 @@ func (s *Scope) RecordOutcome(ctx context.Context, c *Call, a Attempt) (Recorded
 	}
 	s.absorb(st.Events)
 	if st.Released {
-		s.freed()
+		s.freed(st.Handoff)
 	}
 	s.observer.Settled(c, a, rec)
 	return rec, nil
@@ -77,6 +77,7 @@ func (s *Scope) record(ctx context.Context, c *Call, a Attempt) (Recorded, Attem
 		floor = min(a.RetryAfter, c.permitSrc.Breaker.MaxCooldown)
 	}
 	p := c.permit
+	cfg, _ := s.snapshot()
 	// As in Pick, the caller's cancellation does not cut the decision (the
 	// backend's own timeout bounds it): a shared backend may apply an outcome
 	// whose reply the caller no longer waits for, and the answer must be
@@ -84,12 +85,12 @@ func (s *Scope) record(ctx context.Context, c *Call, a Attempt) (Recorded, Attem
 	st, err := s.backend.Settle(context.WithoutCancel(ctx), gate.SettleRequest{
 		Scope: s.name, Source: &c.permitSrc, PermitID: p.ID, Epoch: p.Epoch, Probe: p.Probe,
 		Verdict: r.verdict, Floor: floor, ActualTokens: a.ActualTokens, Progress: a.Outcome == Success,
+		Line: &gate.LineHandoff{Lease: lineLease(cfg)},
 	})
 	if err != nil {
 		return Recorded{}, a, nil, err // the permit stays the call's; the report may be retried
 	}
 	now := time.Now()
-	cfg, _ := s.snapshot()
 	a.Source, a.Latency = p.Source, now.Sub(c.grantedAt)
 	a.Number, a.Probe, a.Epoch = c.attempts, p.Probe, p.Epoch
 	s.remember(p.Source, st.Breaker, now)

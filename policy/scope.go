@@ -116,7 +116,6 @@ func NewScope(cfg *config.Scope, b gate.Backend, o Options) *Scope {
 		cfg, _ := s.snapshot()
 		return time.Duration(float64(cfg.PollInterval) * (0.5 + 0.5*s.rand()))
 	})
-	s.wait.found = s.polled
 	if s.rand == nil {
 		s.rand = rand.Float64
 	}

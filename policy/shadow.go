@@ -1,8 +1,6 @@
 package policy
 
 import (
-	"time"
-
 	"github.com/polygate/polygate/config"
 	"github.com/polygate/polygate/gate"
 )
@@ -62,19 +60,11 @@ func capacityRefused(rs []gate.Rejection) bool {
 	return false
 }
 
-// freed is a released permit: the line's next waiter is handed the slot, and
-// callers held outside the line (none while anyone is in line) re-ask.
-func (s *Scope) freed() {
-	cfg, _ := s.snapshot()
-	s.line.handoff(cfg, time.Now())
-	s.wait.capacity.fire()
-}
-
-// polled is the poller's finding that some source would admit: handed to the
-// line when anyone waits in it, else every held caller re-asks.
-func (s *Scope) polled() {
-	cfg, _ := s.snapshot()
-	if !s.line.polled(cfg, time.Now()) {
-		s.wait.breakers.fire()
+// freed is a released permit: the waiter the backend handed the slot to is
+// woken if this replica holds it, and callers held outside the line re-ask.
+func (s *Scope) freed(handoff string) {
+	if handoff != "" {
+		s.line.wake(handoff)
 	}
+	s.wait.capacity.fire()
 }

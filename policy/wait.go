@@ -51,7 +51,7 @@ func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
-	t = s.inLine(c, t, d, circuit)
+	t = s.inLine(c, t, d)
 	if first {
 		s.observer.Waiting(c, d.Sleep, c.lastSources())
 	}
@@ -64,7 +64,9 @@ func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 		}
 		start := time.Now()
 		if d.Woken, err = s.wait.hold(ctx, t, nap, circuit, d.Uncertain); err != nil {
-			s.line.leave(c) // the client is gone
+			c.mu.Lock()
+			s.leave(c) // the client is gone
+			c.mu.Unlock()
 			return Decision{}, err
 		}
 		d.Slept = time.Now().Sub(start)
@@ -91,13 +93,21 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 		return d, false, false, ErrNoRefusal
 	}
 	cfg, srcs := s.snapshot()
-	snap, err := s.backend.Peek(ctx, s.peekRequest(srcs, c.Tokens))
+	circuit = nr.GateRejections == len(srcs)
+	req := s.peekRequest(srcs, c.Tokens)
+	if joins(cfg, nr, circuit) {
+		// The read takes the call's place in line (or keeps it).
+		req.Line = &gate.LineRead{Lease: lineLease(cfg), Join: s.waiter(c, cfg)}
+	}
+	snap, err := s.backend.Peek(ctx, req)
 	if err != nil {
 		return d, false, false, err
 	}
+	if req.Line != nil {
+		s.placed(c, snap.Line.Place)
+	}
 	now := time.Now()
 	hint := s.breakerWait(snap, now)
-	circuit = nr.GateRejections == len(srcs)
 	fail := func(reason FailureReason, retryAfter time.Duration) (Decision, bool, bool, error) {
 		f := &Failure{Reason: reason, RetryAfter: max(retryAfter, 0), Sources: nr.Sources}
 		c.finish(Action{Failure: f})
@@ -162,13 +172,27 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 }
 
 // pollOnce is the poller's read of the backend: whether some source would
-// admit an attempt now.
+// admit an attempt now, so that every held caller re-asks. While anyone
+// waits in line, only this replica's waiters at its front are woken (and
+// the read tells the backend this replica is alive).
 func (s *Scope) pollOnce() bool {
 	cfg, srcs := s.snapshot()
 	ctx, cancel := context.WithTimeout(context.Background(), max(cfg.PollInterval, time.Second))
 	defer cancel()
-	snap, err := s.backend.Peek(ctx, s.peekRequest(srcs, 0))
-	return err == nil && s.admissible(snap)
+	req := s.peekRequest(srcs, 0)
+	req.Line = &gate.LineRead{Lease: lineLease(cfg)}
+	snap, err := s.backend.Peek(ctx, req)
+	if err != nil {
+		return false
+	}
+	found := s.admissible(snap)
+	if snap.Line.Length > 0 {
+		if found {
+			s.line.wake(snap.Line.Wake...)
+		}
+		return false
+	}
+	return found
 }
 
 // admissible reports whether the backend's verdict admits some source of a
