@@ -90,7 +90,7 @@ type LineView struct {
 	// Place is the place of Join's waiter ("" when the line is full).
 	Place string
 	// Wake are the replica's waiters at the front of the line: those called
-	// and the first not called.
+	// (handed a slot), or the head when nobody is.
 	Wake   []string
 	Oldest time.Duration
 	Groups []LineGroup
@@ -358,11 +358,15 @@ func (l *Line) Read(r *LineRead, now int64) LineView {
 			l.remove(e)
 			continue
 		}
+		if e.called == 0 {
+			// The head, when no handed slot is outstanding.
+			if i == 0 && e.replica == r.Replica {
+				v.Wake = append(v.Wake, e.id)
+			}
+			break
+		}
 		if e.replica == r.Replica {
 			v.Wake = append(v.Wake, e.id)
-		}
-		if e.called == 0 {
-			break
 		}
 		i++
 	}

@@ -9,16 +9,41 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/internal/redistest"
 	"github.com/polygate/polygate/internal/sidecartest"
 )
 
 // Ordered admission and shadow mode over the wire, on the real binary with
-// the memory backend (issue 14). The tests compare orders and counts, never
-// durations.
+// the memory backend and with Redis, where the line is the fleet's (issue
+// 14). The tests compare orders and counts, never durations.
+
+// orderBackend is where the sidecars of an ordering test keep their line.
+type orderBackend struct {
+	name string
+	// config is the backend's part of the configuration file.
+	config func(t *testing.T) string
+}
+
+var orderBackends = []orderBackend{
+	{"Memory", func(*testing.T) string { return "" }},
+	{"Redis", func(t *testing.T) string {
+		// A roomy timeout: the handoff test starts 1 000 waiters at once,
+		// whose reads queue for the client's pool on a busy machine.
+		return fmt.Sprintf("backend:\n  kind: redis\n  redis: {addrs: [%q], timeout: 10s}", redistest.Start(t).Addr)
+	}},
+}
+
+// eachBackend runs f on every backend.
+func eachBackend(t *testing.T, f func(t *testing.T, be orderBackend)) {
+	for _, be := range orderBackends {
+		t.Run(be.name, func(t *testing.T) { f(t, be) })
+	}
+}
 
 func startScope(t *testing.T, scope string, extra ...string) (*sidecartest.Sidecar, admissionv1.AdmissionServiceClient) {
 	t.Helper()
@@ -43,6 +68,9 @@ type queue struct {
 	scope   string
 	attempt time.Duration // how long an attempt holds its permit
 
+	// via is the client of the sidecar a label's calls go to (default c).
+	via map[string]admissionv1.AdmissionServiceClient
+
 	picks atomic.Int64
 	mu    sync.Mutex
 	order []string // labels, in grant order
@@ -51,7 +79,8 @@ type queue struct {
 }
 
 func newQueue(t *testing.T, c admissionv1.AdmissionServiceClient, scope string, attempt time.Duration) *queue {
-	return &queue{t: t, ctx: testContext(t), c: c, scope: scope, attempt: attempt, waits: map[string][]time.Duration{}}
+	return &queue{t: t, ctx: testContext(t), c: c, scope: scope, attempt: attempt, waits: map[string][]time.Duration{},
+		via: map[string]admissionv1.AdmissionServiceClient{}}
 }
 
 // hold opens a call and keeps its permit until release is called.
@@ -72,6 +101,10 @@ func (q *queue) hold() (release func()) {
 // call runs one call in the background: Pick, wait in line, and on a grant
 // log label, hold the permit for the attempt and report success.
 func (q *queue) call(label string, priority int32, tenant string) {
+	c := q.c
+	if v, ok := q.via[label]; ok {
+		c = v
+	}
 	q.wg.Add(1)
 	go func() {
 		defer q.wg.Done()
@@ -79,7 +112,7 @@ func (q *queue) call(label string, priority int32, tenant string) {
 		req := &admissionv1.PickRequest{Scope: q.scope, Priority: priority, Tenant: tenant}
 		for {
 			q.picks.Add(1)
-			p, err := q.c.Pick(q.ctx, req)
+			p, err := c.Pick(q.ctx, req)
 			if err != nil {
 				q.t.Errorf("%s: Pick: %v", label, err)
 				return
@@ -93,7 +126,7 @@ func (q *queue) call(label string, priority int32, tenant string) {
 				if q.attempt > 0 {
 					time.Sleep(q.attempt) // the attempt itself
 				}
-				if _, err := q.c.RecordOutcome(q.ctx, &admissionv1.RecordOutcomeRequest{Scope: q.scope, CallId: p.GetCallId(),
+				if _, err := c.RecordOutcome(q.ctx, &admissionv1.RecordOutcomeRequest{Scope: q.scope, CallId: p.GetCallId(),
 					PermitId: g.GetPermitId(), Outcome: admissionv1.Outcome_OUTCOME_SUCCESS}); err != nil {
 					q.t.Errorf("%s: RecordOutcome: %v", label, err)
 				}
@@ -103,7 +136,7 @@ func (q *queue) call(label string, priority int32, tenant string) {
 				q.t.Errorf("%s: %v", label, p)
 				return
 			}
-			d, err := q.c.OnNoRunnable(q.ctx, &admissionv1.OnNoRunnableRequest{Scope: q.scope, CallId: p.GetCallId()})
+			d, err := c.OnNoRunnable(q.ctx, &admissionv1.OnNoRunnableRequest{Scope: q.scope, CallId: p.GetCallId()})
 			if err != nil || d.GetWait() == nil {
 				q.t.Errorf("%s: OnNoRunnable: %v %v", label, d, err)
 				return
@@ -153,7 +186,8 @@ func (q *queue) percentiles() {
 		w := slices.Clone(q.waits[label])
 		slices.Sort(w)
 		pct := func(p int) time.Duration { return w[min(len(w)-1, len(w)*p/100)] }
-		q.t.Logf("wait %-8s n=%4d p50=%v p90=%v p99=%v max=%v", label, len(w), pct(50), pct(90), pct(99), w[len(w)-1])
+		q.t.Logf("wait %-8s n=%4d p50=%v p90=%v p99=%v max=%v", label, len(w), pct(50).Round(time.Millisecond),
+			pct(90).Round(time.Millisecond), pct(99).Round(time.Millisecond), w[len(w)-1].Round(time.Millisecond))
 	}
 }
 
@@ -170,13 +204,22 @@ func nth(order []string, label string, n int) int {
 	return -1
 }
 
-func fairShare(t *testing.T, weights string) []string {
-	_, client := startScope(t, fmt.Sprintf(`  chat:
-    backpressure: {poll_interval: 500ms}
+// fairShare: tenant a opens 200 calls and b 20, at once, on a scope of two
+// slots and attempts of 50ms. With sidecars 2 (on Redis), a's calls go to
+// one sidecar and b's to the other.
+func fairShare(t *testing.T, be orderBackend, sidecars int, weights string) []string {
+	scope := fmt.Sprintf(`  chat:
+    backpressure: {poll_interval: 100ms}
     tenants: %s
     sources: [{name: only, max_concurrency: 2}]
-`, weights))
+`, weights)
+	backend := be.config(t)
+	_, client := startScope(t, scope, backend)
 	q := newQueue(t, client, "chat", 50*time.Millisecond)
+	if sidecars == 2 {
+		_, other := startScope(t, scope, backend)
+		q.via["b"] = other
+	}
 	r1, r2 := q.hold(), q.hold()
 	for i := range 200 {
 		q.call("a", 0, "a")
@@ -193,8 +236,18 @@ func fairShare(t *testing.T, weights string) []string {
 }
 
 func TestFairShareAcrossTenants(t *testing.T) {
+	eachBackend(t, func(t *testing.T, be orderBackend) { testFairShare(t, be, 1) })
+}
+
+// TestFairShareAcrossSidecars: on Redis the line is the fleet's: tenant a's
+// calls on one sidecar and b's on another share the slots by weight.
+func TestFairShareAcrossSidecars(t *testing.T) {
+	testFairShare(t, orderBackends[1], 2)
+}
+
+func testFairShare(t *testing.T, be orderBackend, sidecars int) {
 	t.Run("EqualWeights", func(t *testing.T) {
-		order := fairShare(t, "{a: 1, b: 1}")
+		order := fairShare(t, be, sidecars, "{a: 1, b: 1}")
 		// Alternating: B's 20th grant comes before A's 60th, in fact
 		// around the 40th grant of all.
 		if b20, a60 := nth(order, "b", 20), nth(order, "a", 60); b20 < 0 || b20 > a60 {
@@ -205,7 +258,7 @@ func TestFairShareAcrossTenants(t *testing.T) {
 		}
 	})
 	t.Run("ThreeToOne", func(t *testing.T) {
-		order := fairShare(t, "{a: 3, b: 1}")
+		order := fairShare(t, be, sidecars, "{a: 3, b: 1}")
 		if a := countOf(order[:80], "a"); a < 58 || a > 62 {
 			t.Fatalf("first 80 grants: %d of a, want 60 ± 2 (3:1): %v", a, order[:80])
 		}
@@ -222,11 +275,13 @@ func countOf(order []string, label string) int {
 	return n
 }
 
-func TestPriorityGoesFirst(t *testing.T) {
+func TestPriorityGoesFirst(t *testing.T) { eachBackend(t, testPriorityGoesFirst) }
+
+func testPriorityGoesFirst(t *testing.T, be orderBackend) {
 	_, client := startScope(t, `  chat:
     backpressure: {poll_interval: 500ms}
     sources: [{name: only, max_concurrency: 1}]
-`)
+`, be.config(t))
 	q := newQueue(t, client, "chat", 0)
 	release := q.hold()
 	for range 100 {
@@ -243,13 +298,15 @@ func TestPriorityGoesFirst(t *testing.T) {
 	}
 }
 
-func TestAgingServesTheOldFirst(t *testing.T) {
+func TestAgingServesTheOldFirst(t *testing.T) { eachBackend(t, testAgingServesTheOldFirst) }
+
+func testAgingServesTheOldFirst(t *testing.T, be orderBackend) {
 	const aging = 100 * time.Millisecond
 	_, client := startScope(t, fmt.Sprintf(`  chat:
     backpressure: {poll_interval: 500ms}
     priority_aging: %v
     sources: [{name: only, max_concurrency: 1}]
-`, aging))
+`, aging), be.config(t))
 	q := newQueue(t, client, "chat", 0)
 	release := q.hold()
 	q.call("old-p0", 0, "")
@@ -273,11 +330,13 @@ func TestAgingServesTheOldFirst(t *testing.T) {
 
 // TestHandoffWakesOnlyTheHead: 1 000 calls held on a full source; each
 // release makes exactly one Pick reach the sidecar, the head's.
-func TestHandoffWakesOnlyTheHead(t *testing.T) {
+func TestHandoffWakesOnlyTheHead(t *testing.T) { eachBackend(t, testHandoffWakesOnlyTheHead) }
+
+func testHandoffWakesOnlyTheHead(t *testing.T, be orderBackend) {
 	_, client := startScope(t, `  chat:
     backpressure: {poll_interval: 500ms}
     sources: [{name: only, max_concurrency: 1}]
-`, "limits: {max_streams_per_connection: 2000}") // 1000 held on one connection
+`, "limits: {max_streams_per_connection: 2000}", be.config(t)) // 1000 held on one connection
 	q := newQueue(t, client, "chat", 0)
 	// The calls keep their permits until the test lets them go, one by one.
 	release := q.hold()
@@ -340,6 +399,41 @@ func TestHandoffWakesOnlyTheHead(t *testing.T) {
 	t.Logf("20 releases with 1000 waiters: %d Picks", q.picks.Load()-before)
 	close(next) // the rest go through without waiting for the test
 	q.wg.Wait()
+}
+
+// TestKilledReplicaLeavesTheLine: on Redis, a waiter at the head of the
+// fleet's line whose sidecar is killed leaves the line within its lease,
+// and the slot goes to the next waiter, held by another sidecar.
+func TestKilledReplicaLeavesTheLine(t *testing.T) {
+	scope := `  chat:
+    backpressure: {poll_interval: 100ms}
+    sources: [{name: only, max_concurrency: 1}]
+`
+	backend := orderBackends[1].config(t)
+	_, client := startScope(t, scope, backend)
+	doomed, doomedClient := startScope(t, scope, backend)
+	q := newQueue(t, client, "chat", 0)
+	release := q.hold()
+	go func() {
+		// Ranked first, held by the sidecar about to be killed; its RPCs
+		// end with the process.
+		p, err := doomedClient.Pick(q.ctx, &admissionv1.PickRequest{Scope: "chat", Priority: 10})
+		if err != nil || p.GetNoRunnable() == nil {
+			return
+		}
+		_, _ = doomedClient.OnNoRunnable(q.ctx, &admissionv1.OnNoRunnableRequest{Scope: "chat", CallId: p.GetCallId()})
+	}()
+	q.until("the doomed waiter in line", func() bool { return q.line().GetLength() == 1 })
+	q.call("survivor", 0, "")
+	q.until("2 calls in line", func() bool { return q.line().GetLength() == 2 })
+	doomed.Signal(t, syscall.SIGKILL)
+	release()
+	q.wg.Wait()
+	if order := q.granted(); !slices.Equal(order, []string{"survivor"}) {
+		t.Fatalf("grants %v, want the survivor's", order)
+	}
+	q.until("an empty line", func() bool { return q.line().GetLength() == 0 })
+	q.percentiles()
 }
 
 // TestShadowModeGrantsAndReports: a scope in shadow mode grants every Pick,

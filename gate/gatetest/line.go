@@ -187,6 +187,10 @@ func runLine(t *testing.T, factory Factory) {
 		if a := e.pick(src, w3); !a.Queued {
 			t.Fatalf("w3 behind two called waiters: %+v", a)
 		}
+		// The poller's read wakes the called waiters, not the next one.
+		if v := e.readLine(src, &gate.LineRead{Replica: "r1", Lease: lineLease}); !slices.Equal(v.Wake, []string{"w1", "w2"}) {
+			t.Fatalf("front %v, want the two called waiters", v.Wake)
+		}
 		if a := e.pick(src, w2); !a.Granted {
 			t.Fatalf("w2, called: %+v", a)
 		}

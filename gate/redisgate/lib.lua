@@ -954,12 +954,15 @@ local function l_read(k, r, w, now)
       break
     elseif l_gone(k, e, now) then
       l_remove(k, e)
+    elseif e.called == 0 then
+      -- The head, when no handed slot is outstanding.
+      if i == 0 and e.replica == r.replica then
+        v.wake[#v.wake + 1] = e.id
+      end
+      break
     else
       if e.replica == r.replica then
         v.wake[#v.wake + 1] = e.id
-      end
-      if e.called == 0 then
-        break
       end
       i = i + 1
     end
