@@ -24,8 +24,12 @@ local function admit(keys, argv)
   end
   local now = now_ms(h.now)
   local lk, w = line_of(keys, h.n, argv, ADMIT, CAND, h.n, WAITER)
-  if w and not l_check(lk, w, now) then
-    return admit_queued(keys, lk, w, now)
+  local passed, nobody
+  if w then
+    passed, nobody = l_check(lk, w, now)
+    if not passed then
+      return admit_queued(keys, lk, w, now)
+    end
   end
   local granted, probe, epoch = 0, 0, 0
   local rejections, events = {}, {}
@@ -56,7 +60,7 @@ local function admit(keys, argv)
     end
   end
   local line = { queued = 0, place = '' }
-  if w then
+  if w and not nobody then
     line.place = l_after(lk, w, granted ~= 0, l_capacity(rejections))
   end
   return pack(ADMIT_R, {

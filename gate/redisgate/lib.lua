@@ -863,9 +863,11 @@ local function l_enter(k, w, now)
 end
 
 -- twin: gate.(*Line).Check
+-- The second result says the line was empty and w had no place: w is not
+-- in line after the walk either (admit skips l_after).
 local function l_check(k, w, now)
   if w.place == '' and redis.call('EXISTS', k.line) == 0 then
-    return true
+    return true, true
   end
   l_live(k, w.replica, w.lease, now)
   local e = l_entry(k, w.waiter)
@@ -922,6 +924,9 @@ end
 
 -- twin: gate.(*Line).Handoff
 local function l_handoff(k, h, now)
+  if redis.call('EXISTS', k.line) == 0 then
+    return ''
+  end
   l_live(k, h.replica, h.lease, now)
   local i = 0
   while true do
