@@ -237,7 +237,7 @@ func (l *Line) enter(w *Waiter, now int64) string {
 		return e.record()
 	}
 	if len(l.entries) >= LineCap {
-		l.prune(now)
+		l.head(now) // those that vanished at the front; no scan of the whole line
 		if len(l.entries) >= LineCap {
 			return ""
 		}

@@ -94,6 +94,13 @@ func (s *Scope) leave(c *Call) {
 	_ = s.backend.Leave(ctx, gate.LeaveRequest{Scope: s.name, Waiter: c.ID})
 }
 
+// Forget takes a call the sidecar forgets (idle expiry) out of the line.
+func (s *Scope) Forget(c *Call) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s.leave(c)
+}
+
 // wake hands a slot to the waiters named, those of this replica that are
 // held and not woken yet.
 func (l *line) wake(ids ...string) {

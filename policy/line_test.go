@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/polygate/polygate/gate"
 	"github.com/polygate/polygate/policy"
@@ -124,6 +125,27 @@ func TestLineOrdersAndHandsOff(t *testing.T) {
 			b.wait(ctx(t), "stays", 0, "")
 			cancel()
 			synctest.Wait()
+			if got := b.serve(holder, g, 1); !slices.Equal(got, []string{"stays"}) {
+				t.Fatalf("served %v, want the caller that stayed", got)
+			}
+		})
+	})
+	t.Run("ForgottenCallLeaves", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			b := newLineBench(t)
+			holder := newCall(b.s)
+			g := grant(t, b.s, holder)
+			// A caller whose RPC deadline ends its hold stays in line; its
+			// client then vanishes, and the sidecar forgets the call.
+			idle := newCall(b.s)
+			pick(t, b.s, idle)
+			short, cancel := context.WithTimeout(ctx(t), time.Second)
+			defer cancel()
+			if d, err := b.s.OnNoRunnable(short, idle); err != nil || d.Woken {
+				t.Fatalf("the short hold: %+v %v", d, err)
+			}
+			b.wait(ctx(t), "stays", 0, "")
+			b.s.Forget(idle)
 			if got := b.serve(holder, g, 1); !slices.Equal(got, []string{"stays"}) {
 				t.Fatalf("served %v, want the caller that stayed", got)
 			}

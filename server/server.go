@@ -216,6 +216,9 @@ func (s *Server) Sweep() {
 	for _, c := range dropped {
 		st := c.Stats(time.Now())
 		if st.Holding == nil {
+			if sc, _, err := s.scopeOrRemoved(c.Scope); err == nil {
+				sc.Forget(c) // out of the line, if it waited there
+			}
 			s.log.Info("call expired idle", "scope", c.Scope, "call", c.ID, "attempts", st.Attempts)
 			continue
 		}

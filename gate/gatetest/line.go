@@ -1,6 +1,7 @@
 package gatetest
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -275,6 +276,23 @@ func runLine(t *testing.T, factory Factory) {
 		}
 		if got := e.serve(roomy, ws[:2]); !slices.Equal(got, []string{"a1", "b1"}) {
 			t.Fatalf("after b2 left: %v", got)
+		}
+	})
+	t.Run("Cap", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("fills a line of gate.LineCap waiters")
+		}
+		e := newEnv(t, factory)
+		for i := range gate.LineCap {
+			e.join(roomy, waiter(fmt.Sprint("w", i), 0, "x"))
+		}
+		full := waiter("late", 5, "x")
+		if v := e.readLine(roomy, &gate.LineRead{Replica: "r1", Lease: lineLease, Join: full}); v.Place != "" || v.Length != gate.LineCap {
+			t.Fatalf("joining a full line: %+v, want no place", v)
+		}
+		// Without a place it is a newcomer: ranked first, it goes to the walk.
+		if a := e.pick(roomy, full); !a.Granted {
+			t.Fatalf("a newcomer ranked first, the line full: %+v", a)
 		}
 	})
 }

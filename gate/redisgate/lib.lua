@@ -838,7 +838,7 @@ local function l_enter(k, w, now)
     return r
   end
   if redis.call('ZCARD', k.line) >= LINE_CAP then
-    l_prune(k, now)
+    l_head(k, now) -- those that vanished at the front; no scan of the whole line
     if redis.call('ZCARD', k.line) >= LINE_CAP then
       return ''
     end
