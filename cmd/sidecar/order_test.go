@@ -298,6 +298,33 @@ func testPriorityGoesFirst(t *testing.T, be orderBackend) {
 	}
 }
 
+// TestPriorityAcrossSidecars: on Redis a priority-10 call held by one
+// sidecar is served before 20 priority-0 calls held by another.
+func TestPriorityAcrossSidecars(t *testing.T) {
+	scope := `  chat:
+    backpressure: {poll_interval: 100ms}
+    sources: [{name: only, max_concurrency: 1}]
+`
+	backend := orderBackends[1].config(t)
+	_, client := startScope(t, scope, backend)
+	_, other := startScope(t, scope, backend)
+	q := newQueue(t, client, "chat", 0)
+	q.via["p10"] = other
+	release := q.hold()
+	for range 20 {
+		q.call("p0", 0, "")
+	}
+	q.until("20 calls in line", func() bool { return q.line().GetLength() == 20 })
+	q.call("p10", 10, "")
+	q.until("21 calls in line", func() bool { return q.line().GetLength() == 21 })
+	release()
+	q.wg.Wait()
+	q.percentiles()
+	if order := q.granted(); order[0] != "p10" {
+		t.Fatalf("first grant after the release: %s, want p10 (held by the other sidecar)", order[0])
+	}
+}
+
 func TestAgingServesTheOldFirst(t *testing.T) { eachBackend(t, testAgingServesTheOldFirst) }
 
 func testAgingServesTheOldFirst(t *testing.T, be orderBackend) {
