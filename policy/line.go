@@ -157,7 +157,7 @@ func (s *Scope) inLine(c *Call, t ticket, d Decision) ticket {
 // it waits: it waits for capacity, would wait rather than fail, and the
 // scope enforces.
 func joins(cfg *config.Scope, nr *NoRunnable, circuit bool) bool {
-	return !circuit && cfg.QuotaFull != config.FailFast && cfg.Mode != config.Shadow && capacityRefused(nr.Sources)
+	return !circuit && cfg.QuotaFull != config.FailFast && cfg.Mode != config.Shadow && gate.CapacityRefused(nr.Sources)
 }
 
 // queuedRefusal reports whether a refusal was the line's (no backend asked).

@@ -146,7 +146,7 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 		}
 	}
 
-	if shadow || (len(cands) == 0 && !capacityRefused(reasons)) {
+	if shadow || (len(cands) == 0 && !gate.CapacityRefused(reasons)) {
 		// In line from before a reload to shadow mode, or refused by every
 		// breaker without asking the backend.
 		s.leave(c)

@@ -48,18 +48,6 @@ func (s *Scope) queued(c *Call, order []*source, refused map[string]gate.Rejecti
 	return nr
 }
 
-// capacityRefused reports whether a refusal waits for capacity (a quota or
-// the pacer) rather than only for breakers.
-func capacityRefused(rs []gate.Rejection) bool {
-	for _, r := range rs {
-		switch r.Reason {
-		case gate.ReasonRateLimited, gate.ReasonAdaptivePaced, gate.ReasonQueued:
-			return true
-		}
-	}
-	return false
-}
-
 // freed is a released permit: the waiter the backend handed the slot to is
 // woken if this replica holds it, and callers held outside the line re-ask.
 func (s *Scope) freed(handoff string) {
