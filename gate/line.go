@@ -89,9 +89,11 @@ type LineView struct {
 	Length int
 	// Place is the place of Join's waiter ("" when the line is full).
 	Place string
-	// Wake are the replica's waiters at the front of the line: those called
-	// (handed a slot), or the head when nobody is.
+	// Wake are the replica's waiters handed a slot they have not asked for
+	// yet; Head is the replica's waiter at the head of the line when no
+	// handed slot is outstanding ("" otherwise).
 	Wake   []string
+	Head   string
 	Oldest time.Duration
 	Groups []LineGroup
 }
@@ -359,9 +361,8 @@ func (l *Line) Read(r *LineRead, now int64) LineView {
 			continue
 		}
 		if e.called == 0 {
-			// The head, when no handed slot is outstanding.
 			if i == 0 && e.replica == r.Replica {
-				v.Wake = append(v.Wake, e.id)
+				v.Head = e.id
 			}
 			break
 		}

@@ -173,8 +173,9 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 
 // pollOnce is the poller's read of the backend: whether some source would
 // admit an attempt now, so that every held caller re-asks. While anyone
-// waits in line, only this replica's waiters at its front are woken (and
-// the read tells the backend this replica is alive).
+// waits in line, only this replica's waiters at its front are woken: those
+// handed a slot, and the head when a source admits (the read also tells
+// the backend this replica is alive).
 func (s *Scope) pollOnce() bool {
 	cfg, srcs := s.snapshot()
 	ctx, cancel := context.WithTimeout(context.Background(), max(cfg.PollInterval, time.Second))
@@ -187,8 +188,11 @@ func (s *Scope) pollOnce() bool {
 	}
 	found := s.admissible(snap)
 	if snap.Line.Length > 0 {
-		if found {
-			s.line.wake(snap.Line.Wake...)
+		// A slot handed to a waiter here by another replica is its to ask
+		// for, whatever this read says; the head only when a source admits.
+		s.line.wake(snap.Line.Wake...)
+		if found && snap.Line.Head != "" {
+			s.line.wake(snap.Line.Head)
 		}
 		return false
 	}

@@ -189,8 +189,8 @@ func runLine(t *testing.T, factory Factory) {
 			t.Fatalf("w3 behind two called waiters: %+v", a)
 		}
 		// The poller's read wakes the called waiters, not the next one.
-		if v := e.readLine(src, &gate.LineRead{Replica: "r1", Lease: lineLease}); !slices.Equal(v.Wake, []string{"w1", "w2"}) {
-			t.Fatalf("front %v, want the two called waiters", v.Wake)
+		if v := e.readLine(src, &gate.LineRead{Replica: "r1", Lease: lineLease}); !slices.Equal(v.Wake, []string{"w1", "w2"}) || v.Head != "" {
+			t.Fatalf("front %+v, want the two called waiters and no head", v)
 		}
 		if a := e.pick(src, w2); !a.Granted {
 			t.Fatalf("w2, called: %+v", a)
@@ -209,14 +209,14 @@ func runLine(t *testing.T, factory Factory) {
 		for _, w := range []*gate.Waiter{w1, w2, w3} {
 			e.join(roomy, w)
 		}
-		read := func(replica string) []string {
-			return e.readLine(roomy, &gate.LineRead{Replica: replica, Lease: lineLease}).Wake
+		read := func(replica string) gate.LineView {
+			return e.readLine(roomy, &gate.LineRead{Replica: replica, Lease: lineLease})
 		}
-		if got := read("r2"); !slices.Equal(got, []string{"w1"}) {
-			t.Fatalf("r2's front: %v, want [w1]", got)
+		if got := read("r2"); got.Head != "w1" || len(got.Wake) != 0 {
+			t.Fatalf("r2's front: %+v, want its head w1", got)
 		}
-		if got := read("r1"); len(got) != 0 {
-			t.Fatalf("r1's front: %v, want none (r2's waiter is the head)", got)
+		if got := read("r1"); got.Head != "" || len(got.Wake) != 0 {
+			t.Fatalf("r1's front: %+v, want none (r2's waiter is the head)", got)
 		}
 	})
 	t.Run("Vanish", func(t *testing.T) {
@@ -249,7 +249,7 @@ func runLine(t *testing.T, factory Factory) {
 			t.Fatalf("handed to %q, want slow", h)
 		}
 		e.clock.Advance(2 * lineLease)
-		if v := e.readLine(src, &gate.LineRead{Replica: "r1", Lease: lineLease}); v.Length != 1 || !slices.Equal(v.Wake, []string{"next"}) {
+		if v := e.readLine(src, &gate.LineRead{Replica: "r1", Lease: lineLease}); v.Length != 1 || v.Head != "next" || len(v.Wake) != 0 {
 			t.Fatalf("after the called waiter did not ask: %+v, want only next", v)
 		}
 		// It takes its place back when it asks at last.

@@ -947,7 +947,7 @@ end
 -- twin: gate.(*Line).Read
 -- As the reply record LINE_R.
 local function l_read(k, r, w, now)
-  local v = { length = 0, place = '', wake = {}, oldest = 0, groups = {} }
+  local v = { length = 0, place = '', wake = {}, head = '', oldest = 0, groups = {} }
   l_live(k, r.replica, r.lease, now)
   if w then
     v.place = l_enter(k, w, now)
@@ -960,9 +960,8 @@ local function l_read(k, r, w, now)
     elseif l_gone(k, e, now) then
       l_remove(k, e)
     elseif e.called == 0 then
-      -- The head, when no handed slot is outstanding.
       if i == 0 and e.replica == r.replica then
-        v.wake[#v.wake + 1] = e.id
+        v.head = e.id
       end
       break
     else

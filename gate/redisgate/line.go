@@ -131,6 +131,7 @@ var lineReply = reply[gate.LineView]{"LINE_R", []ret[gate.LineView]{
 			r.Wake = append(r.Wake, p.str(id))
 		}
 	}},
+	{"head", getStr(func(r *gate.LineView, v string) { r.Head = v })},
 	{"oldest", getInt(func(r *gate.LineView, v int64) { r.Oldest = ms(v) })},
 	{"groups", func(p *parser, v any, r *gate.LineView) {
 		r.Groups = lineGroup.list(p, v)

@@ -25,7 +25,7 @@ local function peek(keys, argv)
     out[i] = pack(PEEK_SRC_R, v)
   end
   local s = read(SCOPE_KEYS, keys, 0)
-  local line = pack(LINE_R, { length = 0, place = '', wake = {}, oldest = 0, groups = {} })
+  local line = pack(LINE_R, { length = 0, place = '', wake = {}, head = '', oldest = 0, groups = {} })
   local lk, r = line_of(keys, h.n, argv, PEEK, PEEK_SRC, h.n, LINE_READ)
   if r then
     local w = read(WAITER, argv, PEEK.WIDTH + PEEK_SRC.WIDTH * h.n + LINE_READ.WIDTH)
