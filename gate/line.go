@@ -178,7 +178,7 @@ func (l *Line) insert(e *lineEntry) {
 	l.byID[e.id] = e
 }
 
-// twin: l_remove
+// Lua twin: l_remove
 func (l *Line) remove(e *lineEntry) {
 	if i, ok := slices.BinarySearchFunc(l.entries, e.member, func(x *lineEntry, m string) int { return strings.Compare(x.member, m) }); ok {
 		l.entries = slices.Delete(l.entries, i, i+1)
@@ -191,7 +191,7 @@ func (l *Line) remove(e *lineEntry) {
 	}
 }
 
-// twin: l_live
+// Lua twin: l_live
 func (l *Line) live(replica string, lease time.Duration, now int64) {
 	if len(l.entries) > 0 {
 		l.alive[replica] = now + lease.Milliseconds()
@@ -201,7 +201,7 @@ func (l *Line) live(replica string, lease time.Duration, now int64) {
 // dead reports whether e's replica has not been heard of within its lease.
 func (l *Line) dead(e *lineEntry, now int64) bool { return l.alive[e.replica] < now }
 
-// twin: l_head
+// Lua twin: l_head
 // head is the first live waiter (nil when none), setting aside on the way
 // those that vanished.
 func (l *Line) head(now int64) *lineEntry {
@@ -216,7 +216,7 @@ func (l *Line) head(now int64) *lineEntry {
 	return nil
 }
 
-// twin: l_key
+// Lua twin: l_key
 // key is where a waiter of w would join now: its tenant's bucket, share tag
 // and key.
 func (l *Line) key(w *Waiter, now int64) (tenant string, share int64, key string) {
@@ -232,7 +232,7 @@ func (l *Line) key(w *Waiter, now int64) (tenant string, share int64, key string
 	return tenant, share, fmt.Sprintf("%016d%016d%016d", ClassOffset-class, share, l.seq+1)
 }
 
-// twin: l_enter
+// Lua twin: l_enter
 // enter gives w its place back, or a new one; "" when the line is full.
 func (l *Line) enter(w *Waiter, now int64) string {
 	if e := l.byID[w.ID]; e != nil {
@@ -267,7 +267,7 @@ func (l *Line) prune(now int64) {
 	}
 }
 
-// twin: l_check
+// Lua twin: l_check
 // Check decides whether a Pick of w goes to the walk (true) or is queued.
 // A waiter set aside takes its place back.
 func (l *Line) Check(w *Waiter, now int64) bool {
@@ -292,7 +292,7 @@ func (l *Line) Check(w *Waiter, now int64) bool {
 	return key < head.member[:KeyLen]
 }
 
-// twin: l_after
+// Lua twin: l_after
 // After records the walk's result for w and returns its place: a grant
 // leaves the line (its tag becomes V); a refusal for capacity keeps the place
 // (a slot it was handed is spent); a refusal by every breaker leaves.
@@ -323,7 +323,7 @@ func (l *Line) Place(id string) string {
 	return ""
 }
 
-// twin: l_handoff
+// Lua twin: l_handoff
 // Handoff hands a released slot to the first waiter not called yet, and
 // returns its id ("" when nobody waits uncalled).
 func (l *Line) Handoff(h *LineHandoff, now int64) string {
@@ -344,7 +344,7 @@ func (l *Line) Handoff(h *LineHandoff, now int64) string {
 	return ""
 }
 
-// twin: l_read
+// Lua twin: l_read
 // Read is Peek's part: join, the replica's waiters at the front, and the
 // counts.
 func (l *Line) Read(r *LineRead, now int64) LineView {
