@@ -303,7 +303,7 @@ func TestWatchPrintsOverrides(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b := section(t, desc, "BREAKERS")["backup"]; b["OVERRIDE"] != "forced_open" || b["NEXT ATTEMPT"] != "refused: forced_open" {
+	if b := section(t, desc, "BREAKERS")["backup"]; b["STATE"] != "CLOSED(forced_open)" || b["OVERRIDE"] != "forced_open" || b["NEXT ATTEMPT"] != "refused: forced_open" {
 		t.Errorf("backup after the override: %v", b)
 	}
 	if !strings.Contains(desc, `override of backup: forced_open by "alice": "INC-42 backup returns garbage"`) {

@@ -150,7 +150,7 @@ func printBreakers(w io.Writer, sources []*admissionv1.SourceState) error {
 		if st.GetReason() != admissionv1.Reason_REASON_UNSPECIFIED {
 			next = "refused: " + enumName(st.GetReason().String(), "REASON_")
 		}
-		row(tw, st.GetName(), breakerState(st.GetState()), openCause(st.GetOpenCause()), next, dur(st.GetRetryAfter()),
+		row(tw, st.GetName(), breakerState(st.GetState())+overrideSuffix(st.GetOverride()), openCause(st.GetOpenCause()), next, dur(st.GetRetryAfter()),
 			strconv.FormatUint(st.GetEpoch(), 10), strconv.Itoa(int(st.GetReopens())), probe,
 			strconv.FormatInt(st.GetWindowCalls(), 10), strconv.FormatInt(st.GetWindowFailures(), 10),
 			fmt.Sprintf("%d/%d", st.GetConsecutiveFailures(), st.GetConfig().GetBreaker().GetFailThreshold()),
