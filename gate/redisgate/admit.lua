@@ -36,11 +36,11 @@ local function admit(keys, argv)
   for i = 1, h.n do
     local c = read(CAND, argv, block(ADMIT, CAND, i))
     local q = src_keys(keys, SCOPE_KEYS, i)
-    local reason, wait = q_check(q, c, c.ceiling, h.tokens, now)
+    local b = b_load(q.state, false, h.permit)
+    local reason, wait = q_check(q, b, c, c.ceiling, h.tokens, now)
     if reason ~= R_NONE then
       rejections[#rejections + 1] = pack(REJ, { src = i, reason = reason, retry = wait })
     else
-      local b = b_load(q.brk)
       local entry, evs = b_enter(b, c, h.permit, now)
       for _, e in ipairs(evs) do
         events[#events + 1] = ev_reply(i, e)
@@ -49,8 +49,8 @@ local function admit(keys, argv)
       if not entry.allowed then
         rejections[#rejections + 1] = pack(REJ, { src = i, reason = entry.reason, retry = entry.wait })
       else
+        q_take(q, b, c, h.permit, h.tokens, now)
         b_save(b, h.idle_ttl)
-        q_take(q, c, h.permit, h.tokens, now)
         granted, epoch = i, entry.epoch
         if entry.probe then
           probe = 1

@@ -34,7 +34,7 @@ func TestErrorKinds(t *testing.T) {
 	src := gatetest.Src("s")
 	req := gate.AdmitRequest{Scope: "k", PermitID: "p", Candidates: []gate.Candidate{{Source: src, Ceiling: 1}}}
 
-	if err := c.Set(ctx, "kinds:{k}:src:s:brk", "not a hash", 0).Err(); err != nil {
+	if err := c.Set(ctx, b.SourceKey("k", "s", ""), "not a hash", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	_, err := b.Admit(ctx, req)

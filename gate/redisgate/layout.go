@@ -1,7 +1,9 @@
 package redisgate
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -147,24 +149,172 @@ func (l luaLayout) write(b *strings.Builder) {
 
 // ---------------------------------------------------------------- keys
 
-// keyBlock is a block of keys; every key is a string.
+// keyBlock is a block of keys; every key is a string, named in Lua by
+// names[i] (by default its suffix) and ending in suffixes[i].
 type keyBlock struct {
 	id       string
 	suffixes []string
+	names    []string
 }
 
 func (k keyBlock) lua() luaLayout {
-	return luaLayout{id: k.id, names: k.suffixes, strs: k.suffixes}
+	names := k.names
+	if names == nil {
+		names = k.suffixes
+	}
+	return luaLayout{id: k.id, names: names, strs: names}
 }
 
+// keySchema is the version of the source keys' layout, part of every source
+// key's name: a layout that changes what a key holds takes a new version, so
+// that sidecars of the old and the new layout sharing one Redis never read
+// each other's records (see docs/redis.md, rolling upgrades). 1 was the
+// breaker hash with a field per scalar and per window bucket ("brk") and the
+// leases in a ZSET of their own ("leases").
+const keySchema = "v2"
+
 // sourceKeys are a source's keys, each the source's base name plus the
-// suffix: the breaker hash, the quota's leases, log and data.
-var sourceKeys = keyBlock{"SRC_KEYS", []string{"brk", "leases", "log", "data"}}
+// suffix: its state hash (the breaker and the leases, stateRecord), and the
+// minute's log and its data (read only where a limit per minute is set).
+var sourceKeys = keyBlock{"SRC_KEYS",
+	[]string{keySchema, keySchema + ":log", keySchema + ":data"},
+	[]string{"state", "log", "data"}}
 
 // scopeKeys are the keys of the scope itself that a script reads first. The
 // marker (no TTL) is missing or changed only if Redis lost the scope (see
 // reassert.go).
-var scopeKeys = keyBlock{"SCOPE_KEYS", []string{"progress", "marker"}}
+var scopeKeys = keyBlock{"SCOPE_KEYS", []string{"progress", "marker"}, nil}
+
+// ---------------------------------------------------------------- stored records
+
+// A record is the value of one field of a source's state hash, written and
+// read only by Lua: its fields in layout order, each number a little-endian
+// double (exact below 2^53, as every Lua number) and each string a 4-byte
+// length and its bytes. Lua reads a record with one struct.unpack and
+// writes it with one struct.pack (L.read(s), L.pack(t) in the prelude), so
+// no number is formatted or parsed as text. A record with n > 0 repeats its
+// fields n times, as n rows numbered from 0; Lua sees one array per field.
+type record struct {
+	id     string
+	field  string // the hash field that holds it
+	n      int    // rows; 0: one record of named fields
+	fields []recField
+}
+
+type recField struct {
+	name string
+	str  bool
+}
+
+func num2(name string) recField { return recField{name: name} }
+func str2(name string) recField { return recField{name: name, str: true} }
+
+// stateRecord is a source's breaker (gate.Breaker but its window) and the
+// counts of its leases (gate.Quota.Leases): held is the number of leases
+// in the hash (one field leaseField+permit each, its end as a double), and
+// lease_min is at most the earliest end among them, so that a script walks
+// the leases only once one may have ended. A missing record is the zero
+// Breaker (CLOSED at epoch 0) with no lease.
+var stateRecord = record{id: "BREC", field: "b", fields: []recField{
+	num2("state"), num2("epoch"), num2("reopens"), num2("opened_at"), num2("open_until"), num2("probe_until"),
+	num2("consecutive"), num2("width"), num2("override"), num2("override_at"), num2("open_cause"),
+	num2("held"), num2("lease_min"),
+	str2("probe"), str2("actor"), str2("why"),
+}}
+
+// windowRecord is the breaker's failure-rate window (gate.Breaker.Buckets).
+var windowRecord = record{id: "WIN", field: "w", n: gate.WindowBuckets, fields: []recField{
+	num2("index"), num2("calls"), num2("fails"),
+}}
+
+// leaseField starts the hash field of each lease: leaseField + permit.
+const leaseField = "l"
+
+func (r record) format() string {
+	f := "<"
+	for range max(r.n, 1) {
+		for _, fl := range r.fields {
+			if fl.str {
+				f += "I4c0"
+			} else {
+				f += "d"
+			}
+		}
+	}
+	return f
+}
+
+// write defines the record's Lua table: ID, FIELD, FMT, read(s) (nil: the
+// zero record) and pack(t).
+func (r record) write(b *strings.Builder) {
+	fmt.Fprintf(b, "local %s = {ID = %q, FIELD = %q, FMT = %q}\n", r.id, r.id, r.field, r.format())
+	var vars, zero, named, packed []string
+	i := 0
+	for row := range max(r.n, 1) {
+		for _, f := range r.fields {
+			i++
+			v := fmt.Sprintf("v%d", i)
+			vars = append(vars, v)
+			if r.n == 0 {
+				z := "0"
+				if f.str {
+					z = "''"
+					packed = append(packed, "#t."+f.name)
+				}
+				zero = append(zero, f.name+" = "+z)
+				named = append(named, f.name+" = "+v)
+				packed = append(packed, "t."+f.name)
+			} else {
+				packed = append(packed, fmt.Sprintf("t.%s[%d]", f.name, row))
+			}
+		}
+	}
+	if r.n > 0 {
+		zero, named = nil, nil
+		for j, f := range r.fields {
+			var zs, vs []string
+			for row := range r.n {
+				zs = append(zs, "0")
+				vs = append(vs, vars[row*len(r.fields)+j])
+			}
+			zero = append(zero, f.name+" = {[0] = "+strings.Join(zs, ", ")+"}")
+			named = append(named, f.name+" = {[0] = "+strings.Join(vs, ", ")+"}")
+		}
+	}
+	fmt.Fprintf(b, "%s.read = function(s)\n  if not s then\n    return {%s}\n  end\n", r.id, strings.Join(zero, ", "))
+	fmt.Fprintf(b, "  local %s = struct.unpack(%s.FMT, s)\n  return {%s}\nend\n", strings.Join(vars, ", "), r.id, strings.Join(named, ", "))
+	fmt.Fprintf(b, "%s.pack = function(t)\n  return struct.pack(%s.FMT, %s)\nend\n", r.id, r.id, strings.Join(packed, ", "))
+}
+
+// decode reads a record of one row (n == 0) as Go values by field name:
+// int64 for a number, string for a string. Tests read stored state with it.
+func (r record) decode(s string) (map[string]any, error) {
+	out := map[string]any{}
+	for _, f := range r.fields {
+		if f.str {
+			if len(s) < 4 {
+				return nil, fmt.Errorf("record %s: %s: short", r.id, f.name)
+			}
+			n := int(binary.LittleEndian.Uint32([]byte(s)))
+			if len(s) < 4+n {
+				return nil, fmt.Errorf("record %s: %s: short", r.id, f.name)
+			}
+			out[f.name], s = s[4:4+n], s[4+n:]
+			continue
+		}
+		if len(s) < 8 {
+			return nil, fmt.Errorf("record %s: %s: short", r.id, f.name)
+		}
+		out[f.name], s = int64(math.Float64frombits(binary.LittleEndian.Uint64([]byte(s)))), s[8:]
+	}
+	if s != "" {
+		return nil, fmt.Errorf("record %s: %d bytes past its end", r.id, len(s))
+	}
+	return out, nil
+}
+
+// records are the stored records the prelude defines.
+var records = []record{stateRecord, windowRecord}
 
 // ---------------------------------------------------------------- arguments
 
@@ -267,10 +417,10 @@ var overrideArgs = args[call[gate.OverrideRequest]]{"OVERRIDE", []arg[call[gate.
 
 // restoreKeys head the restore call's keys: the scope's marker (no TTL: it
 // is missing only if Redis lost the scope); n brkKeys follow.
-var restoreKeys = keyBlock{"RESTORE_KEYS", []string{"marker"}}
+var restoreKeys = keyBlock{"RESTORE_KEYS", []string{"marker"}, nil}
 
-// brkKeys is a source's breaker hash alone.
-var brkKeys = keyBlock{"BRK_KEYS", []string{"brk"}}
+// brkKeys is a source's state hash alone (its breaker).
+var brkKeys = keyBlock{"BRK_KEYS", []string{keySchema}, []string{"brk"}}
 
 // restoreCall heads the restore call: n records (restoreSrcArgs) follow.
 type restoreCall struct {

@@ -79,49 +79,39 @@ local function cooldown_ms(base, max, reopens)
   return base * 2 ^ shift
 end
 
--- The breaker hash has one field per scalar field of gate.Breaker, and one
--- field k<n> per window bucket n ("index:calls:fails", absent when zero). A
--- missing hash is the zero Breaker: CLOSED at epoch 0. A script reads the
--- scalars at once and the buckets only when it counts (Admit never does),
--- and writes back only the fields that changed.
-local SCALAR_FIELDS = { 'st', 'ep', 'ro', 'oa', 'ou', 'pr', 'pu', 'co', 'w', 'ov', 'ac', 'wy', 'oat', 'oc' }
-local SCALAR_NAMES = {
-  'state', 'epoch', 'reopens', 'opened_at', 'open_until', 'probe', 'probe_until', 'consecutive', 'width',
-  'override', 'actor', 'why', 'override_at', 'open_cause',
-}
-local STRINGS = { probe = true, actor = true, why = true }
-local BUCKET_FIELDS = { 'k0', 'k1', 'k2', 'k3', 'k4', 'k5', 'k6', 'k7', 'k8', 'k9' }
+-- A source's state is one hash (SRC_KEYS.state): the record BREC in field
+-- BREC.FIELD (the breaker's scalars and the count of its leases), the window
+-- WIN in field WIN.FIELD, and one field LEASE .. permit per lease (its end,
+-- packed as a double). Records are read and written whole, with one
+-- struct.unpack and one struct.pack (see layout.go). A missing hash is the
+-- zero Breaker, CLOSED at epoch 0, with no lease. A script reads the window
+-- only when it counts (Admit never does) and writes back, in one HSET, only
+-- the records that changed.
 
--- ALL_FIELDS are the scalars and then the buckets, for one HMGET.
--- (No loop: a library's top level runs where ipairs does not exist.)
-local ALL_FIELDS = {
-  'st', 'ep', 'ro', 'oa', 'ou', 'pr', 'pu', 'co', 'w', 'ov', 'ac', 'wy', 'oat', 'oc',
-  'k0', 'k1', 'k2', 'k3', 'k4', 'k5', 'k6', 'k7', 'k8', 'k9',
-}
-
-local b_parse_buckets
-
--- b_load reads the breaker; with buckets (a script that will count), its
--- window too, in the same HMGET.
-local function b_load(key, buckets)
-  local fields = SCALAR_FIELDS
-  if buckets then
-    fields = ALL_FIELDS
+-- b_load reads the breaker: with window (a script that will count), its
+-- window too, and with lease a permit's lease field, in the same HMGET; the
+-- lease's end is b.lease_of (nil when the permit holds none).
+local function b_load(key, window, lease)
+  local b, w
+  if window then
+    local v = redis.call('HMGET', key, BREC.FIELD, WIN.FIELD)
+    b, w = BREC.read(v[1]), v[2]
+    b.raw = v[1]
+    b.wraw = w or false
+    local win = WIN.read(w)
+    b.bi, b.bc, b.bf = win.index, win.calls, win.fails
+  elseif lease then
+    local v = redis.call('HMGET', key, BREC.FIELD, LEASE .. lease)
+    b = BREC.read(v[1])
+    b.raw = v[1]
+    b.lease_of = v[2]
+  else
+    local v = redis.call('HGET', key, BREC.FIELD)
+    b = BREC.read(v)
+    b.raw = v
   end
-  local vals = redis.call('HMGET', key, unpack(fields))
-  local b = { key = key, old = {} }
-  for i, name in ipairs(SCALAR_NAMES) do
-    local v = vals[i]
-    if STRINGS[name] then
-      v = v or ''
-    else
-      v = tonumber(v or 0)
-    end
-    b[name], b.old[i] = v, v
-  end
-  if buckets then
-    b_parse_buckets(b, vals, #SCALAR_FIELDS)
-  end
+  b.key = key
+  b.set = {}
   return b
 end
 
@@ -130,77 +120,47 @@ local function b_buckets(b)
   if b.bi then
     return
   end
-  b_parse_buckets(b, redis.call('HMGET', b.key, unpack(BUCKET_FIELDS)), 0)
-end
-
--- b_parse_buckets reads the buckets from vals[off + 1 ..].
-b_parse_buckets = function(b, vals, off)
-  b.bi, b.bc, b.bf, b.bold, b.bdirty = {}, {}, {}, {}, {}
-  for n = 0, BUCKETS - 1 do
-    local v = vals[off + n + 1]
-    b.bold[n] = v
-    local i, c, f = 0, 0, 0
-    if v then
-      i, c, f = string.match(v, '^(-?%d+):(%d+):(%d+)$')
-    end
-    b.bi[n], b.bc[n], b.bf[n] = tonumber(i), tonumber(c), tonumber(f)
-  end
+  local w = redis.call('HGET', b.key, WIN.FIELD)
+  b.wraw = w or false
+  local win = WIN.read(w)
+  b.bi, b.bc, b.bf = win.index, win.calls, win.fails
 end
 
 -- b_clear_buckets zeroes every bucket, without reading them first.
 local function b_clear_buckets(b)
-  b.bi, b.bc, b.bf, b.bold, b.bdirty = {}, {}, {}, {}, {}
-  for n = 0, BUCKETS - 1 do
-    b.bi[n], b.bc[n], b.bf[n] = 0, 0, 0
-    b.bold[n] = true -- unknown: written (deleted) whatever it was
-    b.bdirty[n] = true
-  end
+  local win = WIN.read(nil)
+  b.bi, b.bc, b.bf = win.index, win.calls, win.fails
+  b.wdirty = true
 end
 
--- b_save writes back what changed (of the window: the buckets marked dirty). A CLOSED breaker without an override
--- gets the idle TTL (garbage collection of abandoned sources); an OPEN or
--- HALF_OPEN one, or one an operator set, is PERSISTed: its state must never
--- expire into a fresh CLOSED breaker.
+-- b_save writes back what changed, with the fields queued in b.set (leases
+-- taken), in one HSET. A CLOSED breaker without an override gets the idle
+-- TTL (garbage collection of abandoned sources); an OPEN or HALF_OPEN one,
+-- or one an operator set, is PERSISTed: its state must never expire into a
+-- fresh CLOSED breaker.
 local function b_save(b, idle_ttl)
-  local set, del = {}, {}
-  for i, name in ipairs(SCALAR_NAMES) do
-    local v = b[name]
-    if v ~= b.old[i] then
-      set[#set + 1] = SCALAR_FIELDS[i]
-      if STRINGS[name] then
-        set[#set + 1] = v
-      else
-        set[#set + 1] = I(v)
-      end
-    end
+  local set = b.set
+  local rec = BREC.pack(b)
+  -- (A missing record saved unchanged writes nothing.)
+  if rec ~= (b.raw or BREC.pack(BREC.read(nil))) then
+    set[#set + 1] = BREC.FIELD
+    set[#set + 1] = rec
+    b.raw = rec
   end
-  if b.bi then
-    for n = 0, BUCKETS - 1 do
-      if b.bdirty[n] then
-        local v = false
-        if b.bi[n] ~= 0 or b.bc[n] ~= 0 or b.bf[n] ~= 0 then
-          v = I(b.bi[n]) .. ':' .. I(b.bc[n]) .. ':' .. I(b.bf[n])
-        end
-        if v ~= b.bold[n] then
-          if v then
-            set[#set + 1] = BUCKET_FIELDS[n + 1]
-            set[#set + 1] = v
-          else
-            del[#del + 1] = BUCKET_FIELDS[n + 1]
-          end
-        end
-      end
+  if b.wdirty then
+    local w = WIN.pack({ index = b.bi, calls = b.bc, fails = b.bf })
+    if w ~= b.wraw then
+      set[#set + 1] = WIN.FIELD
+      set[#set + 1] = w
+      b.wraw = w
     end
+    b.wdirty = false
   end
-  if #set == 0 and #del == 0 then
+  if #set == 0 then
     return
   end
-  if #del > 0 then
-    redis.call('HDEL', b.key, unpack(del))
-  end
-  if #set > 0 then
-    redis.call('HSET', b.key, unpack(set))
-  end
+  redis.call('HSET', b.key, unpack(set))
+  b.set = {}
   if b.state == CLOSED and b.override == NO_OVERRIDE then
     redis.call('PEXPIRE', b.key, I(idle_ttl))
   else
@@ -289,7 +249,7 @@ local function b_record(b, p, now, fail)
   if b.bi[slot] ~= idx then
     b.bi[slot], b.bc[slot], b.bf[slot] = idx, 0, 0
   end
-  b.bdirty[slot] = true
+  b.wdirty = true
   b.bc[slot] = b.bc[slot] + 1
   if fail then
     b.bf[slot] = b.bf[slot] + 1
@@ -494,17 +454,19 @@ end
 
 ---------------------------------------------------------------- quota
 
--- A source's quota is three keys (all under the scope's hash tag):
---   leases: ZSET permit -> end of its lease (ms)        (Quota.Leases)
+-- A source's quota is its leases, in the state hash with the breaker (see
+-- b_load: one field LEASE .. permit per held slot, and the record's held
+-- and lease_min), and, where a limit per minute is set, two keys more
+-- (under the scope's hash tag):
 --   log:    ZSET seq -> admission time (ms)             (Quota.log)
 --   data:   HASH t<seq> tokens, p<seq> permit, i<permit> seq (Quota.index),
 --           sum (Quota.tokens), next (the last seq handed out)
 -- seq is zero-padded so that admissions of the same millisecond sort in
 -- admission order, as in Go's log.
-local SLACK = 1000 -- ms a quota key outlives the last lease or minute it holds
+local SLACK = 1000 -- ms a quota key outlives the minute it holds
 
 -- src_keys are the keys of the i-th source (from 1) after the head block H
--- of keys: {brk, leases, log, data}, also the quota's q.
+-- of keys: {state, log, data}, also the quota's q.
 local function src_keys(keys, H, i)
   return read(SRC_KEYS, keys, block(H, SRC_KEYS, i))
 end
@@ -526,17 +488,50 @@ local function q_sum(q)
   return tonumber(redis.call('HGET', q.data, 'sum') or 0)
 end
 
--- PAGE bounds how many log entries one Redis call reads or deletes, so
--- that a long minute never overflows Lua's unpack.
+-- PAGE bounds how many log entries or leases one Redis call reads or
+-- deletes, so that a long minute never overflows Lua's unpack.
 local PAGE = 256
+
+-- q_sweep forgets the leases that ended by now, and counts the rest: b.held
+-- and b.lease_min become exact. It runs only once lease_min has passed, so
+-- about once per lease length while slots are taken and given back, and
+-- saves the counts at once (HSET keeps the hash's TTL).
+local function q_sweep(q, b, now)
+  local all = redis.call('HGETALL', q.state)
+  local held, min, gone = 0, 0, {}
+  for i = 1, #all, 2 do
+    if string.byte(all[i], 1) == LEASE_BYTE then
+      local e = struct.unpack('<d', all[i + 1])
+      if e <= now then
+        gone[#gone + 1] = all[i]
+      else
+        held = held + 1
+        if min == 0 or e < min then
+          min = e
+        end
+      end
+    end
+  end
+  for i = 1, #gone, PAGE do
+    redis.call('HDEL', q.state, unpack(gone, i, math.min(i + PAGE - 1, #gone)))
+  end
+  b.held, b.lease_min = held, min
+  local rec = BREC.pack(b)
+  if rec ~= b.raw and b.raw then
+    redis.call('HSET', q.state, BREC.FIELD, rec)
+    b.raw = rec
+  end
+end
 
 -- twin: gate.(*Quota).expire
 -- The log (and the minute's sum) is expired only when log is true: by the
 -- walks that count it (a limit per minute). Elsewhere its expired entries
 -- wait; every reading of the log skips them by time, and the keys' TTL
 -- bounds them.
-local function q_expire(q, now, log)
-  redis.call('ZREMRANGEBYSCORE', q.leases, '-inf', I(now))
+local function q_expire(q, b, now, log)
+  if b.held > 0 and now >= b.lease_min then
+    q_sweep(q, b, now)
+  end
   if not log then
     return
   end
@@ -572,9 +567,9 @@ local function q_expire(q, now, log)
 end
 
 -- twin: gate.(*Quota).check
-local function q_check(q, l, ceiling, tokens, now)
-  q_expire(q, now, l.rpm > 0 or l.tpm > 0)
-  local in_flight = redis.call('ZCARD', q.leases)
+local function q_check(q, b, l, ceiling, tokens, now)
+  q_expire(q, b, now, l.rpm > 0 or l.tpm > 0)
+  local in_flight = b.held
   if ceiling < l.max_concurrency and in_flight >= ceiling then
     return R_ADAPTIVE_PACED, 0
   end
@@ -623,12 +618,18 @@ local function q_check(q, l, ceiling, tokens, now)
 end
 
 -- twin: gate.(*Quota).take
-local function q_take(q, l, permit, tokens, now)
-  redis.call('ZADD', q.leases, I(now + l.lease), permit)
-  -- The key lives as long as its longest lease: extend, never shorten.
-  local ttl = I(gmax(l.lease, 0) + SLACK)
-  if redis.call('PEXPIRE', q.leases, ttl, 'GT') == 0 then
-    redis.call('PEXPIRE', q.leases, ttl, 'NX')
+-- The lease is queued on b, for b_save's HSET. A permit that already holds
+-- one (b_load's lease_of) is not counted twice.
+local function q_take(q, b, l, permit, tokens, now)
+  local e = now + l.lease
+  b.set[#b.set + 1] = LEASE .. permit
+  b.set[#b.set + 1] = struct.pack('<d', e)
+  if not b.lease_of then
+    b.held = b.held + 1
+    b.lease_of = true
+  end
+  if b.held == 1 or e < b.lease_min then
+    b.lease_min = e
   end
   if l.rpm == 0 and l.tpm == 0 then
     return
@@ -647,9 +648,12 @@ end
 -- The log is not expired here (see q_expire): an admission older than the
 -- minute that is still stored gets its actual tokens, which leave the sum
 -- with it.
-local function q_release(q, permit, actual, now)
-  q_expire(q, now, false)
-  local held = redis.call('ZREM', q.leases, permit) == 1
+local function q_release(q, b, permit, actual, now)
+  q_expire(q, b, now, false)
+  local held = redis.call('HDEL', q.state, LEASE .. permit) == 1
+  if held and b.held > 0 then
+    b.held = b.held - 1
+  end
   local m = nil
   if actual >= 0 then
     m = redis.call('HGET', q.data, 'i' .. permit)
@@ -663,10 +667,12 @@ local function q_release(q, permit, actual, now)
 end
 
 -- twin: gate.(*Quota).view
--- As the reply record QV. It changes nothing:
--- admissions older than the minute that are still stored are left out.
-local function q_view(q, now)
-  local in_flight = redis.call('ZCOUNT', q.leases, '(' .. I(now), '+inf')
+-- As the reply record QV. It changes nothing but what q_expire forgets
+-- (leases ended by now): admissions older than the minute that are still
+-- stored are left out.
+local function q_view(q, b, now)
+  q_expire(q, b, now, false)
+  local in_flight = b.held
   local requests = redis.call('ZCOUNT', q.log, '(' .. I(now - MINUTE), '+inf')
   local tokens, offset = q_sum(q), 0
   while true do

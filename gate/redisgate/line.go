@@ -22,7 +22,7 @@ var leaveLua string
 var leaveScript = newOp("leave", leaveLua)
 
 // lineKeys are the line's keys (see lib.lua).
-var lineKeys = keyBlock{"LINE_KEYS", []string{"line", "line_w", "line_s"}}
+var lineKeys = keyBlock{"LINE_KEYS", []string{"line", "line_w", "line_s"}, nil}
 
 func appendLineKeys(keys []string, tag string) []string {
 	for _, s := range lineKeys.suffixes {

@@ -15,10 +15,10 @@ local function peek(keys, argv)
   for i = 1, h.n do
     local c = read(PEEK_SRC, argv, block(PEEK, PEEK_SRC, i))
     local q = src_keys(keys, SCOPE_KEYS, i)
-    local b = b_load(q.brk, true)
-    local v = { breaker = b_view(b, c, now), quota = q_view(q, now) }
+    local b = b_load(q.state, true)
+    local v = { breaker = b_view(b, c, now), quota = q_view(q, b, now) }
     -- SourceState.Verdict: the quota's refusal first, then the breaker's.
-    v.reason, v.retry = q_check(q, c, c.ceiling, h.tokens, now)
+    v.reason, v.retry = q_check(q, b, c, c.ceiling, h.tokens, now)
     if v.reason == R_NONE then
       v.reason, v.retry = b_check(b, now)
     end

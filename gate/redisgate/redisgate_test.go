@@ -138,7 +138,8 @@ func TestProductionUsesServerTime(t *testing.T) {
 	if s.Breaker.State != gate.Open || s.Breaker.RetryAfter != time.Minute {
 		t.Fatalf("opening: %+v, want open for exactly the cooldown", s.Breaker)
 	}
-	openedAt := must(ca.HGet(ctx, "polygate:{time}:src:s:brk", "oa").Int64())(t)
+	rec := must(redisgate.DecodeBreaker(must(ca.HGet(ctx, a.SourceKey(scope, "s", ""), redisgate.StateField).Result())(t)))(t)
+	openedAt := rec["opened_at"].(int64)
 	if openedAt < before || openedAt > after {
 		t.Fatalf("opened at %d, outside the server's TIME %d..%d around the call", openedAt, before, after)
 	}

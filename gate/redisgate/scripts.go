@@ -83,9 +83,6 @@ func library() string {
 		b.WriteString(o.body)
 		fmt.Fprintf(&b, "\nredis.register_function(%q, %s)\n", o.fn, o.name)
 	}
-	for _, l := range luaLayouts() {
-		l.write(&b)
-	}
 	return b.String()
 }
 
@@ -142,8 +139,13 @@ func prelude() string {
 	def("MAX_TOKEN_SUM", int64(gate.MaxTokenSum))
 	lineConstants(def)
 	fmt.Fprintf(&b, "local OVERFLOW_TENANT = %q\n", gate.OverflowTenant)
+	def("LEASE_BYTE", leaseField[0])
+	fmt.Fprintf(&b, "local LEASE = %q\n", leaseField)
 	for _, l := range luaLayouts() {
 		l.write(&b)
+	}
+	for _, r := range records {
+		r.write(&b)
 	}
 	return b.String()
 }

@@ -10,8 +10,8 @@ local function settle(keys, argv)
   local q = src_keys(keys, SCOPE_KEYS, 1)
   local o = { permit = a.permit, epoch = a.epoch, probe = a.probe == 1, verdict = a.verdict, floor = a.floor }
 
-  local released = q_release(q, o.permit, a.actual, now)
-  local b = b_load(q.brk, true)
+  local b = b_load(q.state, true)
+  local released = q_release(q, b, o.permit, a.actual, now)
   local effect, evs
   if released or o.probe then
     effect, evs = b_settle(b, a, o, now)

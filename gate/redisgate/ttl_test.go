@@ -10,9 +10,9 @@ import (
 	"github.com/polygate/polygate/internal/redistest"
 )
 
-// TestTTL: every key expires once it is no longer needed, except a breaker
-// that is OPEN, HALF_OPEN or overridden, which must never expire into a
-// fresh CLOSED one (BREAKER-PITFALLS #18, M7).
+// TestTTL: every key expires once it is no longer needed, except the state
+// of a breaker that is OPEN, HALF_OPEN or overridden, which must never
+// expire into a fresh CLOSED one (BREAKER-PITFALLS #18, M7).
 func TestTTL(t *testing.T) {
 	ctx := testCtx(t)
 	c := redistest.Start(t).Client(t)
@@ -20,7 +20,7 @@ func TestTTL(t *testing.T) {
 	b := newBackend(t, c, redisgate.Options{Clock: clock.Now, IdleTTL: time.Hour})
 	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.RPM = 100; s.Limits.Lease = 10 * time.Second })
 	const scope = "ttl"
-	key := func(k string) string { return "polygate:{ttl}:src:s:" + k }
+	key := func(k string) string { return b.SourceKey(scope, "s", k) }
 	pttl := func(k string) time.Duration {
 		t.Helper()
 		return must(c.PTTL(ctx, k).Result())(t)
@@ -34,27 +34,27 @@ func TestTTL(t *testing.T) {
 	}
 	persisted := func(what string) {
 		t.Helper()
-		if d := pttl(key("brk")); d != -1 {
+		if d := pttl(key("")); d != -1 {
 			t.Fatalf("%s: breaker PTTL = %v, want none (persisted)", what, d)
 		}
 	}
 
 	p := admit(t, ctx, b, scope, "p1", src).Permit
-	within("held lease", key("leases"), 10*time.Second+time.Second)
+	within("closed breaker holding a lease", key(""), time.Hour)
 	within("minute log", key("log"), time.Minute+time.Second)
 	within("minute log data", key("data"), time.Minute+time.Second)
 	settle(t, ctx, b, scope, src, p, gate.VerdictSuccess)
-	within("closed breaker that counted an outcome", key("brk"), time.Hour)
+	within("closed breaker that counted an outcome", key(""), time.Hour)
 	within("progress", "polygate:{ttl}:progress", time.Hour)
 
 	admit(t, ctx, b, scope, "held", src) // holds a lease through what follows
 	openBreaker(t, ctx, b, scope, src)
 	persisted("open")
 
-	// The quota keys expiring (here: deleted) leave the breaker as it was.
+	// The minute's keys expiring (here: deleted) leave the breaker as it was.
 	before := peek(t, ctx, b, scope, src)
-	if n := must(c.Del(ctx, key("leases"), key("log"), key("data")).Result())(t); n != 3 {
-		t.Fatalf("deleted %d quota keys, want 3", n)
+	if n := must(c.Del(ctx, key("log"), key("data")).Result())(t); n != 2 {
+		t.Fatalf("deleted %d quota keys, want 2", n)
 	}
 	after := peek(t, ctx, b, scope, src)
 	if after.Breaker != before.Breaker || after.Breaker.State != gate.Open {
@@ -72,10 +72,10 @@ func TestTTL(t *testing.T) {
 	}
 	persisted("half open with the probe out")
 	settle(t, ctx, b, scope, src, probe, gate.VerdictSuccess)
-	within("closed again by the probe", key("brk"), time.Hour)
+	within("closed again by the probe", key(""), time.Hour)
 
 	must(b.Override(ctx, gate.OverrideRequest{Scope: scope, Source: src, Action: gate.ActionForceClosed, Actor: "op"}))(t)
 	persisted("closed with an override")
 	must(b.Override(ctx, gate.OverrideRequest{Scope: scope, Source: src, Action: gate.ActionClear, Actor: "op"}))(t)
-	within("override cleared", key("brk"), time.Hour)
+	within("override cleared", key(""), time.Hour)
 }
