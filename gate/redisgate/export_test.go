@@ -1,5 +1,10 @@
 package redisgate
 
+import (
+	"encoding/binary"
+	"math"
+)
+
 // SourceKey is the key of a source's state hash (suffix "") or of its
 // minute's log or data ("log", "data"), for tests that look at what is
 // stored.
@@ -26,3 +31,19 @@ var _ = func() bool {
 	}
 	return true
 }()
+
+// HeadNow reads the now_ms field from a script call's first argument (the
+// head block of every operation starts with it); ok is false if it is not
+// such a block.
+func HeadNow(arg any) (now int64, ok bool) {
+	b, isBlock := arg.([]byte)
+	if !isBlock || len(b) < 8 {
+		return 0, false
+	}
+	for _, names := range [][]string{admitArgs.lua().names, settleArgs.lua().names, peekArgs.lua().names, overrideArgs.lua().names} {
+		if names[0] != "now" {
+			panic("a head block does not start with now")
+		}
+	}
+	return int64(math.Float64frombits(binary.LittleEndian.Uint64(b))), true
+}

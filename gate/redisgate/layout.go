@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -21,8 +20,8 @@ import (
 // of named fields into a reply array) use. Adding a field is one line in a
 // table below, plus the Lua line that uses or produces it by name.
 
-// arg is one field of an argument block: str says whether Lua keeps it a
-// string (otherwise read converts it with tonumber).
+// arg is one field of an argument block: a string if str, else a number
+// (put returns an integer or a float64).
 type arg[T any] struct {
 	name string
 	str  bool
@@ -34,25 +33,53 @@ func str[T any](name string, put func(*T) any) arg[T] {
 	return arg[T]{name: name, str: true, put: put}
 }
 
-// args is an argument block of layout id (its Lua table's name).
+// args is an argument block of layout id (its Lua table's name). A block
+// is one argument: its fields in layout order, each number a little-endian
+// double and each string a 4-byte length and its bytes, which Lua reads
+// with one struct.unpack (no argument string per field, no tonumber).
 type args[T any] struct {
 	id     string
 	fields []arg[T]
 }
 
-func (l args[T]) width() int { return len(l.fields) }
+// width is how many arguments a block takes.
+func (l args[T]) width() int { return 1 }
 
-// pack appends v's fields in layout order.
+// pack appends v's block.
 func (l args[T]) pack(out []any, v *T) []any {
+	b := make([]byte, 0, 8*len(l.fields))
 	for _, f := range l.fields {
-		out = append(out, f.put(v))
+		x := f.put(v)
+		if f.str {
+			s := x.(string)
+			b = binary.LittleEndian.AppendUint32(b, uint32(len(s)))
+			b = append(b, s...)
+			continue
+		}
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(float(x)))
 	}
-	return out
+	return append(out, b)
+}
+
+// float is a number field's value as Lua will see it. Integers beyond 2^53
+// round, as they would in Lua; the script saturates what it adds up.
+func float(v any) float64 {
+	switch v := v.(type) {
+	case int:
+		return float64(v)
+	case int64:
+		return float64(v)
+	case uint64:
+		return float64(v)
+	case float64:
+		return v
+	}
+	panic(fmt.Sprintf("redisgate: a number field of type %T", v))
 }
 
 // lua describes the layout for the prelude.
 func (l args[T]) lua() luaLayout {
-	ll := luaLayout{id: l.id}
+	ll := luaLayout{id: l.id, bin: true}
 	for _, f := range l.fields {
 		ll.names = append(ll.names, f.name)
 		if f.str {
@@ -111,11 +138,26 @@ func (l reply[T]) lua() luaLayout {
 }
 
 // luaLayout is what the prelude writes of a layout:
-// ID = {WIDTH = n, NAMES = {...}, STR = {...}, <NAME> = index, ...}.
+// ID = {WIDTH = n, <NAME> = index, ...}, or for a binary layout (bin)
+// ID = {WIDTH = 1, FMT = struct format}.
 type luaLayout struct {
 	id    string
 	names []string
 	strs  []string
+	bin   bool
+}
+
+// format is a binary layout's struct format (as record.format).
+func (l luaLayout) format() string {
+	f := "<"
+	for _, n := range l.names {
+		if slices.Contains(l.strs, n) {
+			f += "I4c0"
+		} else {
+			f += "d"
+		}
+	}
+	return f
 }
 
 // write defines the layout's Lua table: its ID, WIDTH, the index of each
@@ -126,6 +168,10 @@ type luaLayout struct {
 // and pack(t) returns t's named fields as a reply array. A field pack finds
 // nil ends the array early, which the Go parser refuses as a short record.
 func (l luaLayout) write(b *strings.Builder) {
+	if l.bin {
+		l.writeBin(b)
+		return
+	}
 	fmt.Fprintf(b, "local %s = {ID = %q, WIDTH = %d", l.id, l.id, len(l.names))
 	for i, n := range l.names {
 		fmt.Fprintf(b, ", %s = %d", strings.ToUpper(n), i+1)
@@ -145,6 +191,26 @@ func (l luaLayout) write(b *strings.Builder) {
 		fmt.Fprintf(b, "t.%s, ", n)
 	}
 	b.WriteString("}\nend\n")
+}
+
+// writeBin defines a binary layout's table: read(argv, base) unpacks the
+// block argv[base + 1] into a table of named fields, pack(t) packs t's
+// named fields into one string.
+func (l luaLayout) writeBin(b *strings.Builder) {
+	fmt.Fprintf(b, "local %s = {ID = %q, WIDTH = 1, FMT = %q}\n", l.id, l.id, l.format())
+	var vars, named, packed []string
+	for i, n := range l.names {
+		v := fmt.Sprintf("v%d", i+1)
+		vars = append(vars, v)
+		named = append(named, n+" = "+v)
+		if slices.Contains(l.strs, n) {
+			packed = append(packed, "#t."+n)
+		}
+		packed = append(packed, "t."+n)
+	}
+	fmt.Fprintf(b, "%s.read = function(argv, base)\n  local %s = struct.unpack(%s.FMT, argv[base + 1])\n  return {%s}\nend\n",
+		l.id, strings.Join(vars, ", "), l.id, strings.Join(named, ", "))
+	fmt.Fprintf(b, "%s.pack = function(t)\n  return struct.pack(%s.FMT, %s)\nend\n", l.id, l.id, strings.Join(packed, ", "))
 }
 
 // ---------------------------------------------------------------- keys
@@ -330,7 +396,7 @@ var limitArgs = args[gate.Limits]{"LIMITS", []arg[gate.Limits]{
 var policyArgs = args[gate.BreakerPolicy]{"POLICY", []arg[gate.BreakerPolicy]{
 	num("fail_threshold", func(p *gate.BreakerPolicy) any { return p.FailThreshold }),
 	num("min_calls", func(p *gate.BreakerPolicy) any { return p.MinCalls }),
-	num("fail_rate", func(p *gate.BreakerPolicy) any { return strconv.FormatFloat(p.FailRate, 'g', -1, 64) }),
+	num("fail_rate", func(p *gate.BreakerPolicy) any { return p.FailRate }),
 	num("window", func(p *gate.BreakerPolicy) any { return p.Window.Milliseconds() }),
 	num("cooldown", func(p *gate.BreakerPolicy) any { return p.Cooldown.Milliseconds() }),
 	num("max_cooldown", func(p *gate.BreakerPolicy) any { return p.MaxCooldown.Milliseconds() }),
@@ -376,7 +442,7 @@ var settleArgs = args[call[gate.SettleRequest]]{"SETTLE", concat(
 		str("scope", func(c *call[gate.SettleRequest]) any { return c.req.Scope }),
 		str("source", func(c *call[gate.SettleRequest]) any { return c.req.Source.Name }),
 		str("permit", func(c *call[gate.SettleRequest]) any { return c.req.PermitID }),
-		num("epoch", func(c *call[gate.SettleRequest]) any { return strconv.FormatUint(c.req.Epoch, 10) }),
+		num("epoch", func(c *call[gate.SettleRequest]) any { return c.req.Epoch }),
 		num("probe", func(c *call[gate.SettleRequest]) any { return flag(c.req.Probe) }),
 		num("verdict", func(c *call[gate.SettleRequest]) any { return int(c.req.Verdict) }),
 		num("floor", func(c *call[gate.SettleRequest]) any { return c.req.Floor.Milliseconds() }),
@@ -453,7 +519,7 @@ type restoreRec struct {
 var restoreSrcArgs = args[restoreRec]{"RESTORE_SRC", []arg[restoreRec]{
 	num("open_left", func(r *restoreRec) any { return r.openLeft }),
 	num("reopens", func(r *restoreRec) any { return r.reopens }),
-	num("epoch", func(r *restoreRec) any { return strconv.FormatUint(r.epoch, 10) }),
+	num("epoch", func(r *restoreRec) any { return r.epoch }),
 	num("opened_ago", func(r *restoreRec) any { return r.openedAgo }),
 	num("cause", func(r *restoreRec) any { return int(r.cause) }),
 	num("override", func(r *restoreRec) any { return int(r.override) }),

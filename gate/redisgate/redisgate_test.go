@@ -92,21 +92,13 @@ func scriptNowArgs(t testing.TB, h *redistest.Recorder) []string {
 		if !ok {
 			t.Fatalf("numkeys of %v is %T", args[i], args[i][2])
 		}
-		out = append(out, fmtArg(args[i][3+nkeys]))
+		now, ok := redisgate.HeadNow(args[i][3+nkeys])
+		if !ok {
+			t.Fatalf("first argument of %v is not a head block", args[i])
+		}
+		out = append(out, strconv.FormatInt(now, 10))
 	}
 	return out
-}
-
-func fmtArg(v any) string {
-	switch v := v.(type) {
-	case int64:
-		return strconv.FormatInt(v, 10)
-	case int:
-		return strconv.Itoa(v)
-	case string:
-		return v
-	}
-	return "?"
 }
 
 // TestProductionUsesServerTime: without Options.Clock the Backend sends
