@@ -50,7 +50,7 @@ local function admit(keys, argv)
         rejections[#rejections + 1] = pack(REJ, { src = i, reason = entry.reason, retry = entry.wait })
       else
         q_take(q, b, c, h.permit, h.tokens, now)
-        b_save(b, h.idle_ttl)
+        b_save(b, h.idle_ttl, now)
         granted, epoch = i, entry.epoch
         if entry.probe then
           probe = 1

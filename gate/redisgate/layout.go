@@ -258,8 +258,11 @@ var scopeKeys = keyBlock{"SCOPE_KEYS", []string{"progress", "marker"}, nil}
 // double (exact below 2^53, as every Lua number) and each string a 4-byte
 // length and its bytes. Lua reads a record with one struct.unpack and
 // writes it with one struct.pack (L.read(s), L.pack(t) in the prelude), so
-// no number is formatted or parsed as text. A record with n > 0 repeats its
-// fields n times, as n rows numbered from 0; Lua sees one array per field.
+// no number is formatted or parsed as text. A record with n > 0 is a table
+// of n rows (numbers only), numbered from 0, that Lua reads and writes a row
+// at a time, in place: L.get(s, row) returns the row's fields, L.put(s,
+// row, ...) the string with the row replaced, and L.ZERO is the table of
+// zeros.
 type record struct {
 	id     string
 	field  string // the hash field that holds it
@@ -277,14 +280,17 @@ func str2(name string) recField { return recField{name: name, str: true} }
 
 // stateRecord is a source's breaker (gate.Breaker but its window) and the
 // counts of its leases (gate.Quota.Leases): held is the number of leases
-// in the hash (one field leaseField+permit each, its end as a double), and
-// lease_min is at most the earliest end among them, so that a script walks
-// the leases only once one may have ended. A missing record is the zero
-// Breaker (CLOSED at epoch 0) with no lease.
+// in the hash (one field leaseField+permit each: its end as a double, then
+// leaseLogged if the admission is in the minute's log), and lease_min is at
+// most the earliest end among them, so that a script walks the leases only
+// once one may have ended. expire_at is when the hash's TTL was last set
+// (0: it has none), so that a script sets it again only once an eighth of
+// the idle TTL has passed. A missing record is the zero Breaker (CLOSED at
+// epoch 0) with no lease.
 var stateRecord = record{id: "BREC", field: "b", fields: []recField{
 	num2("state"), num2("epoch"), num2("reopens"), num2("opened_at"), num2("open_until"), num2("probe_until"),
 	num2("consecutive"), num2("width"), num2("override"), num2("override_at"), num2("open_cause"),
-	num2("held"), num2("lease_min"),
+	num2("held"), num2("lease_min"), num2("expire_at"),
 	str2("probe"), str2("actor"), str2("why"),
 }}
 
@@ -293,63 +299,70 @@ var windowRecord = record{id: "WIN", field: "w", n: gate.WindowBuckets, fields: 
 	num2("index"), num2("calls"), num2("fails"),
 }}
 
-// leaseField starts the hash field of each lease: leaseField + permit.
-const leaseField = "l"
+// leaseField starts the hash field of each lease: leaseField + permit;
+// leaseLogged ends the value of a lease whose admission is in the log.
+const (
+	leaseField  = "l"
+	leaseLogged = "L"
+)
 
+// format is the struct format of one row.
 func (r record) format() string {
 	f := "<"
-	for range max(r.n, 1) {
-		for _, fl := range r.fields {
-			if fl.str {
-				f += "I4c0"
-			} else {
-				f += "d"
-			}
+	for _, fl := range r.fields {
+		if fl.str {
+			f += "I4c0"
+		} else {
+			f += "d"
 		}
 	}
 	return f
 }
 
 // write defines the record's Lua table: ID, FIELD, FMT, read(s) (nil: the
-// zero record) and pack(t).
+// zero record) and pack(t); for a table record, see writeRows.
 func (r record) write(b *strings.Builder) {
+	if r.n > 0 {
+		r.writeRows(b)
+		return
+	}
 	fmt.Fprintf(b, "local %s = {ID = %q, FIELD = %q, FMT = %q}\n", r.id, r.id, r.field, r.format())
 	var vars, zero, named, packed []string
-	i := 0
-	for row := range max(r.n, 1) {
-		for _, f := range r.fields {
-			i++
-			v := fmt.Sprintf("v%d", i)
-			vars = append(vars, v)
-			if r.n == 0 {
-				z := "0"
-				if f.str {
-					z = "''"
-					packed = append(packed, "#t."+f.name)
-				}
-				zero = append(zero, f.name+" = "+z)
-				named = append(named, f.name+" = "+v)
-				packed = append(packed, "t."+f.name)
-			} else {
-				packed = append(packed, fmt.Sprintf("t.%s[%d]", f.name, row))
-			}
+	for i, f := range r.fields {
+		v := fmt.Sprintf("v%d", i+1)
+		vars = append(vars, v)
+		z := "0"
+		if f.str {
+			z = "''"
+			packed = append(packed, "#t."+f.name)
 		}
-	}
-	if r.n > 0 {
-		zero, named = nil, nil
-		for j, f := range r.fields {
-			var zs, vs []string
-			for row := range r.n {
-				zs = append(zs, "0")
-				vs = append(vs, vars[row*len(r.fields)+j])
-			}
-			zero = append(zero, f.name+" = {[0] = "+strings.Join(zs, ", ")+"}")
-			named = append(named, f.name+" = {[0] = "+strings.Join(vs, ", ")+"}")
-		}
+		zero = append(zero, f.name+" = "+z)
+		named = append(named, f.name+" = "+v)
+		packed = append(packed, "t."+f.name)
 	}
 	fmt.Fprintf(b, "%s.read = function(s)\n  if not s then\n    return {%s}\n  end\n", r.id, strings.Join(zero, ", "))
 	fmt.Fprintf(b, "  local %s = struct.unpack(%s.FMT, s)\n  return {%s}\nend\n", strings.Join(vars, ", "), r.id, strings.Join(named, ", "))
 	fmt.Fprintf(b, "%s.pack = function(t)\n  return struct.pack(%s.FMT, %s)\nend\n", r.id, r.id, strings.Join(packed, ", "))
+}
+
+// writeRows defines a table record's Lua table: ID, FIELD, ROW (a row's
+// struct format), ZERO, get(s, row) and put(s, row, fields...).
+func (r record) writeRows(b *strings.Builder) {
+	size := 8 * len(r.fields)
+	row := record{fields: r.fields}.format()
+	var names []string
+	for _, f := range r.fields {
+		if f.str {
+			panic("redisgate: record " + r.id + ": a table record holds numbers only")
+		}
+		names = append(names, f.name)
+	}
+	// (Lua 5.1 writes a zero byte as \0; it has no \x escapes.)
+	fmt.Fprintf(b, "local %s = {ID = %q, FIELD = %q, ROW = %q, ZERO = \"%s\"}\n", r.id, r.id, r.field, row,
+		strings.Repeat(`\0`, size*r.n))
+	fmt.Fprintf(b, "%s.get = function(s, row)\n  return struct.unpack(%s.ROW, s, row * %d + 1)\nend\n", r.id, r.id, size)
+	fmt.Fprintf(b, "%s.put = function(s, row, %s)\n  return string.sub(s, 1, row * %d) .. struct.pack(%s.ROW, %s) .. string.sub(s, row * %d + %d)\nend\n",
+		r.id, strings.Join(names, ", "), size, r.id, strings.Join(names, ", "), size, size+1)
 }
 
 // decode reads a record of one row (n == 0) as Go values by field name:

@@ -81,65 +81,75 @@ end
 
 -- A source's state is one hash (SRC_KEYS.state): the record BREC in field
 -- BREC.FIELD (the breaker's scalars and the count of its leases), the window
--- WIN in field WIN.FIELD, and one field LEASE .. permit per lease (its end,
--- packed as a double). Records are read and written whole, with one
--- struct.unpack and one struct.pack (see layout.go). A missing hash is the
--- zero Breaker, CLOSED at epoch 0, with no lease. A script reads the window
--- only when it counts (Admit never does) and writes back, in one HSET, only
--- the records that changed.
+-- WIN in field WIN.FIELD (a table of BUCKETS rows: index, calls, fails), and
+-- one field LEASE .. permit per lease (its end, packed as a double). Records
+-- are read whole with one struct.unpack and written with one struct.pack,
+-- the window a row at a time (see layout.go). A missing hash is the zero
+-- Breaker, CLOSED at epoch 0, with no lease. A script reads the window only
+-- when it counts (Admit never does) and writes back, in one HSET, only the
+-- records that changed.
 
 -- b_load reads the breaker: with window (a script that will count), its
 -- window too, and with lease a permit's lease field, in the same HMGET; the
--- lease's end is b.lease_of (nil when the permit holds none).
+-- lease's value is b.lease_of (nil when the permit holds none).
 local function b_load(key, window, lease)
-  local b, w
-  if window then
-    local v = redis.call('HMGET', key, BREC.FIELD, WIN.FIELD)
-    b, w = BREC.read(v[1]), v[2]
-    b.raw = v[1]
-    b.wraw = w or false
-    local win = WIN.read(w)
-    b.bi, b.bc, b.bf = win.index, win.calls, win.fails
+  local v
+  if window and lease then
+    v = redis.call('HMGET', key, BREC.FIELD, LEASE .. lease, WIN.FIELD)
+  elseif window then
+    v = redis.call('HMGET', key, BREC.FIELD, WIN.FIELD)
+    v[3] = v[2]
+    v[2] = false
   elseif lease then
-    local v = redis.call('HMGET', key, BREC.FIELD, LEASE .. lease)
-    b = BREC.read(v[1])
-    b.raw = v[1]
-    b.lease_of = v[2]
+    v = redis.call('HMGET', key, BREC.FIELD, LEASE .. lease)
   else
-    local v = redis.call('HGET', key, BREC.FIELD)
-    b = BREC.read(v)
-    b.raw = v
+    v = { redis.call('HGET', key, BREC.FIELD) }
   end
+  local b = BREC.read(v[1] or nil)
   b.key = key
+  b.raw = v[1]
+  b.lease_of = v[2] or nil
+  if window then
+    b.wold = v[3]
+    b.win = v[3] or WIN.ZERO
+  end
   b.set = {}
   return b
 end
 
--- b_buckets makes b.bi, b.bc, b.bf (Index, Calls, Fails, from 0) readable.
+-- b_buckets makes the window b.win readable.
 local function b_buckets(b)
-  if b.bi then
+  if b.win then
     return
   end
-  local w = redis.call('HGET', b.key, WIN.FIELD)
-  b.wraw = w or false
-  local win = WIN.read(w)
-  b.bi, b.bc, b.bf = win.index, win.calls, win.fails
+  b.wold = redis.call('HGET', b.key, WIN.FIELD)
+  b.win = b.wold or WIN.ZERO
 end
 
 -- b_clear_buckets zeroes every bucket, without reading them first.
 local function b_clear_buckets(b)
-  local win = WIN.read(nil)
-  b.bi, b.bc, b.bf = win.index, win.calls, win.fails
-  b.wdirty = true
+  if b.wold == nil then
+    b.wold = true -- unknown: written whatever it was
+  end
+  b.win = WIN.ZERO
 end
 
 -- b_save writes back what changed, with the fields queued in b.set (leases
 -- taken), in one HSET. A CLOSED breaker without an override gets the idle
--- TTL (garbage collection of abandoned sources); an OPEN or HALF_OPEN one,
--- or one an operator set, is PERSISTed: its state must never expire into a
--- fresh CLOSED breaker.
-local function b_save(b, idle_ttl)
+-- TTL (garbage collection of abandoned sources), set again once an eighth
+-- of it has passed (b.expire_at; without now, every time); an OPEN or
+-- HALF_OPEN one, or one an operator set, is PERSISTed: its state must never
+-- expire into a fresh CLOSED breaker.
+local function b_save(b, idle_ttl, now)
   local set = b.set
+  local ttl = 0 -- 1: PEXPIRE, -1: PERSIST
+  if b.state == CLOSED and b.override == NO_OVERRIDE then
+    if not now or b.expire_at == 0 or now - b.expire_at >= idle_ttl / 8 then
+      ttl, b.expire_at = 1, now or 1
+    end
+  elseif b.expire_at ~= 0 or not now then
+    ttl, b.expire_at = -1, 0
+  end
   local rec = BREC.pack(b)
   -- (A missing record saved unchanged writes nothing.)
   if rec ~= (b.raw or BREC.pack(BREC.read(nil))) then
@@ -147,23 +157,19 @@ local function b_save(b, idle_ttl)
     set[#set + 1] = rec
     b.raw = rec
   end
-  if b.wdirty then
-    local w = WIN.pack({ index = b.bi, calls = b.bc, fails = b.bf })
-    if w ~= b.wraw then
-      set[#set + 1] = WIN.FIELD
-      set[#set + 1] = w
-      b.wraw = w
-    end
-    b.wdirty = false
+  if b.win and b.win ~= b.wold and (b.wold or b.win ~= WIN.ZERO) then
+    set[#set + 1] = WIN.FIELD
+    set[#set + 1] = b.win
+    b.wold = b.win
   end
   if #set == 0 then
     return
   end
   redis.call('HSET', b.key, unpack(set))
   b.set = {}
-  if b.state == CLOSED and b.override == NO_OVERRIDE then
+  if ttl == 1 then
     redis.call('PEXPIRE', b.key, I(idle_ttl))
-  else
+  elseif ttl == -1 then
     redis.call('PERSIST', b.key)
   end
 end
@@ -246,14 +252,15 @@ local function b_record(b, p, now, fail)
   b_buckets(b)
   local idx = idiv(now, w)
   local slot = idx - idiv(idx, BUCKETS) * BUCKETS
-  if b.bi[slot] ~= idx then
-    b.bi[slot], b.bc[slot], b.bf[slot] = idx, 0, 0
+  local index, calls, fails = WIN.get(b.win, slot)
+  if index ~= idx then
+    index, calls, fails = idx, 0, 0
   end
-  b.wdirty = true
-  b.bc[slot] = b.bc[slot] + 1
+  calls = calls + 1
   if fail then
-    b.bf[slot] = b.bf[slot] + 1
+    fails = fails + 1
   end
+  b.win = WIN.put(b.win, slot, index, calls, fails)
 end
 
 -- twin: gate.(*Breaker).Counts
@@ -266,9 +273,10 @@ local function b_counts(b, p, now)
   local idx = idiv(now, w)
   local calls, fails = 0, 0
   for n = 0, BUCKETS - 1 do
-    if b.bi[n] > idx - BUCKETS and b.bi[n] <= idx then
-      calls = calls + b.bc[n]
-      fails = fails + b.bf[n]
+    local i, c, f = WIN.get(b.win, n)
+    if i > idx - BUCKETS and i <= idx then
+      calls = calls + c
+      fails = fails + f
     end
   end
   return calls, fails
@@ -622,8 +630,13 @@ end
 -- one (b_load's lease_of) is not counted twice.
 local function q_take(q, b, l, permit, tokens, now)
   local e = now + l.lease
+  local logged = l.rpm > 0 or l.tpm > 0
   b.set[#b.set + 1] = LEASE .. permit
-  b.set[#b.set + 1] = struct.pack('<d', e)
+  if logged then
+    b.set[#b.set + 1] = struct.pack('<d', e) .. LEASE_LOGGED
+  else
+    b.set[#b.set + 1] = struct.pack('<d', e)
+  end
   if not b.lease_of then
     b.held = b.held + 1
     b.lease_of = true
@@ -631,7 +644,7 @@ local function q_take(q, b, l, permit, tokens, now)
   if b.held == 1 or e < b.lease_min then
     b.lease_min = e
   end
-  if l.rpm == 0 and l.tpm == 0 then
+  if not logged then
     return
   end
   tokens = tadd(0, tokens)
@@ -647,15 +660,17 @@ end
 -- (actual < 0 keeps the estimate), and says whether the slot was held.
 -- The log is not expired here (see q_expire): an admission older than the
 -- minute that is still stored gets its actual tokens, which leave the sum
--- with it.
+-- with it. b_load read the permit's lease (b.lease_of): the log is read only
+-- if the lease says its admission is there, or if the lease has ended.
 local function q_release(q, b, permit, actual, now)
   q_expire(q, b, now, false)
-  local held = redis.call('HDEL', q.state, LEASE .. permit) == 1
+  local lease = b.lease_of
+  local held = lease ~= nil and redis.call('HDEL', q.state, LEASE .. permit) == 1
   if held and b.held > 0 then
     b.held = b.held - 1
   end
   local m = nil
-  if actual >= 0 then
+  if actual >= 0 and (not held or #lease > 8) then
     m = redis.call('HGET', q.data, 'i' .. permit)
   end
   if m then

@@ -11,7 +11,7 @@ local function override(keys, argv)
   if evs == nil then
     return redis.error_reply('redisgate: unknown breaker action ' .. I(a.action))
   end
-  b_save(b, a.idle_ttl)
+  b_save(b, a.idle_ttl, now)
   local events = {}
   for _, e in ipairs(evs) do
     events[#events + 1] = ev_reply(1, e)

@@ -141,6 +141,7 @@ func prelude() string {
 	fmt.Fprintf(&b, "local OVERFLOW_TENANT = %q\n", gate.OverflowTenant)
 	def("LEASE_BYTE", leaseField[0])
 	fmt.Fprintf(&b, "local LEASE = %q\n", leaseField)
+	fmt.Fprintf(&b, "local LEASE_LOGGED = %q\n", leaseLogged)
 	for _, l := range luaLayouts() {
 		l.write(&b)
 	}

@@ -10,7 +10,7 @@ local function settle(keys, argv)
   local q = src_keys(keys, SCOPE_KEYS, 1)
   local o = { permit = a.permit, epoch = a.epoch, probe = a.probe == 1, verdict = a.verdict, floor = a.floor }
 
-  local b = b_load(q.state, true)
+  local b = b_load(q.state, true, a.permit)
   local released = q_release(q, b, o.permit, a.actual, now)
   local effect, evs
   if released or o.probe then
@@ -18,7 +18,7 @@ local function settle(keys, argv)
   else
     effect, evs = b_stale(b, o)
   end
-  b_save(b, a.idle_ttl)
+  b_save(b, a.idle_ttl, now)
   local events = {}
   for _, e in ipairs(evs) do
     events[#events + 1] = ev_reply(1, e)
