@@ -261,8 +261,9 @@ var scopeKeys = keyBlock{"SCOPE_KEYS", []string{"progress", "marker"}, nil}
 // no number is formatted or parsed as text. A record with n > 0 is a table
 // of n rows (numbers only), numbered from 0, that Lua reads and writes a row
 // at a time, in place: L.get(s, row) returns the row's fields, L.put(s,
-// row, ...) the string with the row replaced, and L.ZERO is the table of
-// zeros.
+// row, ...) the string with the row replaced, L.all(s) every row's fields
+// in one array (row r's field F at r * L.COLS + L.F), and L.ZERO is the
+// table of zeros.
 type record struct {
 	id     string
 	field  string // the hash field that holds it
@@ -346,7 +347,8 @@ func (r record) write(b *strings.Builder) {
 }
 
 // writeRows defines a table record's Lua table: ID, FIELD, ROW (a row's
-// struct format), ZERO, get(s, row) and put(s, row, fields...).
+// struct format), COLS and the column of each field by name in upper case,
+// ZERO, get(s, row), put(s, row, fields...) and all(s).
 func (r record) writeRows(b *strings.Builder) {
 	size := 8 * len(r.fields)
 	row := record{fields: r.fields}.format()
@@ -357,9 +359,14 @@ func (r record) writeRows(b *strings.Builder) {
 		}
 		names = append(names, f.name)
 	}
+	cols := ""
+	for i, n := range names {
+		cols += fmt.Sprintf(", %s = %d", strings.ToUpper(n), i+1)
+	}
 	// (Lua 5.1 writes a zero byte as \0; it has no \x escapes.)
-	fmt.Fprintf(b, "local %s = {ID = %q, FIELD = %q, ROW = %q, ZERO = \"%s\"}\n", r.id, r.id, r.field, row,
-		strings.Repeat(`\0`, size*r.n))
+	fmt.Fprintf(b, "local %s = {ID = %q, FIELD = %q, ROW = %q, ALL = %q, COLS = %d%s, ZERO = \"%s\"}\n", r.id, r.id, r.field,
+		row, "<"+strings.Repeat(row[1:], r.n), len(names), cols, strings.Repeat(`\0`, size*r.n))
+	fmt.Fprintf(b, "%s.all = function(s)\n  return {struct.unpack(%s.ALL, s)}\nend\n", r.id, r.id)
 	fmt.Fprintf(b, "%s.get = function(s, row)\n  return struct.unpack(%s.ROW, s, row * %d + 1)\nend\n", r.id, r.id, size)
 	fmt.Fprintf(b, "%s.put = function(s, row, %s)\n  return string.sub(s, 1, row * %d) .. struct.pack(%s.ROW, %s) .. string.sub(s, row * %d + %d)\nend\n",
 		r.id, strings.Join(names, ", "), size, r.id, strings.Join(names, ", "), size, size+1)

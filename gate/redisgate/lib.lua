@@ -272,11 +272,12 @@ local function b_counts(b, p, now)
   b_buckets(b)
   local idx = idiv(now, w)
   local calls, fails = 0, 0
-  for n = 0, BUCKETS - 1 do
-    local i, c, f = WIN.get(b.win, n)
+  local v = WIN.all(b.win)
+  for at = 0, (BUCKETS - 1) * WIN.COLS, WIN.COLS do
+    local i = v[at + WIN.INDEX]
     if i > idx - BUCKETS and i <= idx then
-      calls = calls + c
-      fails = fails + f
+      calls = calls + v[at + WIN.CALLS]
+      fails = fails + v[at + WIN.FAILS]
     end
   end
   return calls, fails
