@@ -113,7 +113,6 @@ local function b_load(key, window, lease)
     b.wold = v[3]
     b.win = v[3] or WIN.ZERO
   end
-  b.set = {}
   return b
 end
 
@@ -135,13 +134,13 @@ local function b_clear_buckets(b)
 end
 
 -- b_save writes back what changed, with the fields queued in b.set (leases
--- taken), in one HSET. A CLOSED breaker without an override gets the idle
+-- taken; nil when none), in one HSET. A CLOSED breaker without an override gets the idle
 -- TTL (garbage collection of abandoned sources), set again once an eighth
 -- of it has passed (b.expire_at; without now, every time); an OPEN or
 -- HALF_OPEN one, or one an operator set, is PERSISTed: its state must never
 -- expire into a fresh CLOSED breaker.
 local function b_save(b, idle_ttl, now)
-  local set = b.set
+  local set = b.set or {}
   local ttl = 0 -- 1: PEXPIRE, -1: PERSIST
   if b.state == CLOSED and b.override == NO_OVERRIDE then
     if not now or b.expire_at == 0 or now - b.expire_at >= idle_ttl / 8 then
@@ -166,13 +165,17 @@ local function b_save(b, idle_ttl, now)
     return
   end
   redis.call('HSET', b.key, unpack(set))
-  b.set = {}
+  b.set = nil
   if ttl == 1 then
     redis.call('PEXPIRE', b.key, I(idle_ttl))
   elseif ttl == -1 then
     redis.call('PERSIST', b.key)
   end
 end
+
+-- NO_EVENTS is the event list of a transition that caused none: shared,
+-- never appended to (callers only read event lists).
+local NO_EVENTS = {}
 
 -- twin: gate.(*Breaker).event
 local function b_event(b, kind, from, cause)
@@ -206,10 +209,10 @@ end
 local function b_enter(b, p, permit, now)
   local reason, wait = b_check(b, now)
   if reason ~= R_NONE then
-    return { allowed = false, probe = false, epoch = b.epoch, reason = reason, wait = wait }, {}
+    return { allowed = false, probe = false, epoch = b.epoch, reason = reason, wait = wait }, NO_EVENTS
   end
   if b.override ~= NO_OVERRIDE or b.state == CLOSED then
-    return { allowed = true, probe = false, epoch = b.epoch, reason = R_NONE, wait = 0 }, {}
+    return { allowed = true, probe = false, epoch = b.epoch, reason = R_NONE, wait = 0 }, NO_EVENTS
   end
   local events = {}
   if b.state == OPEN then
@@ -314,7 +317,7 @@ local function b_settle(b, p, o, now)
     if o.probe and b.probe == o.permit and o.epoch == b.epoch then
       b.probe, b.probe_until = '', 0
     end
-    return F_IGNORED, {}
+    return F_IGNORED, NO_EVENTS
   end
   if o.epoch ~= b.epoch or (o.probe and (b.state ~= HALF_OPEN or b.probe ~= o.permit)) then
     return b_stale(b, o)
@@ -342,7 +345,7 @@ local function b_settle(b, p, o, now)
     if o.verdict == V_SUCCESS then
       b_record(b, p, now, false)
       b.consecutive = 0
-      return F_APPLIED, {}
+      return F_APPLIED, NO_EVENTS
     elseif o.verdict == V_FAILURE then
       b_record(b, p, now, true)
       b.consecutive = b.consecutive + 1
@@ -353,11 +356,11 @@ local function b_settle(b, p, o, now)
       if calls >= p.min_calls and fails / calls >= p.fail_rate then
         return F_APPLIED, { b_open(b, p, now, floor, C_FAILURE_RATE) }
       end
-      return F_APPLIED, {}
+      return F_APPLIED, NO_EVENTS
     elseif o.verdict == V_FORCE_OPEN then
       return F_APPLIED, { b_open(b, p, now, floor, C_SOURCE_DEAD) }
     end
-    return F_NO_VERDICT, {}
+    return F_NO_VERDICT, NO_EVENTS
   elseif b.state == OPEN then
     -- Admitted before the breaker opened: only a dead-source verdict may
     -- make the opening longer, never shorter, never another reopening.
@@ -370,7 +373,7 @@ local function b_settle(b, p, o, now)
         e.cooldown = untl - now
         return F_APPLIED, { e }
       end
-      return F_APPLIED, {}
+      return F_APPLIED, NO_EVENTS
     end
   end
   return b_stale(b, o)
@@ -632,12 +635,11 @@ end
 local function q_take(q, b, l, permit, tokens, now)
   local e = now + l.lease
   local logged = l.rpm > 0 or l.tpm > 0
-  b.set[#b.set + 1] = LEASE .. permit
+  local v = struct.pack('<d', e)
   if logged then
-    b.set[#b.set + 1] = struct.pack('<d', e) .. LEASE_LOGGED
-  else
-    b.set[#b.set + 1] = struct.pack('<d', e)
+    v = v .. LEASE_LOGGED
   end
+  b.set = { LEASE .. permit, v }
   if not b.lease_of then
     b.held = b.held + 1
     b.lease_of = true
