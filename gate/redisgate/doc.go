@@ -54,10 +54,13 @@
 // # Expiry
 //
 // Every key expires once it is no longer needed, so that abandoned scopes
-// and sources do not hold memory forever: the quota keys a little after the
-// longest lease or the minute they count, a scope's progress and a CLOSED
-// breaker after Options.IdleTTL without a write. The exception is a breaker
-// that is OPEN or HALF_OPEN, or that an operator overrode: its hash is
+// and sources do not hold memory forever: the minute's log a little after
+// the minute it counts, a scope's progress after Options.IdleTTL without a
+// write, and a source's state hash (its breaker and leases) while CLOSED
+// between 7/8 of Options.IdleTTL and Options.IdleTTL after its last write
+// (the TTL is set again once an eighth of it has passed, not on every
+// write). The exception is a breaker that is OPEN or HALF_OPEN, or that an
+// operator overrode: its hash is
 // PERSISTed, because an expired OPEN breaker would come back as a fresh
 // CLOSED one and skip its cooldown and its probe, and an expired override
 // would silently end an operator's decision. Such a hash lives until the

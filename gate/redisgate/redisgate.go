@@ -19,9 +19,12 @@ type Options struct {
 	// Prefix starts every key and channel name; default "polygate:". It may
 	// not contain '{' or '}': the scope's name in braces is the hash tag.
 	Prefix string
-	// IdleTTL is how long a CLOSED breaker without an override, and a
-	// scope's progress, survive without a write; default 24h. It should be
-	// far longer than any permit's lease.
+	// IdleTTL is how long a CLOSED breaker without an override (with the
+	// leases of its source), and a scope's progress, survive without a
+	// write; default 24h. A source's state is given it again only once an
+	// eighth of it has passed, so it lasts between 7/8 of it and all of it
+	// after the last write. It should be far longer than any permit's
+	// lease.
 	IdleTTL time.Duration
 	// Clock, when set, is the time of every decision in place of the Redis
 	// server's TIME. Tests only: see the package documentation.
