@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -51,7 +52,10 @@ func (l args[T]) pack(out []any, v *T) []any {
 	for _, f := range l.fields {
 		x := f.put(v)
 		if f.str {
-			s := x.(string)
+			s, ok := x.(string)
+			if !ok {
+				s = fmt.Sprint(x) // a number (an absent block's 0) as its text, as go-redis writes an argument
+			}
 			b = binary.LittleEndian.AppendUint32(b, uint32(len(s)))
 			b = append(b, s...)
 			continue
@@ -69,10 +73,16 @@ func float(v any) float64 {
 		return float64(v)
 	case int64:
 		return float64(v)
-	case uint64:
-		return float64(v)
 	case float64:
 		return v
+	}
+	switch rv := reflect.ValueOf(v); {
+	case rv.CanInt():
+		return float64(rv.Int())
+	case rv.CanUint():
+		return float64(rv.Uint())
+	case rv.CanFloat():
+		return rv.Float()
 	}
 	panic(fmt.Sprintf("redisgate: a number field of type %T", v))
 }
