@@ -3,6 +3,7 @@ package redisgate_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -25,16 +26,31 @@ import (
 // (the Pick as a waiter, the Settle handing the slot on; nobody waits):
 //
 //	go test -run '^$' -bench AttemptCycle -benchmem ./gate/redisgate/
+//
+// The source has an rpm limit; limits=concurrency is the same attempt on a
+// source with a concurrency limit only (make bench's), whose minute's log
+// is not kept. On Redis the serial cells also report the server's CPU per
+// attempt (INFO cpu: redis-cpu-µs/op). POLYGATE_BENCH_REDIS=host:port runs
+// the benchmark against that server instead of one of its own, for
+// instance a redis-server under valgrind --tool=callgrind, whose
+// instruction count does not move with the machine's load
+// (docs/performance.md).
 func BenchmarkAttemptCycle(b *testing.B) {
-	srv := redistest.Start(b)
-	client := srv.Client(b)
+	var client *redis.Client
+	if addr := os.Getenv("POLYGATE_BENCH_REDIS"); addr != "" {
+		client = redis.NewClient(&redis.Options{Addr: addr})
+		b.Cleanup(func() { _ = client.Close() })
+	} else {
+		client = redistest.Start(b).Client(b)
+	}
 	rb, err := redisgate.New(client, redisgate.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
-	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 1_000_000; s.Limits.RPM = 100_000_000 })
+	rpmSrc := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 1_000_000; s.Limits.RPM = 100_000_000 })
+	concSrc := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 1_000_000 })
 	var ids atomic.Int64
-	cycle := func(b *testing.B, ctx context.Context, g gate.Backend, scope string, ordered bool) {
+	cycle := func(b *testing.B, ctx context.Context, g gate.Backend, src *gate.Source, scope string, ordered bool) {
 		id := fmt.Sprint("p", ids.Add(1))
 		var w *gate.Waiter
 		var h *gate.LineHandoff
@@ -61,29 +77,54 @@ func BenchmarkAttemptCycle(b *testing.B) {
 		g    gate.Backend
 	}{{"memory", inmem.New(nil)}, {"redis", rb}} {
 		ctx := context.Background()
-		for _, ordered := range []bool{false, true} {
-			name := "backend=" + be.name
-			if ordered {
-				name += "/ordered"
-			}
+		for _, c := range []struct {
+			suffix  string
+			src     *gate.Source
+			ordered bool
+		}{{"", rpmSrc, false}, {"/ordered", rpmSrc, true}, {"/limits=concurrency", concSrc, false}} {
+			name := "backend=" + be.name + c.suffix
 			b.Run(name, func(b *testing.B) {
 				u, n := scriptStats(b, client)
+				cpu := redisCPU(b, client)
 				for b.Loop() {
-					cycle(b, ctx, be.g, b.Name(), ordered)
+					cycle(b, ctx, be.g, c.src, b.Name(), c.ordered)
 				}
 				u1, n1 := scriptStats(b, client)
 				b.ReportMetric(float64(u1-u)/float64(b.N), "redis-µs/op")
 				b.ReportMetric(float64(n1-n)/float64(b.N), "redis-cmds/op")
+				b.ReportMetric(float64((redisCPU(b, client)-cpu).Microseconds())/float64(b.N), "redis-cpu-µs/op")
 			})
 			b.Run(name+"/parallel", func(b *testing.B) {
 				b.RunParallel(func(pb *testing.PB) {
 					for pb.Next() {
-						cycle(b, ctx, be.g, b.Name(), ordered)
+						cycle(b, ctx, be.g, c.src, b.Name(), c.ordered)
 					}
 				})
 			})
 		}
 	}
+}
+
+// redisCPU is the CPU time the server has used (INFO cpu: used_cpu_user +
+// used_cpu_sys): unlike commandstats' µs, it leaves out the time the server
+// waited for a core.
+func redisCPU(b *testing.B, c redis.UniversalClient) time.Duration {
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var sec float64
+	for _, line := range strings.Split(info, "\n") {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+		if k == "used_cpu_user" || k == "used_cpu_sys" {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				b.Fatalf("INFO cpu: %s=%q", k, v)
+			}
+			sec += f
+		}
+	}
+	return time.Duration(sec * float64(time.Second))
 }
 
 // scriptStats is the Redis server's work so far in script calls, from INFO
