@@ -37,8 +37,10 @@ type Decision struct {
 //     a released permit, or a source the scope's poller finds admissible on
 //     its read of the backend every poll_interval — and at most until the
 //     stall budget (plus one poll_interval) is spent. A change is noticed
-//     within one poll interval, as with the formula's polling, but the caller
-//     makes one round trip per change instead of one per poll interval.
+//     within one poll interval, as with the formula's polling (within the
+//     poller's backed-off interval, at most 1 s, when every held caller waits
+//     for a breaker change only: waiter.interval), but the caller makes one
+//     round trip per change instead of one per poll interval.
 //
 // Either wait answers before ctx's deadline: a certain wait then leaves the
 // rest of its sleep to the caller, an uncertain one leaves nothing (the caller
