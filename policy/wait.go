@@ -96,17 +96,17 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 	}
 	cfg, srcs := s.snapshot()
 	circuit = nr.GateRejections == len(srcs)
-	req := s.peekRequest(srcs, c.Tokens)
+	var snap gate.Snapshot
 	if joins(cfg, nr, circuit) {
-		// The read takes the call's place in line (or keeps it).
+		// The read takes the call's place in line (or keeps it): the call's own.
+		req := s.peekRequest(srcs, c.Tokens)
 		req.Line = &gate.LineRead{Lease: lineLease(cfg), Join: s.waiter(c, cfg)}
-	}
-	snap, err := s.backend.Peek(ctx, req)
-	if err != nil {
-		return d, false, false, err
-	}
-	if req.Line != nil {
+		if snap, err = s.backend.Peek(ctx, req); err != nil {
+			return d, false, false, err
+		}
 		s.placed(c, snap.Line.Place)
+	} else if _, snap, err = s.reads.peek(ctx, c.Tokens); err != nil {
+		return d, false, false, err
 	}
 	now := time.Now()
 	hint := s.breakerWait(snap, now)
