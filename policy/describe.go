@@ -22,7 +22,7 @@ func (s *Scope) RetryAfter(ctx context.Context, names []string) (time.Duration, 
 			return 0, nil, fmt.Errorf("%w: %q in scope %s", ErrUnknownSource, n, s.name)
 		}
 	}
-	_, snap, err := s.reads.peek(ctx, 0)
+	_, snap, err := s.reads.peek(ctx, 0, false)
 	if err != nil {
 		return 0, nil, err
 	}

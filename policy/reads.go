@@ -17,10 +17,13 @@ import (
 // there is at most one read in flight and one gathering callers, and n
 // concurrent callers cost about one read per read time instead of n.
 //
-// Each read runs on a goroutine of its own, which also runs the reads queued
-// behind it: a backend's deep call (go-redis) grows that goroutine's stack, not
-// the stack of an RPC that then parks in OnNoRunnable for minutes
-// (docs/performance.md, "What a held call costs").
+// A read runs on the goroutine of the caller that starts it, unless that
+// caller asks for it apart: OnNoRunnable's caller then parks for minutes, and
+// a backend's deep call (go-redis) would have grown its stack to 16 KB
+// (docs/performance.md, "What a held call costs"). A read apart runs on a
+// goroutine of its own. Reads that gathered behind a read run on a goroutine
+// of their own too, one after the other, so no caller serves others' reads
+// after its own.
 type reads struct {
 	// do reads every current source of the scope for an attempt of tokens.
 	do func(ctx context.Context, tokens int64) ([]*source, gate.Snapshot, error)
@@ -50,27 +53,34 @@ func newReads(do func(ctx context.Context, tokens int64) ([]*source, gate.Snapsh
 
 // peek reads every source of the scope for an attempt of tokens, sharing the
 // read with the callers that ask at the same time, and returns the sources
-// read with the snapshot. The read runs without ctx's cancellation (others
-// may share it; the backend bounds its own calls); the caller stops waiting
-// for it when ctx ends.
-func (r *reads) peek(ctx context.Context, tokens int64) ([]*source, gate.Snapshot, error) {
+// read with the snapshot. apart: a read this caller starts runs on another
+// goroutine. The read runs without ctx's cancellation (others may share it;
+// the backend bounds its own calls); a caller that does not run it stops
+// waiting for it when ctx ends.
+func (r *reads) peek(ctx context.Context, tokens int64, apart bool) ([]*source, gate.Snapshot, error) {
 	r.mu.Lock()
 	k := r.keys[tokens]
 	if k == nil {
 		k = &readKey{}
 		r.keys[tokens] = k
 	}
-	rd := k.next
+	rd, start := k.next, false
 	if rd == nil {
 		rd = &read{ctx: context.WithoutCancel(ctx), done: make(chan struct{})}
 		if k.running == nil {
-			k.running = rd
-			go r.run(tokens, k, rd)
+			k.running, start = rd, true
 		} else {
 			k.next = rd
 		}
 	}
 	r.mu.Unlock()
+	switch {
+	case start && apart:
+		go r.run(tokens, k, rd, false)
+	case start:
+		r.run(tokens, k, rd, true)
+		return rd.srcs, rd.snap, rd.err
+	}
 	select {
 	case <-rd.done:
 		return rd.srcs, rd.snap, rd.err
@@ -79,8 +89,9 @@ func (r *reads) peek(ctx context.Context, tokens int64) ([]*source, gate.Snapsho
 	}
 }
 
-// run does rd, then the reads that gathered behind it, until none is asked.
-func (r *reads) run(tokens int64, k *readKey, rd *read) {
+// run does rd, then the reads that gathered behind it, until none is asked;
+// inline (on a caller's goroutine), it hands those to a goroutine of their own.
+func (r *reads) run(tokens int64, k *readKey, rd *read, inline bool) {
 	for rd != nil {
 		rd.srcs, rd.snap, rd.err = r.do(rd.ctx, tokens)
 		rd.ctx = nil
@@ -91,5 +102,9 @@ func (r *reads) run(tokens int64, k *readKey, rd *read) {
 			delete(r.keys, tokens)
 		}
 		r.mu.Unlock()
+		if rd != nil && inline {
+			go r.run(tokens, k, rd, false)
+			return
+		}
 	}
 }

@@ -35,68 +35,76 @@ func newFakeReads(t0 time.Time) *fakeReads {
 
 // Callers asking while a read is in flight share the next read, which starts
 // after every one of them asked (never a read that started before); other
-// token counts read on their own.
+// token counts read on their own; and every caller is answered when its read
+// ends, so the caller that ran a read on its goroutine did not go on to serve
+// the reads gathered behind it.
 func TestReadsCoalesceWithoutStaleness(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		t0 := time.Now()
-		f := newFakeReads(t0)
-		type answer struct {
-			asked, readStart time.Duration
-			read             int
-		}
-		var (
-			mu      sync.Mutex
-			answers []answer
-			wg      sync.WaitGroup
-		)
-		ask := func(tokens int64, at time.Duration) {
-			wg.Go(func() {
-				time.Sleep(at)
-				_, snap, err := f.peek(context.Background(), tokens)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				n := int(snap.ProgressAge)
-				f.mu.Lock()
-				start := f.starts[tokens][n-1]
-				f.mu.Unlock()
-				mu.Lock()
-				answers = append(answers, answer{asked: at, readStart: start, read: n})
-				mu.Unlock()
-			})
-		}
-		ask(0, 0)
-		for i := range 10 {
-			ask(0, 100*time.Millisecond+time.Duration(i)*50*time.Millisecond) // during read 1
-		}
-		ask(0, 1500*time.Millisecond) // during read 2
-		ask(7, 100*time.Millisecond)  // another token count
-		wg.Wait()
-		if got := f.starts[0]; len(got) != 3 || got[0] != 0 || got[1] != time.Second || got[2] != 2*time.Second {
-			t.Fatalf("reads for 0 tokens started at %v, want 0s 1s 2s (12 callers, 3 reads)", got)
-		}
-		if got := f.starts[7]; len(got) != 1 || got[0] != 100*time.Millisecond {
-			t.Fatalf("reads for 7 tokens started at %v, want one at 100ms", got)
-		}
-		for _, a := range answers {
-			if a.readStart < a.asked {
-				t.Errorf("a caller that asked at %v was answered by read %d, which started at %v", a.asked, a.read, a.readStart)
-			}
-		}
-		if len(answers) != 13 {
-			t.Fatalf("%d answers for 13 callers", len(answers))
-		}
-		synctest.Wait()
-		if len(f.keys) != 0 {
-			t.Fatalf("%d token counts kept after every read ended", len(f.keys))
-		}
-	})
+	for _, apart := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Inline", true: "Apart"}[apart], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { testCoalesce(t, apart) })
+		})
+	}
 }
 
-// A caller that gives up gets its context's error at once; the read goes on
-// for the others, who get its result, and an error of the read reaches every
-// caller that shared it.
+func testCoalesce(t *testing.T, apart bool) {
+	t0 := time.Now()
+	f := newFakeReads(t0)
+	type answer struct {
+		asked, readStart, answered time.Duration
+		read                       int
+	}
+	var (
+		mu      sync.Mutex
+		answers []answer
+		wg      sync.WaitGroup
+	)
+	ask := func(tokens int64, at time.Duration) {
+		wg.Go(func() {
+			time.Sleep(at)
+			_, snap, err := f.peek(context.Background(), tokens, apart)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			n := int(snap.ProgressAge)
+			f.mu.Lock()
+			start := f.starts[tokens][n-1]
+			f.mu.Unlock()
+			mu.Lock()
+			answers = append(answers, answer{asked: at, readStart: start, answered: time.Since(t0), read: n})
+			mu.Unlock()
+		})
+	}
+	ask(0, 0)
+	for i := range 10 {
+		ask(0, 100*time.Millisecond+time.Duration(i)*50*time.Millisecond) // during read 1
+	}
+	ask(0, 1500*time.Millisecond) // during read 2
+	ask(7, 100*time.Millisecond)  // another token count
+	wg.Wait()
+	if got := f.starts[0]; len(got) != 3 || got[0] != 0 || got[1] != time.Second || got[2] != 2*time.Second {
+		t.Fatalf("reads for 0 tokens started at %v, want 0s 1s 2s (12 callers, 3 reads)", got)
+	}
+	if got := f.starts[7]; len(got) != 1 || got[0] != 100*time.Millisecond {
+		t.Fatalf("reads for 7 tokens started at %v, want one at 100ms", got)
+	}
+	for _, a := range answers {
+		if a.readStart < a.asked || a.answered != a.readStart+time.Second {
+			t.Errorf("a caller that asked at %v was answered at %v by read %d, which started at %v", a.asked, a.answered, a.read, a.readStart)
+		}
+	}
+	if len(answers) != 13 {
+		t.Fatalf("%d answers for 13 callers", len(answers))
+	}
+	synctest.Wait()
+	if len(f.keys) != 0 {
+		t.Fatalf("%d token counts kept after every read ended", len(f.keys))
+	}
+}
+
+// A caller that gives up waiting for a read gets its context's error at once;
+// the read goes on for the others, who get its result, and an error of the
+// read reaches every caller that shared it.
 func TestReadsCallerGoneAndErrors(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFakeReads(time.Now())
@@ -104,12 +112,13 @@ func TestReadsCallerGoneAndErrors(t *testing.T) {
 		defer cancel()
 		var wg sync.WaitGroup
 		wg.Go(func() {
-			if _, _, err := f.peek(context.Background(), 0); err != nil {
+			if _, _, err := f.peek(context.Background(), 0, false); err != nil {
 				t.Errorf("the staying caller: %v", err)
 			}
 		})
+		synctest.Wait() // the staying caller's read is in flight
 		start := time.Now()
-		if _, _, err := f.peek(gone, 0); !errors.Is(err, context.DeadlineExceeded) || time.Since(start) != 100*time.Millisecond {
+		if _, _, err := f.peek(gone, 0, false); !errors.Is(err, context.DeadlineExceeded) || time.Since(start) != 100*time.Millisecond {
 			t.Fatalf("the caller gone after 100ms: %v after %v", err, time.Since(start))
 		}
 		wg.Wait()
@@ -120,7 +129,7 @@ func TestReadsCallerGoneAndErrors(t *testing.T) {
 		f.mu.Unlock()
 		for range 3 {
 			wg.Go(func() {
-				if _, _, err := f.peek(context.Background(), 0); !errors.Is(err, down) {
+				if _, _, err := f.peek(context.Background(), 0, true); !errors.Is(err, down) {
 					t.Errorf("a caller sharing a failed read: %v", err)
 				}
 			})

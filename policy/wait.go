@@ -105,7 +105,7 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 			return d, false, false, err
 		}
 		s.placed(c, snap.Line.Place)
-	} else if _, snap, err = s.reads.peek(ctx, c.Tokens); err != nil {
+	} else if _, snap, err = s.reads.peek(ctx, c.Tokens, true); err != nil { // the caller may park for long: read apart
 		return d, false, false, err
 	}
 	now := time.Now()
