@@ -7,8 +7,12 @@ import (
 	"github.com/polygate/polygate/gate"
 )
 
-// reads coalesces the scope's reads of the backend (Peek of every source) for
-// OnNoRunnable's decision, RetryAfter and the poller.
+// reads coalesces the scope's plain reads of the backend (Peek of every
+// source, no line) for OnNoRunnable's decision and RetryAfter. A read that
+// carries a line (a caller taking its place in it, the poller renewing this
+// replica's lease) is its caller's own. (Before the line moved into the
+// backend, sharing the poller's read made cmd/sidecar
+// TestHandoffWakesOnlyTheHead wake a second waiter per release.)
 //
 // Freshness: a caller is answered by a read whose request was built and sent
 // after the caller asked, so its answer is never staler than a read of its
