@@ -12,22 +12,30 @@ import (
 
 // RetryAfter is the earliest certain retry moment over the named sources (all
 // when none are named), with each source's state.
+//
+// It reads every source, in a read shared with the scope's other readers
+// (reads), and answers for the named ones.
 func (s *Scope) RetryAfter(ctx context.Context, names []string) (time.Duration, []gate.SourceView, error) {
 	_, srcs := s.snapshot()
-	if len(names) > 0 {
-		picked := make([]*source, 0, len(names))
-		for _, n := range names {
-			i := slices.IndexFunc(srcs, func(src *source) bool { return src.cfg.Name == n })
-			if i < 0 {
-				return 0, nil, fmt.Errorf("%w: %q in scope %s", ErrUnknownSource, n, s.name)
-			}
-			picked = append(picked, srcs[i])
+	for _, n := range names {
+		if !slices.ContainsFunc(srcs, func(src *source) bool { return src.cfg.Name == n }) {
+			return 0, nil, fmt.Errorf("%w: %q in scope %s", ErrUnknownSource, n, s.name)
 		}
-		srcs = picked
 	}
-	snap, err := s.backend.Peek(ctx, s.peekRequest(srcs, 0))
+	_, snap, err := s.reads.peek(ctx, 0, false)
 	if err != nil {
 		return 0, nil, err
+	}
+	if len(names) > 0 {
+		picked := make([]gate.SourceView, 0, len(names))
+		for _, n := range names {
+			i := slices.IndexFunc(snap.Sources, func(v gate.SourceView) bool { return v.Source == n })
+			if i < 0 { // removed by a reload since the names were checked
+				return 0, nil, fmt.Errorf("%w: %q in scope %s", ErrUnknownSource, n, s.name)
+			}
+			picked = append(picked, snap.Sources[i])
+		}
+		snap.Sources = picked
 	}
 	return s.breakerWait(snap, time.Now()), snap.Sources, nil
 }

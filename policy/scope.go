@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"context"
 	"errors"
 	"math/rand/v2"
 	"sync"
@@ -100,10 +101,11 @@ type Scope struct {
 	cfg  *config.Scope
 	srcs []*source
 
-	sel  *selector
-	memo *Memo
-	wait *waiter
-	line *line
+	sel   *selector
+	memo  *Memo
+	wait  *waiter
+	line  *line
+	reads *reads
 }
 
 // NewScope returns the decisions of one scope over a backend.
@@ -116,6 +118,7 @@ func NewScope(cfg *config.Scope, b gate.Backend, o Options) *Scope {
 		cfg, _ := s.snapshot()
 		return time.Duration(float64(cfg.PollInterval) * (0.5 + 0.5*s.rand()))
 	})
+	s.reads = newReads(s.read)
 	if s.rand == nil {
 		s.rand = rand.Float64
 	}
@@ -182,6 +185,14 @@ func (s *Scope) peekRequest(srcs []*source, tokens int64) gate.PeekRequest {
 		req.Sources[i], req.Ceilings[i] = &src.gate, src.pacer.Ceiling()
 	}
 	return req
+}
+
+// read reads every current source, at its pacer's ceiling, for an attempt of
+// tokens (what reads coalesces).
+func (s *Scope) read(ctx context.Context, tokens int64) ([]*source, gate.Snapshot, error) {
+	_, srcs := s.snapshot()
+	snap, err := s.backend.Peek(ctx, s.peekRequest(srcs, tokens))
+	return srcs, snap, err
 }
 
 // absorb reports a decision's breaker events and wakes waiting callers when

@@ -37,8 +37,10 @@ type Decision struct {
 //     a released permit, or a source the scope's poller finds admissible on
 //     its read of the backend every poll_interval — and at most until the
 //     stall budget (plus one poll_interval) is spent. A change is noticed
-//     within one poll interval, as with the formula's polling, but the caller
-//     makes one round trip per change instead of one per poll interval.
+//     within one poll interval, as with the formula's polling (within the
+//     poller's backed-off interval, at most 1 s, when every held caller waits
+//     for a breaker change only: waiter.interval), but the caller makes one
+//     round trip per change instead of one per poll interval.
 //
 // Either wait answers before ctx's deadline: a certain wait then leaves the
 // rest of its sleep to the caller, an uncertain one leaves nothing (the caller
@@ -94,17 +96,17 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 	}
 	cfg, srcs := s.snapshot()
 	circuit = nr.GateRejections == len(srcs)
-	req := s.peekRequest(srcs, c.Tokens)
+	var snap gate.Snapshot
 	if joins(cfg, nr, circuit) {
-		// The read takes the call's place in line (or keeps it).
+		// The read takes the call's place in line (or keeps it): the call's own.
+		req := s.peekRequest(srcs, c.Tokens)
 		req.Line = &gate.LineRead{Lease: lineLease(cfg), Join: s.waiter(c, cfg)}
-	}
-	snap, err := s.backend.Peek(ctx, req)
-	if err != nil {
-		return d, false, false, err
-	}
-	if req.Line != nil {
+		if snap, err = s.backend.Peek(ctx, req); err != nil {
+			return d, false, false, err
+		}
 		s.placed(c, snap.Line.Place)
+	} else if _, snap, err = s.reads.peek(ctx, c.Tokens, true); err != nil { // the caller may park for long: read apart
+		return d, false, false, err
 	}
 	now := time.Now()
 	hint := s.breakerWait(snap, now)

@@ -36,14 +36,23 @@ type waiter struct {
 
 	mu       sync.Mutex
 	watchers int
-	polling  bool
-	idle     chan struct{} // the last watcher left
+	// forCapacity counts the watchers that a released permit would help
+	// (not refused by every breaker); quiet counts the poller's reads in a
+	// row that found nothing while there were none (see interval).
+	forCapacity int
+	quiet       int
+	polling     bool
+	idle        chan struct{} // the last watcher left
+	kick        chan struct{} // a watcher for capacity came while the poller was backed off
 }
+
+// quietCeiling bounds the poller's backed-off interval (see interval).
+const quietCeiling = time.Second
 
 func newWaiter(poll func() bool, every func() time.Duration) *waiter {
 	w := &waiter{
 		breakers: newSignal(), capacity: newSignal(), closing: make(chan struct{}),
-		poll: poll, every: every, idle: make(chan struct{}, 1),
+		poll: poll, every: every, idle: make(chan struct{}, 1), kick: make(chan struct{}, 1),
 	}
 	w.found = w.breakers.fire
 	return w
@@ -70,7 +79,7 @@ func (w *waiter) hold(ctx context.Context, t ticket, nap time.Duration, circuit,
 		t.freed = nil
 	}
 	if uncertain {
-		defer w.watch()()
+		defer w.watch(!circuit)()
 	}
 	timer := time.NewTimer(nap)
 	defer timer.Stop()
@@ -88,10 +97,22 @@ func (w *waiter) hold(ctx context.Context, t ticket, nap time.Duration, circuit,
 }
 
 // watch registers a caller held without a certain time; the poller runs
-// while there is one. The returned function unregisters it.
-func (w *waiter) watch() (unwatch func()) {
+// while there is one. forCapacity: a released permit would help the caller
+// (it is not refused by every breaker), so the poller keeps poll_interval.
+// The returned function unregisters it.
+func (w *waiter) watch(forCapacity bool) (unwatch func()) {
 	w.mu.Lock()
 	w.watchers++
+	if forCapacity {
+		w.forCapacity++
+		if w.quiet > 0 {
+			w.quiet = 0
+			select {
+			case w.kick <- struct{}{}: // the poller naps poll_interval from now, not its backed-off interval
+			default:
+			}
+		}
+	}
 	if !w.polling {
 		w.polling = true
 		go w.run()
@@ -100,6 +121,9 @@ func (w *waiter) watch() (unwatch func()) {
 	return func() {
 		w.mu.Lock()
 		w.watchers--
+		if forCapacity {
+			w.forCapacity--
+		}
 		if w.watchers == 0 {
 			select {
 			case w.idle <- struct{}{}: // the poller stops now, not at its next tick
@@ -113,38 +137,81 @@ func (w *waiter) watch() (unwatch func()) {
 // run is the poller: one backend read per interval for the whole scope
 // while callers are held, which notices what no local signal reports — a
 // permit released or a lease expired on another replica, a probe lease that
-// ran out — and wakes the held callers when a source would admit.
+// ran out, a breaker change whose announcement was lost — and wakes the held
+// callers when a source would admit.
 func (w *waiter) run() {
-	for w.nap(w.every()) {
-		if w.poll() {
+	for {
+		changed := w.breakers.wait()
+		poll, ok := w.nap(w.interval())
+		if !ok {
+			return
+		}
+		if !poll {
+			continue // kicked: nap again, poll_interval this time
+		}
+		found := w.poll()
+		if found {
 			w.found()
 		}
+		w.mu.Lock()
+		if found || isClosed(changed) || w.forCapacity > 0 {
+			w.quiet = 0
+		} else {
+			w.quiet++
+		}
+		w.mu.Unlock()
 	}
 }
 
-// nap waits d for the poller, and reports false (the poller stopped) when
-// the last watcher left or the waiter closed. A stop meant for a watcher that
-// a new one has since replaced does not cut the interval short.
-func (w *waiter) nap(d time.Duration) bool {
+// interval is the poller's next nap. While a held caller waits for capacity
+// it is every() (poll_interval, jittered): a permit released on another
+// replica is announced by nothing. While every held caller is refused by
+// every breaker, what the callers wait for is a breaker change, which this
+// replica's own decisions signal and the Redis backend's announcements
+// report; the poll only catches what those miss (a lost announcement, a
+// probe lease that ran out). So after each read in a row that found nothing,
+// with no breaker change meanwhile, the interval doubles, up to quietCeiling
+// (or every(), if that is longer).
+func (w *waiter) interval() time.Duration {
+	d := w.every()
+	w.mu.Lock()
+	quiet := w.quiet
+	w.mu.Unlock()
+	for range min(quiet, 32) {
+		if 2*d > quietCeiling {
+			break
+		}
+		d *= 2
+	}
+	return d
+}
+
+// nap waits d for the poller. It reports ok false (the poller stopped) when
+// the last watcher left or the waiter closed, and poll false when a watcher
+// for capacity cut a backed-off interval short. A stop meant for a watcher
+// that a new one has since replaced does not cut the interval short.
+func (w *waiter) nap(d time.Duration) (poll, ok bool) {
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	for {
-		elapsed := false
+		elapsed, kicked := false, false
 		select {
 		case <-timer.C:
 			elapsed = true
+		case <-w.kick:
+			kicked = true
 		case <-w.idle:
 		case <-w.closing:
 		}
 		w.mu.Lock()
 		if w.watchers == 0 || isClosed(w.closing) {
-			w.polling = false
+			w.polling, w.quiet = false, 0
 			w.mu.Unlock()
-			return false
+			return false, false
 		}
 		w.mu.Unlock()
-		if elapsed {
-			return true
+		if elapsed || kicked {
+			return elapsed, true
 		}
 	}
 }

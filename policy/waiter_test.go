@@ -2,6 +2,8 @@ package policy
 
 import (
 	"context"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -114,5 +116,72 @@ func TestWaiterPollerKeepsItsIntervalAcrossWatchers(t *testing.T) {
 		if n := polls.Load(); n != 3 {
 			t.Fatalf("%d polls for three intervals", n)
 		}
+	})
+}
+
+// While every held caller is refused by every breaker, the poller's interval
+// doubles after each read that finds nothing, up to quietCeiling; a caller
+// waiting for capacity brings it back to poll_interval at once, and a read
+// that finds a source admissible starts the doubling over.
+func TestWaiterPollerBacksOffWhileOnlyBreakersAreAwaited(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var (
+			admits atomic.Bool
+			mu     sync.Mutex
+			polls  []time.Duration
+			start  = time.Now()
+		)
+		w := newWaiter(func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			polls = append(polls, time.Since(start))
+			return admits.Load()
+		}, func() time.Duration { return 100 * time.Millisecond })
+		t.Cleanup(w.close)
+		expect := func(what string, ms ...int) {
+			t.Helper()
+			mu.Lock()
+			defer mu.Unlock()
+			want := make([]time.Duration, len(ms))
+			for i, v := range ms {
+				want[i] = time.Duration(v) * time.Millisecond
+			}
+			if !slices.Equal(polls, want) {
+				t.Fatalf("%s: polls at %v, want %v", what, polls, want)
+			}
+		}
+		ctx := context.Background()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if _, err := w.hold(ctx, w.ticket(), 4*time.Second, true, true); err != nil {
+				t.Error(err)
+			}
+		}()
+		time.Sleep(2550 * time.Millisecond)
+		// 100, 200, 400, then 800 ms (1.6 s would pass the ceiling).
+		expect("circuit-only", 100, 300, 700, 1500, 2300)
+		// A caller for capacity arrives: poll_interval from now on.
+		if _, err := w.hold(ctx, w.ticket(), 350*time.Millisecond, false, true); err != nil {
+			t.Fatal(err)
+		}
+		expect("with a caller for capacity", 100, 300, 700, 1500, 2300, 2650, 2750, 2850)
+		<-done
+		synctest.Wait() // the poller stops with its last watcher
+
+		// A new poller starts at poll_interval; a read that finds a source
+		// admissible wakes the callers and starts the doubling over.
+		mu.Lock()
+		polls, start = nil, time.Now()
+		mu.Unlock()
+		admits.Store(true)
+		if woken, _ := w.hold(ctx, w.ticket(), time.Hour, true, true); !woken {
+			t.Fatal("an admitting read did not wake the circuit-only caller")
+		}
+		admits.Store(false)
+		if _, err := w.hold(ctx, w.ticket(), 650*time.Millisecond, true, true); err != nil {
+			t.Fatal(err)
+		}
+		expect("after an admitting read", 100, 200, 400)
 	})
 }

@@ -258,11 +258,16 @@ func (r *Report) Print(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "target\theld calls\tRSS KB/call\tCPU while held (% core)\tanswered after clear\tlast answer ms\tanswered early\twait log lines\tfailed\t")
+	fmt.Fprintln(tw, "target\theld calls\tRSS KB/call\tCPU while held (% core)\tanswered after clear\tfirst / median / last answer ms\twake CPU µs/call\tanswered early\twait log lines\tfailed\t")
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	for _, h := range r.held {
-		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.2f\t%d\t%.0f\t%d\t%d\t%d\t\n", h.target, h.calls,
+		wake := "-"
+		if h.answered > 0 {
+			wake = fmt.Sprintf("%.1f", us(h.wakeCPU)/float64(h.answered))
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.2f\t%d\t%.0f / %.0f / %.0f\t%s\t%d\t%d\t%d\t\n", h.target, h.calls,
 			float64(h.rssDelta)/float64(h.calls)/1024, 100*h.cpu.Seconds()/h.window.Seconds(),
-			h.answered, float64(h.last)/float64(time.Millisecond), h.early, h.logLines, h.failed)
+			h.answered, ms(h.first), ms(h.median), ms(h.last), wake, h.early, h.logLines, h.failed)
 	}
 	_ = tw.Flush()
 	for _, h := range r.held {

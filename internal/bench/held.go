@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -29,7 +30,10 @@ type held struct {
 	answered int           // OnNoRunnable answers after the breaker was cleared
 	early    int           // answers before it was cleared (should be 0)
 	failed   int           // calls whose Pick or OnNoRunnable failed
+	first    time.Duration // clear → the first answer (the wake-up itself)
+	median   time.Duration // clear → the median answer
 	last     time.Duration // clear → the last answer
+	wakeCPU  time.Duration // the target's CPU from the clear to the last answer
 	logLines int           // "call waiting" and "calls waiting" lines the target logged meanwhile
 	err      error         // the first failed call
 }
@@ -137,15 +141,24 @@ func (c *client) hold(ctx context.Context, pid int, logPath string, n int, settl
 		cancel()
 		<-done
 	}
+	cpu2, err := procCPU(pid)
+	if err != nil {
+		return h, err
+	}
+	h.wakeCPU = cpu2 - cpu1
+	var after []time.Duration
 	for _, at := range lastAnswer {
 		switch {
 		case at == 0:
 		case at < t0.UnixNano():
 			h.early++
 		default:
-			h.answered++
-			h.last = max(h.last, time.Duration(at-t0.UnixNano()))
+			after = append(after, time.Duration(at-t0.UnixNano()))
 		}
+	}
+	if h.answered = len(after); h.answered > 0 {
+		slices.Sort(after)
+		h.first, h.median, h.last = after[0], after[len(after)/2], after[len(after)-1]
 	}
 	h.err = firstErr
 	h.logLines = countLines(logPath, "call waiting", "calls waiting") - logs0

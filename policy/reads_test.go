@@ -1,0 +1,139 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/polygate/polygate/gate"
+)
+
+// fakeReads is a reads over a backend read that takes a second and records
+// when each read started, per token count.
+type fakeReads struct {
+	*reads
+	mu     sync.Mutex
+	starts map[int64][]time.Duration
+	err    error
+}
+
+func newFakeReads(t0 time.Time) *fakeReads {
+	f := &fakeReads{starts: make(map[int64][]time.Duration)}
+	f.reads = newReads(func(_ context.Context, tokens int64) ([]*source, gate.Snapshot, error) {
+		f.mu.Lock()
+		f.starts[tokens] = append(f.starts[tokens], time.Since(t0))
+		n, err := len(f.starts[tokens]), f.err
+		f.mu.Unlock()
+		time.Sleep(time.Second)
+		return nil, gate.Snapshot{ProgressAge: time.Duration(n)}, err // ProgressAge numbers the read
+	})
+	return f
+}
+
+// Callers asking while a read is in flight share the next read, which starts
+// after every one of them asked (never a read that started before); other
+// token counts read on their own; and every caller is answered when its read
+// ends, so the caller that ran a read on its goroutine did not go on to serve
+// the reads gathered behind it.
+func TestReadsCoalesceWithoutStaleness(t *testing.T) {
+	for _, apart := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Inline", true: "Apart"}[apart], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { testCoalesce(t, apart) })
+		})
+	}
+}
+
+func testCoalesce(t *testing.T, apart bool) {
+	t0 := time.Now()
+	f := newFakeReads(t0)
+	type answer struct {
+		asked, readStart, answered time.Duration
+		read                       int
+	}
+	var (
+		mu      sync.Mutex
+		answers []answer
+		wg      sync.WaitGroup
+	)
+	ask := func(tokens int64, at time.Duration) {
+		wg.Go(func() {
+			time.Sleep(at)
+			_, snap, err := f.peek(context.Background(), tokens, apart)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			n := int(snap.ProgressAge)
+			f.mu.Lock()
+			start := f.starts[tokens][n-1]
+			f.mu.Unlock()
+			mu.Lock()
+			answers = append(answers, answer{asked: at, readStart: start, answered: time.Since(t0), read: n})
+			mu.Unlock()
+		})
+	}
+	ask(0, 0)
+	for i := range 10 {
+		ask(0, 100*time.Millisecond+time.Duration(i)*50*time.Millisecond) // during read 1
+	}
+	ask(0, 1500*time.Millisecond) // during read 2
+	ask(7, 100*time.Millisecond)  // another token count
+	wg.Wait()
+	if got := f.starts[0]; len(got) != 3 || got[0] != 0 || got[1] != time.Second || got[2] != 2*time.Second {
+		t.Fatalf("reads for 0 tokens started at %v, want 0s 1s 2s (12 callers, 3 reads)", got)
+	}
+	if got := f.starts[7]; len(got) != 1 || got[0] != 100*time.Millisecond {
+		t.Fatalf("reads for 7 tokens started at %v, want one at 100ms", got)
+	}
+	for _, a := range answers {
+		if a.readStart < a.asked || a.answered != a.readStart+time.Second {
+			t.Errorf("a caller that asked at %v was answered at %v by read %d, which started at %v", a.asked, a.answered, a.read, a.readStart)
+		}
+	}
+	if len(answers) != 13 {
+		t.Fatalf("%d answers for 13 callers", len(answers))
+	}
+	synctest.Wait()
+	if len(f.keys) != 0 {
+		t.Fatalf("%d token counts kept after every read ended", len(f.keys))
+	}
+}
+
+// A caller that gives up waiting for a read gets its context's error at once;
+// the read goes on for the others, who get its result, and an error of the
+// read reaches every caller that shared it.
+func TestReadsCallerGoneAndErrors(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeReads(time.Now())
+		gone, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			if _, _, err := f.peek(context.Background(), 0, false); err != nil {
+				t.Errorf("the staying caller: %v", err)
+			}
+		})
+		synctest.Wait() // the staying caller's read is in flight
+		start := time.Now()
+		if _, _, err := f.peek(gone, 0, false); !errors.Is(err, context.DeadlineExceeded) || time.Since(start) != 100*time.Millisecond {
+			t.Fatalf("the caller gone after 100ms: %v after %v", err, time.Since(start))
+		}
+		wg.Wait()
+
+		down := errors.New("backend down")
+		f.mu.Lock()
+		f.err = down
+		f.mu.Unlock()
+		for range 3 {
+			wg.Go(func() {
+				if _, _, err := f.peek(context.Background(), 0, true); !errors.Is(err, down) {
+					t.Errorf("a caller sharing a failed read: %v", err)
+				}
+			})
+		}
+		wg.Wait()
+	})
+}
