@@ -1,7 +1,6 @@
 package telemetry
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/polygate/polygate/config"
 	"github.com/polygate/polygate/gate/inmem"
+	"github.com/polygate/polygate/internal/admissiontest"
 	"github.com/polygate/polygate/policy"
 )
 
@@ -23,32 +23,14 @@ import (
 // and the scope's server-side waits follow the bubble's fake clock, so every
 // duration below is exact.
 
-func testLog() (*slog.Logger, *lockedBuffer) {
-	buf := &lockedBuffer{}
+func testLog() (*slog.Logger, *admissiontest.LockedBuffer) {
+	buf := &admissiontest.LockedBuffer{}
 	return slog.New(slog.NewTextHandler(buf, nil)), buf
 }
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) count(msg string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Count(l.b.String(), `msg="`+msg)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+// count is how many lines logged msg.
+func count(logs *admissiontest.LockedBuffer, msg string) int {
+	return strings.Count(logs.String(), `msg="`+msg)
 }
 
 func ctx(t *testing.T) context.Context {
@@ -347,7 +329,7 @@ func TestFullQueueDropsAndCounts(t *testing.T) {
 		if st.written != 5 || s.calls.Load()+s.attempts.Load() != 5 {
 			t.Fatalf("written %d (%d calls, %d attempts), want 5", st.written, s.calls.Load(), s.attempts.Load())
 		}
-		if logs.count("telemetry degraded") != 1 || !strings.Contains(logs.String(), "dropped_queue_full=6 dropped_write_failed=0 queue_size=4") {
+		if count(logs, "telemetry degraded") != 1 || !strings.Contains(logs.String(), "dropped_queue_full=6 dropped_write_failed=0 queue_size=4") {
 			t.Fatalf("log:\n%s", logs)
 		}
 		if !s.degraded.Load() {
@@ -357,7 +339,7 @@ func TestFullQueueDropsAndCounts(t *testing.T) {
 		// whole interval without: recovered.
 		time.Sleep(2 * warnEvery)
 		synctest.Wait()
-		if s.degraded.Load() || logs.count("telemetry recovered") != 1 || !strings.Contains(logs.String(), "dropped_queue_full=6 dropped_write_failed=0 degraded_for=1m59.9s") {
+		if s.degraded.Load() || count(logs, "telemetry recovered") != 1 || !strings.Contains(logs.String(), "dropped_queue_full=6 dropped_write_failed=0 degraded_for=1m59.9s") {
 			t.Fatalf("log:\n%s", logs)
 		}
 		if err := s.Close(); err != nil {
@@ -396,7 +378,7 @@ func TestFailingWritesLogAtMostOncePerInterval(t *testing.T) {
 		}
 		// Each record is written a linger after it arrives: degraded at 5.1s;
 		// reminders at 65.1s, 125.1s, 185.1s, 245.1s; recovered at 360s.
-		if logs.count("telemetry degraded") != 1 || logs.count("telemetry still degraded") != 4 || logs.count("telemetry recovered") != 1 {
+		if count(logs, "telemetry degraded") != 1 || count(logs, "telemetry still degraded") != 4 || count(logs, "telemetry recovered") != 1 {
 			t.Fatalf("log:\n%s", logs)
 		}
 		for _, want := range []string{
@@ -443,7 +425,7 @@ func TestFullDatabaseDegrades(t *testing.T) {
 			t.Fatal(err)
 		}
 		if s.writeDropped.Load() == 0 || s.failedWrites.Load() == 0 || !s.degraded.Load() ||
-			!strings.Contains(logs.String(), "database or disk is full") || logs.count("telemetry degraded") != 1 {
+			!strings.Contains(logs.String(), "database or disk is full") || count(logs, "telemetry degraded") != 1 {
 			t.Fatalf("dropped %d, failed writes %d, degraded %v\n%s", s.writeDropped.Load(), s.failedWrites.Load(), s.degraded.Load(), logs)
 		}
 		if _, err := st.conn.ExecContext(ctx(t), "PRAGMA max_page_count = 1000000"); err != nil {
