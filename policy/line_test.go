@@ -152,3 +152,27 @@ func TestLineOrdersAndHandsOff(t *testing.T) {
 		})
 	})
 }
+
+// In shadow mode nobody waits, so nobody is in line and no would-be refusal
+// is queued: a Pick that enforcement would refuse for capacity reports that
+// capacity's own reason, even with a waiter of the fleet in the backend's
+// line, and the Pick does not join it.
+func TestShadowReportsNoQueued(t *testing.T) {
+	s, b := newScope(t, `
+mode: shadow
+sources: [{name: only, max_concurrency: 1}]
+`)
+	grant(t, s, newCall(s)) // takes the only slot
+	waiter := &gate.Waiter{ID: "elsewhere", Weight: 1, OtherWeight: 1, MaxTenants: 1, Lease: time.Hour}
+	if _, err := b.Peek(ctx(t), gate.PeekRequest{Scope: s.Name(), Line: &gate.LineRead{Lease: time.Hour, Join: waiter}}); err != nil {
+		t.Fatalf("Peek: %v", err)
+	}
+	g := grant(t, s, newCall(s))
+	if !g.Shadow || reasons(g.ShadowRefusals) != "only:rate_limited:0s " {
+		t.Fatalf("shadow grant %+v refusals %s, want only:rate_limited", g, reasons(g.ShadowRefusals))
+	}
+	snap, err := b.Peek(ctx(t), gate.PeekRequest{Scope: s.Name(), Line: &gate.LineRead{Lease: time.Hour}})
+	if err != nil || snap.Line.Length != 1 {
+		t.Fatalf("line after the shadow Pick: %+v, %v; want the one waiter", snap.Line, err)
+	}
+}
