@@ -31,8 +31,9 @@ type AdmitRequest struct {
 	// Tokens is the attempt's estimated token count, charged to TPM.
 	Tokens     int64
 	Candidates []Candidate
-	// Line, when set, orders the Pick in the scope's line (see line.go):
-	// a Pick behind the head is Queued without walking the candidates.
+	// Line, when set, orders the Pick in each candidate's line (see
+	// line.go): a candidate whose line has the Pick behind its head is
+	// refused as queued without asking its quota or breaker.
 	Line *Waiter
 }
 
@@ -66,10 +67,9 @@ type Admission struct {
 	Events     []Event
 	// ProgressAge is the time since the scope's last successful attempt (Never if none).
 	ProgressAge time.Duration
-	// Queued: the line refused the Pick; no candidate was asked.
-	Queued bool
-	// Place is the Line waiter's place after the Pick ("" none).
-	Place string
+	// Places are the Line waiter's places after the Pick, by source (none
+	// when it is in no line).
+	Places map[string]string
 }
 
 // SettleRequest reports the outcome of one permit's attempt.
@@ -114,7 +114,7 @@ type PeekRequest struct {
 	Ceilings []int
 	// Tokens is the estimate of the attempt the verdicts are for.
 	Tokens int64
-	// Line, when set, reads the scope's line (and may join it).
+	// Line, when set, reads the line of each source (and may join some).
 	Line *LineRead
 }
 
@@ -138,13 +138,14 @@ type SourceView struct {
 	// is ReasonNone when it would grant (a HALF_OPEN breaker whose probe is
 	// free counts as granting), else the rejection Admit would return.
 	Verdict Rejection
+	// Line is the source's line, when the Peek read it.
+	Line LineView
 }
 
 // Snapshot is the result of one Peek.
 type Snapshot struct {
 	Sources     []SourceView
 	ProgressAge time.Duration
-	Line        LineView
 }
 
 // OverrideRequest carries an operator's action on one source's breaker.
@@ -181,7 +182,7 @@ type Backend interface {
 	Peek(ctx context.Context, req PeekRequest) (Snapshot, error)
 	// Override carries out an operator's action on a breaker.
 	Override(ctx context.Context, req OverrideRequest) (OverrideResult, error)
-	// Leave takes a waiter out of its scope's line.
+	// Leave takes a waiter out of the lines of the sources named.
 	Leave(ctx context.Context, req LeaveRequest) error
 }
 

@@ -8,10 +8,13 @@ import (
 	"time"
 )
 
-// The line orders the callers of a scope that wait for its capacity
+// A line orders the callers that wait for one source's capacity
 // (concurrency, RPM, TPM, pacer), in the backend, so that on a shared
 // backend it is the fleet's: a waiter held by one replica ranked before a
-// waiter held by another gets the slot first.
+// waiter held by another gets the slot first. Each source of a scope has
+// its own line: a call waits in the lines of the sources that refused it
+// for capacity, Admit checks each candidate's line in its walk, and a
+// release hands off from the released source's line.
 //
 // Rank is static, fixed when a waiter joins, so that the order needs no
 // re-scoring: a key of three fixed-width numbers compared as text.
@@ -42,7 +45,7 @@ import (
 // place: it is not ordered, and its Picks are queued while anyone waits
 // ahead of it, as any newcomer's.
 
-// LineCap bounds a scope's line.
+// LineCap bounds a source's line.
 const LineCap = 10000
 
 // OverflowTenant is the bucket of tenants beyond a scope's max_tenants.
@@ -55,7 +58,7 @@ const ShareScale = 1_000_000
 // lower first.
 const ClassOffset = 1 << 51
 
-// Waiter names a call in its scope's line.
+// Waiter names a call in a source's line.
 type Waiter struct {
 	ID string
 	// Replica holds the waiter; "" is the backend's own (the Redis backend
@@ -70,16 +73,29 @@ type Waiter struct {
 	// Lease is how long the replica is trusted without being heard from,
 	// and how long a called waiter has to ask.
 	Lease time.Duration
-	// Place is the place the waiter had ("" none), to take back.
-	Place string
+	// Place is the place the waiter had in the line at hand ("" none), to
+	// take back; Places are its places by source, as the backend's Admit
+	// and Peek take them (each line gets its source's as Place).
+	Place  string
+	Places map[string]string
+}
+
+// At is w in source's line: its place there as Place.
+func (w *Waiter) At(source string) *Waiter {
+	at := *w
+	at.Place = w.Places[source]
+	return &at
 }
 
 // LineRead asks Peek about the line.
 type LineRead struct {
 	Replica string
 	Lease   time.Duration
-	// Join, when set, gives the waiter a place (or keeps the one it has).
-	Join *Waiter
+	// Join, when set, gives the waiter a place (or keeps the one it has) in
+	// the lines of the sources named in Joins, those that refused it for
+	// capacity.
+	Join  *Waiter
+	Joins []string
 	// Describe counts the whole line (Oldest, Groups).
 	Describe bool
 }
@@ -111,13 +127,15 @@ type LineHandoff struct {
 	Lease   time.Duration
 }
 
-// LeaveRequest takes a waiter out of its scope's line.
+// LeaveRequest takes a waiter out of the lines of some of a scope's sources.
 type LeaveRequest struct {
 	Scope  string
 	Waiter string
+	// Sources are the lines to leave.
+	Sources []string
 }
 
-// Line is a scope's line as the memory backend keeps it; the Redis
+// Line is a source's line as the memory backend keeps it; the Redis
 // backend's lib.lua follows it function by function.
 type Line struct {
 	entries []*lineEntry // by member

@@ -48,7 +48,7 @@ type Call struct {
 	lastPermit string
 	lastAnswer Recorded
 	answers    map[string]Recorded
-	place      string // the call's place in line as the backend gave it ("" none; see line)
+	places     map[string]string // the call's places in line by source, as the backend gave them (see line)
 }
 
 // NewCall opens a call at now. Its maps are made when first written: most

@@ -48,6 +48,9 @@ type SourceState struct {
 	Ceiling        int
 	Memo           time.Duration
 	FailedRecently bool
+	// Line is the line of callers waiting for the source's capacity (the
+	// fleet's on a shared backend).
+	Line LineState
 }
 
 // Description is a scope's live state and effective configuration.
@@ -55,9 +58,6 @@ type Description struct {
 	Config      *config.Scope
 	Sources     []SourceState
 	ProgressAge time.Duration
-	// Line is the line of callers waiting for the scope's capacity (one
-	// line for the scope's sources; the fleet's on a shared backend).
-	Line LineState
 }
 
 // Describe reads the scope; it never takes a probe.
@@ -70,10 +70,11 @@ func (s *Scope) Describe(ctx context.Context) (Description, error) {
 		return Description{}, err
 	}
 	now := time.Now()
-	d := Description{Config: cfg, ProgressAge: snap.ProgressAge,
-		Line: LineState{Length: snap.Line.Length, OldestWait: snap.Line.Oldest, Groups: snap.Line.Groups}}
+	d := Description{Config: cfg, ProgressAge: snap.ProgressAge}
 	for i, src := range srcs {
+		l := snap.Sources[i].Line
 		d.Sources = append(d.Sources, SourceState{
+			Line:   LineState{Length: l.Length, OldestWait: l.Oldest, Groups: l.Groups},
 			Config: src.cfg, View: snap.Sources[i], Ceiling: src.pacer.Ceiling(),
 			Memo: s.memo.Remaining(src.cfg.Name, now), FailedRecently: src.failedRecently(now),
 		})

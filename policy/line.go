@@ -2,6 +2,8 @@ package policy
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -9,22 +11,27 @@ import (
 	"github.com/polygate/polygate/gate"
 )
 
-// The line orders the callers of a scope that wait for capacity
+// Each source has a line of the callers that wait for its capacity
 // (concurrency, RPM, TPM, pacer): higher priority first (aged by
 // priority_aging), then weighted fair share across tenants, then first come,
-// first served. The line itself is the backend's (gate/line.go), so that on
-// Redis it is the fleet's; it rides in the round trips a call makes anyway:
-//   - a Pick of a call behind the head is refused as queued by the backend's
-//     Admit without asking the quotas; the head, a waiter handed a slot, and
-//     a newcomer ranked before the head go to the walk;
-//   - a call takes its place in line when it waits (OnNoRunnable's read of
-//     the backend), not when a Pick is refused, so that a caller that never
-//     waits does not hold the line;
-//   - a released slot is handed to one waiter (handoff) by the Settle that
-//     released it; a local waiter is woken at once, one on another replica
-//     by its replica's poller, within one poll interval;
+// first served. The lines are the backend's (gate/line.go), so that on
+// Redis they are the fleet's; they ride in the round trips a call makes
+// anyway:
+//   - in the backend's Admit walk, a candidate whose line has the call
+//     behind its head refuses it as queued without asking its quota; the
+//     head, a waiter handed a slot, and a newcomer ranked before the head
+//     go on to the quota, and another source with free capacity and an
+//     empty line may still grant;
+//   - a call takes its place in the lines of the sources that refused it
+//     for capacity when it waits (OnNoRunnable's read of the backend), not
+//     when a Pick is refused, so that a caller that never waits does not
+//     hold a line; a grant on any source leaves every line;
+//   - a released slot is handed to one waiter of the released source's
+//     line (handoff) by the Settle that released it; a local waiter is woken
+//     at once, one on another replica by its replica's poller, within one
+//     poll interval;
 //   - the poller's read tells this replica which of its waiters are at the
-//     front of the line when a source would admit.
+//     front of the line of a source that would admit.
 //
 // Breakers are not ordered: a refusal by every breaker leaves the line.
 // This side keeps only the wake-up channels of the calls it holds in line;
@@ -54,16 +61,17 @@ func (s *Scope) waiter(c *Call, cfg *config.Scope) *gate.Waiter {
 	return &gate.Waiter{
 		ID: c.ID, Priority: c.Priority, Tenant: c.Tenant,
 		Weight: cfg.TenantWeight(c.Tenant), OtherWeight: cfg.TenantWeight(gate.OverflowTenant),
-		MaxTenants: cfg.MaxTenants, Aging: cfg.PriorityAging, Lease: lineLease(cfg), Place: c.place,
+		MaxTenants: cfg.MaxTenants, Aging: cfg.PriorityAging, Lease: lineLease(cfg), Places: c.places,
 	}
 }
 
-// placed records the backend's answer about c's place. Called with c.mu held.
-func (s *Scope) placed(c *Call, place string) {
-	c.place = place
+// placed records the backend's answer about c's places. Called with c.mu
+// held.
+func (s *Scope) placed(c *Call, places map[string]string) {
+	c.places = places
 	s.line.mu.Lock()
 	defer s.line.mu.Unlock()
-	if place == "" {
+	if len(places) == 0 {
 		delete(s.line.held, c.ID)
 		return
 	}
@@ -85,13 +93,65 @@ func (s *Scope) placed(c *Call, place string) {
 // second: a waiter the backend could not be told about leaves with its
 // lease, or is set aside when it does not take a slot handed to it.
 func (s *Scope) leave(c *Call) {
-	if c.place == "" {
+	if len(c.places) == 0 {
 		return
 	}
-	s.placed(c, "")
+	sources := slices.Sorted(maps.Keys(c.places))
+	s.placed(c, nil)
+	s.leaveLines(c, sources)
+}
+
+// leaveLines takes c out of the lines of sources.
+func (s *Scope) leaveLines(c *Call, sources []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	_ = s.backend.Leave(ctx, gate.LeaveRequest{Scope: s.name, Waiter: c.ID})
+	_ = s.backend.Leave(ctx, gate.LeaveRequest{Scope: s.name, Waiter: c.ID, Sources: sources})
+}
+
+// admitted records an Admit's answer about c's places: the candidates'
+// lines answered for themselves; a place in the line of a source that was
+// not a candidate (cooling down, TPM) is kept, unless c was granted, which
+// leaves every line. Called with c.mu held.
+func (s *Scope) admitted(c *Call, cands []gate.Candidate, adm gate.Admission) {
+	places := maps.Clone(adm.Places)
+	var gone []string
+	for src, p := range c.places {
+		if slices.ContainsFunc(cands, func(c gate.Candidate) bool { return c.Source.Name == src }) {
+			continue
+		}
+		if adm.Granted {
+			gone = append(gone, src)
+			continue
+		}
+		if places == nil {
+			places = map[string]string{}
+		}
+		places[src] = p
+	}
+	s.placed(c, places)
+	if len(gone) > 0 {
+		s.leaveLines(c, gone)
+	}
+}
+
+// joined records a read's answer about c's places in the lines it joined.
+// Called with c.mu held.
+func (s *Scope) joined(c *Call, joins []string, snap gate.Snapshot) {
+	places := maps.Clone(c.places)
+	for _, v := range snap.Sources {
+		if !slices.Contains(joins, v.Source) {
+			continue
+		}
+		if places == nil {
+			places = map[string]string{}
+		}
+		if v.Line.Place == "" {
+			delete(places, v.Source)
+		} else {
+			places[v.Source] = v.Line.Place
+		}
+	}
+	s.placed(c, places)
 }
 
 // Forget takes a call the sidecar forgets (idle expiry) out of the line.
@@ -130,7 +190,7 @@ func (l *line) waker(c *Call) <-chan struct{} {
 // LineGroup counts the waiters of one priority and tenant.
 type LineGroup = gate.LineGroup
 
-// LineState is the line as DescribeScope shows it.
+// LineState is a source's line as DescribeScope shows it.
 type LineState struct {
 	Length     int
 	OldestWait time.Duration
@@ -153,19 +213,23 @@ func (s *Scope) inLine(c *Call, t ticket, d Decision) ticket {
 	return t
 }
 
-// joins reports whether a call refused by nr takes its place in line when
-// it waits: it waits for capacity, would wait rather than fail, and the
-// scope enforces.
-func joins(cfg *config.Scope, nr *NoRunnable, circuit bool) bool {
-	return !circuit && cfg.QuotaFull != config.FailFast && cfg.Mode != config.Shadow && gate.CapacityRefused(nr.Sources)
-}
-
-// queuedRefusal reports whether a refusal was the line's (no backend asked).
-func queuedRefusal(nr *NoRunnable) bool {
+// joins names the lines a call refused by nr takes its place in when it
+// waits: those of the sources that refused it for capacity, when it would
+// wait rather than fail and the scope enforces.
+func joins(cfg *config.Scope, nr *NoRunnable, circuit bool) []string {
+	if circuit || cfg.QuotaFull == config.FailFast || cfg.Mode == config.Shadow {
+		return nil
+	}
+	var names []string
 	for _, r := range nr.Sources {
-		if r.Reason == gate.ReasonQueued {
-			return true
+		if gate.CapacityRefused([]gate.Rejection{r}) {
+			names = append(names, r.Source)
 		}
 	}
-	return false
+	return names
+}
+
+// queuedRefusal reports whether a refusal was a line's (no quota asked).
+func queuedRefusal(nr *NoRunnable) bool {
+	return slices.ContainsFunc(nr.Sources, func(r gate.Rejection) bool { return r.Reason == gate.ReasonQueued })
 }

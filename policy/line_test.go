@@ -89,8 +89,8 @@ func TestLineOrdersAndHandsOff(t *testing.T) {
 				b.wait(ctx(t), w.label, w.prio, w.tenant)
 			}
 			d, err := b.s.Describe(ctx(t))
-			if err != nil || d.Line.Length != 5 {
-				t.Fatalf("line %+v %v, want 5 waiting", d.Line, err)
+			if err != nil || d.Sources[0].Line.Length != 5 {
+				t.Fatalf("line %+v %v, want 5 waiting", d.Sources[0].Line, err)
 			}
 			want := []string{"hi", "a1", "b1", "a2", "a3"}
 			if got := b.serve(holder, g, 5); !slices.Equal(got, want) {
@@ -164,15 +164,16 @@ sources: [{name: only, max_concurrency: 1}]
 `)
 	grant(t, s, newCall(s)) // takes the only slot
 	waiter := &gate.Waiter{ID: "elsewhere", Weight: 1, OtherWeight: 1, MaxTenants: 1, Lease: time.Hour}
-	if _, err := b.Peek(ctx(t), gate.PeekRequest{Scope: s.Name(), Line: &gate.LineRead{Lease: time.Hour, Join: waiter}}); err != nil {
+	only := []*gate.Source{{Name: "only", Limits: gate.Limits{MaxConcurrency: 1}}}
+	if _, err := b.Peek(ctx(t), gate.PeekRequest{Scope: s.Name(), Sources: only, Line: &gate.LineRead{Lease: time.Hour, Join: waiter, Joins: []string{"only"}}}); err != nil {
 		t.Fatalf("Peek: %v", err)
 	}
 	g := grant(t, s, newCall(s))
 	if !g.Shadow || reasons(g.ShadowRefusals) != "only:rate_limited:0s " {
 		t.Fatalf("shadow grant %+v refusals %s, want only:rate_limited", g, reasons(g.ShadowRefusals))
 	}
-	snap, err := b.Peek(ctx(t), gate.PeekRequest{Scope: s.Name(), Line: &gate.LineRead{Lease: time.Hour}})
-	if err != nil || snap.Line.Length != 1 {
-		t.Fatalf("line after the shadow Pick: %+v, %v; want the one waiter", snap.Line, err)
+	snap, err := b.Peek(ctx(t), gate.PeekRequest{Scope: s.Name(), Sources: only, Line: &gate.LineRead{Lease: time.Hour}})
+	if err != nil || snap.Sources[0].Line.Length != 1 {
+		t.Fatalf("line after the shadow Pick: %+v, %v; want the one waiter", snap.Sources, err)
 	}
 }

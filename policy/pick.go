@@ -110,10 +110,7 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 			return Pick{}, nil, err
 		}
 		if w != nil {
-			s.placed(c, adm.Place)
-		}
-		if adm.Queued {
-			return Pick{NoRunnable: s.queued(c, order, refused)}, adm.Events, nil
+			s.admitted(c, cands, adm)
 		}
 		if adm.Granted && ctx.Err() != nil {
 			i := slices.IndexFunc(cands, func(c gate.Candidate) bool { return c.Source.Name == adm.Permit.Source })

@@ -29,25 +29,6 @@ func (s *Scope) shadowPermit(order []*source, cfg *config.Scope, tokens int64) (
 	return src, gate.Permit{ID: NewID("p"), Source: src.cfg.Name, Tokens: tokens, Lease: src.cfg.Lease(cfg.LeaseGrace)}
 }
 
-// queued is the refusal of a Pick behind the head of the line: each source
-// the backend would have been asked about is refused as queued; those the
-// walk refused before (TPM, cooldown memo) keep their reasons.
-func (s *Scope) queued(c *Call, order []*source, refused map[string]gate.Rejection) *NoRunnable {
-	nr := &NoRunnable{Sources: make([]gate.Rejection, 0, len(order))}
-	for _, src := range order {
-		r, ok := refused[src.cfg.Name]
-		if !ok {
-			r = gate.Rejection{Source: src.cfg.Name, Reason: gate.ReasonQueued}
-		}
-		if r.Reason.Gate() {
-			nr.GateRejections++
-		}
-		nr.Sources = append(nr.Sources, r)
-	}
-	c.last = nr
-	return nr
-}
-
 // freed is a released permit: the waiter the backend handed the slot to is
 // woken if this replica holds it, and callers held outside the line re-ask.
 func (s *Scope) freed(handoff string) {

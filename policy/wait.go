@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/polygate/polygate/config"
@@ -97,14 +98,17 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 	cfg, srcs := s.snapshot()
 	circuit = nr.GateRejections == len(srcs)
 	var snap gate.Snapshot
-	if joins(cfg, nr, circuit) {
-		// The read takes the call's place in line (or keeps it): the call's own.
+	me := ""
+	if names := joins(cfg, nr, circuit); len(names) > 0 {
+		// The read takes the call's places in line (or keeps them): the
+		// call's own.
 		req := s.peekRequest(srcs, c.Tokens)
-		req.Line = &gate.LineRead{Lease: lineLease(cfg), Join: s.waiter(c, cfg)}
+		req.Line = &gate.LineRead{Lease: lineLease(cfg), Join: s.waiter(c, cfg), Joins: names}
 		if snap, err = s.backend.Peek(ctx, req); err != nil {
 			return d, false, false, err
 		}
-		s.placed(c, snap.Line.Place)
+		s.joined(c, names, snap)
+		me = c.ID
 	} else if _, snap, err = s.reads.peek(ctx, c.Tokens, true); err != nil { // the caller may park for long: read apart
 		return d, false, false, err
 	}
@@ -124,7 +128,7 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 	}
 	peeked := c.peeked
 	c.peeked = false
-	if s.admissible(snap) && !peeked && !queuedRefusal(nr) {
+	if s.admissible(snap, me) && !peeked && (me != "" || !queuedRefusal(nr)) {
 		// Something changed between the Pick and this read (a permit released,
 		// a breaker closed or reset elsewhere), before the wake-ups were
 		// taken: that is a wake-up, not a reason to fail or to wait. Only
@@ -173,11 +177,11 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 	return Decision{Sleep: ceilMs(sleep), Uncertain: uncertain}, circuit, first, nil
 }
 
-// pollOnce is the poller's read of the backend: whether some source would
-// admit an attempt now, so that every held caller re-asks. While anyone
-// waits in line, only this replica's waiters at its front are woken: those
-// handed a slot, and the head when a source admits (the read also tells
-// the backend this replica is alive).
+// pollOnce is the poller's read of the backend: whether some source with
+// nobody in its line would admit an attempt now, so that every held caller
+// re-asks. Of a source with a line, only this replica's waiters at its
+// front are woken: those handed a slot, and the head when the source admits
+// (the read also tells the backend this replica is alive).
 func (s *Scope) pollOnce() bool {
 	cfg, srcs := s.snapshot()
 	ctx, cancel := context.WithTimeout(context.Background(), max(cfg.PollInterval, time.Second))
@@ -188,27 +192,29 @@ func (s *Scope) pollOnce() bool {
 	if err != nil {
 		return false
 	}
-	found := s.admissible(snap)
-	if snap.Line.Length > 0 {
+	found := s.admissible(snap, "")
+	for _, v := range snap.Sources {
 		// A slot handed to a waiter here by another replica is its to ask
-		// for, whatever this read says; the head only when a source admits.
-		s.line.wake(snap.Line.Wake...)
-		if found && snap.Line.Head != "" {
-			s.line.wake(snap.Line.Head)
+		// for, whatever this read says; the head only when its source
+		// admits.
+		s.line.wake(v.Line.Wake...)
+		if v.Verdict.Reason == gate.ReasonNone && v.Line.Head != "" {
+			s.line.wake(v.Line.Head)
 		}
-		return false
 	}
 	return found
 }
 
 // admissible reports whether the backend's verdict admits some source of a
-// snapshot now, refreshing the cooldown memo from it.
-func (s *Scope) admissible(snap gate.Snapshot) bool {
+// snapshot now for waiter id ("" none): a source with nobody in its line,
+// or one where id is at the front. It refreshes the cooldown memo.
+func (s *Scope) admissible(snap gate.Snapshot, id string) bool {
 	now := time.Now()
 	found := false
 	for _, v := range snap.Sources {
 		s.remember(v.Source, v.Breaker, now)
-		found = found || v.Verdict.Reason == gate.ReasonNone
+		front := v.Line.Length == 0 || (id != "" && (v.Line.Head == id || slices.Contains(v.Line.Wake, id)))
+		found = found || (v.Verdict.Reason == gate.ReasonNone && front)
 	}
 	return found
 }

@@ -251,7 +251,7 @@ func scopeDescription(d policy.Description, live int, backend string) *admission
 	}
 	for i := range d.Sources {
 		st := sourceState(d.Sources[i].View, &d.Sources[i], d.Config)
-		st.Line = sourceLine(d.Line)
+		st.Line = sourceLine(d.Sources[i].Line)
 		out.Sources = append(out.Sources, st)
 	}
 	return out

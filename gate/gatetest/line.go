@@ -31,11 +31,14 @@ func waiter(id string, prio int32, tenant string, opts ...func(*gate.Waiter)) *g
 // join gives w a place (the Peek of a caller that waits).
 func (e *env) join(src *gate.Source, w *gate.Waiter) {
 	e.t.Helper()
-	v := e.readLine(src, &gate.LineRead{Replica: w.Replica, Lease: w.Lease, Join: w})
+	v := e.readLine(src, &gate.LineRead{Replica: w.Replica, Lease: w.Lease, Join: w, Joins: []string{src.Name}})
 	if v.Place == "" {
 		e.t.Fatalf("join %s: no place", w.ID)
 	}
-	w.Place = v.Place
+	if w.Places == nil {
+		w.Places = map[string]string{}
+	}
+	w.Places[src.Name] = v.Place
 }
 
 func (e *env) readLine(src *gate.Source, r *gate.LineRead) gate.LineView {
@@ -44,7 +47,7 @@ func (e *env) readLine(src *gate.Source, r *gate.LineRead) gate.LineView {
 	if err != nil {
 		e.t.Fatalf("Peek: %v", err)
 	}
-	return s.Line
+	return s.Sources[0].Line
 }
 
 // pick is w's Pick on src.
@@ -55,11 +58,16 @@ func (e *env) pick(src *gate.Source, w *gate.Waiter) gate.Admission {
 	if err != nil {
 		e.t.Fatalf("Admit: %v", err)
 	}
-	if a.Queued && (a.Granted || len(a.Rejections) > 0) {
+	if queued(a) && len(a.Events) > 0 {
 		e.t.Fatalf("a queued Pick asked the source: %+v", a)
 	}
-	w.Place = a.Place
+	w.Places = a.Places
 	return a
+}
+
+// queued reports whether a one-candidate Pick was refused by the line.
+func queued(a gate.Admission) bool {
+	return len(a.Rejections) == 1 && a.Rejections[0].Reason == gate.ReasonQueued
 }
 
 // serve lets every waiter Pick, again and again, and returns the ids in the
@@ -149,16 +157,16 @@ func runLine(t *testing.T, factory Factory) {
 		e := newEnv(t, factory)
 		w := waiter("w", 0, "x")
 		e.join(roomy, w)
-		if a := e.pick(roomy, waiter("same", 0, "x")); !a.Queued || a.Place != "" {
+		if a := e.pick(roomy, waiter("same", 0, "x")); !queued(a) || len(a.Places) != 0 {
 			t.Fatalf("a newcomer behind the head: %+v, want queued without a place", a)
 		}
 		if a := e.pick(roomy, waiter("urgent", 1, "x")); !a.Granted {
 			t.Fatalf("a newcomer ranked before the head: %+v, want granted", a)
 		}
-		if a := e.pick(roomy, w); !a.Granted || a.Place != "" {
+		if a := e.pick(roomy, w); !a.Granted || len(a.Places) != 0 {
 			t.Fatalf("the head: %+v", a)
 		}
-		if a := e.pick(roomy, waiter("late", 0, "x")); !a.Granted || a.Queued {
+		if a := e.pick(roomy, waiter("late", 0, "x")); !a.Granted || queued(a) {
 			t.Fatalf("a newcomer to an empty line: %+v", a)
 		}
 	})
@@ -171,7 +179,7 @@ func runLine(t *testing.T, factory Factory) {
 			e.join(src, w)
 		}
 		// The head asks and is refused for capacity: it keeps its place.
-		if a := e.pick(src, w1); a.Queued || a.Granted || a.Place == "" {
+		if a := e.pick(src, w1); queued(a) || a.Granted || len(a.Places) == 0 {
 			t.Fatalf("the head on a full source: %+v", a)
 		}
 		handoff := &gate.LineHandoff{Replica: "r1", Lease: lineLease}
@@ -185,7 +193,7 @@ func runLine(t *testing.T, factory Factory) {
 		if h := settle(p2); h != "w2" {
 			t.Fatalf("second release handed to %q, want w2", h)
 		}
-		if a := e.pick(src, w3); !a.Queued {
+		if a := e.pick(src, w3); !queued(a) {
 			t.Fatalf("w3 behind two called waiters: %+v", a)
 		}
 		// The poller's read wakes the called waiters, not the next one.
@@ -198,7 +206,7 @@ func runLine(t *testing.T, factory Factory) {
 		if a := e.pick(src, w1); !a.Granted {
 			t.Fatalf("w1, called: %+v", a)
 		}
-		if a := e.pick(src, w3); a.Queued || a.Granted {
+		if a := e.pick(src, w3); queued(a) || a.Granted {
 			t.Fatalf("w3 at the head on a full source: %+v", a)
 		}
 	})
@@ -225,7 +233,7 @@ func runLine(t *testing.T, factory Factory) {
 		stays := waiter("stays", 0, "x")
 		e.join(roomy, gone)
 		e.join(roomy, stays)
-		if a := e.pick(roomy, stays); !a.Queued {
+		if a := e.pick(roomy, stays); !queued(a) {
 			t.Fatalf("behind a live replica's waiter: %+v", a)
 		}
 		// r2 is not heard of for longer than its lease; r1 is.
@@ -271,11 +279,81 @@ func runLine(t *testing.T, factory Factory) {
 		if v.Length != 3 || v.Oldest != 300*time.Millisecond || !slices.Equal(v.Groups, want) {
 			t.Fatalf("line %+v, want 3 waiting for 300ms in %v", v, want)
 		}
-		if err := e.b.Leave(e.ctx, gate.LeaveRequest{Scope: e.scope, Waiter: "b2"}); err != nil {
+		if err := e.b.Leave(e.ctx, gate.LeaveRequest{Scope: e.scope, Waiter: "b2", Sources: []string{roomy.Name}}); err != nil {
 			t.Fatal(err)
 		}
 		if got := e.serve(roomy, ws[:2]); !slices.Equal(got, []string{"a1", "b1"}) {
 			t.Fatalf("after b2 left: %v", got)
+		}
+	})
+	t.Run("PerSource", func(t *testing.T) {
+		// A is full with a line, B is free with none: a newcomer is refused
+		// queued on A only, and granted on B.
+		e := newEnv(t, factory)
+		a := Src("a", func(s *gate.Source) { s.Limits.MaxConcurrency = 1 })
+		b := Src("b", func(s *gate.Source) { s.Limits.MaxConcurrency = 1 })
+		e.grant(a)
+		e.join(a, waiter("w", 0, "x"))
+		newcomer := waiter("new", 0, "x")
+		got, err := e.b.Admit(e.ctx, gate.AdmitRequest{Scope: e.scope, PermitID: e.nextID(), Line: newcomer,
+			Candidates: []gate.Candidate{{Source: a, Ceiling: 1}, {Source: b, Ceiling: 1}}})
+		if err != nil {
+			t.Fatalf("Admit: %v", err)
+		}
+		if !got.Granted || got.Permit.Source != "b" || len(got.Rejections) != 1 || got.Rejections[0] != (gate.Rejection{Source: "a", Reason: gate.ReasonQueued}) {
+			t.Fatalf("a newcomer, A full with a line and B free: %+v, want granted on b after a queued refusal on a", got)
+		}
+		if len(got.Places) != 0 {
+			t.Fatalf("the newcomer granted on b has places %v", got.Places)
+		}
+		// The line is A's alone: B shows none.
+		snap, err := e.b.Peek(e.ctx, gate.PeekRequest{Scope: e.scope, Sources: []*gate.Source{a, b}, Line: &gate.LineRead{Replica: "r1", Lease: lineLease, Describe: true}})
+		if err != nil {
+			t.Fatalf("Peek: %v", err)
+		}
+		if snap.Sources[0].Line.Length != 1 || snap.Sources[1].Line.Length != 0 {
+			t.Fatalf("lines a %+v, b %+v; want 1 and 0", snap.Sources[0].Line, snap.Sources[1].Line)
+		}
+	})
+	t.Run("HandoffPerSource", func(t *testing.T) {
+		// A release on A hands off A's head only, however B's line ranks.
+		e := newEnv(t, factory)
+		a := Src("a", func(s *gate.Source) { s.Limits.MaxConcurrency = 1 })
+		b := Src("b", func(s *gate.Source) { s.Limits.MaxConcurrency = 1 })
+		pa, pb := e.grant(a), e.grant(b)
+		onB, onA := waiter("onB", 5, "x"), waiter("onA", 0, "x")
+		e.join(b, onB)
+		e.join(a, onA)
+		handoff := &gate.LineHandoff{Replica: "r1", Lease: lineLease}
+		settle := func(src *gate.Source, p gate.Permit) string {
+			return e.settleReq(gate.SettleRequest{Source: src, PermitID: p.ID, Epoch: p.Epoch, Verdict: gate.VerdictSuccess, ActualTokens: -1, Line: handoff}).Handoff
+		}
+		if h := settle(a, pa); h != "onA" {
+			t.Fatalf("a release on a handed to %q, want onA", h)
+		}
+		if h := settle(b, pb); h != "onB" {
+			t.Fatalf("a release on b handed to %q, want onB", h)
+		}
+		// A grant on one source leaves every line.
+		both := waiter("both", 0, "y")
+		e.join(a, both)
+		e.join(b, both)
+		got, err := e.b.Admit(e.ctx, gate.AdmitRequest{Scope: e.scope, PermitID: e.nextID(), Line: onA,
+			Candidates: []gate.Candidate{{Source: a, Ceiling: 1}}})
+		if err != nil || !got.Granted {
+			t.Fatalf("onA, called: %+v, %v", got, err)
+		}
+		if err := e.b.Leave(e.ctx, gate.LeaveRequest{Scope: e.scope, Waiter: "onB", Sources: []string{"a", "b"}}); err != nil {
+			t.Fatal(err)
+		}
+		got, err = e.b.Admit(e.ctx, gate.AdmitRequest{Scope: e.scope, PermitID: e.nextID(), Line: both,
+			Candidates: []gate.Candidate{{Source: a, Ceiling: 1}, {Source: b, Ceiling: 1}}})
+		if err != nil || !got.Granted || got.Permit.Source != "b" || len(got.Places) != 0 {
+			t.Fatalf("both, at the head of a (full) and b (free): %+v, %v; want granted on b, in no line", got, err)
+		}
+		snap, err := e.b.Peek(e.ctx, gate.PeekRequest{Scope: e.scope, Sources: []*gate.Source{a, b}, Line: &gate.LineRead{Replica: "r1", Lease: lineLease}})
+		if err != nil || snap.Sources[0].Line.Length != 0 || snap.Sources[1].Line.Length != 0 {
+			t.Fatalf("lines after the grant: %+v, %v; want both empty", snap.Sources, err)
 		}
 	})
 	t.Run("Cap", func(t *testing.T) {
@@ -287,7 +365,7 @@ func runLine(t *testing.T, factory Factory) {
 			e.join(roomy, waiter(fmt.Sprint("w", i), 0, "x"))
 		}
 		full := waiter("late", 5, "x")
-		if v := e.readLine(roomy, &gate.LineRead{Replica: "r1", Lease: lineLease, Join: full}); v.Place != "" || v.Length != gate.LineCap {
+		if v := e.readLine(roomy, &gate.LineRead{Replica: "r1", Lease: lineLease, Join: full, Joins: []string{roomy.Name}}); v.Place != "" || v.Length != gate.LineCap {
 			t.Fatalf("joining a full line: %+v, want no place", v)
 		}
 		// Without a place it is a newcomer: ranked first, it goes to the walk.

@@ -4,6 +4,7 @@ package inmem
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -24,8 +25,8 @@ type Backend struct {
 type scope struct {
 	mu       sync.Mutex
 	sources  map[string]*gate.SourceState
-	progress int64 // ms of the last successful attempt; 0 = never
-	line     gate.Line
+	progress int64                 // ms of the last successful attempt; 0 = never
+	lines    map[string]*gate.Line // by source
 }
 
 // New returns a memory backend reading time from now (time.Now if nil).
@@ -41,7 +42,7 @@ func (b *Backend) lock(name string) (*scope, int64) {
 	b.mu.Lock()
 	s, ok := b.scopes[name]
 	if !ok {
-		s = &scope{sources: make(map[string]*gate.SourceState)}
+		s = &scope{sources: make(map[string]*gate.SourceState), lines: make(map[string]*gate.Line)}
 		b.scopes[name] = s
 	}
 	b.mu.Unlock()
@@ -56,6 +57,23 @@ func (s *scope) source(name string) *gate.SourceState {
 		s.sources[name] = st
 	}
 	return st
+}
+
+// line is source's line; an empty one is not kept.
+func (s *scope) line(source string) *gate.Line {
+	l, ok := s.lines[source]
+	if !ok {
+		l = &gate.Line{}
+		s.lines[source] = l
+	}
+	return l
+}
+
+// tidy forgets source's line when it is empty.
+func (s *scope) tidy(source string) {
+	if l, ok := s.lines[source]; ok && l.Len() == 0 {
+		delete(s.lines, source)
+	}
 }
 
 func (s *scope) progressAge(now int64) time.Duration {
@@ -77,23 +95,49 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (out gate.Ad
 	s, now := b.lock(req.Scope)
 	defer b.unlock(ctx, s, &out.Events)
 	out.ProgressAge = s.progressAge(now)
-	if w := req.Line; w != nil && !s.line.Check(w, now) {
-		out.Queued, out.Place = true, s.line.Place(w.ID)
-		return out, nil
-	}
+	w := req.Line
 	for _, c := range req.Candidates {
-		permit, rej, events := s.source(c.Source.Name).Admit(c, req.PermitID, req.Tokens, now)
-		out.Events = append(out.Events, named(events, c.Source.Name)...)
+		name := c.Source.Name
+		if w != nil && !s.line(name).Check(w.At(name), now) {
+			out.Rejections = append(out.Rejections, gate.Rejection{Source: name, Reason: gate.ReasonQueued})
+			continue
+		}
+		permit, rej, events := s.source(name).Admit(c, req.PermitID, req.Tokens, now)
+		out.Events = append(out.Events, named(events, name)...)
 		if rej.Reason == gate.ReasonNone {
 			out.Granted, out.Permit = true, permit
 			break
 		}
 		out.Rejections = append(out.Rejections, rej)
 	}
-	if w := req.Line; w != nil {
-		out.Place = s.line.After(w, out.Granted, gate.CapacityRefused(out.Rejections))
+	if w != nil {
+		out.Places = s.after(w, req.Candidates, out)
 	}
 	return out, nil
+}
+
+// after records the walk's result in each candidate's line and returns w's
+// places: a grant leaves every line, a refusal for capacity keeps the
+// source's place, a breaker's refusal leaves the source's line.
+func (s *scope) after(w *gate.Waiter, cands []gate.Candidate, out gate.Admission) map[string]string {
+	places := map[string]string{}
+	for _, c := range cands {
+		name := c.Source.Name
+		l, ok := s.lines[name]
+		if !ok {
+			continue
+		}
+		here := out.Granted && out.Permit.Source == name
+		i := slices.IndexFunc(out.Rejections, func(r gate.Rejection) bool { return r.Source == name })
+		capacity := i >= 0 && gate.CapacityRefused(out.Rejections[i:i+1])
+		if out.Granted && !here {
+			l.Leave(w.ID)
+		} else if p := l.After(w.At(name), here, capacity); p != "" {
+			places[name] = p
+		}
+		s.tidy(name)
+	}
+	return places
 }
 
 // Settle implements gate.Backend.
@@ -105,8 +149,9 @@ func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (out gate.
 	if req.Progress {
 		s.progress = now
 	}
-	if req.Line != nil && out.Released {
-		out.Handoff = s.line.Handoff(req.Line, now)
+	if l, ok := s.lines[req.Source.Name]; ok && req.Line != nil && out.Released {
+		out.Handoff = l.Handoff(req.Line, now)
+		s.tidy(req.Source.Name)
 	}
 	out.ProgressAge = s.progressAge(now)
 	return out, nil
@@ -124,10 +169,16 @@ func (b *Backend) Peek(_ context.Context, req gate.PeekRequest) (gate.Snapshot, 
 		}
 		v := st.View(src, now)
 		v.Verdict = st.Verdict(req.Candidate(i), req.Tokens, now)
+		if r := req.Line; r != nil {
+			read := *r
+			read.Join = nil
+			if r.Join != nil && slices.Contains(r.Joins, src.Name) {
+				read.Join = r.Join.At(src.Name)
+			}
+			v.Line = s.line(src.Name).Read(&read, now)
+			s.tidy(src.Name)
+		}
 		out.Sources = append(out.Sources, v)
-	}
-	if req.Line != nil {
-		out.Line = s.line.Read(req.Line, now)
 	}
 	return out, nil
 }
@@ -136,7 +187,12 @@ func (b *Backend) Peek(_ context.Context, req gate.PeekRequest) (gate.Snapshot, 
 func (b *Backend) Leave(_ context.Context, req gate.LeaveRequest) error {
 	s, _ := b.lock(req.Scope)
 	defer s.mu.Unlock()
-	s.line.Leave(req.Waiter)
+	for _, name := range req.Sources {
+		if l, ok := s.lines[name]; ok {
+			l.Leave(req.Waiter)
+			s.tidy(name)
+		}
+	}
 	return nil
 }
 

@@ -681,14 +681,12 @@ var settleReply = reply[settleOut]{"SETTLE_R", []ret[settleOut]{
 type peekOut struct {
 	clock   clockReply
 	sources any
-	line    gate.LineView
 }
 
 var peekReply = reply[peekOut]{"PEEK_R", []ret[peekOut]{
 	{"progress", getInt(func(r *peekOut, v int64) { r.clock.progress = v })},
 	{"now", getInt(func(r *peekOut, v int64) { r.clock.now = v })},
 	{"sources", raw(func(r *peekOut, v any) { r.sources = v })},
-	{"line", func(p *parser, v any, r *peekOut) { r.line = lineReply.parse(p, v) }},
 }}
 
 // peekSource is one source of a peek reply: views and Admit's verdict now.
@@ -697,6 +695,7 @@ var peekSource = reply[gate.SourceView]{"PEEK_SRC_R", []ret[gate.SourceView]{
 	{"quota", func(p *parser, v any, s *gate.SourceView) { s.Quota = quotaView.parse(p, v) }},
 	{"reason", getInt(func(s *gate.SourceView, v int64) { s.Verdict.Reason = gate.Reason(v) })},
 	{"retry", getInt(func(s *gate.SourceView, v int64) { s.Verdict.RetryAfter = ms(v) })},
+	{"line", func(p *parser, v any, s *gate.SourceView) { s.Line = lineReply.parse(p, v) }},
 }}
 
 type overrideOut struct{ evs, breaker, quota any }

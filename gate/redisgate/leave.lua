@@ -1,13 +1,17 @@
 
 -- leave.lua: gate.Backend.Leave (gate.(*Line).Leave).
 --
--- keys: LINE_KEYS.   argv: LEAVE.   Reply: 1 if it was in line.
+-- keys: LINE_KEYS per source left.   argv: LEAVE.   Reply: how many lines it
+-- was in.
 local function leave(keys, argv)
-  local k = read(LINE_KEYS, keys, 0)
-  local e = l_entry(k, read(LEAVE, argv, 0).waiter)
-  if e == nil then
-    return 0
+  local id, n = read(LEAVE, argv, 0).waiter, 0
+  for i = 1, #keys / LINE_KEYS.WIDTH do
+    local k = read(LINE_KEYS, keys, LINE_KEYS.WIDTH * (i - 1))
+    local e = l_entry(k, id)
+    if e ~= nil then
+      l_remove(k, e)
+      n = n + 1
+    end
   end
-  l_remove(k, e)
-  return 1
+  return n
 end

@@ -712,9 +712,10 @@ end
 
 ---------------------------------------------------------------- line
 
--- The scope's line of callers waiting for capacity: gate/line.go's Line,
--- function by function (the rank and the rules are described there). Keys
--- (LINE_KEYS, after every other key of a call):
+-- A source's line of callers waiting for its capacity: gate/line.go's
+-- Line, function by function (the rank and the rules are described there).
+-- Keys (LINE_KEYS, one block per source after every other key of a call,
+-- named beside the source's own keys):
 --   line: ZSET of members, all scored 0, so ordered as text: a member is the
 --         waiter's key (class, share, arrival: KEY_LEN digits) and its id
 --   w:    HASH w<id> -> the record member|replica|joined|prio|tenant,
@@ -724,11 +725,11 @@ end
 -- word of a replica.
 local LINE_TTL = 4
 
--- line_of is the line's keys after nkeys source blocks of keys, and the
--- block of layout L that follows n blocks of layout B after the head H of
--- argv, when it is on (nil otherwise).
-local function line_of(keys, nkeys, argv, H, B, n, L)
-  local k = read(LINE_KEYS, keys, block(SCOPE_KEYS, SRC_KEYS, nkeys + 1))
+-- line_of is the i-th line's keys (from 1) after nkeys source blocks of
+-- keys, and the block of layout L that follows n blocks of layout B after
+-- the head H of argv, when it is on (nil otherwise).
+local function line_of(keys, nkeys, i, argv, H, B, n, L)
+  local k = read(LINE_KEYS, keys, block(SCOPE_KEYS, SRC_KEYS, nkeys + 1) + LINE_KEYS.WIDTH * (i - 1))
   local a = read(L, argv, H.WIDTH + B.WIDTH * n)
   if a.on ~= 1 then
     return k, nil
@@ -910,14 +911,9 @@ local function l_check(k, w, now)
 end
 
 -- twin: gate.CapacityRefused
-local function l_capacity(rejections)
-  for _, r in ipairs(rejections) do
-    local reason = r[REJ.REASON]
-    if reason == R_RATE_LIMITED or reason == R_ADAPTIVE_PACED then
-      return true
-    end
-  end
-  return false
+-- (of one rejection's reason)
+local function l_capacity(reason)
+  return reason == R_RATE_LIMITED or reason == R_ADAPTIVE_PACED or reason == R_QUEUED
 end
 
 -- twin: gate.(*Line).After
@@ -1016,14 +1012,4 @@ local function l_read(k, r, w, now)
   end
   v.length = redis.call('ZCARD', k.line)
   return pack(LINE_R, v)
-end
-
--- admit_queued is admit's reply to a Pick the line refused: nothing asked.
-local function admit_queued(keys, k, w, now)
-  local s = read(SCOPE_KEYS, keys, 0)
-  return pack(ADMIT_R, {
-    granted = 0, probe = 0, epoch = 0, rejections = {}, events = {},
-    progress = tonumber(redis.call('GET', s.progress) or 0), now = now,
-    line = pack(LINE_ADMIT_R, { queued = 1, place = l_place(k, w.waiter) }),
-  })
 end

@@ -8,12 +8,13 @@ import (
 	"github.com/polygate/polygate/gate"
 )
 
-// The scope's line (gate/line.go) lives in three keys under the scope's
-// hash tag, after every other key of the admit, settle and peek calls, and
-// rides in those calls: a waiter's place is checked and kept by the Pick's
-// admit, a released slot is handed on by the settle, and the poller's peek
-// tells a replica which of its waiters are at the front. lib.lua's "line"
-// section has the functions.
+// Each source's line (gate/line.go) lives in three keys beside the source's
+// own, under the scope's hash tag; the line blocks of keys come after every
+// other key of the admit, settle and peek calls (one per candidate or
+// source), and ride in those calls: a waiter's places are checked and kept
+// by the Pick's admit, a released slot is handed on by the settle, and the
+// poller's peek tells a replica which of its waiters are at the front of
+// each line. lib.lua's "line" section has the functions.
 
 //go:embed leave.lua
 var leaveLua string
@@ -24,9 +25,11 @@ var leaveScript = newOp("leave", leaveLua)
 // lineKeys are the line's keys (see lib.lua).
 var lineKeys = keyBlock{"LINE_KEYS", []string{"line", "line_w", "line_s"}, nil}
 
-func appendLineKeys(keys []string, tag string) []string {
+// appendLineKeys appends source's line keys.
+func appendLineKeys(keys []string, tag, source string) []string {
+	base := tag + ":src:" + source + ":"
 	for _, s := range lineKeys.suffixes {
-		keys = append(keys, tag+":"+s)
+		keys = append(keys, base+s)
 	}
 	return keys
 }
@@ -72,6 +75,24 @@ var waiterArgs = args[lineArg]{"WAITER", []arg[lineArg]{
 	str("place", on(waiterOn, func(a *lineArg) any { return a.w.Place })),
 }}
 
+// placeArgs is the waiter's place in one candidate's line; an admit's
+// waiter block is followed by one per candidate.
+var placeArgs = args[string]{"PLACE", []arg[string]{
+	str("place", func(p *string) any { return *p }),
+}}
+
+// joinArg is whether a peek's waiter joins one source's line, and its place
+// there; the waiter block is followed by one per source.
+type joinArg struct {
+	on    bool
+	place string
+}
+
+var joinArgs = args[joinArg]{"JOIN", []arg[joinArg]{
+	num("on", func(j *joinArg) any { return flag(j.on) }),
+	str("place", func(j *joinArg) any { return j.place }),
+}}
+
 // lineRead is a peek's line block; a waiter block (the join) follows it.
 type lineRead struct {
 	b *Backend
@@ -112,15 +133,18 @@ var handoffArgs = args[handoffArg]{"HANDOFF", []arg[handoffArg]{
 	num("lease", on(handoffOn, func(a *handoffArg) any { return max(1, a.h.Lease.Milliseconds()) })),
 }}
 
-// lineAdmit is the admit reply's line record.
+// lineAdmit is the admit reply's line record: the waiter's place in each
+// candidate's line, in candidate order ("" none).
 type lineAdmit struct {
-	queued bool
-	place  string
+	places []string
 }
 
 var lineAdmitReply = reply[lineAdmit]{"LINE_ADMIT_R", []ret[lineAdmit]{
-	{"queued", getInt(func(r *lineAdmit, v int64) { r.queued = v == 1 })},
-	{"place", getStr(func(r *lineAdmit, v string) { r.place = v })},
+	{"places", func(p *parser, v any, r *lineAdmit) {
+		for _, s := range p.array(v, 0) {
+			r.places = append(r.places, p.str(s))
+		}
+	}},
 }}
 
 var lineReply = reply[gate.LineView]{"LINE_R", []ret[gate.LineView]{
@@ -152,7 +176,7 @@ var leaveArgs = args[gate.LeaveRequest]{"LEAVE", []arg[gate.LeaveRequest]{
 
 // lineLayouts are the line's layouts, for the prelude.
 func lineLayouts() []luaLayout {
-	return []luaLayout{lineKeys.lua(), waiterArgs.lua(), lineReadArgs.lua(), handoffArgs.lua(), lineAdmitReply.lua(), lineReply.lua(), lineGroup.lua(), leaveArgs.lua()}
+	return []luaLayout{lineKeys.lua(), waiterArgs.lua(), placeArgs.lua(), joinArgs.lua(), lineReadArgs.lua(), handoffArgs.lua(), lineAdmitReply.lua(), lineReply.lua(), lineGroup.lua(), leaveArgs.lua()}
 }
 
 // lineConstants are gate/line.go's constants, for the prelude.
@@ -165,7 +189,13 @@ func lineConstants(def func(string, any)) {
 
 // Leave implements gate.Backend.
 func (b *Backend) Leave(ctx context.Context, req gate.LeaveRequest) error {
-	keys := appendLineKeys(make([]string, 0, len(lineKeys.suffixes)), b.tag(req.Scope))
+	if len(req.Sources) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, len(lineKeys.suffixes)*len(req.Sources))
+	for _, s := range req.Sources {
+		keys = appendLineKeys(keys, b.tag(req.Scope), s)
+	}
 	if _, err := b.run(ctx, "leave", leaveScript, keys, leaveArgs.pack(nil, &req)); err != nil {
 		return err
 	}

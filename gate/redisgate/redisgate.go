@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -178,7 +179,19 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 	}
 	out.Events = p.events(r.evs, name)
 	out.ProgressAge = r.clock.age()
-	out.Queued, out.Place = r.line.queued, r.line.place
+	if req.Line != nil {
+		if len(r.line.places) != n {
+			p.fail("%d places for %d candidates", len(r.line.places), n)
+		}
+		for i, place := range r.line.places {
+			if place != "" && i < n {
+				if out.Places == nil {
+					out.Places = map[string]string{}
+				}
+				out.Places[req.Candidates[i].Source.Name] = place
+			}
+		}
+	}
 	if r.granted != 0 {
 		if name(r.granted); p.err == nil {
 			c := req.Candidates[r.granted-1]
@@ -209,8 +222,16 @@ func (b *Backend) admit(ctx, rctx context.Context, req *gate.AdmitRequest) (any,
 		keys = appendSourceKeys(keys, tag, c.Source.Name)
 		args = candArgs.pack(args, c)
 	}
-	keys = appendLineKeys(keys, tag)
 	args = waiterArgs.pack(args, &lineArg{b, req.Line})
+	for i := range req.Candidates {
+		name := req.Candidates[i].Source.Name
+		keys = appendLineKeys(keys, tag, name)
+		var place string
+		if req.Line != nil {
+			place = req.Line.Places[name]
+		}
+		args = placeArgs.pack(args, &place)
+	}
 	return b.runIn(ctx, rctx, "admit", admitScript, keys, args)
 }
 
@@ -235,7 +256,7 @@ func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 	const op = "settle"
 	tag := b.tag(req.Scope)
 	keys := make([]string, 0, len(scopeKeys.suffixes)+len(sourceKeys.suffixes))
-	keys = appendLineKeys(appendSourceKeys(appendScopeKeys(keys, tag), tag, req.Source.Name), tag)
+	keys = appendLineKeys(appendSourceKeys(appendScopeKeys(keys, tag), tag, req.Source.Name), tag, req.Source.Name)
 	args := settleArgs.pack(make([]any, 0, settleArgs.width()), &call[gate.SettleRequest]{b, &req, tag})
 	args = handoffArgs.pack(args, &handoffArg{b, req.Line})
 	v, err := b.run(ctx, op, settleScript, keys, args)
@@ -275,13 +296,20 @@ func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot
 		c := req.Candidate(i)
 		args = peekSourceArgs.pack(args, &c)
 	}
-	keys = appendLineKeys(keys, tag)
 	args = lineReadArgs.pack(args, &lineRead{b, req.Line})
 	var join *gate.Waiter
 	if req.Line != nil {
 		join = req.Line.Join
 	}
 	args = waiterArgs.pack(args, &lineArg{b, join})
+	for _, s := range req.Sources {
+		keys = appendLineKeys(keys, tag, s.Name)
+		var j joinArg
+		if join != nil && slices.Contains(req.Line.Joins, s.Name) {
+			j = joinArg{on: true, place: join.Places[s.Name]}
+		}
+		args = joinArgs.pack(args, &j)
+	}
 	v, err := b.run(ctx, op, peekScript, keys, args)
 	if err != nil {
 		return gate.Snapshot{}, err
@@ -289,7 +317,7 @@ func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot
 	p := &parser{op: op}
 	r := peekReply.parse(p, v)
 	views := p.array(r.sources, n)
-	out := gate.Snapshot{Sources: make([]gate.SourceView, 0, n), ProgressAge: r.clock.age(), Line: r.line}
+	out := gate.Snapshot{Sources: make([]gate.SourceView, 0, n), ProgressAge: r.clock.age()}
 	for i, s := range req.Sources {
 		if p.err != nil {
 			break

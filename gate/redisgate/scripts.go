@@ -109,6 +109,7 @@ func prelude() string {
 	def("R_FORCED_OPEN", gate.ReasonForcedOpen)
 	def("R_ADAPTIVE_PACED", gate.ReasonAdaptivePaced)
 	def("R_RATE_LIMITED", gate.ReasonRateLimited)
+	def("R_QUEUED", gate.ReasonQueued)
 	def("V_SUCCESS", gate.VerdictSuccess)
 	def("V_FAILURE", gate.VerdictFailure)
 	def("V_FORCE_OPEN", gate.VerdictForceOpen)

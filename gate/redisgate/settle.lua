@@ -1,7 +1,7 @@
 
 -- settle.lua: gate.Backend.Settle (gate.SourceState.Settle, then progress).
 --
--- keys: SCOPE_KEYS, SRC_KEYS, LINE_KEYS.   argv: SETTLE, HANDOFF.   Reply SETTLE_R.
+-- keys: SCOPE_KEYS, SRC_KEYS, the source's LINE_KEYS.   argv: SETTLE, HANDOFF.   Reply SETTLE_R.
 -- twin: gate.(*SourceState).Settle
 local function settle(keys, argv)
   local a = read(SETTLE, argv, 0)
@@ -34,7 +34,7 @@ local function settle(keys, argv)
   local rel, handoff = 0, ''
   if released then
     rel = 1
-    local lk, h = line_of(keys, 1, argv, SETTLE, SETTLE, 0, HANDOFF)
+    local lk, h = line_of(keys, 1, 1, argv, SETTLE, SETTLE, 0, HANDOFF)
     if h then
       handoff = l_handoff(lk, h, now)
     end
