@@ -213,16 +213,20 @@ func (s *Scope) inLine(c *Call, t ticket, d Decision) ticket {
 	return t
 }
 
-// joins names the lines a call refused by nr takes its place in when it
+// joins names the lines c, refused by nr, takes its place in when it
 // waits: those of the sources that refused it for capacity, when it would
-// wait rather than fail and the scope enforces.
-func joins(cfg *config.Scope, nr *NoRunnable, circuit bool) []string {
+// wait rather than fail and the scope enforces. A source whose tpm c's
+// estimate exceeds never grants it: c does not wait in its line (at its
+// head it would hold up the line).
+func joins(cfg *config.Scope, srcs []*source, c *Call, nr *NoRunnable, circuit bool) []string {
 	if circuit || cfg.QuotaFull == config.FailFast || cfg.Mode == config.Shadow {
 		return nil
 	}
 	var names []string
 	for _, r := range nr.Sources {
-		if gate.CapacityRefused([]gate.Rejection{r}) {
+		i := slices.IndexFunc(srcs, func(s *source) bool { return s.cfg.Name == r.Source })
+		tooBig := i >= 0 && srcs[i].cfg.TPM > 0 && c.Tokens > srcs[i].cfg.TPM
+		if !tooBig && gate.CapacityRefused([]gate.Rejection{r}) {
 			names = append(names, r.Source)
 		}
 	}

@@ -99,7 +99,7 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 	circuit = nr.GateRejections == len(srcs)
 	var snap gate.Snapshot
 	me := ""
-	if names := joins(cfg, nr, circuit); len(names) > 0 {
+	if names := joins(cfg, srcs, c, nr, circuit); len(names) > 0 {
 		// The read takes the call's places in line (or keeps them): the
 		// call's own.
 		req := s.peekRequest(srcs, c.Tokens)

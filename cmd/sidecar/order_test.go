@@ -67,6 +67,7 @@ type queue struct {
 	c       admissionv1.AdmissionServiceClient
 	scope   string
 	attempt time.Duration // how long an attempt holds its permit
+	tokens  int64         // each call's estimated_tokens
 
 	// via is the client of the sidecar a label's calls go to (default c).
 	via map[string]admissionv1.AdmissionServiceClient
@@ -109,7 +110,7 @@ func (q *queue) call(label string, priority int32, tenant string) {
 	go func() {
 		defer q.wg.Done()
 		start := time.Now()
-		req := &admissionv1.PickRequest{Scope: q.scope, Priority: priority, Tenant: tenant}
+		req := &admissionv1.PickRequest{Scope: q.scope, Priority: priority, Tenant: tenant, EstimatedTokens: q.tokens}
 		for {
 			q.picks.Add(1)
 			p, err := c.Pick(q.ctx, req)
@@ -273,6 +274,60 @@ func countOf(order []string, label string) int {
 		}
 	}
 	return n
+}
+
+// sources reads the scope's sources from DescribeScope, by name.
+func (q *queue) sources() map[string]*admissionv1.SourceState {
+	d, err := q.c.DescribeScope(q.ctx, &admissionv1.DescribeScopeRequest{Scope: q.scope})
+	if err != nil {
+		q.t.Fatal(err)
+	}
+	out := map[string]*admissionv1.SourceState{}
+	for _, s := range d.GetScope().GetSources() {
+		out[s.GetName()] = s
+	}
+	return out
+}
+
+// TestLinePerSource: each source has its own line. Source a is full with
+// three calls in its line (too big for b's tpm, they wait for a alone);
+// b is free with nobody in its line: a newcomer that fits b is refused
+// queued on a and granted on b. The release on a then serves a's line.
+func TestLinePerSource(t *testing.T) { eachBackend(t, testLinePerSource) }
+
+func testLinePerSource(t *testing.T, be orderBackend) {
+	_, client := startScope(t, `  chat:
+    backpressure: {poll_interval: 100ms}
+    sources: [{name: a, max_concurrency: 1}, {name: b, max_concurrency: 1, tpm: 50}]
+`, be.config(t))
+	q := newQueue(t, client, "chat", 0)
+	q.tokens = 100 // beyond b's tpm: a's calls
+	holder, err := q.c.Pick(q.ctx, &admissionv1.PickRequest{Scope: q.scope, EstimatedTokens: q.tokens})
+	if err != nil || holder.GetGrant().GetSource() != "a" {
+		t.Fatalf("holder: %v %v, want a grant on a", holder, err)
+	}
+	for range 3 {
+		q.call("w", 0, "")
+	}
+	q.until("3 calls in a's line", func() bool { return q.sources()["a"].GetLine().GetLength() == 3 })
+	if n := q.sources()["b"].GetLine().GetLength(); n != 0 {
+		t.Fatalf("b's line: %d waiting, want none (the calls are too big for b)", n)
+	}
+	p, err := q.c.Pick(q.ctx, &admissionv1.PickRequest{Scope: q.scope, EstimatedTokens: 10})
+	if err != nil || p.GetGrant().GetSource() != "b" {
+		t.Fatalf("a newcomer, a full with a line and b free: %v %v, want a grant on b", p, err)
+	}
+	if _, err := q.c.RecordOutcome(q.ctx, &admissionv1.RecordOutcomeRequest{Scope: q.scope, CallId: holder.GetCallId(),
+		PermitId: holder.GetGrant().GetPermitId(), Outcome: admissionv1.Outcome_OUTCOME_SUCCESS}); err != nil {
+		t.Fatalf("release on a: %v", err)
+	}
+	q.wg.Wait()
+	if got := q.granted(); len(got) != 3 {
+		t.Fatalf("granted %v, want a's 3 waiters", got)
+	}
+	if n := q.sources()["a"].GetLine().GetLength(); n != 0 {
+		t.Fatalf("a's line after serving it: %d waiting", n)
+	}
 }
 
 func TestPriorityGoesFirst(t *testing.T) { eachBackend(t, testPriorityGoesFirst) }
