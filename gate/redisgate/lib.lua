@@ -968,6 +968,9 @@ end
 -- As the reply record LINE_R.
 local function l_read(k, r, w, now)
   local v = { length = 0, place = '', wake = {}, head = '', oldest = 0, groups = {} }
+  if w == nil and redis.call('EXISTS', k.line) == 0 then
+    return pack(LINE_R, v) -- an empty line, nobody joining: one command per source read
+  end
   l_live(k, r.replica, r.lease, now)
   if w then
     v.place = l_enter(k, w, now)
