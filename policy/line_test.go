@@ -177,3 +177,52 @@ sources: [{name: only, max_concurrency: 1}]
 		t.Fatalf("line after the shadow Pick: %+v, %v; want the one waiter", snap.Sources, err)
 	}
 }
+
+// Each source has its own line: the poller wakes a line's head only when
+// that source admits. Here a is full with the waiter at the head of its
+// line (it is too big for b's tpm), and b is free with a caller of another
+// replica in its line: the poller's reads leave the waiter held until a's
+// release hands it a's slot.
+func TestPollerWakesAHeadOnlyForItsSource(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, b := newScope(t, `
+backpressure: {poll_interval: 10s, stall_window: 300s}
+sources: [{name: a, max_concurrency: 1}, {name: b, max_concurrency: 1, tpm: 50}]
+`)
+		big := func() *policy.Call { return policy.NewCall(policy.NewID("c"), s.Name(), 100, time.Time{}, time.Now()) }
+		holder := big()
+		g := grant(t, s, holder)
+		waiter := big()
+		if p := pick(t, s, waiter); p.NoRunnable == nil {
+			t.Fatalf("%+v, want a refusal", p)
+		}
+		done := make(chan policy.Decision, 1)
+		go func() {
+			d, err := s.OnNoRunnable(ctx(t), waiter)
+			if err != nil {
+				t.Error(err)
+			}
+			done <- d
+		}()
+		synctest.Wait()
+		other := &gate.Waiter{ID: "elsewhere", Replica: "r2", Weight: 1, OtherWeight: 1, MaxTenants: 1, Lease: time.Hour}
+		onB := []*gate.Source{{Name: "b", Limits: gate.Limits{MaxConcurrency: 1, TPM: 50}}}
+		if _, err := b.Peek(ctx(t), gate.PeekRequest{Scope: s.Name(), Sources: onB, Line: &gate.LineRead{Replica: "r2", Lease: time.Hour, Join: other, Joins: []string{"b"}}}); err != nil {
+			t.Fatalf("Peek: %v", err)
+		}
+		time.Sleep(35 * time.Second) // three poll intervals and more
+		synctest.Wait()
+		select {
+		case d := <-done:
+			t.Fatalf("woken by the poller while a is full: %+v", d)
+		default:
+		}
+		record(t, s, holder, g, policy.Success)
+		if d := <-done; !d.Woken {
+			t.Fatalf("after a's release: %+v, want woken", d)
+		}
+		if p := grant(t, s, waiter); p.Permit.Source != "a" {
+			t.Fatalf("granted on %s, want a", p.Permit.Source)
+		}
+	})
+}
