@@ -333,14 +333,6 @@ func (l *Line) After(w *Waiter, granted, capacity bool) string {
 	return ""
 }
 
-// Place is w's place now ("" when it has none).
-func (l *Line) Place(id string) string {
-	if e := l.byID[id]; e != nil {
-		return e.record()
-	}
-	return ""
-}
-
 // Lua twin: l_handoff
 // Handoff hands a released slot to the first waiter not called yet, and
 // returns its id ("" when nobody waits uncalled).

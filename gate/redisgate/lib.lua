@@ -937,11 +937,6 @@ local function l_after(k, w, granted, capacity)
   return ''
 end
 
--- l_place is the waiter's place ('' none).
-local function l_place(k, id)
-  return redis.call('HGET', k.line_w, 'w' .. id) or ''
-end
-
 -- twin: gate.(*Line).Handoff
 local function l_handoff(k, h, now)
   if redis.call('EXISTS', k.line) == 0 then
