@@ -2593,7 +2593,8 @@ type SourceState struct {
 	Config         *SourceConfig `protobuf:"bytes,21,opt,name=config,proto3" json:"config,omitempty"`
 	// Why the breaker is OPEN (unspecified when it is not).
 	OpenCause OpenCause `protobuf:"varint,22,opt,name=open_cause,json=openCause,proto3,enum=polygate.admission.v1.OpenCause" json:"open_cause,omitempty"`
-	// The callers of this sidecar waiting in line for the source's capacity.
+	// The callers waiting in line for the source's capacity: this sidecar's on the
+	// memory backend, the whole fleet's on Redis.
 	Line          *SourceLine `protobuf:"bytes,23,opt,name=line,proto3" json:"line,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
