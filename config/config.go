@@ -74,6 +74,10 @@ type Redis struct {
 	// gate takes over with limits divided by Replicas).
 	OnUnavailable string
 	Replicas      int
+	// PoolSize is the most connections to each Redis node (0: go-redis's
+	// default, 10 per CPU). A call waits up to Timeout for one when all are
+	// busy, then answers UNAVAILABLE.
+	PoolSize int
 }
 
 // Telemetry configures the per-call record.

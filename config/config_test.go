@@ -107,6 +107,7 @@ func TestBadValues(t *testing.T) {
 		{"redis timeout", "backend: {kind: redis, redis: {addrs: ['a:1'], timeout: 0s}}", "backend.redis.timeout", "at least 1ms"},
 		{"redis on_unavailable", "backend: {kind: redis, redis: {addrs: ['a:1'], on_unavailable: open}}", "backend.redis.on_unavailable", "fail_closed, local"},
 		{"redis replicas", "backend: {kind: redis, redis: {addrs: ['a:1'], replicas: 0}}", "backend.redis.replicas", "at least 1"},
+		{"redis pool size", "backend: {kind: redis, redis: {addrs: ['a:1'], pool_size: 10001}}", "backend.redis.pool_size", "must be from 0 to 10000"},
 		{"redis db", "backend: {kind: redis, redis: {addrs: ['a:1'], db: -1}}", "backend.redis.db", "at least 0"},
 		{"log.format", "log: {format: xml}", "log.format", "text, json"},
 		{"log.level", "log: {level: loud}", "log.level", "debug, info, warn, error"},

@@ -61,6 +61,7 @@ type fileRedis struct {
 	TLSServerName *string        `koanf:"tls_server_name"`
 	OnUnavailable *string        `koanf:"on_unavailable"`
 	Replicas      *int           `koanf:"replicas"`
+	PoolSize      *int           `koanf:"pool_size"`
 }
 
 type fileTelemetry struct {
@@ -176,6 +177,8 @@ const (
 	DefaultMaxLiveCalls   = 10000
 	DefaultCallIdle       = 10 * time.Minute
 	DefaultRedisTimeout   = 500 * time.Millisecond
+	// MaxRedisPoolSize bounds backend.redis.pool_size.
+	MaxRedisPoolSize      = 10000
 	DefaultRetention      = 30 * 24 * time.Hour
 	DefaultTelemetryQueue = 8192
 	DefaultWatchBuffer    = 1024
@@ -381,6 +384,7 @@ func resolve(f *fileConfig) (*Config, error) {
 				TLSServerName: or(f.Backend.Redis.TLSServerName, ""),
 				OnUnavailable: or(f.Backend.Redis.OnUnavailable, "fail_closed"),
 				Replicas:      or(f.Backend.Redis.Replicas, 1),
+				PoolSize:      or(f.Backend.Redis.PoolSize, 0),
 			},
 		},
 		Telemetry: Telemetry{
@@ -424,6 +428,7 @@ func resolve(f *fileConfig) (*Config, error) {
 		c.duration("backend.redis.timeout", r.Timeout, time.Millisecond)
 		c.oneOf("backend.redis.on_unavailable", r.OnUnavailable, "fail_closed", "local")
 		c.atLeast("backend.redis.replicas", int64(r.Replicas), 1)
+		c.between("backend.redis.pool_size", int64(r.PoolSize), 0, MaxRedisPoolSize)
 		if !r.TLS && (r.TLSCAFile != "" || r.TLSCertFile != "" || r.TLSKeyFile != "" || r.TLSServerName != "") {
 			c.fail("backend.redis.tls", false, "must be true when backend.redis.tls_ca_file, tls_cert_file, tls_key_file or tls_server_name is set")
 		}

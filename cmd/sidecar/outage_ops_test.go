@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -128,6 +129,15 @@ func TestBackendOutageIsWatchedAndCounted(t *testing.T) {
 	} {
 		if got := scrapeLine(t, ctx, metricsAddr, sample); got != sample+" "+want {
 			t.Errorf("after the outage: %q, want %s %s", got, sample, want)
+		}
+	}
+	// The connection pool is shown against its limit (backend.redis.pool_size
+	// 0: go-redis's 10 per CPU), and none of its waits timed out.
+	for sample, positive := range map[string]bool{"polygate_redis_pool_size": true, "polygate_redis_pool_connections": true, "polygate_redis_pool_timeouts_total": false} {
+		line := scrapeLine(t, ctx, metricsAddr, sample)
+		v, err := strconv.ParseFloat(strings.TrimPrefix(line, sample+" "), 64)
+		if err != nil || positive != (v > 0) || v < 0 {
+			t.Errorf("%q: want %s %s", line, sample, map[bool]string{true: "> 0", false: "0"}[positive])
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -79,6 +80,7 @@ func openRedis(r config.Redis, every time.Duration, log *slog.Logger, onChange f
 		// redisgate puts a deadline of the same timeout around every call.
 		DialTimeout: r.Timeout, ReadTimeout: r.Timeout, WriteTimeout: r.Timeout, PoolTimeout: r.Timeout,
 		ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1,
+		PoolSize: r.PoolSize,
 	}
 	tc, err := server.RedisTLSConfig(r)
 	if err != nil {
@@ -121,7 +123,7 @@ func openRedis(r config.Redis, every time.Duration, log *slog.Logger, onChange f
 		subscribe:  shared.Subscribe,
 		check:      fb.Check,
 		giveBacks:  func(ctx context.Context) { shared.RunGiveBacks(ctx, every) },
-		collectors: redisMetrics(shared),
+		collectors: append(redisMetrics(shared), poolMetrics(client, r.PoolSize)...),
 		close:      client.Close,
 	}, nil
 }
@@ -151,6 +153,23 @@ func announcements(ctx context.Context, b *backend, announce func(scope string, 
 
 // redisMetrics export the Redis backend's give-back queue and state checks,
 // read at scrape time.
+// poolMetrics shows the Redis connection pool against its limit
+// (backend.redis.pool_size): a pool that runs out makes calls wait, then
+// answer UNAVAILABLE.
+func poolMetrics(c redis.UniversalClient, size int) []prometheus.Collector {
+	if size == 0 {
+		size = 10 * runtime.GOMAXPROCS(0) // go-redis's default
+	}
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "polygate_redis_pool_connections", Help: "Connections in the Redis client's pool (all nodes)."},
+			func() float64 { return float64(c.PoolStats().TotalConns) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "polygate_redis_pool_size", Help: "backend.redis.pool_size: the most connections to each Redis node."},
+			func() float64 { return float64(size) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "polygate_redis_pool_timeouts_total", Help: "Calls that waited backend.redis.timeout for a pooled connection and got none (raise backend.redis.pool_size)."},
+			func() float64 { return float64(c.PoolStats().Timeouts) }),
+	}
+}
+
 func redisMetrics(b *redisgate.Backend) []prometheus.Collector {
 	return []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "polygate_redis_give_backs_queued", Help: "Settles Redis owes now: permits whose Admit reply was lost, settles that failed."},
