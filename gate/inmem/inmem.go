@@ -63,6 +63,9 @@ func (s *scope) source(name string) *gate.SourceState {
 func (s *scope) line(source string) *gate.Line {
 	l, ok := s.lines[source]
 	if !ok {
+		if s.lines == nil { // a scope loaded from the state file
+			s.lines = make(map[string]*gate.Line)
+		}
 		l = &gate.Line{}
 		s.lines[source] = l
 	}

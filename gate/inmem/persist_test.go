@@ -63,7 +63,9 @@ func settle(t *testing.T, b *Backend, s *gate.Source, p gate.Permit, v gate.Verd
 
 func peek(t *testing.T, b *Backend, s *gate.Source) gate.SourceView {
 	t.Helper()
-	snap, err := b.Peek(t.Context(), gate.PeekRequest{Scope: "chat", Sources: []*gate.Source{s}})
+	// The line is read too, as DescribeScope does: a scope loaded from the
+	// file has lines to read (it once had no map for them).
+	snap, err := b.Peek(t.Context(), gate.PeekRequest{Scope: "chat", Sources: []*gate.Source{s}, Line: &gate.LineRead{Describe: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
