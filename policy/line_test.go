@@ -8,7 +8,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/polygate/polygate/config"
 	"github.com/polygate/polygate/gate"
+	"github.com/polygate/polygate/gate/inmem"
 	"github.com/polygate/polygate/policy"
 )
 
@@ -225,4 +227,41 @@ sources: [{name: a, max_concurrency: 1}, {name: b, max_concurrency: 1, tpm: 50}]
 			t.Fatalf("granted on %s, want a", p.Permit.Source)
 		}
 	})
+}
+
+// lostJoin is a backend whose reads that join a line do join it, then lose
+// their answer (a timeout after the script ran).
+type lostJoin struct{ gate.Backend }
+
+func (l lostJoin) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot, error) {
+	if req.Line != nil && req.Line.Join != nil {
+		_, _ = l.Backend.Peek(ctx, req)
+		return gate.Snapshot{}, gate.ErrUnavailable
+	}
+	return l.Backend.Peek(ctx, req)
+}
+
+// A read that joined the line but did not answer leaves no place behind:
+// nobody would ask for it, and at the head it would stall the line.
+func TestLostJoinLeavesNoPlace(t *testing.T) {
+	cfg, err := config.Parse([]byte("scopes:\n  s:\n    sources: [{name: only, max_concurrency: 1}]\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := inmem.New(time.Now)
+	s := policy.NewScope(cfg.Scopes["s"], lostJoin{b}, policy.Options{Rand: half})
+	t.Cleanup(s.Close)
+	grant(t, s, newCall(s)) // takes the only slot
+	c := newCall(s)
+	if p := pick(t, s, c); p.NoRunnable == nil {
+		t.Fatalf("%+v, want a refusal", p)
+	}
+	if _, err := s.OnNoRunnable(ctx(t), c); err == nil {
+		t.Fatal("OnNoRunnable answered although its read failed")
+	}
+	only := []*gate.Source{{Name: "only", Limits: gate.Limits{MaxConcurrency: 1}}}
+	snap, err := b.Peek(ctx(t), gate.PeekRequest{Scope: s.Name(), Sources: only, Line: &gate.LineRead{Lease: time.Hour}})
+	if err != nil || snap.Sources[0].Line.Length != 0 {
+		t.Fatalf("line after the lost join: %+v, %v; want empty", snap.Sources, err)
+	}
 }
