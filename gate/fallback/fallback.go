@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -119,7 +120,7 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 	return call(b, ctx,
 		func() (gate.Admission, error) { return b.shared.Admit(ctx, b.leaveRoom(ctx, req)) },
 		func() (gate.Admission, error) {
-			a, err := b.local.Admit(ctx, b.share(req))
+			a, err := b.local.Admit(ctx, b.share(b.localAdmit(req)))
 			if err == nil && a.Granted {
 				b.lent.add(req.Scope, a.Permit.Source)
 			}
@@ -137,7 +138,7 @@ func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 			if req.Source != nil && b.lent.has(req.Scope, req.Source.Name) {
 				// Perhaps a permit the local backend granted: settle it
 				// there, where its slot is held.
-				if st, err := b.local.Settle(ctx, req); err == nil && st.Released {
+				if st, err := b.local.Settle(ctx, b.localSettle(req)); err == nil && st.Released {
 					return st, nil
 				}
 			}
@@ -147,8 +148,48 @@ func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 			if d, ok := b.shared.(Deferrer); ok {
 				d.DeferSettle(req)
 			}
-			return b.local.Settle(ctx, req)
+			return b.local.Settle(ctx, b.localSettle(req))
 		})
+}
+
+// localReplica names this degradation's waiters in the local lines, a new
+// name each time the mode changes: waiters of an earlier outage, granted or
+// gone through the shared backend since, are then not kept alive by this
+// one's reads, and leave the local lines with their lease.
+func (b *Backend) localReplica() string {
+	return "local-" + strconv.FormatUint(b.changes.Load(), 10)
+}
+
+func (b *Backend) localAdmit(req gate.AdmitRequest) gate.AdmitRequest {
+	if req.Line != nil {
+		w := *req.Line
+		w.Replica = b.localReplica()
+		req.Line = &w
+	}
+	return req
+}
+
+func (b *Backend) localPeek(req gate.PeekRequest) gate.PeekRequest {
+	if req.Line != nil {
+		r := *req.Line
+		r.Replica = b.localReplica()
+		if r.Join != nil {
+			w := *r.Join
+			w.Replica = r.Replica
+			r.Join = &w
+		}
+		req.Line = &r
+	}
+	return req
+}
+
+func (b *Backend) localSettle(req gate.SettleRequest) gate.SettleRequest {
+	if req.Line != nil {
+		h := *req.Line
+		h.Replica = b.localReplica()
+		req.Line = &h
+	}
+	return req
 }
 
 // Deferrer is a shared backend that can keep a settle until it answers.
@@ -160,7 +201,7 @@ type Deferrer interface {
 func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot, error) {
 	return call(b, ctx,
 		func() (gate.Snapshot, error) { return b.shared.Peek(ctx, b.leaveRoomPeek(ctx, req)) },
-		func() (gate.Snapshot, error) { return b.local.Peek(ctx, b.sharePeek(req)) })
+		func() (gate.Snapshot, error) { return b.local.Peek(ctx, b.sharePeek(b.localPeek(req))) })
 }
 
 // Leave implements gate.Backend.

@@ -311,3 +311,43 @@ func TestOverrideIsNeverLocal(t *testing.T) {
 		t.Fatalf("override with Redis down: %v, want gate.ErrUnavailable", err)
 	}
 }
+
+// A waiter left in a local line by one outage (its call granted or gone
+// through Redis since) does not hold the next outage's line: each outage's
+// waiters are its own, and the old ones leave with their lease.
+func TestLocalLinesForgetAnEarlierOutage(t *testing.T) {
+	f := newFixture(t, fallback.Local, 1)
+	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 1; s.Limits.Lease = 10 * time.Second })
+	waiter := func(id string) *gate.Waiter {
+		return &gate.Waiter{ID: id, Weight: 1, OtherWeight: 1, MaxTenants: 1, Lease: time.Second}
+	}
+	degrade := func() {
+		t.Helper()
+		f.srv.Stop()
+		f.poll("the local mode", func() bool {
+			f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}})
+			return f.b.Degraded()
+		})
+	}
+	degrade()
+	if a, err := f.admit("l0", src); err != nil || !a.Granted { // the local slot
+		t.Fatalf("local admission: %+v, %v", a, err)
+	}
+	join := &gate.LineRead{Lease: time.Second, Join: waiter("ghost"), Joins: []string{"s"}}
+	if _, err := f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}, Line: join}); err != nil {
+		t.Fatal(err)
+	}
+	f.srv.Start()
+	f.poll("Redis to be used again", func() bool {
+		f.clock.Advance(time.Second)
+		f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}})
+		return !f.b.Degraded()
+	})
+	f.clock.Advance(time.Minute) // l0's lease and the ghost's are over
+	degrade()
+	a, err := f.b.Admit(f.ctx, gate.AdmitRequest{Scope: "fb", PermitID: "w0", Line: waiter("w"),
+		Candidates: []gate.Candidate{{Source: src, Ceiling: 1}}})
+	if err != nil || !a.Granted {
+		t.Fatalf("the next outage's first call: %+v, %v; want granted (the earlier outage's waiter is gone)", a, err)
+	}
+}
