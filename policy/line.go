@@ -43,8 +43,9 @@ type line struct {
 
 // held is a call of this replica in line.
 type held struct {
-	wake  chan struct{} // one slot handed over
-	woken bool          // woken and not refused since
+	wake    chan struct{} // one slot handed over
+	woken   bool          // woken and not refused since
+	wokenAt time.Time
 }
 
 func newLine() *line { return &line{held: make(map[string]*held)} }
@@ -168,13 +169,23 @@ func (l *line) wake(ids ...string) {
 	defer l.mu.Unlock()
 	for _, id := range ids {
 		if h := l.held[id]; h != nil && !h.woken {
-			h.woken = true
+			h.woken, h.wokenAt = true, time.Now()
 			select {
 			case h.wake <- struct{}{}:
 			default:
 			}
 		}
 	}
+}
+
+// overdue reports whether id was woken longer than lease ago and has not
+// asked since: its client is gone between two RPCs (a woken waiter asks at
+// once), and its place would hold the line.
+func (l *line) overdue(id string, lease time.Duration) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	h := l.held[id]
+	return h != nil && h.woken && time.Since(h.wokenAt) > lease
 }
 
 // waker is the channel that hands c a slot (nil when c is not in line).

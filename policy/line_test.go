@@ -265,3 +265,50 @@ func TestLostJoinLeavesNoPlace(t *testing.T) {
 		t.Fatalf("line after the lost join: %+v, %v; want empty", snap.Sources, err)
 	}
 }
+
+// A head the poller woke that does not come for the slot within the line's
+// lease (its client died between two RPCs) is set aside, so that the line
+// behind it moves: here the RPM frees up without any release to hand off.
+func TestWokenHeadThatNeverAsksIsSetAside(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, _ := newScope(t, `
+backpressure: {poll_interval: 1s, stall_window: 600s}
+sources: [{name: only, rpm: 1}]
+`)
+		grant(t, s, newCall(s)) // the minute's one request
+		park := func(c *policy.Call) <-chan policy.Decision {
+			if p := pick(t, s, c); p.NoRunnable == nil {
+				t.Fatalf("%+v, want a refusal", p)
+			}
+			out := make(chan policy.Decision, 1)
+			go func() {
+				d, err := s.OnNoRunnable(ctx(t), c)
+				if err == nil {
+					out <- d
+				}
+			}()
+			synctest.Wait()
+			return out
+		}
+		a := park(newCall(s))
+		time.Sleep(time.Second)
+		b := park(newCall(s))
+		time.Sleep(time.Minute) // the RPM is free again: the poller wakes a, the head
+		synctest.Wait()
+		if d := <-a; !d.Woken {
+			t.Fatalf("a: %+v, want woken", d)
+		}
+		// a's client is gone and never asks; within a lease and a poll, b
+		// is the head and is woken in turn.
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		select {
+		case d := <-b:
+			if !d.Woken {
+				t.Fatalf("b: %+v, want woken", d)
+			}
+		default:
+			t.Fatal("b is still held behind a head that never came for its slot")
+		}
+	})
+}
