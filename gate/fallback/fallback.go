@@ -161,35 +161,35 @@ func (b *Backend) localReplica() string {
 }
 
 func (b *Backend) localAdmit(req gate.AdmitRequest) gate.AdmitRequest {
-	if req.Line != nil {
-		w := *req.Line
-		w.Replica = b.localReplica()
-		req.Line = &w
-	}
+	r := b.localReplica()
+	req.Line = withCopy(req.Line, func(w *gate.Waiter) { w.Replica = r })
 	return req
 }
 
 func (b *Backend) localPeek(req gate.PeekRequest) gate.PeekRequest {
-	if req.Line != nil {
-		r := *req.Line
-		r.Replica = b.localReplica()
-		if r.Join != nil {
-			w := *r.Join
-			w.Replica = r.Replica
-			r.Join = &w
-		}
-		req.Line = &r
-	}
+	r := b.localReplica()
+	req.Line = withCopy(req.Line, func(l *gate.LineRead) {
+		l.Replica = r
+		l.Join = withCopy(l.Join, func(w *gate.Waiter) { w.Replica = r })
+	})
 	return req
 }
 
 func (b *Backend) localSettle(req gate.SettleRequest) gate.SettleRequest {
-	if req.Line != nil {
-		h := *req.Line
-		h.Replica = b.localReplica()
-		req.Line = &h
-	}
+	r := b.localReplica()
+	req.Line = withCopy(req.Line, func(h *gate.LineHandoff) { h.Replica = r })
 	return req
+}
+
+// withCopy is a changed copy of *p (the caller's request is not touched);
+// nil stays nil.
+func withCopy[T any](p *T, change func(*T)) *T {
+	if p == nil {
+		return nil
+	}
+	c := *p
+	change(&c)
+	return &c
 }
 
 // Deferrer is a shared backend that can keep a settle until it answers.
