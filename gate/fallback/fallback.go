@@ -404,39 +404,43 @@ func less(src *gate.Source, n int) *gate.Source {
 	return &s
 }
 
-// leaveRoom is req with the slots of the local backend's permits still out
-// taken from its candidates' limits.
+// roomLeft is srcs with the slots of the local backend's permits still out
+// taken from their limits; nil when none is out.
+func (b *Backend) roomLeft(ctx context.Context, scope string, srcs []*gate.Source) []*gate.Source {
+	n := b.room(ctx, scope, srcs)
+	if n == nil {
+		return nil
+	}
+	left := slices.Clone(srcs)
+	for i := range left {
+		if n[i] > 0 {
+			left[i] = less(left[i], n[i])
+		}
+	}
+	return left
+}
+
+// leaveRoom is req with roomLeft's limits on its candidates.
 func (b *Backend) leaveRoom(ctx context.Context, req gate.AdmitRequest) gate.AdmitRequest {
 	srcs := make([]*gate.Source, len(req.Candidates))
 	for i, c := range req.Candidates {
 		srcs[i] = c.Source
 	}
-	n := b.room(ctx, req.Scope, srcs)
-	if n == nil {
+	left := b.roomLeft(ctx, req.Scope, srcs)
+	if left == nil {
 		return req
 	}
-	out := req
-	out.Candidates = slices.Clone(req.Candidates)
-	for i := range out.Candidates {
-		if n[i] > 0 {
-			out.Candidates[i].Source = less(out.Candidates[i].Source, n[i])
-		}
+	req.Candidates = slices.Clone(req.Candidates)
+	for i := range req.Candidates {
+		req.Candidates[i].Source = left[i]
 	}
-	return out
+	return req
 }
 
 // leaveRoomPeek is leaveRoom for a Peek, so that its verdicts are Admit's.
 func (b *Backend) leaveRoomPeek(ctx context.Context, req gate.PeekRequest) gate.PeekRequest {
-	n := b.room(ctx, req.Scope, req.Sources)
-	if n == nil {
-		return req
+	if left := b.roomLeft(ctx, req.Scope, req.Sources); left != nil {
+		req.Sources = left
 	}
-	out := req
-	out.Sources = slices.Clone(req.Sources)
-	for i := range out.Sources {
-		if n[i] > 0 {
-			out.Sources[i] = less(out.Sources[i], n[i])
-		}
-	}
-	return out
+	return req
 }
