@@ -182,13 +182,14 @@ func (b *Backend) RunGiveBacks(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	var tick uint64
+	recordTicks := max(1, uint64(recordCheckPeriod/every))
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 			tick++
-			if err := b.reassert(ctx, tick); err != nil && ctx.Err() == nil && !errors.Is(err, gate.ErrUnavailable) {
+			if err := b.reassert(ctx, tick, recordTicks); err != nil && ctx.Err() == nil && !errors.Is(err, gate.ErrUnavailable) {
 				b.orphans.log.Error("redis state check failed", "err", err)
 			}
 		case <-b.orphans.kick:

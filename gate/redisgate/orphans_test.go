@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -191,4 +193,51 @@ func eventually(t *testing.T, ctx context.Context, what string, cond func() bool
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// The background check of a scope whose marker holds is a GET of the
+// marker, not a script run, even for a scope with an OPEN breaker to
+// re-assert (checked at every tick); the script runs once Redis lost it.
+func TestBackgroundCheckIsAGetWhileTheMarkerHolds(t *testing.T) {
+	ctx := testCtx(t)
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	b := newBackend(t, c, redisgate.Options{})
+	ops := gatetest.Src("ops")
+	must(b.Override(ctx, gate.OverrideRequest{Scope: "s", Source: ops, Action: gate.ActionForceOpen, Actor: "alice", Why: "INC-42"}))(t)
+	must(b.Admit(ctx, gate.AdmitRequest{Scope: "s", PermitID: "p1", Tokens: 1, Candidates: []gate.Candidate{{Source: ops, Ceiling: 1}}}))(t)
+
+	scripts, gets := commandCalls(t, c, "fcall"), commandCalls(t, c, "get")
+	run, stop := context.WithCancel(ctx)
+	defer stop()
+	go b.RunGiveBacks(run, 5*time.Millisecond)
+	eventually(t, ctx, "ten background checks", func() bool { return commandCalls(t, c, "get") >= gets+10 })
+	if n := commandCalls(t, c, "fcall") - scripts; n != 0 {
+		t.Errorf("%d script calls while the marker held; want none (a GET per check)", n)
+	}
+	if err := c.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, "the override re-asserted", func() bool {
+		snap := must(b.Peek(ctx, gate.PeekRequest{Scope: "s", Sources: []*gate.Source{ops}}))(t)
+		return snap.Sources[0].Breaker.Override == gate.ForcedOpen
+	})
+}
+
+// commandCalls is how many times the server ran the command (INFO
+// commandstats).
+func commandCalls(t *testing.T, c redis.UniversalClient, cmd string) int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls=")
+		if ok {
+			n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest+",", ',')], 10, 64)
+			return n
+		}
+	}
+	return 0
 }
