@@ -17,6 +17,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 import polygate
 from polygate._gen.polygate.admission.v1 import admission_pb2 as pb
@@ -244,3 +245,27 @@ def test_an_exception_in_the_attempt_ends_the_spans(
     for s in got.values():
         assert (s.attributes or {})["polygate.verdict"] == verdict and s.status.status_code == trace.StatusCode.ERROR
     assert side.rpcs[-1].startswith("RecordOutcome 00-"), "the CANCELLED report carries the attempt's trace context"
+
+
+def test_an_unsampled_call_propagates_its_context_and_builds_no_attributes(sidecar: tuple[str, Scripted]) -> None:
+    """A call whose trace is not sampled still sends the trace context (the
+    sidecar's spans follow the caller's decision), and the SDK builds no
+    attributes for spans nobody records."""
+    target, side = sidecar
+    tp = TracerProvider(sampler=ALWAYS_OFF)
+    built: list[str] = []
+    real = trace.NonRecordingSpan.set_attributes
+
+    def spy(self: Any, attributes: Any) -> None:
+        built.append(str(attributes))
+        real(self, attributes)
+
+    trace.NonRecordingSpan.set_attributes = spy  # type: ignore[method-assign]
+    try:
+        with polygate.Client(target, tracer_provider=tp) as client:
+            assert client.call("chat", attempt) == "answer"
+    finally:
+        trace.NonRecordingSpan.set_attributes = real  # type: ignore[method-assign]
+    # Every RPC carries a trace context whose sampled flag is off.
+    assert len(side.rpcs) == 6 and all(int(r.rsplit("-", 1)[1], 16) & 1 == 0 for r in side.rpcs), side.rpcs
+    assert built == [], built

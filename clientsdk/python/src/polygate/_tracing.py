@@ -72,16 +72,16 @@ class CallTrace:
         )
 
     def granted(self, g: Grant) -> None:
-        if self._attempt is not None:
+        if self._recording(self._attempt):
             self._attempt.set_attributes({"polygate.source": g.source, "polygate.attempt": g.attempt, "polygate.probe": g.probe})
 
     def call_id(self, call_id: str) -> None:
-        if self._call is not None:
+        if self._recording(self._call):
             self._call.set_attribute("polygate.call_id", call_id)
 
     def waited(self, sleep_s: float, causes: Sequence[tuple[str, str]]) -> None:
         """One wait for capacity: how long, and each source's refusal."""
-        if self._attempt is None:
+        if not self._recording(self._attempt):
             return
         cause = ",".join(f"{source}={reason}" for source, reason in causes)
         self._waits.append(cause)
@@ -90,7 +90,8 @@ class CallTrace:
 
     def reported(self, result: Result[Any], verdict: str, reason: str = "", backoff_s: float | None = None) -> None:
         """The attempt's outcome and the sidecar's answer to it; ends the attempt's span."""
-        if self._attempt is None:
+        if not self._recording(self._attempt):
+            self.end_attempt()
             return
         attrs: dict[str, Any] = {"polygate.outcome": result.outcome.name, "polygate.verdict": verdict}
         if result.http_status:
@@ -121,15 +122,22 @@ class CallTrace:
         elif exc is not None:
             attrs = {"polygate.verdict": "error", "polygate.error": type(exc).__name__}
         for span in (self._attempt, self._call):
-            if span is None:
+            if not self._recording(span):
                 continue
             span.set_attributes(attrs)
             if exc is not None:
                 span.set_status(_otel.Status(_otel.StatusCode.ERROR, type(exc).__name__))
         self.end_attempt()
-        self._call.set_attribute("polygate.attempts", attempts)
+        if self._recording(self._call):
+            self._call.set_attribute("polygate.attempts", attempts)
         self._call.end()
         self._call = None
+
+    @staticmethod
+    def _recording(span: Any) -> bool:
+        """Whether span takes attributes: none are built for a span that is
+        missing or not recorded (not sampled, or no provider set)."""
+        return span is not None and span.is_recording()
 
     def _current(self) -> Any:
         return self._attempt if self._attempt is not None else self._call
