@@ -94,13 +94,36 @@ func BenchmarkAttemptCycle(b *testing.B) {
 				b.ReportMetric(float64(n1-n)/float64(b.N), "redis-cmds/op")
 				b.ReportMetric(float64((redisCPU(b, client)-cpu).Microseconds())/float64(b.N), "redis-cpu-µs/op")
 			})
-			b.Run(name+"/parallel", func(b *testing.B) {
-				b.RunParallel(func(pb *testing.PB) {
-					for pb.Next() {
-						cycle(b, ctx, be.g, c.src, b.Name(), c.ordered)
+			// Parallel: callers per GOMAXPROCS (run with -cpu 1 for 16
+			// and 64 callers), as many attempts at once as make bench's
+			// levels; on Redis the Admits and Settles of one scope that
+			// meet go out in batches (redis-calls/op: script calls per
+			// attempt).
+			for _, par := range []int{1, 16, 64} {
+				sub := name + "/parallel"
+				if par > 1 {
+					sub += "=" + strconv.Itoa(par)
+				}
+				b.Run(sub, func(b *testing.B) {
+					u, n := scriptStats(b, client)
+					calls := scriptCalls(b, client)
+					cpu := redisCPU(b, client)
+					b.SetParallelism(par)
+					b.RunParallel(func(pb *testing.PB) {
+						for pb.Next() {
+							cycle(b, ctx, be.g, c.src, b.Name(), c.ordered)
+						}
+					})
+					if be.name != "redis" {
+						return
 					}
+					u1, n1 := scriptStats(b, client)
+					b.ReportMetric(float64(u1-u)/float64(b.N), "redis-µs/op")
+					b.ReportMetric(float64(n1-n)/float64(b.N), "redis-cmds/op")
+					b.ReportMetric(float64(scriptCalls(b, client)-calls)/float64(b.N), "redis-calls/op")
+					b.ReportMetric(float64((redisCPU(b, client)-cpu).Microseconds())/float64(b.N), "redis-cpu-µs/op")
 				})
-			})
+			}
 		}
 	}
 }
@@ -125,6 +148,29 @@ func redisCPU(b *testing.B, c redis.UniversalClient) time.Duration {
 		}
 	}
 	return time.Duration(sec * float64(time.Second))
+}
+
+// scriptCalls is how many script calls (FCALL, EVALSHA, EVAL) the server
+// has run.
+func scriptCalls(b *testing.B, c redis.UniversalClient) int64 {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var n int64
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (name != "cmdstat_fcall" && name != "cmdstat_evalsha" && name != "cmdstat_eval") {
+			continue
+		}
+		for _, f := range strings.Split(rest, ",") {
+			if k, v, _ := strings.Cut(f, "="); k == "calls" {
+				c, _ := strconv.ParseInt(v, 10, 64)
+				n += c
+			}
+		}
+	}
+	return n
 }
 
 // scriptStats is the Redis server's work so far in script calls, from INFO
