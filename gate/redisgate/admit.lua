@@ -13,7 +13,7 @@
 -- nothing and answers UNMARKED; the replica re-asserts what it knows
 -- (restore.lua) and admits again (reassert.go).
 local function unmarked(s, h)
-  return h.seen ~= '*' and redis.call('GET', s.marker) ~= h.seen
+  return h.seen ~= '*' and get(s.marker) ~= h.seen
 end
 
 -- twin: gate.(*SourceState).Admit
@@ -96,6 +96,6 @@ local function admit(keys, argv)
   end
   return pack(ADMIT_R, {
     granted = granted, probe = probe, epoch = epoch, rejections = rejections, events = events,
-    progress = tonumber(redis.call('GET', s.progress) or 0), now = now, line = pack(LINE_ADMIT_R, { places = places }),
+    progress = tonumber(get(s.progress) or 0), now = now, line = pack(LINE_ADMIT_R, { places = places }),
   })
 end

@@ -40,10 +40,33 @@ func HeadNow(arg any) (now int64, ok bool) {
 	if !isBlock || len(b) < 8 {
 		return 0, false
 	}
-	for _, names := range [][]string{admitArgs.lua().names, settleArgs.lua().names, peekArgs.lua().names, overrideArgs.lua().names} {
+	for _, names := range [][]string{batchArgs.lua().names, admitArgs.lua().names, settleArgs.lua().names, peekArgs.lua().names, overrideArgs.lua().names} {
 		if names[0] != "now" {
 			panic("a head block does not start with now")
 		}
 	}
 	return int64(math.Float64frombits(binary.LittleEndian.Uint64(b))), true
 }
+
+// BatchOps reads how many ops a batch call carries from its first argument
+// (the BATCH block); ok is false if it is not one.
+func BatchOps(arg any) (n int, ok bool) {
+	b, isBlock := arg.([]byte)
+	if !isBlock || len(b) != 8*len(batchArgs.fields) || batchArgs.lua().names[1] != "n" {
+		return 0, false
+	}
+	return int(math.Float64frombits(binary.LittleEndian.Uint64(b[8:]))), true
+}
+
+// Gathering is how many ops of the scope wait for its next batch.
+func (b *Backend) Gathering(scope string) int {
+	b.batches.mu.Lock()
+	defer b.batches.mu.Unlock()
+	if q := b.batches.scopes[b.tag(scope)]; q != nil {
+		return len(q.ops)
+	}
+	return 0
+}
+
+// MaxBatchOps is the bound on a batch's ops.
+const MaxBatchOps = maxBatchOps

@@ -511,6 +511,27 @@ var overrideArgs = args[call[gate.OverrideRequest]]{"OVERRIDE", []arg[call[gate.
 	num("window", func(c *call[gate.OverrideRequest]) any { return c.req.Source.Breaker.Window.Milliseconds() }),
 }}
 
+// batchCall heads a batch call (batch.go): n ops follow, each a
+// batchOpArgs block and then the op's own arguments (admitArgs' or
+// settleArgs' and what follows them).
+type batchCall struct {
+	b *Backend
+	n int
+}
+
+var batchArgs = args[batchCall]{"BATCH", []arg[batchCall]{
+	num("now", func(c *batchCall) any { return c.b.nowArg() }),
+	num("n", func(c *batchCall) any { return c.n }),
+}}
+
+// batchOpArgs heads one op of a batch: its kind (opAdmit, opSettle) and
+// how many keys and arguments it takes.
+var batchOpArgs = args[batchOp]{"BATCH_OP", []arg[batchOp]{
+	num("kind", func(o *batchOp) any { return int(o.kind) }),
+	num("keys", func(o *batchOp) any { return len(o.keys) }),
+	num("args", func(o *batchOp) any { return len(o.args) }),
+}}
+
 // restoreKeys head the restore call's keys: the scope's marker (no TTL: it
 // is missing only if Redis lost the scope); n brkKeys follow.
 var restoreKeys = keyBlock{"RESTORE_KEYS", []string{"marker"}, nil}
@@ -754,5 +775,6 @@ func luaLayouts() []luaLayout {
 		breakerView.lua(), quotaView.lua(), eventReply.lua(), rejection.lua(), admitReply.lua(), settleReply.lua(),
 		peekReply.lua(), peekSource.lua(), overrideReply.lua(), announcement.lua(),
 		restoreKeys.lua(), brkKeys.lua(), restoreArgs.lua(), restoreSrcArgs.lua(), restoreReply.lua(),
+		batchArgs.lua(), batchOpArgs.lua(),
 	}, lineLayouts()...)
 }

@@ -14,6 +14,14 @@ local function I(n)
   return string.format('%d', n)
 end
 
+-- CALL is what the ops of one batch (batch.lua) share while it runs, nil
+-- outside one: the server's TIME, read once (now), and the scope's keys
+-- read or written with GET and SET (got: key -> value, false for none;
+-- put: key -> {value, ttl}, written once when the batch ends). It is a
+-- library-level local, which outlives a call: batch sets it at its start
+-- and clears it at its end.
+local CALL = nil
+
 -- now_ms is the time of the decision: the server's TIME, or the time a test
 -- clock passed in (0 in production; see the package documentation).
 local function now_ms(arg)
@@ -21,8 +29,45 @@ local function now_ms(arg)
   if n ~= nil and n ~= 0 then
     return n
   end
+  if CALL and CALL.now then
+    return CALL.now
+  end
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  n = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if CALL then
+    CALL.now = n
+  end
+  return n
+end
+
+-- get is GET key (false for none), read once per batch.
+local function get(key)
+  if not CALL then
+    return redis.call('GET', key)
+  end
+  local v = CALL.got[key]
+  if v == nil then
+    v = redis.call('GET', key)
+    CALL.got[key] = v
+  end
+  return v
+end
+
+-- set_px is SET key value PX ttl, written once per batch (its last value).
+local function set_px(key, value, ttl)
+  if not CALL then
+    redis.call('SET', key, value, 'PX', ttl)
+    return
+  end
+  CALL.got[key] = value
+  CALL.put[key] = { value = value, ttl = ttl }
+end
+
+-- call_flush writes what the batch's set_px kept.
+local function call_flush()
+  for key, v in pairs(CALL.put) do
+    redis.call('SET', key, v.value, 'PX', v.ttl)
+  end
 end
 
 -- idiv is Go's integer division a / b for b > 0 (truncating toward zero),

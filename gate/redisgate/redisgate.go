@@ -63,6 +63,7 @@ type Backend struct {
 	timeout time.Duration
 	orphans *orphans
 	memory  memory
+	batches batcher
 	onLoss  func(scope string, restored int)
 	replica string // this Backend among those sharing a line
 }
@@ -160,8 +161,7 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 		}
 	}
 	if err != nil {
-		b.lostAdmit(req) // the script may have run: nobody would own its permit
-		return gate.Admission{}, err
+		return gate.Admission{}, err // what it owes Redis is queued (batch.go)
 	}
 	p := &parser{op: op}
 	r := admitReply.parse(p, v)
@@ -209,7 +209,7 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 	return out, nil
 }
 
-// admit runs admit.lua once, within rctx.
+// admit runs admit.lua once, in the scope's next batch, within rctx.
 func (b *Backend) admit(ctx, rctx context.Context, req *gate.AdmitRequest) (any, error) {
 	n := len(req.Candidates)
 	keys := make([]string, 0, len(scopeKeys.suffixes)+len(sourceKeys.suffixes)*n)
@@ -232,7 +232,7 @@ func (b *Backend) admit(ctx, rctx context.Context, req *gate.AdmitRequest) (any,
 		}
 		args = placeArgs.pack(args, &place)
 	}
-	return b.runIn(ctx, rctx, "admit", admitScript, keys, args)
+	return b.do(ctx, rctx, tag, &batchOp{kind: opAdmit, name: "admit", keys: keys, args: args, admit: req})
 }
 
 // unmarkedErr reports whether admit.lua refused to run because the
@@ -240,16 +240,13 @@ func (b *Backend) admit(ctx, rctx context.Context, req *gate.AdmitRequest) (any,
 func unmarkedErr(err error) bool { return redis.HasErrorPrefix(err, "UNMARKED") }
 
 // Settle implements gate.Backend. A settle that fails is also kept for
-// RunGiveBacks, which repeats it until Redis confirms.
+// RunGiveBacks, which repeats it until Redis confirms; one whose caller
+// gives up is sent all the same (batch.go).
 func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (gate.Settlement, error) {
 	if req.Source == nil {
 		return gate.Settlement{}, fmt.Errorf("redisgate: settle: no source")
 	}
-	st, err := b.settle(ctx, req)
-	if err != nil {
-		b.orphans.add(req, 1)
-	}
-	return st, err
+	return b.settle(ctx, req)
 }
 
 func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Settlement, error) {
@@ -259,9 +256,11 @@ func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 	keys = appendLineKeys(appendSourceKeys(appendScopeKeys(keys, tag), tag, req.Source.Name), tag, req.Source.Name)
 	args := settleArgs.pack(make([]any, 0, settleArgs.width()), &call[gate.SettleRequest]{b, &req, tag})
 	args = handoffArgs.pack(args, &handoffArg{b, req.Line})
-	v, err := b.run(ctx, op, settleScript, keys, args)
+	rctx, cancel := b.bound(ctx)
+	defer cancel()
+	v, err := b.do(ctx, rctx, tag, &batchOp{kind: opSettle, name: op, keys: keys, args: args, settle: &req})
 	if err != nil {
-		return gate.Settlement{}, err
+		return gate.Settlement{}, err // queued for the give-back if it failed (batch.go)
 	}
 	p := &parser{op: op}
 	r := settleReply.parse(p, v)
@@ -274,6 +273,7 @@ func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 		Handoff:     r.handoff,
 	}
 	if p.err != nil {
+		b.orphans.add(req, 1)
 		return gate.Settlement{}, p.err
 	}
 	b.memory.see(req.Scope, out.Events, time.Now())

@@ -25,34 +25,52 @@ var (
 	overrideLua string
 	//go:embed restore.lua
 	restoreLua string
+	//go:embed batch.lua
+	batchLua string
 )
 
-// op is one Backend method's Lua entry point: body defines a local
-// function of that name, taking (keys, argv).
+// op is one Lua entry point: body defines a local function of that name,
+// taking (keys, argv), after the bodies of the parts it calls.
 type op struct {
-	name string
-	body string
-	fn   string        // the Redis Function's name in the library
-	eval *redis.Script // the fallback: prelude, lib.lua, the body, a call
+	name  string
+	body  string
+	parts []*op
+	fn    string        // the Redis Function's name in the library
+	eval  *redis.Script // the fallback: prelude, lib.lua, the parts, the body, a call
 }
 
-// The operations, one per Backend method and restore. They are served from one
-// Redis Functions library (library), loaded once per server, so that a call
-// runs only its body; where Functions are missing or refused each is a
-// script of its own (EVALSHA), which runs lib.lua's definitions each time.
+// The operations: Peek, Override, Leave, restore and batch, which runs the
+// Admits and Settles (admit.lua and settle.lua, parts of batch, not
+// functions of their own; see batch.go). They are served from one Redis
+// Functions library (library), loaded once per server, so that a call runs
+// only its body; where Functions are missing or refused each is a script of
+// its own (EVALSHA), which runs lib.lua's definitions each time.
 var (
-	admitScript    = newOp("admit", admitLua)
-	settleScript   = newOp("settle", settleLua)
+	admitPart      = &op{name: "admit", body: admitLua}
+	settlePart     = &op{name: "settle", body: settleLua}
+	batchScript    = newOp("batch", batchLua, admitPart, settlePart)
 	peekScript     = newOp("peek", peekLua)
 	overrideScript = newOp("override", overrideLua)
 	// restoreScript is no Backend method: the background re-assertion of
 	// what a replica knows after Redis lost a scope (reassert.go).
 	restoreScript = newOp("restore", restoreLua)
-	ops           = []*op{admitScript, settleScript, peekScript, overrideScript, restoreScript, leaveScript}
+	ops           = []*op{batchScript, peekScript, overrideScript, restoreScript, leaveScript}
 )
 
-func newOp(name, body string) *op {
-	return &op{name: name, body: body, eval: redis.NewScript(prelude() + libLua + body + "\nreturn " + name + "(KEYS, ARGV)\n")}
+func newOp(name, body string, parts ...*op) *op {
+	o := &op{name: name, body: body, parts: parts}
+	o.eval = redis.NewScript(prelude() + libLua + o.text() + "\nreturn " + name + "(KEYS, ARGV)\n")
+	return o
+}
+
+// text is the op's parts' bodies, then its own.
+func (o *op) text() string {
+	var b strings.Builder
+	for _, p := range o.parts {
+		b.WriteString(p.body)
+	}
+	b.WriteString(o.body)
+	return b.String()
 }
 
 // libVersion names this build's library and functions by the digest of its
@@ -62,7 +80,7 @@ var libVersion = func() string {
 	var b strings.Builder
 	b.WriteString(prelude() + libLua)
 	for _, o := range ops {
-		b.WriteString(o.body)
+		b.WriteString(o.text())
 	}
 	sum := sha1.Sum([]byte(b.String()))
 	return hex.EncodeToString(sum[:6])
@@ -80,7 +98,7 @@ func library() string {
 	fmt.Fprintf(&b, "#!lua name=polygate_%s\n", libVersion)
 	b.WriteString(prelude() + libLua)
 	for _, o := range ops {
-		b.WriteString(o.body)
+		b.WriteString(o.text())
 		fmt.Fprintf(&b, "\nredis.register_function(%q, %s)\n", o.fn, o.name)
 	}
 	return b.String()
@@ -138,6 +156,8 @@ func prelude() string {
 	def("MINUTE", gate.Minute)
 	def("BUCKETS", gate.WindowBuckets)
 	def("MAX_TOKEN_SUM", int64(gate.MaxTokenSum))
+	def("OP_ADMIT", opAdmit)
+	def("OP_SETTLE", opSettle)
 	lineConstants(def)
 	fmt.Fprintf(&b, "local OVERFLOW_TENANT = %q\n", gate.OverflowTenant)
 	def("LEASE_BYTE", leaseField[0])

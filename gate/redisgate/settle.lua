@@ -27,9 +27,9 @@ local function settle(keys, argv)
   local view = b_view(b, a, now)
   local progress = now
   if a.progress == 1 then
-    redis.call('SET', s.progress, I(now), 'PX', I(a.idle_ttl))
+    set_px(s.progress, I(now), I(a.idle_ttl))
   else
-    progress = tonumber(redis.call('GET', s.progress) or 0)
+    progress = tonumber(get(s.progress) or 0)
   end
   local rel, handoff = 0, ''
   if released then

@@ -1,0 +1,226 @@
+package redisgate
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/polygate/polygate/gate"
+)
+
+// Group commit. Most of what a script call costs Redis is paid per call, not
+// per decision: the FCALL itself, TIME, the scope's marker and progress. So
+// the Admits and Settles of one scope (one hash tag) go out together: at
+// most one batch call (batch.lua) of a scope is in flight, the ops that
+// arrive meanwhile gather, and they go out as the next call the moment it
+// returns. A lone op goes out at once; under load an op waits at most for
+// the call in flight. Each RPC is still one round trip, its op one of the
+// batch's. A batch runs its ops in arrival order, atomically: the same as
+// separate calls back to back, a legal interleaving of concurrent requests.
+//
+// What a batch owes Redis when its reply is lost is settled per op, as a
+// single call's would be: a failed or timed-out batch call sends each of
+// its admits to lostAdmit (it may have granted) and each of its settles to
+// the give-back queue; an op's own error (it raised in Lua) fails that op
+// alone. A caller that gives up while its op gathers drops an admit (never
+// sent, nothing owed) but not a settle, which is sent anyway; one that gives
+// up after its op was sent stops waiting, and the batch, bounded by the
+// Backend's timeout and not by any caller's context, goes on: a permit it
+// grants to nobody goes to lostAdmit.
+
+// maxBatchOps, maxBatchKeys and maxBatchArgs bound one batch call; the ops
+// beyond wait for the next. An op larger than the bounds goes alone.
+const (
+	maxBatchOps  = 64
+	maxBatchKeys = 1024
+	maxBatchArgs = 1024
+)
+
+// opKind is what a batch op runs (batch.lua's BATCH_FNS).
+type opKind int
+
+const (
+	opAdmit  opKind = 1
+	opSettle opKind = 2
+)
+
+// batchOp is one Admit's or Settle's call, waiting for its batch.
+type batchOp struct {
+	kind   opKind
+	name   string // the op, as errors name it
+	keys   []string
+	args   []any
+	admit  *gate.AdmitRequest  // an admit's request, for lostAdmit
+	settle *gate.SettleRequest // a settle's, for the give-back queue
+	done   chan batchResult    // one reply, buffered
+	// sent: in a batch call; gone: its caller stopped waiting (under
+	// batcher.mu).
+	sent, gone bool
+}
+
+type batchResult struct {
+	v   any
+	err error
+}
+
+// batcher is the Backend's combiner: the scopes with a batch in flight.
+type batcher struct {
+	mu sync.Mutex
+	// scopes holds, by tag, the ops waiting for the scope's next batch; a
+	// scope is in it while its drain runs.
+	scopes map[string]*batchQueue
+}
+
+type batchQueue struct{ ops []*batchOp }
+
+// do runs o in the scope's next batch and waits for its reply: while it
+// gathers, within rctx (ctx, the caller's, bounded by the Backend's
+// timeout); once sent, until the batch call ends (bounded by that timeout
+// too) or ctx does. So a caller waits at most one timeout for the call in
+// flight before its own, and one for its own.
+func (b *Backend) do(ctx, rctx context.Context, tag string, o *batchOp) (any, error) {
+	o.done = make(chan batchResult, 1)
+	c := &b.batches
+	c.mu.Lock()
+	if c.scopes == nil {
+		c.scopes = map[string]*batchQueue{}
+	}
+	q := c.scopes[tag]
+	start := q == nil
+	if start {
+		q = &batchQueue{}
+		c.scopes[tag] = q
+	}
+	q.ops = append(q.ops, o)
+	c.mu.Unlock()
+	if start {
+		go b.drain(tag, q)
+	}
+	select {
+	case r := <-o.done:
+		return r.v, r.err
+	case <-ctx.Done():
+	case <-rctx.Done():
+		// The Backend's timeout. A sent op's batch call ends by the same
+		// timeout, with what it owes queued: its answer is the call's.
+		c.mu.Lock()
+		sent := o.sent
+		c.mu.Unlock()
+		if sent {
+			select {
+			case r := <-o.done:
+				return r.v, r.err
+			case <-ctx.Done():
+			}
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	select {
+	case r := <-o.done:
+		return r.v, r.err
+	default:
+	}
+	o.gone = true
+	if !o.sent && o.kind == opAdmit {
+		q.ops = slices.DeleteFunc(q.ops, func(x *batchOp) bool { return x == o })
+	}
+	return nil, b.wrap(ctx, o.name, rctx.Err())
+}
+
+// drain sends the scope's batches, one at a time, until none is waiting.
+func (b *Backend) drain(tag string, q *batchQueue) {
+	c := &b.batches
+	for {
+		c.mu.Lock()
+		if len(q.ops) == 0 {
+			delete(c.scopes, tag)
+			c.mu.Unlock()
+			return
+		}
+		n, nk, na := 0, 0, 0
+		for _, o := range q.ops {
+			if n == maxBatchOps || n > 0 && (nk+len(o.keys) > maxBatchKeys || na+len(o.args) > maxBatchArgs) {
+				break
+			}
+			o.sent = true
+			n, nk, na = n+1, nk+len(o.keys), na+len(o.args)
+		}
+		ops := q.ops[:n:n]
+		q.ops = q.ops[n:]
+		c.mu.Unlock()
+		b.runBatch(ops, nk, na)
+	}
+}
+
+// runBatch makes one batch call of ops (nk keys and na arguments in all)
+// and hands each op its reply.
+func (b *Backend) runBatch(ops []*batchOp, nk, na int) {
+	keys := make([]string, 0, nk)
+	args := batchArgs.pack(make([]any, 0, batchArgs.width()+batchOpArgs.width()*len(ops)+na), &batchCall{b, len(ops)})
+	for _, o := range ops {
+		keys = append(keys, o.keys...)
+		args = append(batchOpArgs.pack(args, o), o.args...)
+	}
+	// The Backend's timeout bounds the call, not any caller's context; wrap
+	// sees none either, so that a deadline passing means unavailable.
+	ctx, cancel := b.bound(context.Background())
+	defer cancel()
+	v, err := b.call(ctx, batchScript, keys, args)
+	replies, ok := v.([]any)
+	var bad error // a reply that is not one per op: a bug
+	if err == nil {
+		b.orphans.poke()
+		if !ok || len(replies) != len(ops) {
+			bad = fmt.Errorf("want an array of %d replies, got %T of %d", len(ops), v, len(replies))
+		}
+	}
+	for i, o := range ops {
+		var r batchResult
+		switch {
+		case err != nil:
+			r.err = b.wrap(context.Background(), o.name, err)
+		case bad != nil:
+			r.err = fmt.Errorf("redisgate: %s: batch reply: %w", o.name, bad)
+		default:
+			if e, isErr := replies[i].(error); isErr {
+				r.err = b.wrap(context.Background(), o.name, e)
+			} else {
+				r.v = replies[i]
+			}
+		}
+		b.deliver(o, r)
+	}
+}
+
+// deliver hands o its reply, after queuing what it owes Redis if the reply
+// is an error; a grant whose caller is gone goes to lostAdmit.
+func (b *Backend) deliver(o *batchOp, r batchResult) {
+	if r.err != nil {
+		switch {
+		case o.kind == opSettle:
+			b.orphans.add(*o.settle, 1)
+		case !unmarkedErr(r.err): // UNMARKED granted nothing
+			b.lostAdmit(*o.admit)
+		}
+	}
+	c := &b.batches
+	c.mu.Lock()
+	gone := o.gone
+	if !gone {
+		o.done <- r
+	}
+	c.mu.Unlock()
+	if gone && r.err == nil && o.kind == opAdmit && grants(r.v) {
+		b.lostAdmit(*o.admit)
+	}
+}
+
+// grants reports whether an admit's reply granted a permit (or cannot be
+// read: then it may have).
+func grants(v any) bool {
+	p := &parser{op: "admit"}
+	r := admitReply.parse(p, v)
+	return p.err != nil || r.granted != 0
+}

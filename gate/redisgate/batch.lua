@@ -1,0 +1,53 @@
+
+-- batch.lua: the Admits and Settles of one scope that met while another
+-- call of the scope was in flight (batch.go), run in arrival order, each by
+-- its own function (admit.lua, settle.lua): one atomic run that is the same
+-- as the ops run as separate calls back to back. What the ops share is read
+-- once (CALL in lib.lua): the server's TIME, the scope's marker and its
+-- progress, which is written once, at the end.
+--
+-- keys: each op's keys, one op after the other.
+-- argv: BATCH, then per op BATCH_OP and the op's arguments.
+-- Reply: an array with each op's reply (ADMIT_R, SETTLE_R) or its error: an
+-- op that raises an error answers with it and does not stop the others (what
+-- it wrote before the error stays, as in a call of its own).
+local BATCH_FNS = { [OP_ADMIT] = admit, [OP_SETTLE] = settle }
+
+local function batch(keys, argv)
+  local h = read(BATCH, argv, 0)
+  CALL = { got = {}, put = {} }
+  now_ms(h.now)
+  local out, ki, ai = {}, 0, BATCH.WIDTH
+  for i = 1, h.n do
+    local o = read(BATCH_OP, argv, ai)
+    ai = ai + BATCH_OP.WIDTH
+    local k, a = {}, {}
+    for j = 1, o.keys do
+      k[j] = keys[ki + j]
+    end
+    for j = 1, o.args do
+      a[j] = argv[ai + j]
+    end
+    ki, ai = ki + o.keys, ai + o.args
+    local fn = BATCH_FNS[o.kind]
+    local ok, r
+    if fn then
+      ok, r = pcall(fn, k, a)
+    else
+      ok, r = false, 'unknown op kind ' .. tostring(o.kind)
+    end
+    if ok then
+      out[i] = r
+    elseif type(r) == 'table' and r.err then
+      out[i] = r
+    else
+      out[i] = redis.error_reply(tostring(r))
+    end
+  end
+  local ok, err = pcall(call_flush)
+  CALL = nil
+  if not ok then
+    error(err)
+  end
+  return out
+end

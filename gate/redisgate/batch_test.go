@@ -1,0 +1,446 @@
+package redisgate_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/polygate/polygate/gate"
+	"github.com/polygate/polygate/gate/gatetest"
+	"github.com/polygate/polygate/gate/redisgate"
+	"github.com/polygate/polygate/internal/redistest"
+)
+
+// batchHook is a go-redis hook on batch calls: it records how many ops
+// each carries, can hold the next one until released (so that the ops that
+// arrive meanwhile gather for the one after), and can make them time out.
+type batchHook struct {
+	mu      sync.Mutex
+	sizes   []int
+	hold    chan struct{} // set: the next batch call waits until it is closed
+	held    chan struct{} // closed once that call waits
+	timeout bool          // batch calls wait for their deadline and fail
+}
+
+func (h *batchHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *batchHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *batchHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		a := cmd.Args()
+		if len(a) < 4 || strings.ToLower(fmt.Sprint(a[0])) != "fcall" || !strings.HasSuffix(fmt.Sprint(a[1]), "_batch") {
+			return next(ctx, cmd)
+		}
+		nkeys, _ := a[2].(int)
+		n, _ := redisgate.BatchOps(a[3+nkeys])
+		h.mu.Lock()
+		h.sizes = append(h.sizes, n)
+		hold, held, timeout := h.hold, h.held, h.timeout
+		h.hold = nil
+		h.mu.Unlock()
+		if hold != nil {
+			close(held)
+			<-hold
+		}
+		if timeout {
+			<-ctx.Done()
+			cmd.SetErr(ctx.Err())
+			return ctx.Err()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// holdNext makes the next batch call wait; it returns a channel closed once
+// the call waits, and release.
+func (h *batchHook) holdNext() (held <-chan struct{}, release func()) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.hold, h.held = make(chan struct{}), make(chan struct{})
+	hold := h.hold
+	return h.held, func() { close(hold) }
+}
+
+func (h *batchHook) takeSizes() []int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := h.sizes
+	h.sizes = nil
+	return s
+}
+
+func (h *batchHook) setTimeout(on bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.timeout = on
+}
+
+// batchFixture is a Backend over a fresh server whose batch calls the hook
+// sees; the scope is warmed up (library loaded, marker seen).
+func batchFixture(t *testing.T, o redisgate.Options, scope string) (*redisgate.Backend, *batchHook, *redis.Client) {
+	t.Helper()
+	ctx := testCtx(t)
+	c := redistest.Start(t).Client(t)
+	h := &batchHook{}
+	c.AddHook(h)
+	b := newBackend(t, c, o)
+	warm := gatetest.Src("warm")
+	settle(t, ctx, b, scope, warm, admit(t, ctx, b, scope, "warm", warm).Permit, gate.VerdictSuccess)
+	h.takeSizes()
+	return b, h, c
+}
+
+func admitReq(scope, id string, srcs ...*gate.Source) gate.AdmitRequest {
+	cs := make([]gate.Candidate, len(srcs))
+	for i, s := range srcs {
+		cs[i] = gate.Candidate{Source: s, Ceiling: s.Limits.MaxConcurrency}
+	}
+	return gate.AdmitRequest{Scope: scope, PermitID: id, Candidates: cs}
+}
+
+func settleReq(scope string, src *gate.Source, p gate.Permit, v gate.Verdict) gate.SettleRequest {
+	return gate.SettleRequest{Scope: scope, Source: src, PermitID: p.ID, Epoch: p.Epoch, Probe: p.Probe, Verdict: v, ActualTokens: -1}
+}
+
+// TestBatchConcurrentCycles: many goroutines admitting and settling one
+// scope at once (their ops meet in batches) never hold more permits than
+// the limit, and end with no lease held and every attempt counted once.
+func TestBatchConcurrentCycles(t *testing.T) {
+	ctx := testCtx(t)
+	const scope, limit, callers, rounds = "batch-load", 3, 32, 15
+	b, h, _ := batchFixture(t, redisgate.Options{}, scope)
+	src := gatetest.Src("s", func(s *gate.Source) {
+		s.Limits.MaxConcurrency = limit
+		s.Limits.RPM = 1_000_000
+		s.Breaker.Window = time.Hour
+	})
+	var inFlight, most, grants atomic.Int32
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Go(func() {
+			for k := range rounds {
+				a, err := b.Admit(ctx, admitReq(scope, fmt.Sprint("p", i, "-", k), src))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if !a.Granted {
+					continue
+				}
+				grants.Add(1)
+				// Counted after Redis granted and before Redis releases: at
+				// most Redis's own count.
+				n := inFlight.Add(1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				inFlight.Add(-1)
+				s, err := b.Settle(ctx, settleReq(scope, src, a.Permit, gate.VerdictSuccess))
+				if err != nil || !s.Released {
+					t.Errorf("settle: %+v %v, want released", s, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if most.Load() > limit || grants.Load() == 0 {
+		t.Fatalf("at most %d in flight over %d grants; want <= %d", most.Load(), grants.Load(), limit)
+	}
+	v := peek(t, ctx, b, scope, src)
+	if v.Quota.InFlight != 0 || v.Quota.Requests != int64(grants.Load()) || v.Breaker.Calls != int64(grants.Load()) {
+		t.Fatalf("after %d grants: %+v; want none in flight, %d requests and calls", grants.Load(), v, grants.Load())
+	}
+	if gb := b.GiveBacks(); gb.Queued != 0 {
+		t.Fatalf("give-backs queued: %+v", gb)
+	}
+	ops := 0
+	for _, n := range h.takeSizes() {
+		ops += n
+	}
+	if ops < callers*rounds {
+		t.Fatalf("%d ops in batch calls, want at least one per admit (%d)", ops, callers*rounds)
+	}
+}
+
+// gather holds the scope's next batch call (started by a lone admit on
+// another source, whose answer is not checked), runs each of fs in its own
+// goroutine, and waits until their n ops wait for the batch after it;
+// release lets both go.
+func gather(t *testing.T, b *redisgate.Backend, h *batchHook, scope string, n int, fs ...func()) (release func(), wait func()) {
+	t.Helper()
+	ctx := testCtx(t)
+	held, release := h.holdNext()
+	lone := gatetest.Src("lone")
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = b.Admit(ctx, admitReq(scope, "lone", lone)) })
+	<-held
+	for _, f := range fs {
+		wg.Go(f)
+	}
+	waitFor(t, fmt.Sprintf("%d ops gathering", n), func() bool { return b.Gathering(scope) == n })
+	return release, wg.Wait
+}
+
+// TestBatchMixed: a batch of admits and settles of several sources gives
+// each caller its own answer, in arrival order: the second admit of a
+// source with one slot is refused because the first took it.
+func TestBatchMixed(t *testing.T) {
+	ctx := testCtx(t)
+	const scope = "batch-mixed"
+	b, h, _ := batchFixture(t, redisgate.Options{}, scope)
+	one := func(name string) *gate.Source {
+		return gatetest.Src(name, func(s *gate.Source) { s.Limits.MaxConcurrency = 1 })
+	}
+	x, y, z := one("x"), one("y"), one("z")
+	px := admit(t, ctx, b, scope, "px", x).Permit // x's slot, settled in the batch
+	h.takeSizes()
+
+	var mu sync.Mutex
+	got := map[string]string{}
+	note := func(k, v string) {
+		mu.Lock()
+		defer mu.Unlock()
+		got[k] = v
+	}
+	admitTo := func(id string, srcs ...*gate.Source) func() {
+		return func() {
+			a, err := b.Admit(ctx, admitReq(scope, id, srcs...))
+			switch {
+			case err != nil:
+				note(id, err.Error())
+			case a.Granted:
+				note(id, "granted "+a.Permit.Source)
+			default:
+				note(id, fmt.Sprintf("refused %v", a.Rejections[0].Reason))
+			}
+		}
+	}
+	// In order: x's settle frees x; a1 takes y; a2 finds y full and takes z
+	// (its second candidate); a3 finds both full and is refused.
+	fs := []func(){
+		func() {
+			s, err := b.Settle(ctx, settleReq(scope, x, px, gate.VerdictFailure))
+			note("settle-x", fmt.Sprintf("released=%v effect=%v err=%v", s.Released, s.Effect, err))
+		},
+		admitTo("a1", y), admitTo("a2", y, z), admitTo("a3", y, z),
+	}
+	// Each joins the gathering in turn, so that the batch's order is known.
+	held, release := h.holdNext()
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = b.Admit(ctx, admitReq(scope, "lone", gatetest.Src("lone"))) })
+	<-held
+	for i, f := range fs {
+		wg.Go(f)
+		waitFor(t, "the op gathering", func() bool { return b.Gathering(scope) == i+1 })
+	}
+	release()
+	wg.Wait()
+	want := map[string]string{
+		"settle-x": fmt.Sprintf("released=true effect=%v err=<nil>", gate.EffectApplied),
+		"a1":       "granted y",
+		"a2":       "granted z",
+		"a3":       fmt.Sprintf("refused %v", gate.ReasonRateLimited),
+	}
+	for k, w := range want {
+		if got[k] != w {
+			t.Errorf("%s: %q, want %q", k, got[k], w)
+		}
+	}
+	if sizes := h.takeSizes(); len(sizes) != 2 || sizes[1] != len(fs) {
+		t.Fatalf("batch sizes %v, want [1 %d]", sizes, len(fs))
+	}
+}
+
+// TestBatchOpErrorIsItsOwn: an op that raises in Lua (a source whose stored
+// record is corrupt) fails alone; its batch-mates get their answers, and the
+// failed admit is queued to be given back (it may have written).
+func TestBatchOpErrorIsItsOwn(t *testing.T) {
+	ctx := testCtx(t)
+	const scope = "batch-error"
+	b, h, c := batchFixture(t, redisgate.Options{}, scope)
+	bad, good := gatetest.Src("bad"), gatetest.Src("good")
+	must(c.HSet(ctx, b.SourceKey(scope, "bad", ""), redisgate.StateField, "corrupt").Result())(t)
+	var badErr error
+	var goodAdm gate.Admission
+	var goodErr error
+	release, wait := gather(t, b, h, scope, 2,
+		func() { _, badErr = b.Admit(ctx, admitReq(scope, "pb", bad)) },
+		func() { goodAdm, goodErr = b.Admit(ctx, admitReq(scope, "pg", good)) },
+	)
+	release()
+	wait()
+	if badErr == nil || errors.Is(badErr, gate.ErrUnavailable) {
+		t.Fatalf("admit on the corrupt source: %v, want a script error", badErr)
+	}
+	if goodErr != nil || !goodAdm.Granted {
+		t.Fatalf("its batch-mate: %+v %v, want granted", goodAdm, goodErr)
+	}
+	if gb := b.GiveBacks(); gb.Queued != 1 {
+		t.Fatalf("give-backs queued %d, want the failed admit's 1", gb.Queued)
+	}
+	if sizes := h.takeSizes(); len(sizes) != 2 || sizes[1] != 2 {
+		t.Fatalf("batch sizes %v, want [1 2]", sizes)
+	}
+}
+
+// TestBatchUnmarked: Redis loses the scope while admits gather; each admit
+// of the batch finds the marker changed, the loss is re-asserted once, and
+// every admit is then refused by the breaker this Backend knew OPEN: none is
+// granted in the loss window.
+func TestBatchUnmarked(t *testing.T) {
+	ctx := testCtx(t)
+	const scope = "batch-unmarked"
+	b, h, c := batchFixture(t, redisgate.Options{}, scope)
+	src := gatetest.Src("s", func(s *gate.Source) {
+		s.Breaker.FailThreshold = 1
+		s.Breaker.Cooldown = time.Hour
+		s.Breaker.MaxCooldown = time.Hour
+	})
+	openBreaker(t, ctx, b, scope, src)
+	must(c.FlushAll(ctx).Result())(t)
+	const n = 4
+	results := make([]gate.Admission, n)
+	errs := make([]error, n)
+	var fs []func()
+	for i := range n {
+		fs = append(fs, func() { results[i], errs[i] = b.Admit(ctx, admitReq(scope, fmt.Sprint("p", i), src)) })
+	}
+	release, wait := gather(t, b, h, scope, n, fs...)
+	release()
+	wait()
+	for i := range n {
+		if errs[i] != nil || results[i].Granted || results[i].Rejections[0].Reason != gate.ReasonCircuitOpen {
+			t.Errorf("admit %d after the loss: %+v %v, want refused circuit_open", i, results[i], errs[i])
+		}
+	}
+	if l := b.StateLosses(); l != 1 {
+		t.Fatalf("state losses %d, want 1", l)
+	}
+}
+
+// TestBatchTimeout: a batch call that times out sends every admit in it to
+// the give-back queue (lostAdmit, one per candidate: a1's two, a2's one) and
+// every settle too (one); its callers see Redis unavailable.
+func TestBatchTimeout(t *testing.T) {
+	ctx := testCtx(t)
+	const scope = "batch-timeout"
+	// The timeout is far longer than the others take to gather, so that
+	// they are sent before their callers' own time is up.
+	b, h, _ := batchFixture(t, redisgate.Options{Timeout: 2 * time.Second}, scope)
+	s1, s2 := gatetest.Src("s1"), gatetest.Src("s2")
+	p := admit(t, ctx, b, scope, "held", s1).Permit
+	h.takeSizes()
+	errs := make([]error, 3)
+	release, wait := gather(t, b, h, scope, 3,
+		func() { _, errs[0] = b.Admit(ctx, admitReq(scope, "a1", s1, s2)) },
+		func() { _, errs[1] = b.Admit(ctx, admitReq(scope, "a2", s2)) },
+		func() { _, errs[2] = b.Settle(ctx, settleReq(scope, s1, p, gate.VerdictSuccess)) },
+	)
+	h.setTimeout(true) // for the batch of the three, not the one held
+	release()
+	wait()
+	for i, err := range errs {
+		if !errors.Is(err, gate.ErrUnavailable) {
+			t.Errorf("op %d: %v, want unavailable", i, err)
+		}
+	}
+	// The callers of sent ops wait for the call's end: what it owes is
+	// queued by then.
+	if gb := b.GiveBacks(); gb.Queued != 2+1+1 {
+		t.Fatalf("give-backs queued %d, want 4", gb.Queued)
+	}
+	h.setTimeout(false)
+	if sizes := h.takeSizes(); len(sizes) != 2 || sizes[1] != 3 {
+		t.Fatalf("batch sizes %v, want [1 3]", sizes)
+	}
+}
+
+// TestBatchBound: ops beyond the bound wait for the next batch.
+func TestBatchBound(t *testing.T) {
+	ctx := testCtx(t)
+	const scope = "batch-bound"
+	b, h, _ := batchFixture(t, redisgate.Options{}, scope)
+	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 1000 })
+	n := redisgate.MaxBatchOps + 10
+	var fs []func()
+	for i := range n {
+		fs = append(fs, func() {
+			if a, err := b.Admit(ctx, admitReq(scope, fmt.Sprint("p", i), src)); err != nil || !a.Granted {
+				t.Errorf("admit %d: %+v %v", i, a, err)
+			}
+		})
+	}
+	release, wait := gather(t, b, h, scope, n, fs...)
+	release()
+	wait()
+	if sizes := h.takeSizes(); len(sizes) != 3 || sizes[1] != redisgate.MaxBatchOps || sizes[2] != 10 {
+		t.Fatalf("batch sizes %v, want [1 %d 10]", sizes, redisgate.MaxBatchOps)
+	}
+	if q := peek(t, ctx, b, scope, src).Quota; q.InFlight != n {
+		t.Fatalf("in flight %d, want %d", q.InFlight, n)
+	}
+}
+
+// TestBatchCallerGivesUp: a caller that gives up while its op gathers drops
+// an admit (never sent, nothing owed) but not a settle (sent anyway); one
+// that gives up after its admit was sent leaves the permit to lostAdmit.
+func TestBatchCallerGivesUp(t *testing.T) {
+	ctx := testCtx(t)
+	const scope = "batch-gone"
+	b, h, c := batchFixture(t, redisgate.Options{}, scope)
+	src := gatetest.Src("s")
+	p := admit(t, ctx, b, scope, "held", src).Permit
+	h.takeSizes()
+
+	gone, cancel := context.WithCancel(ctx)
+	var admitErr, settleErr error
+	release, wait := gather(t, b, h, scope, 2,
+		func() { _, admitErr = b.Admit(gone, admitReq(scope, "dropped", src)) },
+		func() { _, settleErr = b.Settle(gone, settleReq(scope, src, p, gate.VerdictSuccess)) },
+	)
+	cancel()
+	// The admit leaves the gathering; the settle stays.
+	waitFor(t, "the admit dropped", func() bool { return b.Gathering(scope) == 1 })
+	release()
+	wait()
+	if !errors.Is(admitErr, context.Canceled) || !errors.Is(settleErr, context.Canceled) {
+		t.Fatalf("callers that gave up: admit %v, settle %v; want context.Canceled", admitErr, settleErr)
+	}
+	// The settle goes out after its caller left.
+	waitFor(t, "the settle sent", func() bool { return peek(t, ctx, b, scope, src).Quota.InFlight == 0 })
+	state := b.SourceKey(scope, "s", "")
+	if ok := must(c.HExists(ctx, state, "ldropped").Result())(t); ok {
+		t.Fatal("the dropped admit reached Redis")
+	}
+	if sizes := h.takeSizes(); len(sizes) != 2 || sizes[1] != 1 {
+		t.Fatalf("batch sizes %v, want [1 1]: the lone admit, then the settle alone", sizes)
+	}
+	if gb := b.GiveBacks(); gb.Queued != 0 {
+		t.Fatalf("give-backs queued %d, want none", gb.Queued)
+	}
+
+	// Gone after its admit was sent: the grant nobody receives is owed.
+	held, rel := h.holdNext()
+	gone2, cancel2 := context.WithCancel(ctx)
+	done := make(chan error)
+	go func() {
+		_, err := b.Admit(gone2, admitReq(scope, "orphan", src))
+		done <- err
+	}()
+	<-held
+	cancel2()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("admit given up in flight: %v", err)
+	}
+	rel()
+	waitFor(t, "the grant given back", func() bool { return b.GiveBacks().Queued == 1 })
+}
