@@ -4,7 +4,8 @@
 -- its own function (admit.lua, settle.lua): one atomic run that is the same
 -- as the ops run as separate calls back to back. What the ops share is read
 -- once (CALL in lib.lua): the server's TIME, the scope's marker and its
--- progress, which is written once, at the end.
+-- progress, and each source's state hash (its breaker and the leases the
+-- ops touch), all written back once, at the end.
 --
 -- keys: each op's keys, one op after the other.
 -- argv: BATCH, then per op BATCH_OP and the op's arguments.
@@ -15,7 +16,7 @@ local BATCH_FNS = { [OP_ADMIT] = admit, [OP_SETTLE] = settle }
 
 local function batch(keys, argv)
   local h = read(BATCH, argv, 0)
-  CALL = { got = {}, put = {} }
+  CALL = { got = {}, put = {}, h = {} }
   now_ms(h.now)
   local out, ki, ai = {}, 0, BATCH.WIDTH
   for i = 1, h.n do

@@ -444,3 +444,81 @@ func TestBatchCallerGivesUp(t *testing.T) {
 	rel()
 	waitFor(t, "the grant given back", func() bool { return b.GiveBacks().Queued == 1 })
 }
+
+// TestBatchSameAsSequential: a batch of settles and admits of one source
+// (each loads the breaker from the batch's cache and leaves its writes
+// there) leaves the same stored state and gives the same answers as the
+// same ops made one at a time, at the same (test) time: failures counted
+// across the batch open the breaker, the admit after is refused, the
+// success after is stale.
+func TestBatchSameAsSequential(t *testing.T) {
+	ctx := testCtx(t)
+	clock := gatetest.NewClock()
+	b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "batched")
+	src := gatetest.Src("s", func(s *gate.Source) {
+		s.Limits.MaxConcurrency = 10
+		s.Limits.RPM = 1000
+		s.Breaker.FailThreshold = 2
+	})
+	warm := gatetest.Src("warm")
+	settle(t, ctx, b, "sequential", warm, admit(t, ctx, b, "sequential", "warm", warm).Permit, gate.VerdictSuccess)
+	run := func(scope string, batched bool) []string {
+		var ps []gate.Permit
+		for i := range 3 {
+			ps = append(ps, admit(t, ctx, b, scope, fmt.Sprint("p", i), src).Permit)
+		}
+		out := make([]string, 5)
+		fs := []func(){
+			func() { s, err := b.Settle(ctx, settleReq(scope, src, ps[0], gate.VerdictFailure)); out[0] = fmt.Sprint(s, err) },
+			func() { s, err := b.Settle(ctx, settleReq(scope, src, ps[1], gate.VerdictFailure)); out[1] = fmt.Sprint(s, err) },
+			func() { a, err := b.Admit(ctx, admitReq(scope, "p3", src)); out[2] = fmt.Sprint(a, err) },
+			func() { s, err := b.Settle(ctx, settleReq(scope, src, ps[2], gate.VerdictSuccess)); out[3] = fmt.Sprint(s, err) },
+			func() { a, err := b.Admit(ctx, admitReq(scope, "p4", gatetest.Src("other"))); out[4] = fmt.Sprint(a, err) },
+		}
+		if !batched {
+			for _, f := range fs {
+				f()
+			}
+			return out
+		}
+		held, release := h.holdNext()
+		var wg sync.WaitGroup
+		wg.Go(func() { _, _ = b.Admit(ctx, admitReq(scope, "lone", gatetest.Src("lone"))) })
+		<-held
+		for i, f := range fs {
+			wg.Go(f)
+			waitFor(t, "the op gathering", func() bool { return b.Gathering(scope) == i+1 })
+		}
+		h.takeSizes()
+		release()
+		wg.Wait()
+		if sizes := h.takeSizes(); len(sizes) != 1 || sizes[0] != len(fs) {
+			t.Fatalf("batch sizes %v, want [%d]", sizes, len(fs))
+		}
+		return out
+	}
+	seq, bat := run("sequential", false), run("batched", true)
+	for i := range seq {
+		if seq[i] != bat[i] {
+			t.Errorf("op %d: batched %s, one at a time %s", i, bat[i], seq[i])
+		}
+	}
+	// The stored hashes, but for a window of zeros, which reads as none.
+	stored := func(scope, name, suffix string) string {
+		m := must(c.HGetAll(ctx, b.SourceKey(scope, name, suffix)).Result())(t)
+		if w, ok := m["w"]; ok && strings.Trim(w, "\x00") == "" {
+			delete(m, "w")
+		}
+		return fmt.Sprintf("%q", m)
+	}
+	for _, name := range []string{"s", "other"} {
+		for _, suffix := range []string{"", "data"} {
+			if got, want := stored("batched", name, suffix), stored("sequential", name, suffix); got != want {
+				t.Errorf("%s %q: batched %s, one at a time %s", name, suffix, got, want)
+			}
+		}
+	}
+	if v := peek(t, ctx, b, "batched", src); v.Breaker.State != gate.Open || v.Quota.InFlight != 0 {
+		t.Errorf("batched: %+v, want OPEN and nothing in flight", v)
+	}
+}

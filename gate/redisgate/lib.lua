@@ -15,9 +15,10 @@ local function I(n)
 end
 
 -- CALL is what the ops of one batch (batch.lua) share while it runs, nil
--- outside one: the server's TIME, read once (now), and the scope's keys
--- read or written with GET and SET (got: key -> value, false for none;
--- put: key -> {value, ttl}, written once when the batch ends). It is a
+-- outside one: the server's TIME, read once (now), the scope's keys read
+-- or written with GET and SET (got: key -> value, false for none; put: key
+-- -> {value, ttl}, written once when the batch ends), and the sources'
+-- state hashes (h: see b_load). It is a
 -- library-level local, which outlives a call: batch sets it at its start
 -- and clears it at its end.
 local CALL = nil
@@ -63,12 +64,9 @@ local function set_px(key, value, ttl)
   CALL.put[key] = { value = value, ttl = ttl }
 end
 
--- call_flush writes what the batch's set_px kept.
-local function call_flush()
-  for key, v in pairs(CALL.put) do
-    redis.call('SET', key, v.value, 'PX', v.ttl)
-  end
-end
+-- PAGE_H bounds the fields one HSET or HDEL of a batch's write-back
+-- carries (Lua's unpack has a limit).
+local PAGE_H = 256
 
 -- idiv is Go's integer division a / b for b > 0 (truncating toward zero),
 -- exact even where a / b in floating point would round to the next integer.
@@ -137,7 +135,45 @@ end
 -- b_load reads the breaker: with window (a script that will count), its
 -- window too, and with lease a permit's lease field, in the same HMGET; the
 -- lease's value is b.lease_of (nil when the permit holds none).
+--
+-- Within a batch (CALL) each state hash is a write-back cache, CALL.h[key]:
+-- the breaker b loaded once (the same table for every op of the batch),
+-- the hash's fields read or written (f: field -> value, false for none),
+-- those to write (dirty), and the TTL to give it (ttl, as b_save's); b_load
+-- reads only the fields it lacks, b_save and h_del only change the cache,
+-- and h_flush writes it back, when the batch ends and before anything reads
+-- the hash whole (q_sweep).
+local function b_cached(key, window, lease)
+  local c = CALL.h[key]
+  local b = c.b
+  local field = lease and LEASE .. lease
+  local want = {}
+  if field and c.f[field] == nil then
+    want[#want + 1] = field
+  end
+  if window and not b.win then
+    want[#want + 1] = WIN.FIELD
+  end
+  if #want > 0 then
+    local v = redis.call('HMGET', key, unpack(want))
+    for i, f in ipairs(want) do
+      c.f[f] = v[i]
+    end
+    if window and not b.win then
+      b.wold = c.f[WIN.FIELD]
+      b.win = b.wold or WIN.ZERO
+      c.f[WIN.FIELD] = nil -- kept on b
+    end
+  end
+  b.lease_of = field and c.f[field] or nil
+  b.set = nil
+  return b
+end
+
 local function b_load(key, window, lease)
+  if CALL and CALL.h[key] then
+    return b_cached(key, window, lease)
+  end
   local v
   if window and lease then
     v = redis.call('HMGET', key, BREC.FIELD, LEASE .. lease, WIN.FIELD)
@@ -157,6 +193,13 @@ local function b_load(key, window, lease)
   if window then
     b.wold = v[3]
     b.win = v[3] or WIN.ZERO
+  end
+  if CALL then
+    local c = { b = b, f = {}, dirty = {}, ttl = 0 }
+    if lease then
+      c.f[LEASE .. lease] = v[2]
+    end
+    CALL.h[key] = c
   end
   return b
 end
@@ -194,6 +237,19 @@ local function b_save(b, idle_ttl, now)
   elseif b.expire_at ~= 0 or not now then
     ttl, b.expire_at = -1, 0
   end
+  local c = CALL and CALL.h[b.key]
+  if c and c.b == b then
+    -- In a batch: into the cache, written by h_flush.
+    for i = 1, #set, 2 do
+      c.f[set[i]] = set[i + 1]
+      c.dirty[set[i]] = true
+    end
+    b.set = nil
+    if ttl ~= 0 then
+      c.ttl, c.idle_ttl = ttl, idle_ttl
+    end
+    return
+  end
   local rec = BREC.pack(b)
   -- (A missing record saved unchanged writes nothing.)
   if rec ~= (b.raw or BREC.pack(BREC.read(nil))) then
@@ -216,6 +272,72 @@ local function b_save(b, idle_ttl, now)
   elseif ttl == -1 then
     redis.call('PERSIST', b.key)
   end
+end
+
+-- h_flush writes back what a batch changed in the state hash key (c =
+-- CALL.h[key]): the fields set and deleted, the breaker and its window
+-- where they changed, and the TTL of the last b_save that set one.
+local function h_flush(key, c)
+  local b, set, del = c.b, {}, {}
+  for f in pairs(c.dirty) do
+    if c.f[f] then
+      set[#set + 1] = f
+      set[#set + 1] = c.f[f]
+    else
+      del[#del + 1] = f
+    end
+  end
+  c.dirty = {}
+  local rec = BREC.pack(b)
+  if rec ~= (b.raw or BREC.pack(BREC.read(nil))) then
+    set[#set + 1] = BREC.FIELD
+    set[#set + 1] = rec
+    b.raw = rec
+  end
+  if b.win and b.win ~= b.wold and (b.wold or b.win ~= WIN.ZERO) then
+    set[#set + 1] = WIN.FIELD
+    set[#set + 1] = b.win
+    b.wold = b.win
+  end
+  for i = 1, #del, PAGE_H do
+    redis.call('HDEL', key, unpack(del, i, math.min(i + PAGE_H - 1, #del)))
+  end
+  for i = 1, #set, 2 * PAGE_H do
+    redis.call('HSET', key, unpack(set, i, math.min(i + 2 * PAGE_H - 1, #set)))
+  end
+  if #set > 0 and c.ttl == 1 then
+    redis.call('PEXPIRE', key, I(c.idle_ttl))
+  elseif #set > 0 and c.ttl == -1 then
+    redis.call('PERSIST', key)
+  end
+  c.ttl = 0
+end
+
+-- call_flush writes what the batch kept: the state hashes (h_flush) and
+-- what set_px set.
+local function call_flush()
+  for key, c in pairs(CALL.h) do
+    h_flush(key, c)
+  end
+  for key, v in pairs(CALL.put) do
+    redis.call('SET', key, v.value, 'PX', v.ttl)
+  end
+end
+
+-- h_del deletes field of the state hash key (through the batch's cache)
+-- and says whether it was there.
+local function h_del(key, field)
+  local c = CALL and CALL.h[key]
+  if not c then
+    return redis.call('HDEL', key, field) == 1
+  end
+  local v = c.f[field]
+  if v == nil then
+    v = redis.call('HGET', key, field)
+  end
+  c.f[field] = false
+  c.dirty[field] = true
+  return v and true or false
 end
 
 -- NO_EVENTS is the event list of a transition that caused none: shared,
@@ -554,6 +676,10 @@ local PAGE = 256
 -- about once per lease length while slots are taken and given back, and
 -- saves the counts at once (HSET keeps the hash's TTL).
 local function q_sweep(q, b, now)
+  local c = CALL and CALL.h[q.state]
+  if c then
+    h_flush(q.state, c) -- the hash as the batch has it
+  end
   local all = redis.call('HGETALL', q.state)
   local held, min, gone = 0, 0, {}
   for i = 1, #all, 2 do
@@ -573,6 +699,12 @@ local function q_sweep(q, b, now)
     redis.call('HDEL', q.state, unpack(gone, i, math.min(i + PAGE - 1, #gone)))
   end
   b.held, b.lease_min = held, min
+  if c then
+    for _, f in ipairs(gone) do
+      c.f[f] = false
+    end
+    return -- the breaker: written by h_flush
+  end
   local rec = BREC.pack(b)
   if rec ~= b.raw and b.raw then
     redis.call('HSET', q.state, BREC.FIELD, rec)
@@ -713,7 +845,7 @@ end
 local function q_release(q, b, permit, actual, now)
   q_expire(q, b, now, false)
   local lease = b.lease_of
-  local held = lease ~= nil and redis.call('HDEL', q.state, LEASE .. permit) == 1
+  local held = lease ~= nil and h_del(q.state, LEASE .. permit)
   if held and b.held > 0 then
     b.held = b.held - 1
   end
