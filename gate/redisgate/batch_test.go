@@ -469,11 +469,23 @@ func TestBatchSameAsSequential(t *testing.T) {
 		}
 		out := make([]string, 5)
 		fs := []func(){
-			func() { s, err := b.Settle(ctx, settleReq(scope, src, ps[0], gate.VerdictFailure)); out[0] = fmt.Sprint(s, err) },
-			func() { s, err := b.Settle(ctx, settleReq(scope, src, ps[1], gate.VerdictFailure)); out[1] = fmt.Sprint(s, err) },
+			func() {
+				s, err := b.Settle(ctx, settleReq(scope, src, ps[0], gate.VerdictFailure))
+				out[0] = fmt.Sprint(s, err)
+			},
+			func() {
+				s, err := b.Settle(ctx, settleReq(scope, src, ps[1], gate.VerdictFailure))
+				out[1] = fmt.Sprint(s, err)
+			},
 			func() { a, err := b.Admit(ctx, admitReq(scope, "p3", src)); out[2] = fmt.Sprint(a, err) },
-			func() { s, err := b.Settle(ctx, settleReq(scope, src, ps[2], gate.VerdictSuccess)); out[3] = fmt.Sprint(s, err) },
-			func() { a, err := b.Admit(ctx, admitReq(scope, "p4", gatetest.Src("other"))); out[4] = fmt.Sprint(a, err) },
+			func() {
+				s, err := b.Settle(ctx, settleReq(scope, src, ps[2], gate.VerdictSuccess))
+				out[3] = fmt.Sprint(s, err)
+			},
+			func() {
+				a, err := b.Admit(ctx, admitReq(scope, "p4", gatetest.Src("other")))
+				out[4] = fmt.Sprint(a, err)
+			},
 		}
 		if !batched {
 			for _, f := range fs {

@@ -27,6 +27,12 @@ import (
 //
 //	go test -run '^$' -bench AttemptCycle -benchmem ./gate/redisgate/
 //
+// Each cell is a leaf (serial, parallel, parallel=16, parallel=64), so
+// that a pattern naming one runs that cell alone (-cpu 1 for the parallel
+// ones to mean 1, 16 and 64 callers):
+//
+//	go test -run '^$' -bench 'AttemptCycle/backend=redis/limits=concurrency/parallel=64$' -cpu 1 ./gate/redisgate/
+//
 // The source has an rpm limit; limits=concurrency is the same attempt on a
 // source with a concurrency limit only (make bench's), whose minute's log
 // is not kept. On Redis the serial cells also report the server's CPU per
@@ -83,7 +89,7 @@ func BenchmarkAttemptCycle(b *testing.B) {
 			ordered bool
 		}{{"", rpmSrc, false}, {"/ordered", rpmSrc, true}, {"/limits=concurrency", concSrc, false}} {
 			name := "backend=" + be.name + c.suffix
-			b.Run(name, func(b *testing.B) {
+			b.Run(name+"/serial", func(b *testing.B) {
 				u, n := scriptStats(b, client)
 				cpu := redisCPU(b, client)
 				for b.Loop() {

@@ -5,7 +5,11 @@
 //
 // Each Backend method is one call, one round trip: Admit walks every
 // candidate of the request at once; Settle, Peek and Override are one call
-// each. Their Lua bodies are admit.lua, settle.lua, peek.lua and
+// each. Admits and Settles of one scope go out in batches (batch.go, group
+// commit): at most one batch call of a scope is in flight, and those that
+// arrive meanwhile go out together as the next, one run of batch.lua that
+// runs each by its own body in arrival order. The Lua bodies are admit.lua,
+// settle.lua (parts of batch.lua), peek.lua and
 // override.lua, and restore.lua is the re-assertion of OPEN breakers and
 // overrides after Redis lost a scope (reassert.go: before an Admit that
 // finds the scope's marker changed, and in the background), run the same
