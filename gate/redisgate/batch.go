@@ -14,9 +14,10 @@ import (
 // the Admits and Settles of one scope (one hash tag) go out together: at
 // most one batch call (batch.lua) of a scope is in flight, the ops that
 // arrive meanwhile gather, and they go out as the next call the moment it
-// returns. A lone op goes out at once; under load an op waits at most for
-// the call in flight. Each RPC is still one round trip, its op one of the
-// batch's. A batch runs its ops in arrival order, atomically: the same as
+// returns. A lone op goes out at once, as a call of its own function
+// (admit.lua, settle.lua: a batch of one would cost Redis more Lua work);
+// under load an op waits at most for the call in flight. Each RPC is still
+// one round trip, its op one of the batch's. A batch runs its ops in arrival order, atomically: the same as
 // separate calls back to back, a legal interleaving of concurrent requests.
 //
 // What a batch owes Redis when its reply is lost is settled per op, as a
@@ -57,6 +58,14 @@ type batchOp struct {
 	// sent: in a batch call; gone: its caller stopped waiting (under
 	// batcher.mu).
 	sent, gone bool
+}
+
+// script is the op's own function, for an op that goes alone.
+func (o *batchOp) script() *op {
+	if o.kind == opAdmit {
+		return admitScript
+	}
+	return settleScript
 }
 
 type batchResult struct {
@@ -155,18 +164,32 @@ func (b *Backend) drain(tag string, q *batchQueue) {
 }
 
 // runBatch makes one batch call of ops (nk keys and na arguments in all)
-// and hands each op its reply.
+// and hands each op its reply. The Backend's timeout bounds the call, not
+// any caller's context; wrap sees none either, so that a deadline passing
+// means unavailable.
 func (b *Backend) runBatch(ops []*batchOp, nk, na int) {
+	ctx, cancel := b.bound(context.Background())
+	defer cancel()
+	if len(ops) == 1 {
+		// An op alone calls its own function, which costs Redis less Lua
+		// work than a batch of one; its errors are its own either way.
+		o := ops[0]
+		v, err := b.call(ctx, o.script(), o.keys, o.args)
+		r := batchResult{v: v}
+		if err != nil {
+			r.v, r.err = nil, b.wrap(context.Background(), o.name, err)
+		} else {
+			b.orphans.poke()
+		}
+		b.deliver(o, r)
+		return
+	}
 	keys := make([]string, 0, nk)
 	args := batchArgs.pack(make([]any, 0, batchArgs.width()+batchOpArgs.width()*len(ops)+na), &batchCall{b, len(ops)})
 	for _, o := range ops {
 		keys = append(keys, o.keys...)
 		args = append(batchOpArgs.pack(args, o), o.args...)
 	}
-	// The Backend's timeout bounds the call, not any caller's context; wrap
-	// sees none either, so that a deadline passing means unavailable.
-	ctx, cancel := b.bound(context.Background())
-	defer cancel()
 	v, err := b.call(ctx, batchScript, keys, args)
 	replies, ok := v.([]any)
 	var bad error // a reply that is not one per op: a bug

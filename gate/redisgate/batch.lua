@@ -14,9 +14,8 @@
 -- it wrote before the error stays, as in a call of its own).
 local BATCH_FNS = { [OP_ADMIT] = admit, [OP_SETTLE] = settle }
 
-local function batch(keys, argv)
+local function batch_run(keys, argv)
   local h = read(BATCH, argv, 0)
-  CALL = { got = {}, put = {}, h = {} }
   now_ms(h.now)
   local out, ki, ai = {}, 0, BATCH.WIDTH
   for i = 1, h.n do
@@ -45,9 +44,17 @@ local function batch(keys, argv)
       out[i] = redis.error_reply(tostring(r))
     end
   end
-  local ok, err = pcall(call_flush)
+  return out
+end
+
+local function batch(keys, argv)
+  CALL = { got = {}, put = {}, h = {} }
+  local ok, out = pcall(batch_run, keys, argv)
+  local flushed, err = pcall(call_flush) -- what ran is written, as in calls of their own
   CALL = nil
   if not ok then
+    error(out)
+  elseif not flushed then
     error(err)
   end
   return out

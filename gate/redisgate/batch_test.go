@@ -18,8 +18,8 @@ import (
 	"github.com/polygate/polygate/internal/redistest"
 )
 
-// batchHook is a go-redis hook on batch calls: it records how many ops
-// each carries, can hold the next one until released (so that the ops that
+// batchHook is a go-redis hook on the calls of admits and settles, batches
+// or one alone: it records how many ops each carries, can hold the next one until released (so that the ops that
 // arrive meanwhile gather for the one after), and can make them time out.
 type batchHook struct {
 	mu      sync.Mutex
@@ -38,11 +38,17 @@ func (h *batchHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 func (h *batchHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		a := cmd.Args()
-		if len(a) < 4 || strings.ToLower(fmt.Sprint(a[0])) != "fcall" || !strings.HasSuffix(fmt.Sprint(a[1]), "_batch") {
+		if len(a) < 4 || strings.ToLower(fmt.Sprint(a[0])) != "fcall" {
 			return next(ctx, cmd)
 		}
-		nkeys, _ := a[2].(int)
-		n, _ := redisgate.BatchOps(a[3+nkeys])
+		n := 1 // an admit or a settle alone
+		switch fn := fmt.Sprint(a[1]); {
+		case strings.HasSuffix(fn, "_batch"):
+			nkeys, _ := a[2].(int)
+			n, _ = redisgate.BatchOps(a[3+nkeys])
+		case !strings.HasSuffix(fn, "_admit") && !strings.HasSuffix(fn, "_settle"):
+			return next(ctx, cmd)
+		}
 		h.mu.Lock()
 		h.sizes = append(h.sizes, n)
 		hold, held, timeout := h.hold, h.held, h.timeout

@@ -39,22 +39,24 @@ type op struct {
 	eval  *redis.Script // the fallback: prelude, lib.lua, the parts, the body, a call
 }
 
-// The operations: Peek, Override, Leave, restore and batch, which runs the
-// Admits and Settles (admit.lua and settle.lua, parts of batch, not
-// functions of their own; see batch.go). They are served from one Redis
+// The operations: Peek, Override, Leave, restore, and the Admits and
+// Settles: a batch of them (batch.lua, which runs admit.lua's and
+// settle.lua's functions), or one alone (admit, settle: a batch of one costs
+// more Lua work than the op's own function; see batch.go). They are served
+// from one Redis
 // Functions library (library), loaded once per server, so that a call runs
 // only its body; where Functions are missing or refused each is a script of
 // its own (EVALSHA), which runs lib.lua's definitions each time.
 var (
-	admitPart      = &op{name: "admit", body: admitLua}
-	settlePart     = &op{name: "settle", body: settleLua}
-	batchScript    = newOp("batch", batchLua, admitPart, settlePart)
+	admitScript    = newOp("admit", admitLua)
+	settleScript   = newOp("settle", settleLua)
+	batchScript    = newOp("batch", batchLua, admitScript, settleScript)
 	peekScript     = newOp("peek", peekLua)
 	overrideScript = newOp("override", overrideLua)
 	// restoreScript is no Backend method: the background re-assertion of
 	// what a replica knows after Redis lost a scope (reassert.go).
 	restoreScript = newOp("restore", restoreLua)
-	ops           = []*op{batchScript, peekScript, overrideScript, restoreScript, leaveScript}
+	ops           = []*op{admitScript, settleScript, batchScript, peekScript, overrideScript, restoreScript, leaveScript}
 )
 
 func newOp(name, body string, parts ...*op) *op {
@@ -80,7 +82,7 @@ var libVersion = func() string {
 	var b strings.Builder
 	b.WriteString(prelude() + libLua)
 	for _, o := range ops {
-		b.WriteString(o.text())
+		b.WriteString(o.body)
 	}
 	sum := sha1.Sum([]byte(b.String()))
 	return hex.EncodeToString(sum[:6])
@@ -97,9 +99,11 @@ func library() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "#!lua name=polygate_%s\n", libVersion)
 	b.WriteString(prelude() + libLua)
+	// Every function starts outside any batch (CALL, lib.lua), whatever an
+	// earlier call that failed left.
 	for _, o := range ops {
-		b.WriteString(o.text())
-		fmt.Fprintf(&b, "\nredis.register_function(%q, %s)\n", o.fn, o.name)
+		b.WriteString(o.body)
+		fmt.Fprintf(&b, "\nredis.register_function(%q, function(keys, argv)\n  CALL = nil\n  return %s(keys, argv)\nend)\n", o.fn, o.name)
 	}
 	return b.String()
 }
