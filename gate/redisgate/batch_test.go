@@ -38,13 +38,21 @@ func (h *batchHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 func (h *batchHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		a := cmd.Args()
-		if len(a) < 4 || strings.ToLower(fmt.Sprint(a[0])) != "fcall" {
+		if len(a) < 4 {
 			return next(ctx, cmd)
 		}
 		n := 1 // an admit or a settle alone
-		switch fn := fmt.Sprint(a[1]); {
+		nkeys, _ := a[2].(int)
+		switch name, fn := strings.ToLower(fmt.Sprint(a[0])), fmt.Sprint(a[1]); {
+		case name == "evalsha" || name == "eval":
+			// Scripts (Functions refused): a batch is known by its head
+			// block; any other script counts as an op alone.
+			if m, ok := redisgate.BatchOps(a[3+nkeys]); ok {
+				n = m
+			}
+		case name != "fcall":
+			return next(ctx, cmd)
 		case strings.HasSuffix(fn, "_batch"):
-			nkeys, _ := a[2].(int)
 			n, _ = redisgate.BatchOps(a[3+nkeys])
 		case !strings.HasSuffix(fn, "_admit") && !strings.HasSuffix(fn, "_settle"):
 			return next(ctx, cmd)
@@ -179,8 +187,8 @@ func TestBatchConcurrentCycles(t *testing.T) {
 
 // gather holds the scope's next batch call (started by a lone admit on
 // another source, whose answer is not checked), runs each of fs in its own
-// goroutine, and waits until their n ops wait for the batch after it;
-// release lets both go.
+// goroutine, one after the other, and waits until their n ops wait for the
+// batch after it, in that order; release lets both go.
 func gather(t *testing.T, b *redisgate.Backend, h *batchHook, scope string, n int, fs ...func()) (release func(), wait func()) {
 	t.Helper()
 	ctx := testCtx(t)
@@ -189,10 +197,13 @@ func gather(t *testing.T, b *redisgate.Backend, h *batchHook, scope string, n in
 	var wg sync.WaitGroup
 	wg.Go(func() { _, _ = b.Admit(ctx, admitReq(scope, "lone", lone)) })
 	<-held
-	for _, f := range fs {
-		wg.Go(f)
+	for i, f := range fs {
+		wg.Go(f) // each joins in turn: the batch's order is fs's
+		waitFor(t, "the op gathering", func() bool { return b.Gathering(scope) == i+1 })
 	}
-	waitFor(t, fmt.Sprintf("%d ops gathering", n), func() bool { return b.Gathering(scope) == n })
+	if len(fs) != n {
+		t.Fatalf("gather: %d functions, want %d", len(fs), n)
+	}
 	return release, wg.Wait
 }
 
@@ -538,5 +549,42 @@ func TestBatchSameAsSequential(t *testing.T) {
 	}
 	if v := peek(t, ctx, b, "batched", src); v.Breaker.State != gate.Open || v.Quota.InFlight != 0 {
 		t.Errorf("batched: %+v, want OPEN and nothing in flight", v)
+	}
+}
+
+// TestBatchScripts: where Functions are refused, a batch is a script of its
+// own (EVALSHA), with the same answers.
+func TestBatchScripts(t *testing.T) {
+	ctx := testCtx(t)
+	srv := redistest.Start(t)
+	must(srv.Client(t).Do(ctx, "ACL", "SETUSER", "nofn", "on", ">pw", "~*", "&*", "+@all", "-function").Result())(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "nofn", Password: "pw"})
+	t.Cleanup(func() { _ = c.Close() })
+	h := &batchHook{}
+	c.AddHook(h)
+	b := newBackend(t, c, redisgate.Options{})
+	const scope = "batch-scripts"
+	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 2 })
+	p := admit(t, ctx, b, scope, "held", src).Permit
+	got := make([]string, 3)
+	release, wait := gather(t, b, h, scope, 3,
+		func() { a, err := b.Admit(ctx, admitReq(scope, "a1", src)); got[0] = fmt.Sprint(a.Granted, err) },
+		func() {
+			s, err := b.Settle(ctx, settleReq(scope, src, p, gate.VerdictSuccess))
+			got[1] = fmt.Sprint(s.Released, err)
+		},
+		func() { a, err := b.Admit(ctx, admitReq(scope, "a2", src)); got[2] = fmt.Sprint(a.Granted, err) },
+	)
+	release()
+	wait()
+	// In order: a1 takes the second slot, the settle frees the first, a2
+	// takes it.
+	for i, want := range []string{"true <nil>", "true <nil>", "true <nil>"} {
+		if got[i] != want {
+			t.Errorf("op %d: %s, want %s", i, got[i], want)
+		}
+	}
+	if sizes := h.takeSizes(); sizes[len(sizes)-1] != 3 {
+		t.Fatalf("batch sizes %v, want the three in one script call last", sizes)
 	}
 }
