@@ -135,7 +135,11 @@ func (b *Backend) do(ctx, rctx context.Context, tag string, o *batchOp) (any, er
 	if !o.sent && o.kind == opAdmit {
 		q.ops = slices.DeleteFunc(q.ops, func(x *batchOp) bool { return x == o })
 	}
-	return nil, b.wrap(ctx, o.name, rctx.Err())
+	err := rctx.Err()
+	if ctx.Err() != nil {
+		err = ctx.Err() // (rctx, its child, may not be cancelled yet)
+	}
+	return nil, b.wrap(ctx, o.name, err)
 }
 
 // drain sends the scope's batches, one at a time, until none is waiting.
