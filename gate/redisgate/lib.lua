@@ -132,11 +132,8 @@ end
 -- when it counts (Admit never does) and writes back, in one HSET, only the
 -- records that changed.
 
--- b_load reads the breaker: with window (a script that will count), its
--- window too, and with lease a permit's lease field, in the same HMGET; the
--- lease's value is b.lease_of (nil when the permit holds none).
---
--- Within a batch (CALL) each state hash is a write-back cache, CALL.h[key]:
+-- b_cached is b_load within a batch (CALL), where each state hash is a
+-- write-back cache, CALL.h[key]:
 -- the breaker b loaded once (the same table for every op of the batch),
 -- the hash's fields read or written (f: field -> value, false for none),
 -- those to write (dirty), and the TTL to give it (ttl, as b_save's); b_load
@@ -170,6 +167,10 @@ local function b_cached(key, window, lease)
   return b
 end
 
+-- b_load reads the breaker: with window (a script that will count), its
+-- window too, and with lease a permit's lease field, in the same HMGET; the
+-- lease's value is b.lease_of (nil when the permit holds none). Within a
+-- batch, the first load of a hash makes its cache (b_cached).
 local function b_load(key, window, lease)
   if CALL and CALL.h[key] then
     return b_cached(key, window, lease)
