@@ -16,8 +16,9 @@ import (
 // arrive meanwhile gather, and they go out as the next call the moment it
 // returns. A lone op goes out at once, as a call of its own function
 // (admit.lua, settle.lua: a batch of one would cost Redis more Lua work);
-// under load an op waits at most for the call in flight. Each RPC is still
-// one round trip, its op one of the batch's. A batch runs its ops in arrival order, atomically: the same as
+// under load an op waits at most for the call in flight, and never longer
+// than the Backend's timeout in all. Each RPC is still one round trip, its
+// op one of the batch's. A batch runs its ops in arrival order, atomically: the same as
 // separate calls back to back, a legal interleaving of concurrent requests.
 //
 // What a batch owes Redis when its reply is lost is settled per op, as a
@@ -26,9 +27,10 @@ import (
 // the give-back queue; an op's own error (it raised in Lua) fails that op
 // alone. A caller that gives up while its op gathers drops an admit (never
 // sent, nothing owed) but not a settle, which is sent anyway; one that gives
-// up after its op was sent stops waiting, and the batch, bounded by the
-// Backend's timeout and not by any caller's context, goes on: a permit it
-// grants to nobody goes to lostAdmit.
+// up (or reaches the Backend's timeout) after its op was sent stops
+// waiting, and the batch, bounded by its own timeout and not by any
+// caller's context, goes on: a permit it grants to nobody goes to
+// lostAdmit, a settle it fails to the give-back queue.
 
 // maxBatchOps, maxBatchKeys and maxBatchArgs bound one batch call; the ops
 // beyond wait for the next. An op larger than the bounds goes alone.
@@ -83,11 +85,12 @@ type batcher struct {
 
 type batchQueue struct{ ops []*batchOp }
 
-// do runs o in the scope's next batch and waits for its reply: while it
-// gathers, within rctx (ctx, the caller's, bounded by the Backend's
-// timeout); once sent, until the batch call ends (bounded by that timeout
-// too) or ctx does. So a caller waits at most one timeout for the call in
-// flight before its own, and one for its own.
+// do runs o in the scope's next batch and waits for its reply, within rctx
+// (ctx, the caller's, bounded by the Backend's timeout): the wait for the
+// call in flight before its own and its own call together, so that an
+// answer is never later than one timeout, as a call of its own would be.
+// A caller whose rctx ends first leaves its op to the batch (gone), which
+// settles what it owes (deliver).
 func (b *Backend) do(ctx, rctx context.Context, tag string, o *batchOp) (any, error) {
 	o.done = make(chan batchResult, 1)
 	c := &b.batches
@@ -109,20 +112,7 @@ func (b *Backend) do(ctx, rctx context.Context, tag string, o *batchOp) (any, er
 	select {
 	case r := <-o.done:
 		return r.v, r.err
-	case <-ctx.Done():
-	case <-rctx.Done():
-		// The Backend's timeout. A sent op's batch call ends by the same
-		// timeout, with what it owes queued: its answer is the call's.
-		c.mu.Lock()
-		sent := o.sent
-		c.mu.Unlock()
-		if sent {
-			select {
-			case r := <-o.done:
-				return r.v, r.err
-			case <-ctx.Done():
-			}
-		}
+	case <-rctx.Done(): // ctx's end too: rctx is its child
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

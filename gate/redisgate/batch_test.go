@@ -370,15 +370,53 @@ func TestBatchTimeout(t *testing.T) {
 			t.Errorf("op %d: %v, want unavailable", i, err)
 		}
 	}
-	// The callers of sent ops wait for the call's end: what it owes is
-	// queued by then.
-	if gb := b.GiveBacks(); gb.Queued != 2+1+1 {
-		t.Fatalf("give-backs queued %d, want 4", gb.Queued)
-	}
+	// The callers' own timeouts end before their batch call's (it was sent
+	// later): what the call owes is queued when it fails.
+	waitFor(t, "4 give-backs queued", func() bool { return b.GiveBacks().Queued == 2+1+1 })
 	h.setTimeout(false)
 	if sizes := h.takeSizes(); len(sizes) != 2 || sizes[1] != 3 {
 		t.Fatalf("batch sizes %v, want [1 3]", sizes)
 	}
+}
+
+// TestBatchAnswerWithinOneTimeout: an op that waited behind the call in
+// flight is answered within its own timeout even while its batch call is
+// still out (held here until the caller has its answer: a caller that
+// waited for its batch's end, a timeout after that batch was sent, would
+// never answer), and the permit that batch grants to nobody is given back.
+func TestBatchAnswerWithinOneTimeout(t *testing.T) {
+	ctx := testCtx(t)
+	const scope = "batch-one-timeout"
+	// The timeout is far longer than the second admit takes to gather and
+	// be sent behind the first.
+	b, h, _ := batchFixture(t, redisgate.Options{Timeout: 2 * time.Second}, scope)
+	src := gatetest.Src("s")
+	first, releaseFirst := h.holdNext()
+	go func() { _, _ = b.Admit(ctx, admitReq(scope, "first", src)) }()
+	<-first
+	answered := make(chan error, 1)
+	go func() {
+		_, err := b.Admit(ctx, admitReq(scope, "second", src))
+		answered <- err
+	}()
+	waitFor(t, "the second admit gathering", func() bool { return b.Gathering(scope) == 1 })
+	second, releaseSecond := h.holdNext() // the second's batch call, once sent
+	releaseFirst()
+	select {
+	case <-second:
+	case err := <-answered:
+		t.Fatalf("the second admit answered (%v) before its batch was sent", err)
+	}
+	select {
+	case err := <-answered:
+		if !errors.Is(err, gate.ErrUnavailable) {
+			t.Fatalf("the second admit: %v, want unavailable within its timeout", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the second admit was not answered while its batch call was out")
+	}
+	releaseSecond() // its call goes on, past its deadline, and fails
+	waitFor(t, "the second admit given back", func() bool { return b.GiveBacks().Queued >= 1 })
 }
 
 // TestBatchBound: ops beyond the bound wait for the next batch.
