@@ -160,6 +160,9 @@ func (w *waiter) release(h *holder) {
 	}
 	if h.nap >= 0 {
 		heap.Remove(&w.naps, h.nap)
+		if len(w.naps) == 0 {
+			w.timer.Stop() // nothing left to end: no timer outlives the holds
+		}
 	}
 }
 
@@ -201,7 +204,8 @@ func (w *waiter) sleep(h *holder, d time.Duration) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if h.slot < 0 {
-		return // released
+		h.ring(wakeElapsed) // released: nothing else would end the hold
+		return
 	}
 	h.end = time.Now().Add(d)
 	heap.Push(&w.naps, h)
