@@ -78,6 +78,7 @@ type holder struct {
 	inLine bool
 
 	// Guarded by waiter.mu.
+	deaf wake      // the wakes the hold ignores, not rung once it is held (see sleep)
 	end  time.Time // the nap's end
 	slot int       // index in waiter.holders (-1: released)
 	nap  int       // index in waiter.naps (-1: none)
@@ -128,7 +129,9 @@ func (w *waiter) ringAll(why wake) {
 		w.closed = true
 	}
 	for _, h := range w.holders {
-		h.ring(why)
+		if h.deaf&why == 0 {
+			h.ring(why)
+		}
 	}
 }
 
@@ -182,7 +185,7 @@ func (w *waiter) hold(ctx context.Context, h *holder, nap time.Duration, circuit
 		w.watch(!circuit)
 		defer w.unwatch(!circuit)
 	}
-	w.sleep(h, nap)
+	w.sleep(h, nap, ignored)
 	for {
 		select {
 		case <-h.bell:
@@ -199,14 +202,18 @@ func (w *waiter) hold(ctx context.Context, h *holder, nap time.Duration, circuit
 	}
 }
 
-// sleep rings h with wakeElapsed after d, through the waiter's one timer.
-func (w *waiter) sleep(h *holder, d time.Duration) {
+// sleep rings h with wakeElapsed after d, through the waiter's one timer,
+// and stops ringing it for the wakes it ignores: a held caller refused by
+// every breaker, or one in line, is not woken by every release of the scope
+// only to park again.
+func (w *waiter) sleep(h *holder, d time.Duration, ignored wake) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if h.slot < 0 {
 		h.ring(wakeElapsed) // released: nothing else would end the hold
 		return
 	}
+	h.deaf = ignored
 	h.end = time.Now().Add(d)
 	heap.Push(&w.naps, h)
 	if h.nap == 0 {

@@ -298,3 +298,29 @@ func TestLineHandsASlotToTheHold(t *testing.T) {
 		}
 	})
 }
+
+// A held caller that a release does not help (refused by every breaker) is
+// not rung by releases at all: with many such callers held, a busy scope's
+// releases must not wake each of them only to park it again.
+func TestWaiterReleasesDoNotRingACircuitHold(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w, _ := testWaiter(t, never)
+		tk := w.ticket()
+		done := make(chan bool)
+		go func() {
+			woken, _ := w.hold(context.Background(), tk, time.Hour, true, false)
+			done <- woken
+		}()
+		synctest.Wait() // held
+		for range 100 {
+			w.freed()
+		}
+		if n, why := len(tk.bell), tk.why.Load(); n != 0 || why != 0 {
+			t.Fatalf("releases rang a circuit hold: bell %d, reasons %b", n, why)
+		}
+		w.changed()
+		if !<-done {
+			t.Fatal("a breaker change did not wake the circuit hold")
+		}
+	})
+}
