@@ -72,6 +72,7 @@ const (
 type holder struct {
 	bell chan struct{} // one slot: rung since the hold last looked
 	why  atomic.Uint32 // the wakes rung since the hold last looked
+	gone atomic.Bool   // released (by release, or by a wake that ends every hold)
 	// inLine: the caller is in a line, which wakes it with a handed slot;
 	// a release elsewhere does not help it. Set before the hold, on its
 	// goroutine (line.attach).
@@ -128,10 +129,27 @@ func (w *waiter) ringAll(why wake) {
 	case wakeClosed:
 		w.closed = true
 	}
-	for _, h := range w.holders {
-		if h.deaf&why == 0 {
-			h.ring(why)
+	if why == wakeFreed {
+		for _, h := range w.holders {
+			if h.deaf&why == 0 {
+				h.ring(why)
+			}
 		}
+		return
+	}
+	// A breaker change or close ends every hold: the holders leave here,
+	// under one lock, rather than one by one as 10 000 woken goroutines.
+	for i, h := range w.holders {
+		h.ring(why)
+		h.slot, h.nap = -1, -1
+		h.gone.Store(true)
+		w.holders[i] = nil
+	}
+	w.holders = w.holders[:0]
+	clear(w.naps)
+	w.naps = w.naps[:0]
+	if w.timer != nil {
+		w.timer.Stop()
 	}
 }
 
@@ -151,8 +169,12 @@ func (w *waiter) ticket() *holder {
 
 // release unregisters a holder; releasing it again does nothing.
 func (w *waiter) release(h *holder) {
+	if h.gone.Load() {
+		return
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	h.gone.Store(true)
 	if h.slot >= 0 {
 		last := len(w.holders) - 1
 		w.holders[h.slot] = w.holders[last]
