@@ -324,3 +324,34 @@ func TestWaiterReleasesDoNotRingACircuitHold(t *testing.T) {
 		}
 	})
 }
+
+// A breaker change ends every hold and empties the registry and the naps
+// at once; a ticket taken before it (a caller still reading) ends its hold
+// at once too.
+func TestWaiterChangeEndsEveryHold(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w, _ := testWaiter(t, never)
+		var wg sync.WaitGroup
+		for _, circuit := range []bool{true, false, false} {
+			wg.Go(func() {
+				if woken, err := w.hold(context.Background(), w.ticket(), time.Hour, circuit, false); !woken || err != nil {
+					t.Errorf("hold (circuit %v): woken %v err %v, want woken by the change", circuit, woken, err)
+				}
+			})
+		}
+		reading := w.ticket()
+		synctest.Wait()
+		w.changed()
+		w.mu.Lock()
+		holders, naps := len(w.holders), len(w.naps)
+		w.mu.Unlock()
+		if holders != 0 || naps != 0 {
+			t.Fatalf("after a change: %d holders, %d naps left", holders, naps)
+		}
+		wg.Wait()
+		start := time.Now()
+		if woken, _ := w.hold(context.Background(), reading, time.Hour, false, false); !woken || time.Since(start) != 0 {
+			t.Fatalf("hold after a change since its ticket: woken %v after %v, want woken at once", woken, time.Since(start))
+		}
+	})
+}
