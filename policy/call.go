@@ -37,22 +37,28 @@ type Call struct {
 	failures   int            // failed attempts, the backoff exponent
 	failedIn   map[string]int // made at the first failure
 	permit     *gate.Permit
-	permitSrc  gate.Source // the source's spec at grant time
+	permitSrc  *gate.Source // the source's spec at grant time (a source's gate never changes)
 	grantedAt  time.Time
 	last       *NoRunnable // the last refusal, for OnNoRunnable
 	waiting    bool        // refused since the last grant
 	peeked     bool        // OnNoRunnable's last answer was an immediate wake-up
 	end        *Action
-	// The answers by permit, so that RecordOutcome is idempotent: the last
-	// one here, earlier ones in answers (made at the second attempt).
-	lastPermit string
-	lastAnswer Recorded
-	answers    map[string]Recorded
+	answers    *answers          // made at the first RecordOutcome
 	places     map[string]string // the call's places in line by source, as the backend gave them (see line)
 }
 
-// NewCall opens a call at now. Its maps are made when first written: most
-// calls never fail, and a call held waiting should cost little.
+// answers are a call's answers by permit, so that RecordOutcome is
+// idempotent: the last one in last, earlier ones in earlier (made at the
+// second attempt).
+type answers struct {
+	lastPermit string
+	last       Recorded
+	earlier    map[string]Recorded
+}
+
+// NewCall opens a call at now. Its maps and its answers are made when first
+// written: most calls never fail, and a call held waiting, never granted,
+// should cost little (240 bytes).
 func NewCall(id, scope string, tokens int64, deadline, now time.Time) *Call {
 	return &Call{ID: id, Scope: scope, Tokens: tokens, Deadline: deadline, Started: now}
 }
@@ -114,20 +120,29 @@ func (c *Call) Ended() bool {
 
 // answer returns the answer already given for a permit, if any.
 func (c *Call) answer(permit string) (Recorded, bool) {
-	if permit == c.lastPermit && permit != "" {
-		return c.lastAnswer, true
+	a := c.answers
+	if a == nil {
+		return Recorded{}, false
 	}
-	r, ok := c.answers[permit]
+	if permit == a.lastPermit && permit != "" {
+		return a.last, true
+	}
+	r, ok := a.earlier[permit]
 	return r, ok
 }
 
 // keepAnswer keeps the answer given for a permit.
 func (c *Call) keepAnswer(permit string, r Recorded) {
-	if c.lastPermit != "" && c.lastPermit != permit {
-		if c.answers == nil {
-			c.answers = make(map[string]Recorded, 1)
-		}
-		c.answers[c.lastPermit] = c.lastAnswer
+	a := c.answers
+	if a == nil {
+		c.answers = &answers{lastPermit: permit, last: r}
+		return
 	}
-	c.lastPermit, c.lastAnswer = permit, r
+	if a.lastPermit != "" && a.lastPermit != permit {
+		if a.earlier == nil {
+			a.earlier = make(map[string]Recorded, 1)
+		}
+		a.earlier[a.lastPermit] = a.last
+	}
+	a.lastPermit, a.last = permit, r
 }

@@ -43,8 +43,9 @@ type line struct {
 
 // held is a call of this replica in line.
 type held struct {
-	wake    chan struct{} // one slot handed over
-	woken   bool          // woken and not refused since
+	hold    *holder // the call's hold, while it is held
+	handed  bool    // handed a slot while not held: its next hold ends at once
+	woken   bool    // woken and not refused since
 	wokenAt time.Time
 }
 
@@ -78,15 +79,11 @@ func (s *Scope) placed(c *Call, places map[string]string) {
 	}
 	h := s.line.held[c.ID]
 	if h == nil {
-		s.line.held[c.ID] = &held{wake: make(chan struct{}, 1)}
+		s.line.held[c.ID] = &held{}
 		return
 	}
 	// In line still: a slot it was handed is spent.
-	h.woken = false
-	select {
-	case <-h.wake:
-	default:
-	}
+	h.woken, h.handed = false, false
 }
 
 // leave takes c out of the line: its call ended or its client is gone.
@@ -114,7 +111,10 @@ func (s *Scope) leaveLines(c *Call, sources []string) {
 // not a candidate (cooling down, TPM) is kept, unless c was granted, which
 // leaves every line. Called with c.mu held.
 func (s *Scope) admitted(c *Call, cands []gate.Candidate, adm gate.Admission) {
-	places := maps.Clone(adm.Places)
+	var places map[string]string // nil for none: a call refused outside every line allocates nothing here
+	if len(adm.Places) > 0 {
+		places = maps.Clone(adm.Places)
+	}
 	var gone []string
 	for src, p := range c.places {
 		if slices.ContainsFunc(cands, func(c gate.Candidate) bool { return c.Source.Name == src }) {
@@ -170,9 +170,10 @@ func (l *line) wake(ids ...string) {
 	for _, id := range ids {
 		if h := l.held[id]; h != nil && !h.woken {
 			h.woken, h.wokenAt = true, time.Now()
-			select {
-			case h.wake <- struct{}{}:
-			default:
+			if h.hold != nil {
+				h.hold.ring(wakeHanded)
+			} else {
+				h.handed = true
 			}
 		}
 	}
@@ -188,14 +189,35 @@ func (l *line) overdue(id string, lease time.Duration) bool {
 	return h != nil && h.woken && time.Since(h.wokenAt) > lease
 }
 
-// waker is the channel that hands c a slot (nil when c is not in line).
-func (l *line) waker(c *Call) <-chan struct{} {
+// attach makes t the hold that a slot handed to c rings, when c is in line
+// (reported), and a hold that a release elsewhere does not end: a slot
+// handed since the last Pick rings it at once. Call it from t's goroutine.
+func (l *line) attach(c *Call, t *holder) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if h := l.held[c.ID]; h != nil {
-		return h.wake
+	h := l.held[c.ID]
+	if h == nil {
+		return false
 	}
-	return nil
+	h.hold, t.inLine = t, true
+	if h.handed {
+		h.handed = false
+		t.ring(wakeHanded)
+	}
+	return true
+}
+
+// detach ends attach: a slot handed to c that t's hold did not take is kept
+// for c's next hold.
+func (l *line) detach(c *Call, t *holder) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if h := l.held[c.ID]; h != nil && h.hold == t {
+		h.hold = nil
+		if wake(t.why.Load())&wakeHanded != 0 {
+			h.handed = true
+		}
+	}
 }
 
 // LineGroup counts the waiters of one priority and tenant.
@@ -209,19 +231,16 @@ type LineState struct {
 }
 
 // inLine adapts OnNoRunnable's hold to the line: a call in line is woken by
-// a slot handed to it, not by every release; a call that failed leaves the
-// line.
-func (s *Scope) inLine(c *Call, t ticket, d Decision) ticket {
+// a slot handed to it, not by every release (detach the hold after it); a
+// call that failed leaves the line.
+func (s *Scope) inLine(c *Call, t *holder, d Decision) {
 	if d.Failure != nil {
 		c.mu.Lock()
 		s.leave(c)
 		c.mu.Unlock()
-		return t
+		return
 	}
-	if ch := s.line.waker(c); ch != nil {
-		t.freed = ch
-	}
-	return t
+	s.line.attach(c, t)
 }
 
 // joins names the lines c, refused by nr, takes its place in when it

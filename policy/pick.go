@@ -155,7 +155,7 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 	}
 	var p Pick
 	if granted != nil {
-		c.permit, c.permitSrc, c.grantedAt = &adm.Permit, granted.gate, now
+		c.permit, c.permitSrc, c.grantedAt = &adm.Permit, &granted.gate, now
 		c.attempts++
 		c.waiting, c.last = false, nil
 		p.Grant = &Grant{Permit: adm.Permit, Source: granted.cfg, Attempt: c.attempts, Skipped: reasons}
@@ -193,7 +193,7 @@ func (s *Scope) Release(ctx context.Context, c *Call) error {
 	if p == nil {
 		return nil
 	}
-	events, err := s.giveBack(ctx, *p, &src)
+	events, err := s.giveBack(ctx, *p, src)
 	s.absorb(events)
 	return err
 }

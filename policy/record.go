@@ -83,7 +83,7 @@ func (s *Scope) record(ctx context.Context, c *Call, a Attempt) (Recorded, Attem
 	// whose reply the caller no longer waits for, and the answer must be
 	// recorded for the retry of the report.
 	st, err := s.backend.Settle(context.WithoutCancel(ctx), gate.SettleRequest{
-		Scope: s.name, Source: &c.permitSrc, PermitID: p.ID, Epoch: p.Epoch, Probe: p.Probe,
+		Scope: s.name, Source: c.permitSrc, PermitID: p.ID, Epoch: p.Epoch, Probe: p.Probe,
 		Verdict: r.verdict, Floor: floor, ActualTokens: a.ActualTokens, Progress: a.Outcome == Success,
 		Line: &gate.LineHandoff{Lease: lineLease(cfg)},
 	})

@@ -160,8 +160,8 @@ func (s *Scope) Update(cfg *config.Scope) {
 	s.cfg, s.srcs = cfg, srcs
 	s.mu.Unlock()
 	s.sel.keep(srcs)
-	s.wait.breakers.fire()
-	s.wait.capacity.fire()
+	s.wait.changed()
+	s.wait.freed()
 }
 
 // Config is the scope's current configuration.
@@ -210,7 +210,7 @@ func (s *Scope) absorb(events []gate.Event) {
 		}
 	}
 	if wake {
-		s.wait.breakers.fire()
+		s.wait.changed()
 	}
 }
 
@@ -231,7 +231,7 @@ func (s *Scope) Announce(e gate.Event) {
 	if e.Kind == gate.EventOverride || (e.Kind == gate.EventTransition && e.To == gate.Closed) {
 		s.memo.Forget(e.Source)
 	}
-	s.wait.breakers.fire()
+	s.wait.changed()
 }
 
 func (s *Scope) source(name string) *source {

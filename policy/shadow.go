@@ -35,5 +35,5 @@ func (s *Scope) freed(handoff string) {
 	if handoff != "" {
 		s.line.wake(handoff)
 	}
-	s.wait.capacity.fire()
+	s.wait.freed()
 }

@@ -51,11 +51,13 @@ func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 	// Take the wake-ups before reading the backend, so that no change between
 	// the read and the hold can be missed.
 	t := s.wait.ticket()
+	defer s.wait.release(t)
 	d, circuit, first, err := s.decide(ctx, c)
 	if err != nil {
 		return Decision{}, err
 	}
-	t = s.inLine(c, t, d)
+	s.inLine(c, t, d)
+	defer s.line.detach(c, t)
 	if first {
 		s.observer.Waiting(c, d.Sleep, c.lastSources())
 	}

@@ -1,44 +1,54 @@
 package policy
 
 import (
+	"container/heap"
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
 // waiter holds callers between a refused Pick and their next try: the
-// signals that end a hold early, the poller that reads the backend while
+// wake-ups that end a hold early, the poller that reads the backend while
 // callers are held without a certain time, and the hold itself.
 //
-// A hold listens to a ticket taken before the caller's read of the backend,
-// so that no change between that read and the hold is missed:
-//   - breakers fires when a breaker changes in a way a waiting caller cares
-//     about, or when the poller finds a source the backend would admit;
-//   - capacity fires when a permit is released (not listened to by a caller
-//     that every breaker refuses);
-//   - closing ends every hold, now and later.
+// A caller takes a ticket (a holder) before its read of the backend, so that
+// no change between that read and the hold is missed; every wake-up rings
+// the holders registered at that moment:
+//   - changed: a breaker changed in a way a waiting caller cares about, or
+//     the poller found a source the backend would admit;
+//   - freed: a permit was released (ignored by a caller that every breaker
+//     refuses, and by one in line, which its line wakes instead);
+//   - close ends every hold, now and later.
 //
-// Its lock (mu) and the signals' are leaves: nothing else is locked under
-// them, and no backend call is made under them.
+// Each held caller parks on two channels, its holder's and its RPC's
+// context; the naps end through one timer per waiter (the earliest end of a
+// nap), not a timer per caller. Its lock (mu) is a leaf: nothing else is
+// locked under it, and no backend call is made under it.
 type waiter struct {
-	breakers *signal
-	capacity *signal
-	closing  chan struct{}
-	once     sync.Once
+	closing chan struct{} // closed by close; the poller listens to it
+	once    sync.Once
 
 	// poll reads the backend once and reports whether some source would
 	// admit an attempt now; every is the (jittered) interval between reads.
 	poll  func() bool
 	every func() time.Duration
 	// found is told that the poller found a source that would admit; it
-	// fires breakers unless the scope hands the slot to its line.
+	// rings changed unless the scope hands the slot to its line.
 	found func()
 
-	mu       sync.Mutex
-	watchers int
-	// forCapacity counts the watchers that a released permit would help
-	// (not refused by every breaker); quiet counts the poller's reads in a
-	// row that found nothing while there were none (see interval).
+	mu      sync.Mutex
+	holders []*holder // every caller between its ticket and the end of its hold
+	closed  bool
+	changes uint64 // breaker changes rung so far (the poller's backoff)
+	naps    naps   // the holds' ends, earliest first
+	timer   *time.Timer
+	// watchers count the callers held without a certain time (the poller
+	// runs while there is one); forCapacity those of them that a released
+	// permit would help (not refused by every breaker); quiet counts the
+	// poller's reads in a row that found nothing while there were none (see
+	// interval).
+	watchers    int
 	forCapacity int
 	quiet       int
 	polling     bool
@@ -46,62 +56,247 @@ type waiter struct {
 	kick        chan struct{} // a watcher for capacity came while the poller was backed off
 }
 
+// wake is why a holder was rung.
+type wake uint32
+
+const (
+	wakeChanged wake = 1 << iota // a breaker changed, or a source would admit
+	wakeFreed                    // a permit was released
+	wakeHanded                   // its line handed the caller a slot
+	wakeElapsed                  // its nap is over
+	wakeClosed                   // the waiter closed
+)
+
+// holder is one caller from its ticket to the end of its hold: every wake-up
+// rings its one channel and says why.
+type holder struct {
+	bell chan struct{} // one slot: rung since the hold last looked
+	why  atomic.Uint32 // the wakes rung since the hold last looked
+	gone atomic.Bool   // released (by release, or by a wake that ends every hold)
+	// inLine: the caller is in a line, which wakes it with a handed slot;
+	// a release elsewhere does not help it. Set before the hold, on its
+	// goroutine (line.attach).
+	inLine bool
+
+	// Guarded by waiter.mu.
+	deaf wake      // the wakes the hold ignores, not rung once it is held (see sleep)
+	end  time.Time // the nap's end
+	slot int       // index in waiter.holders (-1: released)
+	nap  int       // index in waiter.naps (-1: none)
+}
+
+func (h *holder) ring(why wake) {
+	h.why.Or(uint32(why))
+	select {
+	case h.bell <- struct{}{}:
+	default:
+	}
+}
+
 // quietCeiling bounds the poller's backed-off interval (see interval).
 const quietCeiling = time.Second
 
 func newWaiter(poll func() bool, every func() time.Duration) *waiter {
 	w := &waiter{
-		breakers: newSignal(), capacity: newSignal(), closing: make(chan struct{}),
-		poll: poll, every: every, idle: make(chan struct{}, 1), kick: make(chan struct{}, 1),
+		closing: make(chan struct{}), poll: poll, every: every,
+		idle: make(chan struct{}, 1), kick: make(chan struct{}, 1),
 	}
-	w.found = w.breakers.fire
+	w.found = w.changed
 	return w
 }
 
 // close ends every hold, now and later.
-func (w *waiter) close() { w.once.Do(func() { close(w.closing) }) }
+func (w *waiter) close() {
+	w.once.Do(func() {
+		close(w.closing)
+		w.ringAll(wakeClosed)
+	})
+}
 
-// ticket is what one hold listens to.
-type ticket struct{ changed, freed <-chan struct{} }
+// changed wakes the held callers: a breaker changed, or a source would
+// admit.
+func (w *waiter) changed() { w.ringAll(wakeChanged) }
 
-// ticket takes the wake-ups; take it before reading the backend.
-func (w *waiter) ticket() ticket {
-	return ticket{changed: w.breakers.wait(), freed: w.capacity.wait()}
+// freed wakes the held callers that a released permit may help.
+func (w *waiter) freed() { w.ringAll(wakeFreed) }
+
+func (w *waiter) ringAll(why wake) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch why {
+	case wakeChanged:
+		w.changes++
+	case wakeClosed:
+		w.closed = true
+	}
+	if why == wakeFreed {
+		for _, h := range w.holders {
+			if h.deaf&why == 0 {
+				h.ring(why)
+			}
+		}
+		return
+	}
+	// A breaker change or close ends every hold: the holders leave here,
+	// under one lock, rather than one by one as 10 000 woken goroutines.
+	for i, h := range w.holders {
+		h.ring(why)
+		h.slot, h.nap = -1, -1
+		h.gone.Store(true)
+		w.holders[i] = nil
+	}
+	w.holders = w.holders[:0]
+	clear(w.naps)
+	w.naps = w.naps[:0]
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+}
+
+// ticket registers a caller for the wake-ups; take it before reading the
+// backend, and release it when done (hold releases it too).
+func (w *waiter) ticket() *holder {
+	h := &holder{bell: make(chan struct{}, 1), nap: -1}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	h.slot = len(w.holders)
+	w.holders = append(w.holders, h)
+	if w.closed {
+		h.ring(wakeClosed)
+	}
+	return h
+}
+
+// release unregisters a holder; releasing it again does nothing.
+func (w *waiter) release(h *holder) {
+	if h.gone.Load() {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	h.gone.Store(true)
+	if h.slot >= 0 {
+		last := len(w.holders) - 1
+		w.holders[h.slot] = w.holders[last]
+		w.holders[h.slot].slot = h.slot
+		w.holders[last] = nil
+		w.holders = w.holders[:last]
+		h.slot = -1
+	}
+	if h.nap >= 0 {
+		heap.Remove(&w.naps, h.nap)
+		if len(w.naps) == 0 {
+			w.timer.Stop() // nothing left to end: no timer outlives the holds
+		}
+	}
 }
 
 // hold holds a caller for at most nap, and reports whether a change ended
 // the hold early. circuit: the caller is refused by every breaker, so a
 // released permit does not help it. uncertain: the caller has no certain time
 // to wait for, so the poller runs while it is held. A hold ended by close or
-// by nap elapsing is not woken; one ended by ctx returns ctx's error.
-func (w *waiter) hold(ctx context.Context, t ticket, nap time.Duration, circuit, uncertain bool) (woken bool, err error) {
-	if circuit {
-		t.freed = nil
+// by nap elapsing is not woken; one ended by ctx returns ctx's error. It
+// releases h.
+func (w *waiter) hold(ctx context.Context, h *holder, nap time.Duration, circuit, uncertain bool) (woken bool, err error) {
+	defer w.release(h)
+	ignored := wake(0)
+	if circuit || h.inLine {
+		ignored = wakeFreed
 	}
 	if uncertain {
-		defer w.watch(!circuit)()
+		w.watch(!circuit)
+		defer w.unwatch(!circuit)
 	}
-	timer := time.NewTimer(nap)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-	case <-t.changed:
-		return true, nil
-	case <-t.freed:
-		return true, nil
-	case <-w.closing:
-	case <-ctx.Done():
-		return false, ctx.Err()
+	w.sleep(h, nap, ignored)
+	for {
+		select {
+		case <-h.bell:
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+		why := wake(h.why.Swap(0)) &^ ignored
+		switch {
+		case why&(wakeChanged|wakeFreed|wakeHanded) != 0:
+			return true, nil
+		case why&(wakeElapsed|wakeClosed) != 0:
+			return false, nil
+		}
 	}
-	return false, nil
+}
+
+// sleep rings h with wakeElapsed after d, through the waiter's one timer,
+// and stops ringing it for the wakes it ignores: a held caller refused by
+// every breaker, or one in line, is not woken by every release of the scope
+// only to park again.
+func (w *waiter) sleep(h *holder, d time.Duration, ignored wake) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if h.slot < 0 {
+		h.ring(wakeElapsed) // released: nothing else would end the hold
+		return
+	}
+	h.deaf = ignored
+	h.end = time.Now().Add(d)
+	heap.Push(&w.naps, h)
+	if h.nap == 0 {
+		w.arm()
+	}
+}
+
+// arm sets the timer to the earliest end of a nap. Called with mu held.
+func (w *waiter) arm() {
+	if len(w.naps) == 0 {
+		return // a timer that fires for nothing only re-arms
+	}
+	d := time.Until(w.naps[0].end)
+	if w.timer == nil {
+		w.timer = time.AfterFunc(d, w.expire)
+		return
+	}
+	w.timer.Reset(d)
+}
+
+// expire rings the holds whose nap is over and re-arms the timer.
+func (w *waiter) expire() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	now := time.Now()
+	for len(w.naps) > 0 && !w.naps[0].end.After(now) {
+		heap.Pop(&w.naps).(*holder).ring(wakeElapsed)
+	}
+	w.arm()
+}
+
+// naps is a heap of holders by the end of their nap.
+type naps []*holder
+
+func (n naps) Len() int           { return len(n) }
+func (n naps) Less(i, j int) bool { return n[i].end.Before(n[j].end) }
+func (n naps) Swap(i, j int) {
+	n[i], n[j] = n[j], n[i]
+	n[i].nap, n[j].nap = i, j
+}
+func (n *naps) Push(x any) {
+	h := x.(*holder)
+	h.nap = len(*n)
+	*n = append(*n, h)
+}
+func (n *naps) Pop() any {
+	old := *n
+	h := old[len(old)-1]
+	old[len(old)-1] = nil
+	*n = old[:len(old)-1]
+	h.nap = -1
+	return h
 }
 
 // watch registers a caller held without a certain time; the poller runs
 // while there is one. forCapacity: a released permit would help the caller
 // (it is not refused by every breaker), so the poller keeps poll_interval.
-// The returned function unregisters it.
-func (w *waiter) watch(forCapacity bool) (unwatch func()) {
+// unwatch unregisters it.
+func (w *waiter) watch(forCapacity bool) {
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	w.watchers++
 	if forCapacity {
 		w.forCapacity++
@@ -117,20 +312,20 @@ func (w *waiter) watch(forCapacity bool) (unwatch func()) {
 		w.polling = true
 		go w.run()
 	}
-	w.mu.Unlock()
-	return func() {
-		w.mu.Lock()
-		w.watchers--
-		if forCapacity {
-			w.forCapacity--
+}
+
+func (w *waiter) unwatch(forCapacity bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.watchers--
+	if forCapacity {
+		w.forCapacity--
+	}
+	if w.watchers == 0 {
+		select {
+		case w.idle <- struct{}{}: // the poller stops now, not at its next tick
+		default:
 		}
-		if w.watchers == 0 {
-			select {
-			case w.idle <- struct{}{}: // the poller stops now, not at its next tick
-			default:
-			}
-		}
-		w.mu.Unlock()
 	}
 }
 
@@ -141,7 +336,9 @@ func (w *waiter) watch(forCapacity bool) (unwatch func()) {
 // callers when a source would admit.
 func (w *waiter) run() {
 	for {
-		changed := w.breakers.wait()
+		w.mu.Lock()
+		changes := w.changes
+		w.mu.Unlock()
 		poll, ok := w.nap(w.interval())
 		if !ok {
 			return
@@ -154,7 +351,7 @@ func (w *waiter) run() {
 			w.found()
 		}
 		w.mu.Lock()
-		if found || isClosed(changed) || w.forCapacity > 0 {
+		if found || w.changes != changes || w.forCapacity > 0 {
 			w.quiet = 0
 		} else {
 			w.quiet++

@@ -30,9 +30,9 @@ func TestWaiterHold(t *testing.T) {
 	}
 	for _, st := range []step{
 		{name: "NapElapses", wantSlept: 10 * time.Second},
-		{name: "BreakerChanged", act: func(w *waiter, _ context.CancelFunc) { w.breakers.fire() }, wantWoken: true, wantSlept: time.Second},
-		{name: "PermitReleased", act: func(w *waiter, _ context.CancelFunc) { w.capacity.fire() }, wantWoken: true, wantSlept: time.Second},
-		{name: "ReleaseDoesNotHelpACircuitWait", circuit: true, act: func(w *waiter, _ context.CancelFunc) { w.capacity.fire() }, wantSlept: 10 * time.Second},
+		{name: "BreakerChanged", act: func(w *waiter, _ context.CancelFunc) { w.changed() }, wantWoken: true, wantSlept: time.Second},
+		{name: "PermitReleased", act: func(w *waiter, _ context.CancelFunc) { w.freed() }, wantWoken: true, wantSlept: time.Second},
+		{name: "ReleaseDoesNotHelpACircuitWait", circuit: true, act: func(w *waiter, _ context.CancelFunc) { w.freed() }, wantSlept: 10 * time.Second},
 		{name: "Closed", act: func(w *waiter, _ context.CancelFunc) { w.close() }, wantSlept: time.Second},
 		{name: "CallerGone", act: func(_ *waiter, cancel context.CancelFunc) { cancel() }, wantErr: true, wantSlept: time.Second},
 	} {
@@ -60,7 +60,7 @@ func TestWaiterTicketBeforeTheRead(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w, _ := testWaiter(t, never)
 		tk := w.ticket()
-		w.breakers.fire()
+		w.changed()
 		if woken, err := w.hold(context.Background(), tk, time.Hour, false, false); !woken || err != nil {
 			t.Fatalf("hold after a change since the ticket: woken %v err %v", woken, err)
 		}
@@ -183,5 +183,175 @@ func TestWaiterPollerBacksOffWhileOnlyBreakersAreAwaited(t *testing.T) {
 			t.Fatal(err)
 		}
 		expect("after an admitting read", 100, 200, 400)
+	})
+}
+
+// Holds with different naps share the waiter's one timer: each ends at its
+// own nap, in any order of arrival, and one that leaves early (its caller
+// gone) neither ends the others nor is rung later.
+func TestWaiterNapsShareOneTimer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w, _ := testWaiter(t, never)
+		gone, cancel := context.WithCancel(context.Background())
+		start := time.Now()
+		var wg sync.WaitGroup
+		for _, tc := range []struct {
+			nap  time.Duration
+			ctx  context.Context
+			want time.Duration
+			err  bool
+		}{
+			{nap: 3 * time.Second, ctx: context.Background(), want: 3 * time.Second},
+			{nap: 1 * time.Second, ctx: gone, want: 500 * time.Millisecond, err: true},
+			{nap: 2 * time.Second, ctx: context.Background(), want: 2 * time.Second},
+			{nap: 2 * time.Second, ctx: context.Background(), want: 2 * time.Second},
+			{nap: 0, ctx: context.Background(), want: 0},
+		} {
+			wg.Go(func() {
+				woken, err := w.hold(tc.ctx, w.ticket(), tc.nap, false, false)
+				if woken || (err != nil) != tc.err || time.Since(start) != tc.want {
+					t.Errorf("hold of %v: woken %v err %v after %v, want not woken, error %v, after %v", tc.nap, woken, err, time.Since(start), tc.err, tc.want)
+				}
+			})
+		}
+		time.Sleep(500 * time.Millisecond)
+		cancel()
+		wg.Wait()
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if len(w.holders) != 0 || len(w.naps) != 0 {
+			t.Fatalf("after every hold ended: %d holders and %d naps left", len(w.holders), len(w.naps))
+		}
+	})
+}
+
+// A ticket released without a hold (the read failed, or answered at once)
+// leaves nothing behind; a ticket taken after close ends its hold at once.
+func TestWaiterTicketReleaseAndClose(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w, _ := testWaiter(t, never)
+		tk := w.ticket()
+		w.release(tk)
+		w.release(tk)
+		w.changed()
+		if n := len(w.holders); n != 0 {
+			t.Fatalf("%d holders after release", n)
+		}
+		w.close()
+		start := time.Now()
+		if woken, err := w.hold(context.Background(), w.ticket(), time.Hour, false, false); woken || err != nil || time.Since(start) != 0 {
+			t.Fatalf("hold after close: woken %v err %v after %v, want an answer at once, not woken", woken, err, time.Since(start))
+		}
+	})
+}
+
+// A slot the line hands a call in line ends its hold; one handed while the
+// call is not held (between its Pick and its hold, or just after a hold
+// that ended otherwise) ends the next hold at once, until a Pick spends it.
+// A release elsewhere does not wake a call in line.
+func TestLineHandsASlotToTheHold(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w, _ := testWaiter(t, never)
+		l := newLine()
+		c := &Call{ID: "c-1"}
+		l.held[c.ID] = &held{}
+		hold := func(nap time.Duration, act func()) (bool, time.Duration) {
+			t.Helper()
+			tk := w.ticket()
+			if !l.attach(c, tk) {
+				t.Fatal("attach: the call is in line, reported not")
+			}
+			defer l.detach(c, tk)
+			if act != nil {
+				go func() { time.Sleep(time.Second); act() }()
+			}
+			start := time.Now()
+			woken, err := w.hold(context.Background(), tk, nap, false, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return woken, time.Since(start)
+		}
+		if woken, slept := hold(5*time.Second, w.freed); woken || slept != 5*time.Second {
+			t.Fatalf("a release woke a call in line: woken %v after %v", woken, slept)
+		}
+		if woken, slept := hold(5*time.Second, func() { l.wake(c.ID) }); !woken || slept != time.Second {
+			t.Fatalf("handed slot: woken %v after %v, want woken after 1s", woken, slept)
+		}
+		l.held[c.ID].woken = false // a Pick spent it (placed)
+		l.wake(c.ID)               // handed between the Pick and the hold
+		if woken, slept := hold(5*time.Second, nil); !woken || slept != 0 {
+			t.Fatalf("slot handed before the hold: woken %v after %v, want woken at once", woken, slept)
+		}
+		if l.held[c.ID].handed {
+			t.Fatal("the hold took the handed slot; it is still marked handed")
+		}
+		// Handed after a hold ended otherwise, before it detached: kept.
+		l.held[c.ID].woken = false
+		tk := w.ticket()
+		l.attach(c, tk)
+		l.wake(c.ID)
+		w.release(tk)
+		l.detach(c, tk)
+		if !l.held[c.ID].handed {
+			t.Fatal("a slot handed to a hold that did not take it was lost")
+		}
+	})
+}
+
+// A held caller that a release does not help (refused by every breaker) is
+// not rung by releases at all: with many such callers held, a busy scope's
+// releases must not wake each of them only to park it again.
+func TestWaiterReleasesDoNotRingACircuitHold(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w, _ := testWaiter(t, never)
+		tk := w.ticket()
+		done := make(chan bool)
+		go func() {
+			woken, _ := w.hold(context.Background(), tk, time.Hour, true, false)
+			done <- woken
+		}()
+		synctest.Wait() // held
+		for range 100 {
+			w.freed()
+		}
+		if n, why := len(tk.bell), tk.why.Load(); n != 0 || why != 0 {
+			t.Fatalf("releases rang a circuit hold: bell %d, reasons %b", n, why)
+		}
+		w.changed()
+		if !<-done {
+			t.Fatal("a breaker change did not wake the circuit hold")
+		}
+	})
+}
+
+// A breaker change ends every hold and empties the registry and the naps
+// at once; a ticket taken before it (a caller still reading) ends its hold
+// at once too.
+func TestWaiterChangeEndsEveryHold(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w, _ := testWaiter(t, never)
+		var wg sync.WaitGroup
+		for _, circuit := range []bool{true, false, false} {
+			wg.Go(func() {
+				if woken, err := w.hold(context.Background(), w.ticket(), time.Hour, circuit, false); !woken || err != nil {
+					t.Errorf("hold (circuit %v): woken %v err %v, want woken by the change", circuit, woken, err)
+				}
+			})
+		}
+		reading := w.ticket()
+		synctest.Wait()
+		w.changed()
+		w.mu.Lock()
+		holders, naps := len(w.holders), len(w.naps)
+		w.mu.Unlock()
+		if holders != 0 || naps != 0 {
+			t.Fatalf("after a change: %d holders, %d naps left", holders, naps)
+		}
+		wg.Wait()
+		start := time.Now()
+		if woken, _ := w.hold(context.Background(), reading, time.Hour, false, false); !woken || time.Since(start) != 0 {
+			t.Fatalf("hold after a change since its ticket: woken %v after %v, want woken at once", woken, time.Since(start))
+		}
 	})
 }

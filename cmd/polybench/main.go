@@ -59,6 +59,7 @@ func run(ctx context.Context, args []string) (err error) {
 		ops     string
 		noRedis bool
 		profile string
+		env     string
 	)
 	fs.StringVar(&o.Sidecar, "sidecar", "", "the sidecar binary (required; make bench builds it)")
 	fs.IntVar(&o.Conns, "conns", 1, "connections to each target")
@@ -73,6 +74,7 @@ func run(ctx context.Context, args []string) (err error) {
 	fs.DurationVar(&o.HoldWindow, "hold-window", 3*time.Second, "time the sidecar's CPU is measured over while calls are held")
 	fs.BoolVar(&noRedis, "no-redis", false, "skip the Redis backend")
 	fs.StringVar(&ops, "ops", "health,retryafter,attempt", "operations measured on the sidecars, comma separated")
+	fs.StringVar(&env, "sidecar-env", "", "environment added to the sidecars only (not the floor), e.g. GOGC=50,GOMEMLIMIT=200MiB: NAME=VALUE, comma separated")
 	fs.StringVar(&profile, "cpuprofile", "", "write a CPU profile of the memory backend's sidecar (run inside polybench) to this file")
 	_ = fs.Parse(args)
 	if o.Sidecar == "" {
@@ -87,6 +89,14 @@ func run(ctx context.Context, args []string) (err error) {
 	}
 	if o.Conns < 1 || o.Conns > 1000 || o.RateCallers < 1 || o.Held < 0 || o.Held > 1000000 || o.Rounds < 1 || o.Rounds > 100 {
 		return fmt.Errorf("-conns (1..1000), -rate-callers (≥ 1), -held (0..1000000) or -rounds (1..100) out of range")
+	}
+	if env != "" {
+		for _, kv := range strings.Split(env, ",") {
+			if name, _, ok := strings.Cut(kv, "="); !ok || name == "" || len(kv) > 1000 {
+				return fmt.Errorf("-sidecar-env %q: want NAME=VALUE pairs, comma separated", clip(env))
+			}
+			o.SidecarEnv = append(o.SidecarEnv, kv)
+		}
 	}
 	for _, s := range strings.Split(ops, ",") {
 		o.Ops = append(o.Ops, strings.TrimSpace(s))
@@ -123,6 +133,14 @@ func run(ctx context.Context, args []string) (err error) {
 		rep.Print(os.Stdout)
 	}
 	return err
+}
+
+// clip bounds a flag's value echoed in an error.
+func clip(s string) string {
+	if len(s) > 100 {
+		return s[:100] + "…"
+	}
+	return s
 }
 
 // harness lets the bench start redis-server with internal/redistest, which

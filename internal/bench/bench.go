@@ -25,6 +25,9 @@ type Options struct {
 	// MemorySidecar, when set, is the command that runs the memory
 	// backend's sidecar instead of Sidecar (a profiled one).
 	MemorySidecar []string
+	// SidecarEnv is added to the sidecars' environment (not the floor's),
+	// e.g. GOGC=50: NAME=VALUE each.
+	SidecarEnv []string
 	// Ops are the operations measured on the sidecars: health, retryafter,
 	// attempt.
 	Ops []string
@@ -76,8 +79,8 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 		cl   *client
 		pr   probe
 	}
-	start := func(name string, argv []string) (*target, error) {
-		p, err := startProcess(name, argv, nil, filepath.Join(o.Dir, name+".log"))
+	start := func(name string, argv, env []string) (*target, error) {
+		p, err := startProcess(name, argv, env, filepath.Join(o.Dir, name+".log"))
 		if err != nil {
 			return nil, err
 		}
@@ -95,7 +98,7 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 			t.p.stop()
 		}
 	}()
-	floor, err := start("floor", o.Floor)
+	floor, err := start("floor", o.Floor, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -114,7 +117,7 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 		if b == "memory" && len(o.MemorySidecar) > 0 {
 			argv = o.MemorySidecar
 		}
-		t, err := start(b, append(slices.Clone(argv), "--config", cfg, "--listen", "127.0.0.1:0"))
+		t, err := start(b, append(slices.Clone(argv), "--config", cfg, "--listen", "127.0.0.1:0"), o.SidecarEnv)
 		if err != nil {
 			return nil, err
 		}
@@ -162,7 +165,7 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 			}
 		}
 		if o.Held > 0 {
-			h, err := t.cl.hold(ctx, t.pr.pid, t.p.log, o.Held, o.Settle, o.HoldWindow)
+			h, err := t.cl.hold(ctx, t.p, o.Held, o.Settle, o.HoldWindow)
 			if err != nil {
 				return rep, fmt.Errorf("%s held waiters: %w", t.name, err)
 			}
@@ -200,7 +203,9 @@ func sidecarConfig(backend, redisAddr string, held int) string {
 	fmt.Fprintf(&b, "calls: {max_live: %d}\n", max(10000, 2*held+1000))
 	// Every held call keeps a stream open, on one connection by default.
 	fmt.Fprintf(&b, "limits: {max_streams_per_connection: %d}\n", min(65536, max(256, held+1000)))
-	b.WriteString(`log: {level: info}
+	// /metrics on a free port: the held mode reads the Go runtime's memory there.
+	b.WriteString(`metrics_listen: 127.0.0.1:0
+log: {level: info}
 scopes:
   bench:
     sources:
@@ -268,6 +273,19 @@ func (r *Report) Print(w io.Writer) {
 		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.2f\t%d\t%.0f / %.0f / %.0f\t%s\t%d\t%d\t%d\t\n", h.target, h.calls,
 			float64(h.rssDelta)/float64(h.calls)/1024, 100*h.cpu.Seconds()/h.window.Seconds(),
 			h.answered, ms(h.first), ms(h.median), ms(h.last), wake, h.early, h.logLines, h.failed)
+	}
+	_ = tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "target\tstacks KB/call\theap in use KB/call\theap objects KB/call\tfree heap kept KB/call\tGCs meanwhile\theap goal MB\tgoroutines/call\tGOGC\t")
+	for _, h := range r.held {
+		if h.mem == nil {
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\t-\t-\t\n", h.target)
+			continue
+		}
+		kb := func(v float64) float64 { return v / float64(h.calls) / 1024 }
+		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%d\t%.0f\t%.2f\t%.0f\t\n", h.target, kb(h.mem.stacks), kb(h.mem.heapInuse),
+			kb(h.mem.heapAlloc), kb(h.mem.heapKept), h.mem.gcs, h.memAfter.heapGoal/(1<<20), h.mem.goroutines/float64(h.calls), h.memAfter.gogc)
 	}
 	_ = tw.Flush()
 	for _, h := range r.held {

@@ -3,6 +3,8 @@ package bench
 import (
 	"bufio"
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
@@ -141,6 +143,7 @@ func TestRunSmoke(t *testing.T) {
 		Sidecar: sidecartest.Binary(t), Floor: []string{os.Args[0], "floor"}, RedisAddr: redistest.Start(t).Addr,
 		Ops: []string{"health", "retryafter", "attempt"}, Rounds: 1, Conns: 2, Callers: []int{2}, Rate: 200, RateCallers: 2, Warm: 50 * time.Millisecond, Cell: 200 * time.Millisecond,
 		Held: 20, Settle: 100 * time.Millisecond, HoldWindow: 100 * time.Millisecond, Dir: t.TempDir(),
+		SidecarEnv: []string{"GOGC=37"},
 	}
 	rep, err := Run(ctx, o, t.Output())
 	if err != nil {
@@ -167,10 +170,62 @@ func TestRunSmoke(t *testing.T) {
 		if h.answered != o.Held || h.early != 0 || h.err != nil {
 			t.Errorf("%s: %d of %d held calls answered after the clear, %d before; first error %v", h.target, h.answered, o.Held, h.early, h.err)
 		}
+		// The runtime breakdown comes from the sidecar's /metrics; the held
+		// calls' goroutines are in it (on the server's stream workers, so
+		// they need not be new ones).
+		if h.mem == nil || h.memAfter == nil || h.memAfter.goroutines < float64(o.Held) || h.memAfter.stacks <= 0 {
+			t.Errorf("%s: runtime memory %+v, at the end %+v; want the state with %d held goroutines", h.target, h.mem, h.memAfter, o.Held)
+		}
+		if h.memAfter != nil && h.memAfter.gogc != 37 {
+			t.Errorf("%s: the sidecar runs with GOGC %v, want 37 from SidecarEnv", h.target, h.memAfter.gogc)
+		}
 	}
 	var out strings.Builder
 	rep.Print(&out)
 	if !strings.Contains(out.String(), "× floor CPU") {
 		t.Errorf("the report has no ratio column:\n%s", out.String())
+	}
+}
+
+func TestReadGoMem(t *testing.T) {
+	const scrape = `# TYPE go_memstats_heap_inuse_bytes gauge
+go_memstats_heap_inuse_bytes 4000
+# TYPE go_memstats_heap_alloc_bytes gauge
+go_memstats_heap_alloc_bytes 3000
+# TYPE go_memstats_heap_idle_bytes gauge
+go_memstats_heap_idle_bytes 900
+# TYPE go_memstats_heap_released_bytes gauge
+go_memstats_heap_released_bytes 600
+# TYPE go_memstats_stack_inuse_bytes gauge
+go_memstats_stack_inuse_bytes 8192
+# TYPE go_memstats_next_gc_bytes gauge
+go_memstats_next_gc_bytes 5000
+# TYPE go_goroutines gauge
+go_goroutines 12
+# TYPE go_gc_gogc_percent gauge
+go_gc_gogc_percent 100
+# TYPE go_gc_duration_seconds summary
+go_gc_duration_seconds{quantile="0.5"} 0.001
+go_gc_duration_seconds_sum 0.01
+go_gc_duration_seconds_count 7
+`
+	serve := func(body string) string {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(body)) }))
+		t.Cleanup(srv.Close)
+		return srv.URL + "/metrics"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	got, err := readGoMem(ctx, serve(scrape))
+	want := goMem{heapInuse: 4000, heapAlloc: 3000, heapKept: 300, stacks: 8192, heapGoal: 5000, gcs: 7, goroutines: 12, gogc: 100}
+	if err != nil || got != want {
+		t.Fatalf("readGoMem = %+v, %v; want %+v", got, err, want)
+	}
+	if d := want.minus(goMem{stacks: 4096, gcs: 2}); d.stacks != 4096 || d.gcs != 5 {
+		t.Fatalf("minus: %+v, want stacks 4096 and 5 GCs", d)
+	}
+	// A scrape without a gauge the breakdown needs is an error, not a zero.
+	if _, err := readGoMem(ctx, serve(strings.Replace(scrape, "go_memstats_stack_inuse_bytes 8192\n", "", 1))); err == nil {
+		t.Fatal("readGoMem without go_memstats_stack_inuse_bytes: no error")
 	}
 }

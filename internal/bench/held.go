@@ -36,13 +36,28 @@ type held struct {
 	wakeCPU  time.Duration // the target's CPU from the clear to the last answer
 	logLines int           // "call waiting" and "calls waiting" lines the target logged meanwhile
 	err      error         // the first failed call
+	// mem is the change of the target's Go runtime memory over the same
+	// span as rssDelta, memAfter its state at the end (nil: the target has
+	// no /metrics, or it could not be read).
+	mem, memAfter *goMem
 }
 
 // hold opens n calls on the held scope with its source forced open, holds
 // each in OnNoRunnable, measures the target's RSS and CPU while they wait,
 // clears the override and times how long until every call is answered.
 // settle is how long to let the target take the calls in before measuring.
-func (c *client) hold(ctx context.Context, pid int, logPath string, n int, settle, window time.Duration) (held, error) {
+func (c *client) hold(ctx context.Context, p *process, n int, settle, window time.Duration) (held, error) {
+	pid, logPath, metrics := p.pid(), p.log, p.metricsURL()
+	readMem := func() *goMem {
+		if metrics == "" {
+			return nil
+		}
+		m, err := readGoMem(ctx, metrics)
+		if err != nil {
+			return nil
+		}
+		return &m
+	}
 	h := held{calls: n, window: window}
 	logs0 := countLines(logPath, "call waiting", "calls waiting")
 	override := func(a admissionv1.OverrideAction) error {
@@ -54,6 +69,7 @@ func (c *client) hold(ctx context.Context, pid int, logPath string, n int, settl
 	if err := override(admissionv1.OverrideAction_OVERRIDE_ACTION_FORCE_OPEN); err != nil {
 		return h, fmt.Errorf("force open: %w", err)
 	}
+	mem0 := readMem()
 	rss0, err := procRSS(pid)
 	if err != nil {
 		return h, err
@@ -126,6 +142,10 @@ func (c *client) hold(ctx context.Context, pid int, logPath string, n int, settl
 		return h, err
 	}
 	h.cpu, h.rssDelta = cpu1-cpu0, rss1-rss0
+	if mem1 := readMem(); mem0 != nil && mem1 != nil {
+		d := mem1.minus(*mem0)
+		h.mem, h.memAfter = &d, mem1
+	}
 	t0 := time.Now()
 	if err := override(admissionv1.OverrideAction_OVERRIDE_ACTION_CLEAR); err != nil {
 		return h, fmt.Errorf("clear the override: %w", err)

@@ -20,6 +20,9 @@ type process struct {
 	addr string
 	log  string // path of its stderr
 	done chan error
+	// metrics receives the address of its /metrics, when it prints one
+	// ("... metrics on URL", after the listening line).
+	metrics chan string
 }
 
 // startProcess runs argv with extra environment and waits until it prints
@@ -40,7 +43,7 @@ func startProcess(name string, argv, env []string, logPath string) (*process, er
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s (%s): %w", name, argv[0], err)
 	}
-	p := &process{name: name, cmd: cmd, log: logPath, done: make(chan error, 1)}
+	p := &process{name: name, cmd: cmd, log: logPath, done: make(chan error, 1), metrics: make(chan string, 1)}
 	addr := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)
@@ -48,6 +51,12 @@ func startProcess(name string, argv, env []string, logPath string) (*process, er
 			if _, a, ok := strings.Cut(sc.Text(), "listening on "); ok {
 				select {
 				case addr <- a:
+				default:
+				}
+			}
+			if _, u, ok := strings.Cut(sc.Text(), "metrics on "); ok {
+				select {
+				case p.metrics <- u:
 				default:
 				}
 			}
@@ -67,6 +76,18 @@ func startProcess(name string, argv, env []string, logPath string) (*process, er
 }
 
 func (p *process) pid() int { return p.cmd.Process.Pid }
+
+// metricsURL is the URL of the process's /metrics ("" when it printed none
+// within a few seconds of listening).
+func (p *process) metricsURL() string {
+	select {
+	case u := <-p.metrics:
+		p.metrics <- u
+		return u
+	case <-time.After(5 * time.Second):
+		return ""
+	}
+}
 
 // stop asks the process to end (SIGTERM) and kills it after 10 s.
 func (p *process) stop() {
