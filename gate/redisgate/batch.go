@@ -40,6 +40,12 @@ const (
 	maxBatchArgs = 1024
 )
 
+// maxQueuedOps bounds the ops of one scope waiting for its next batch (a
+// Redis that answers slowly makes them pile up): an admit beyond it fails at
+// once as unavailable; a settle beyond it goes to the give-back queue
+// (bounded too) and fails the same way.
+var maxQueuedOps = 10000 // a variable for tests
+
 // opKind is what a batch op runs (batch.lua's BATCH_FNS).
 type opKind int
 
@@ -103,6 +109,13 @@ func (b *Backend) do(ctx, rctx context.Context, tag string, o *batchOp) (any, er
 	if start {
 		q = &batchQueue{}
 		c.scopes[tag] = q
+	}
+	if len(q.ops) >= maxQueuedOps {
+		c.mu.Unlock()
+		if o.kind == opSettle {
+			b.orphans.add(*o.settle, 1)
+		}
+		return nil, fmt.Errorf("redisgate: %s: %w: %d requests of the scope already wait for redis", o.name, gate.ErrUnavailable, maxQueuedOps)
 	}
 	q.ops = append(q.ops, o)
 	c.mu.Unlock()

@@ -419,6 +419,37 @@ func TestBatchAnswerWithinOneTimeout(t *testing.T) {
 	waitFor(t, "the second admit given back", func() bool { return b.GiveBacks().Queued >= 1 })
 }
 
+// TestBatchQueueBound: while the scope's call is out and its queue is
+// full, an admit fails at once as unavailable (nothing sent, nothing owed)
+// and a settle fails the same way and goes to the give-back queue.
+func TestBatchQueueBound(t *testing.T) {
+	ctx := testCtx(t)
+	const scope = "batch-queue-bound"
+	b, h, _ := batchFixture(t, redisgate.Options{}, scope)
+	redisgate.SetMaxQueuedOps(t, 2)
+	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 10 })
+	p := admit(t, ctx, b, scope, "held", src).Permit
+	h.takeSizes()
+	release, wait := gather(t, b, h, scope, 2,
+		func() { _, _ = b.Admit(ctx, admitReq(scope, "a1", src)) },
+		func() { _, _ = b.Admit(ctx, admitReq(scope, "a2", src)) },
+	)
+	if _, err := b.Admit(ctx, admitReq(scope, "over", src)); !errors.Is(err, gate.ErrUnavailable) {
+		t.Errorf("an admit over the full queue: %v, want unavailable", err)
+	}
+	if _, err := b.Settle(ctx, settleReq(scope, src, p, gate.VerdictSuccess)); !errors.Is(err, gate.ErrUnavailable) {
+		t.Errorf("a settle over the full queue: %v, want unavailable", err)
+	}
+	if gb := b.GiveBacks(); gb.Queued != 1 {
+		t.Errorf("give-backs queued %d, want the settle's 1", gb.Queued)
+	}
+	release()
+	wait()
+	if sizes := h.takeSizes(); len(sizes) != 2 || sizes[1] != 2 {
+		t.Fatalf("batch sizes %v, want [1 2]: the lone admit, then the two queued", sizes)
+	}
+}
+
 // TestBatchBound: ops beyond the bound wait for the next batch.
 func TestBatchBound(t *testing.T) {
 	ctx := testCtx(t)

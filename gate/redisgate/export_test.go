@@ -70,3 +70,11 @@ func (b *Backend) Gathering(scope string) int {
 
 // MaxBatchOps is the bound on a batch's ops.
 const MaxBatchOps = maxBatchOps
+
+// SetMaxQueuedOps sets the bound on the ops waiting for a scope's next
+// batch until the test ends.
+func SetMaxQueuedOps(t interface{ Cleanup(func()) }, n int) {
+	old := maxQueuedOps
+	maxQueuedOps = n
+	t.Cleanup(func() { maxQueuedOps = old })
+}

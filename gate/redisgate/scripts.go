@@ -76,34 +76,33 @@ func (o *op) text() string {
 }
 
 // libVersion names this build's library and functions by the digest of its
-// text, so that sidecars of different versions sharing one Redis each call
-// their own.
+// whole text (with the version left out of the names), so that sidecars of
+// different versions sharing one Redis each call their own.
 var libVersion = func() string {
-	var b strings.Builder
-	b.WriteString(prelude() + libLua)
-	for _, o := range ops {
-		b.WriteString(o.body)
-	}
-	sum := sha1.Sum([]byte(b.String()))
+	sum := sha1.Sum([]byte(libraryText("")))
 	return hex.EncodeToString(sum[:6])
 }()
 
 func init() {
 	for _, o := range ops {
-		o.fn = "polygate_" + libVersion + "_" + o.name
+		o.fn = functionName(libVersion, o.name)
 	}
 }
 
+func functionName(version, op string) string { return "polygate_" + version + "_" + op }
+
 // library is the Redis Functions library of every operation.
-func library() string {
+func library() string { return libraryText(libVersion) }
+
+func libraryText(version string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "#!lua name=polygate_%s\n", libVersion)
+	fmt.Fprintf(&b, "#!lua name=polygate_%s\n", version)
 	b.WriteString(prelude() + libLua)
 	// Every function starts outside any batch (CALL, lib.lua), whatever an
 	// earlier call that failed left.
 	for _, o := range ops {
 		b.WriteString(o.body)
-		fmt.Fprintf(&b, "\nredis.register_function(%q, function(keys, argv)\n  CALL = nil\n  return %s(keys, argv)\nend)\n", o.fn, o.name)
+		fmt.Fprintf(&b, "\nredis.register_function(%q, function(keys, argv)\n  CALL = nil\n  return %s(keys, argv)\nend)\n", functionName(version, o.name), o.name)
 	}
 	return b.String()
 }
