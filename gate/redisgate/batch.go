@@ -28,9 +28,9 @@ import (
 // alone. A caller that gives up while its op gathers drops an admit (never
 // sent, nothing owed) but not a settle, which is sent anyway; one that gives
 // up (or reaches the Backend's timeout) after its op was sent stops
-// waiting, and the batch, bounded by its own timeout and not by any
-// caller's context, goes on: a permit it grants to nobody goes to
-// lostAdmit, a settle it fails to the give-back queue.
+// waiting, with what the op owes queued first as if its reply were lost (a
+// give-back of the permit, a repeated settle), and the batch, bounded by
+// its own timeout and not by any caller's context, goes on.
 
 // maxBatchOps, maxBatchKeys and maxBatchArgs bound one batch call; the ops
 // beyond wait for the next. An op larger than the bounds goes alone.
@@ -128,15 +128,23 @@ func (b *Backend) do(ctx, rctx context.Context, tag string, o *batchOp) (any, er
 	case <-rctx.Done(): // ctx's end too: rctx is its child
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	select {
 	case r := <-o.done:
+		c.mu.Unlock()
 		return r.v, r.err
 	default:
 	}
 	o.gone = true
-	if !o.sent && o.kind == opAdmit {
+	sent := o.sent
+	if !sent && o.kind == opAdmit {
 		q.ops = slices.DeleteFunc(q.ops, func(x *batchOp) bool { return x == o })
+	}
+	c.mu.Unlock()
+	if sent {
+		// Its call may run yet, or may have run: what it owes is queued
+		// before its caller hears (as for a call of its own whose reply is
+		// lost); deliver's queuing later finds it there.
+		b.owe(o)
 	}
 	err := rctx.Err()
 	if ctx.Err() != nil {
@@ -227,13 +235,8 @@ func (b *Backend) runBatch(ops []*batchOp, nk, na int) {
 // deliver hands o its reply, after queuing what it owes Redis if the reply
 // is an error; a grant whose caller is gone goes to lostAdmit.
 func (b *Backend) deliver(o *batchOp, r batchResult) {
-	if r.err != nil {
-		switch {
-		case o.kind == opSettle:
-			b.orphans.add(*o.settle, 1)
-		case !unmarkedErr(r.err): // UNMARKED granted nothing
-			b.lostAdmit(*o.admit)
-		}
+	if r.err != nil && !unmarkedErr(r.err) { // UNMARKED granted nothing
+		b.owe(o)
 	}
 	c := &b.batches
 	c.mu.Lock()
@@ -243,6 +246,17 @@ func (b *Backend) deliver(o *batchOp, r batchResult) {
 	}
 	c.mu.Unlock()
 	if gone && r.err == nil && o.kind == opAdmit && grants(r.v) {
+		b.lostAdmit(*o.admit)
+	}
+}
+
+// owe queues what o owes Redis when its reply is lost: an admit's
+// give-back on each candidate, a settle's repetition. The queue keeps one
+// entry per permit and source, so owing twice is owing once.
+func (b *Backend) owe(o *batchOp) {
+	if o.kind == opSettle {
+		b.orphans.add(*o.settle, 1)
+	} else {
 		b.lostAdmit(*o.admit)
 	}
 }
