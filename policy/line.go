@@ -67,9 +67,10 @@ func (s *Scope) waiter(c *Call, cfg *config.Scope) *gate.Waiter {
 	}
 }
 
-// placed records the backend's answer about c's places. Called with c.mu
-// held.
-func (s *Scope) placed(c *Call, places map[string]string) {
+// placed records the backend's answer about c's places. spent: the answer
+// is an Admit's, which spends a slot c was handed (a read does not). Called
+// with c.mu held.
+func (s *Scope) placed(c *Call, places map[string]string, spent bool) {
 	c.places = places
 	s.line.mu.Lock()
 	defer s.line.mu.Unlock()
@@ -82,8 +83,22 @@ func (s *Scope) placed(c *Call, places map[string]string) {
 		s.line.held[c.ID] = &held{}
 		return
 	}
-	// In line still: a slot it was handed is spent.
-	h.woken, h.handed = false, false
+	if spent { // in line still
+		h.woken, h.handed = false, false
+	}
+}
+
+// joining makes c a waiter of this replica before the read that joins its
+// lines, so that a slot handed to it while the read is out (a release's
+// handoff that lands between the backend's join and the answer) is kept
+// for its hold, not lost until the poller's next read. Called with c.mu
+// held.
+func (s *Scope) joining(c *Call) {
+	s.line.mu.Lock()
+	defer s.line.mu.Unlock()
+	if s.line.held[c.ID] == nil {
+		s.line.held[c.ID] = &held{}
+	}
 }
 
 // leave takes c out of the line: its call ended or its client is gone.
@@ -95,7 +110,7 @@ func (s *Scope) leave(c *Call) {
 		return
 	}
 	sources := slices.Sorted(maps.Keys(c.places))
-	s.placed(c, nil)
+	s.placed(c, nil, false)
 	s.leaveLines(c, sources)
 }
 
@@ -129,7 +144,7 @@ func (s *Scope) admitted(c *Call, cands []gate.Candidate, adm gate.Admission) {
 		}
 		places[src] = p
 	}
-	s.placed(c, places)
+	s.placed(c, places, true)
 	if len(gone) > 0 {
 		s.leaveLines(c, gone)
 	}
@@ -152,7 +167,7 @@ func (s *Scope) joined(c *Call, joins []string, snap gate.Snapshot) {
 			places[v.Source] = v.Line.Place
 		}
 	}
-	s.placed(c, places)
+	s.placed(c, places, false)
 }
 
 // Forget takes a call the sidecar forgets (idle expiry) out of the line.

@@ -107,6 +107,7 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 		// call's own.
 		req := s.peekRequest(srcs, c.Tokens)
 		req.Line = &gate.LineRead{Lease: lineLease(cfg), Join: s.waiter(c, cfg), Joins: names}
+		s.joining(c)
 		// Not cancelled with the RPC (the backend bounds it): a read that
 		// joined and then failed to answer leaves those lines at once, so
 		// no place stays in the backend that this sidecar does not know it
@@ -117,7 +118,7 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 			for _, n := range names {
 				delete(places, n)
 			}
-			s.placed(c, places)
+			s.placed(c, places, false)
 			return d, false, false, err
 		}
 		s.joined(c, names, snap)

@@ -39,10 +39,14 @@ type waiter struct {
 
 	mu      sync.Mutex
 	holders []*holder // every caller between its ticket and the end of its hold
-	closed  bool
-	changes uint64 // breaker changes rung so far (the poller's backoff)
-	naps    naps   // the holds' ends, earliest first
-	timer   *time.Timer
+	// listeners are the holders a release may help: all but those held
+	// deaf to releases (see sleep), so that a release rings them without
+	// walking 10 000 callers held by their breakers.
+	listeners []*holder
+	closed    bool
+	changes   uint64 // breaker changes rung so far (the poller's backoff)
+	naps      naps   // the holds' ends, earliest first
+	timer     *time.Timer
 	// watchers count the callers held without a certain time (the poller
 	// runs while there is one); forCapacity those of them that a released
 	// permit would help (not refused by every breaker); quiet counts the
@@ -79,10 +83,10 @@ type holder struct {
 	inLine bool
 
 	// Guarded by waiter.mu.
-	deaf wake      // the wakes the hold ignores, not rung once it is held (see sleep)
-	end  time.Time // the nap's end
-	slot int       // index in waiter.holders (-1: released)
-	nap  int       // index in waiter.naps (-1: none)
+	end   time.Time // the nap's end
+	slot  int       // index in waiter.holders (-1: released)
+	heard int       // index in waiter.listeners (-1: deaf to releases, or released)
+	nap   int       // index in waiter.naps (-1: none)
 }
 
 func (h *holder) ring(why wake) {
@@ -130,10 +134,8 @@ func (w *waiter) ringAll(why wake) {
 		w.closed = true
 	}
 	if why == wakeFreed {
-		for _, h := range w.holders {
-			if h.deaf&why == 0 {
-				h.ring(why)
-			}
+		for _, h := range w.listeners {
+			h.ring(why)
 		}
 		return
 	}
@@ -141,11 +143,13 @@ func (w *waiter) ringAll(why wake) {
 	// under one lock, rather than one by one as 10 000 woken goroutines.
 	for i, h := range w.holders {
 		h.ring(why)
-		h.slot, h.nap = -1, -1
+		h.slot, h.heard, h.nap = -1, -1, -1
 		h.gone.Store(true)
 		w.holders[i] = nil
 	}
 	w.holders = w.holders[:0]
+	clear(w.listeners)
+	w.listeners = w.listeners[:0]
 	clear(w.naps)
 	w.naps = w.naps[:0]
 	if w.timer != nil {
@@ -159,8 +163,9 @@ func (w *waiter) ticket() *holder {
 	h := &holder{bell: make(chan struct{}, 1), nap: -1}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	h.slot = len(w.holders)
+	h.slot, h.heard = len(w.holders), len(w.listeners)
 	w.holders = append(w.holders, h)
+	w.listeners = append(w.listeners, h)
 	if w.closed {
 		h.ring(wakeClosed)
 	}
@@ -183,6 +188,7 @@ func (w *waiter) release(h *holder) {
 		w.holders = w.holders[:last]
 		h.slot = -1
 	}
+	w.unlisten(h)
 	if h.nap >= 0 {
 		heap.Remove(&w.naps, h.nap)
 		if len(w.naps) == 0 {
@@ -235,12 +241,27 @@ func (w *waiter) sleep(h *holder, d time.Duration, ignored wake) {
 		h.ring(wakeElapsed) // released: nothing else would end the hold
 		return
 	}
-	h.deaf = ignored
+	if ignored&wakeFreed != 0 {
+		w.unlisten(h)
+	}
 	h.end = time.Now().Add(d)
 	heap.Push(&w.naps, h)
 	if h.nap == 0 {
 		w.arm()
 	}
+}
+
+// unlisten takes h out of the listeners to releases. Called with mu held.
+func (w *waiter) unlisten(h *holder) {
+	if h.heard < 0 {
+		return
+	}
+	last := len(w.listeners) - 1
+	w.listeners[h.heard] = w.listeners[last]
+	w.listeners[h.heard].heard = h.heard
+	w.listeners[last] = nil
+	w.listeners = w.listeners[:last]
+	h.heard = -1
 }
 
 // arm sets the timer to the earliest end of a nap. Called with mu held.

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -219,8 +220,8 @@ func TestWaiterNapsShareOneTimer(t *testing.T) {
 		wg.Wait()
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		if len(w.holders) != 0 || len(w.naps) != 0 {
-			t.Fatalf("after every hold ended: %d holders and %d naps left", len(w.holders), len(w.naps))
+		if len(w.holders) != 0 || len(w.listeners) != 0 || len(w.naps) != 0 {
+			t.Fatalf("after every hold ended: %d holders, %d listeners and %d naps left", len(w.holders), len(w.listeners), len(w.naps))
 		}
 	})
 }
@@ -234,8 +235,8 @@ func TestWaiterTicketReleaseAndClose(t *testing.T) {
 		w.release(tk)
 		w.release(tk)
 		w.changed()
-		if n := len(w.holders); n != 0 {
-			t.Fatalf("%d holders after release", n)
+		if n, l := len(w.holders), len(w.listeners); n != 0 || l != 0 {
+			t.Fatalf("%d holders and %d listeners after release", n, l)
 		}
 		w.close()
 		start := time.Now()
@@ -343,7 +344,7 @@ func TestWaiterChangeEndsEveryHold(t *testing.T) {
 		synctest.Wait()
 		w.changed()
 		w.mu.Lock()
-		holders, naps := len(w.holders), len(w.naps)
+		holders, naps := len(w.holders)+len(w.listeners), len(w.naps)
 		w.mu.Unlock()
 		if holders != 0 || naps != 0 {
 			t.Fatalf("after a change: %d holders, %d naps left", holders, naps)
@@ -354,4 +355,26 @@ func TestWaiterChangeEndsEveryHold(t *testing.T) {
 			t.Fatalf("hold after a change since its ticket: woken %v after %v, want woken at once", woken, time.Since(start))
 		}
 	})
+}
+
+// BenchmarkWaiterFreedWithDeafHolders: a release with n callers held deaf
+// to releases (refused by every breaker, or in line) rings none of them and
+// walks none of them.
+//
+//	go test -run '^$' -bench WaiterFreed -benchmem ./policy/
+func BenchmarkWaiterFreedWithDeafHolders(b *testing.B) {
+	for _, n := range []int{0, 1000, 10000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			w := newWaiter(never, func() time.Duration { return time.Second })
+			defer w.close()
+			for range n {
+				h := w.ticket()
+				w.sleep(h, time.Hour, wakeFreed)
+			}
+			b.ResetTimer()
+			for range b.N {
+				w.freed()
+			}
+		})
+	}
 }

@@ -1,193 +1,158 @@
-package policy_test
+package policy
 
 import (
+	"context"
+	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
-
-	"github.com/polygate/polygate/policy"
 )
 
-// A waiting caller is woken as soon as what it waits for changes, and never
-// later than the computed sleep.
-func TestWaitersWakeOnChange(t *testing.T) {
-	t.Run("PermitReleased", func(t *testing.T) {
+// many holds with random naps, tickets taken before a
+// random read, callers that leave, and releases and breaker changes rung at
+// random moments. Every hold ends by its nap at the latest; one not woken and
+// not gone ends exactly at its nap; one woken was rung by something rung after
+// its ticket (a release only for a hold a release helps); and nothing is left
+// in the registry or the naps.
+func TestWaiterStress(t *testing.T) {
+	for seed := range uint64(20) {
 		synctest.Test(t, func(t *testing.T) {
-			s, _ := newScope(t, `
-backpressure: {poll_interval: 10s, stall_window: 300s}
-sources: [{name: only, max_concurrency: 1}]
-`)
-			holder := newCall(s)
-			g := grant(t, s, holder)
-			waiter := newCall(s)
-			pick(t, s, waiter)
+			w, _ := testWaiter(t, never)
+			r := rand.New(rand.NewPCG(seed, 1))
+			var changedStarted, changedDone, freedStarted, freedDone atomic.Int64
 			var wg sync.WaitGroup
-			var d policy.Decision
-			wg.Go(func() {
-				var err error
-				if d, err = s.OnNoRunnable(ctx(t), waiter); err != nil {
-					t.Error(err)
+			stop := make(chan struct{})
+			driver := rand.New(rand.NewPCG(seed, 2))
+			var dwg sync.WaitGroup
+			dwg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					case <-time.After(time.Duration(driver.IntN(50)) * time.Millisecond):
+					}
+					if driver.IntN(10) == 0 {
+						changedStarted.Add(1)
+						w.changed()
+						changedDone.Add(1)
+					} else {
+						freedStarted.Add(1)
+						w.freed()
+						freedDone.Add(1)
+					}
 				}
 			})
-			time.Sleep(time.Second)
-			record(t, s, holder, g, policy.Success)
+			for range 300 {
+				before := time.Duration(r.IntN(2000)) * time.Millisecond
+				read := time.Duration(r.IntN(3)) * time.Millisecond
+				nap := time.Duration(r.IntN(3000)) * time.Millisecond
+				circuit := r.IntN(2) == 0
+				leave := time.Duration(-1)
+				if r.IntN(5) == 0 {
+					leave = time.Duration(r.IntN(3000)) * time.Millisecond
+				}
+				wg.Go(func() {
+					time.Sleep(before)
+					cd0, fd0 := changedDone.Load(), freedDone.Load()
+					tk := w.ticket()
+					time.Sleep(read)
+					ctx := context.Background()
+					if leave >= 0 {
+						var cancel context.CancelFunc
+						ctx, cancel = context.WithTimeout(ctx, leave)
+						defer cancel()
+					}
+					start := time.Now()
+					woken, err := w.hold(ctx, tk, nap, circuit, false)
+					slept := time.Since(start)
+					cs1, fs1 := changedStarted.Load(), freedStarted.Load()
+					switch {
+					case slept > nap:
+						t.Errorf("hold of %v (circuit %v) ended after %v", nap, circuit, slept)
+					case err != nil:
+						if leave < 0 || slept != leave {
+							t.Errorf("hold of %v: error %v after %v, caller leaves at %v", nap, err, slept, leave)
+						}
+					case woken:
+						byChange := cs1 > cd0
+						byRelease := !circuit && fs1 > fd0
+						if !byChange && !byRelease {
+							t.Errorf("hold of %v (circuit %v) woken after %v with nothing rung since its ticket", nap, circuit, slept)
+						}
+					default:
+						if slept != nap {
+							t.Errorf("hold of %v (circuit %v) not woken, ended after %v", nap, circuit, slept)
+						}
+					}
+				})
+			}
 			wg.Wait()
-			if !d.Woken || d.Slept != time.Second || d.Sleep != 0 {
-				t.Fatalf("decision %+v, want woken after 1s", d)
-			}
-			if pick(t, s, waiter).Grant == nil {
-				t.Fatal("the woken caller was refused")
+			close(stop)
+			dwg.Wait()
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			if len(w.holders) != 0 || len(w.naps) != 0 {
+				t.Fatalf("%d holders, %d naps left", len(w.holders), len(w.naps))
 			}
 		})
-	})
+	}
+}
 
-	// A permit released between the refused Pick and OnNoRunnable (before the
-	// wake-ups were taken) is seen by OnNoRunnable's read: a wake-up, at once.
-	t.Run("ReleasedBeforeTheWait", func(t *testing.T) {
+// a slot the line hands a call is never lost, whatever the
+// moment it is handed (before the ticket, between attach and the hold, during
+// the hold, after the hold ended, after detach): once its hold is detached,
+// either that hold was woken, or the slot is kept for the next hold, which
+// then ends at once.
+func TestLineHandedSlotNeverLost(t *testing.T) {
+	for seed := range uint64(50) {
 		synctest.Test(t, func(t *testing.T) {
-			s, _ := newScope(t, `
-backpressure: {poll_interval: 10s, stall_window: 300s}
-sources: [{name: only, max_concurrency: 1}]
-`)
-			holder := newCall(s)
-			g := grant(t, s, holder)
-			waiter := newCall(s)
-			pick(t, s, waiter)
-			record(t, s, holder, g, policy.Success)
-			d, err := s.OnNoRunnable(ctx(t), waiter)
-			if err != nil {
-				t.Fatal(err)
+			w, _ := testWaiter(t, never)
+			l := newLine()
+			c := &Call{ID: "c-1"}
+			l.held[c.ID] = &held{}
+			r := rand.New(rand.NewPCG(seed, 3))
+			stop := make(chan struct{})
+			var dwg sync.WaitGroup
+			dr := rand.New(rand.NewPCG(seed, 4))
+			dwg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					case <-time.After(time.Duration(dr.IntN(30)) * time.Millisecond):
+					}
+					l.wake(c.ID)
+				}
+			})
+			for range 200 {
+				tk := w.ticket()
+				time.Sleep(time.Duration(r.IntN(3)) * time.Millisecond)
+				l.attach(c, tk)
+				woken, err := w.hold(context.Background(), tk, time.Duration(r.IntN(40))*time.Millisecond, false, false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.IntN(2) == 0 {
+					time.Sleep(time.Millisecond)
+				}
+				l.detach(c, tk)
+				w.release(tk)
+				l.mu.Lock()
+				h := l.held[c.ID]
+				if h.woken && !woken && !h.handed {
+					l.mu.Unlock()
+					t.Fatal("a slot handed to the call was lost: not woken, not kept")
+				}
+				if woken {
+					h.woken, h.handed = false, false // its Pick spends the slot (placed)
+				}
+				l.mu.Unlock()
+				time.Sleep(time.Duration(r.IntN(3)) * time.Millisecond)
 			}
-			if !d.Woken || d.Slept != 0 || d.Sleep != 0 {
-				t.Fatalf("decision %+v, want an immediate wake-up, not a hold", d)
-			}
+			close(stop)
+			dwg.Wait()
 		})
-	})
-
-	t.Run("ProbeSucceeded", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			s, _ := newScope(t, `
-circuit_open: wait
-backpressure: {poll_interval: 10s, stall_window: 300s}
-breaker: {fail_threshold: 1, cooldown: 5s}
-sources: [{name: only}]
-`)
-			fail(t, s, policy.Transient)
-			time.Sleep(5 * time.Second)
-			prober := newCall(s)
-			probe := grant(t, s, prober)
-			waiter := newCall(s)
-			pick(t, s, waiter) // probe_in_flight: no certain time, the caller is held
-			var wg sync.WaitGroup
-			var d policy.Decision
-			wg.Go(func() { d, _ = s.OnNoRunnable(ctx(t), waiter) })
-			time.Sleep(2 * time.Second)
-			record(t, s, prober, probe, policy.Success)
-			wg.Wait()
-			if !d.Woken || d.Slept != 2*time.Second {
-				t.Fatalf("decision %+v, want woken when the probe closed the breaker", d)
-			}
-		})
-	})
-
-	t.Run("ReleaseDoesNotWakeABreakerWait", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			s, _ := newScope(t, `
-circuit_open: wait
-backpressure: {poll_interval: 100ms, stall_window: 300s}
-breaker: {fail_threshold: 1, cooldown: 60s}
-sources: [{name: only, max_concurrency: 5}]
-`)
-			held := newCall(s)
-			g := grant(t, s, held) // admitted before the breaker opens
-			fail(t, s, policy.Transient)
-			waiter := newCall(s)
-			pick(t, s, waiter)
-			var wg sync.WaitGroup
-			var d policy.Decision
-			wg.Go(func() { d, _ = s.OnNoRunnable(ctx(t), waiter) })
-			time.Sleep(time.Second)
-			record(t, s, held, g, policy.Success) // stale for the breaker, frees a slot
-			wg.Wait()
-			if d.Woken || d.Slept != 60*time.Second+75*time.Millisecond {
-				t.Fatalf("decision %+v, want the whole cooldown slept", d)
-			}
-		})
-	})
-
-	// What no local signal reports — here a lease that expires, as a slot
-	// freed on another replica would be — the scope's poller notices within
-	// one poll interval.
-	t.Run("PollerNoticesAnExpiredLease", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			s, _ := newScope(t, `
-backpressure: {poll_interval: 100ms, stall_window: 300s}
-lease_grace: 0s
-sources: [{name: only, max_concurrency: 1, timeout: 10s}]
-`)
-			grant(t, s, newCall(s)) // never settled: its lease ends at 10s
-			waiter := newCall(s)
-			pick(t, s, waiter)
-			d, err := s.OnNoRunnable(ctx(t), waiter)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !d.Woken || d.Slept < 10*time.Second || d.Slept > 10*time.Second+100*time.Millisecond {
-				t.Fatalf("decision %+v, want woken within one poll interval of the lease's end at 10s", d)
-			}
-			if pick(t, s, waiter).Grant == nil {
-				t.Fatal("the woken caller was refused")
-			}
-		})
-	})
-
-	t.Run("PollerNoticesAnExpiredProbeLease", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			s, _ := newScope(t, `
-circuit_open: wait
-backpressure: {poll_interval: 100ms, stall_window: 300s}
-breaker: {fail_threshold: 1, cooldown: 5s, probe_ttl: 30s}
-sources: [{name: only}]
-`)
-			fail(t, s, policy.Transient)
-			time.Sleep(5 * time.Second)
-			grant(t, s, newCall(s)) // the probe, never reported
-			waiter := newCall(s)
-			pick(t, s, waiter)
-			d, _ := s.OnNoRunnable(ctx(t), waiter)
-			// Every held caller is refused by the breaker: the poller backs
-			// off while its reads find nothing, up to one second.
-			if !d.Woken || d.Slept < 30*time.Second || d.Slept > 31*time.Second {
-				t.Fatalf("decision %+v, want woken within a second of the probe lease's end", d)
-			}
-			if g := pick(t, s, waiter).Grant; g == nil || !g.Permit.Probe {
-				t.Fatalf("after the lease ran out the waiter should take the new probe, got %+v", g)
-			}
-		})
-	})
-
-	t.Run("CallerDeadlineLeavesTheRest", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			s, _ := newScope(t, `
-circuit_open: wait
-breaker: {fail_threshold: 1, cooldown: 60s}
-sources: [{name: only}]
-`)
-			fail(t, s, policy.Transient)
-			c := newCall(s)
-			pick(t, s, c)
-			rpc, cancel := contextWithTimeout(t, 10*time.Second)
-			defer cancel()
-			d, err := s.OnNoRunnable(rpc, c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			// The RPC deadline cuts the server-side sleep (answering 50ms
-			// early); the caller sleeps the rest itself.
-			if d.Slept != 10*time.Second-50*time.Millisecond || d.Sleep != 60*time.Second+38*time.Millisecond-d.Slept {
-				t.Fatalf("decision %+v", d)
-			}
-		})
-	})
+	}
 }
