@@ -5,7 +5,8 @@
 -- keys: SCOPE_KEYS, then SRC_KEYS per candidate, then LINE_KEYS per candidate.
 -- argv: ADMIT, then CAND per candidate (n of them), then WAITER, then PLACE
 -- per candidate.
--- Reply ADMIT_R: rejections are REJ records, events EV records.
+-- Reply ADMIT_R: rejections are REJ records, events EV records, the line's
+-- places PLACE_R records (each list their concatenation).
 
 -- unmarked: the scope's marker is not the one this replica last saw (h.seen;
 -- "" before its first look, "*" for a scope it keeps no record of): Redis
@@ -17,30 +18,33 @@ local function unmarked(s, h)
 end
 
 -- twin: gate.(*SourceState).Admit
-local function admit(keys, argv)
-  local h = read(ADMIT, argv, 0)
-  local s = read(SCOPE_KEYS, keys, 0)
+-- Its keys start after keys[ko], its arguments after argv[ao] (0 in a call
+-- of its own; a batch's ops read theirs in place).
+local function admit(keys, argv, ko, ao)
+  local h = read(ADMIT, argv, ao)
+  local s = read(SCOPE_KEYS, keys, ko)
   if unmarked(s, h) then
     return redis.error_reply('UNMARKED the scope\'s marker changed: re-assert, then admit again')
   end
   local now = now_ms(h.now)
-  local _, w = line_of(keys, h.n, 1, argv, ADMIT, CAND, h.n, WAITER)
+  local wbase = ao + block(ADMIT, CAND, h.n + 1)
+  local w = on_block(WAITER, argv, wbase)
   -- The waiter's line of candidate i, its place there, and whether the
   -- line was empty and it had none (it is not in line after the walk
   -- either: l_after is skipped).
   local lines, nobody, reached = {}, {}, {}
   local function line(i)
     if lines[i] == nil then
-      lines[i] = line_of(keys, h.n, i, argv, ADMIT, CAND, h.n, WAITER)
+      lines[i] = line_keys(keys, ko, h.n, i)
     end
-    w.place = read(PLACE, argv, ADMIT.WIDTH + CAND.WIDTH * h.n + WAITER.WIDTH + PLACE.WIDTH * (i - 1)).place
+    w.place = read(PLACE, argv, wbase + WAITER.WIDTH + PLACE.WIDTH * (i - 1)).place
     return lines[i]
   end
   local granted, probe, epoch = 0, 0, 0
-  local rejections, events, refused = {}, {}, {}
+  local rejections, events, refused = '', '', {}
   for i = 1, h.n do
-    local c = read(CAND, argv, block(ADMIT, CAND, i))
-    local q = src_keys(keys, SCOPE_KEYS, i)
+    local c = read(CAND, argv, ao + block(ADMIT, CAND, i))
+    local q = src_keys(keys, ko + SCOPE_KEYS.WIDTH, i)
     local passed = true
     reached[i] = true
     if w then
@@ -52,16 +56,16 @@ local function admit(keys, argv)
       reason, wait = q_check(q, b, c, c.ceiling, h.tokens, now)
     end
     if reason ~= R_NONE then
-      rejections[#rejections + 1] = pack(REJ, { src = i, reason = reason, retry = wait })
+      rejections = rejections .. pack(REJ, { src = i, reason = reason, retry = wait })
       refused[i] = reason
     else
       local entry, evs = b_enter(b, c, h.permit, now)
       for _, e in ipairs(evs) do
-        events[#events + 1] = ev_reply(i, e)
+        events = events .. ev_reply(i, e)
         announce(h.channel, h.scope, c.name, e)
       end
       if not entry.allowed then
-        rejections[#rejections + 1] = pack(REJ, { src = i, reason = entry.reason, retry = entry.wait })
+        rejections = rejections .. pack(REJ, { src = i, reason = entry.reason, retry = entry.wait })
         refused[i] = entry.reason
       else
         q_take(q, b, c, h.permit, h.tokens, now)
@@ -77,10 +81,10 @@ local function admit(keys, argv)
   -- inmem's after: a grant leaves every line, a refusal for capacity keeps
   -- the source's place, a breaker's refusal leaves the source's line. A
   -- candidate the walk did not reach is asked only when w has a place there.
-  local places = {}
+  local places = ''
   if w then
     for i = 1, h.n do
-      places[i] = ''
+      local place = ''
       local k = not nobody[i] and line(i)
       if k and (reached[i] or w.place ~= '') then
         if granted ~= 0 and granted ~= i then
@@ -89,9 +93,10 @@ local function admit(keys, argv)
             l_remove(k, e)
           end
         else
-          places[i] = l_after(k, w, granted == i, l_capacity(refused[i]))
+          place = l_after(k, w, granted == i, l_capacity(refused[i]))
         end
       end
+      places = places .. pack(PLACE_R, { place = place })
     end
   end
   return pack(ADMIT_R, {

@@ -17,25 +17,18 @@ local BATCH_FNS = { [OP_ADMIT] = admit, [OP_SETTLE] = settle }
 local function batch_run(keys, argv)
   local h = read(BATCH, argv, 0)
   now_ms(h.now)
-  local out, ki, ai = {}, 0, BATCH.WIDTH
+  local out, ko, ao = {}, 0, BATCH.WIDTH
   for i = 1, h.n do
-    local o = read(BATCH_OP, argv, ai)
-    ai = ai + BATCH_OP.WIDTH
-    local k, a = {}, {}
-    for j = 1, o.keys do
-      k[j] = keys[ki + j]
-    end
-    for j = 1, o.args do
-      a[j] = argv[ai + j]
-    end
-    ki, ai = ki + o.keys, ai + o.args
+    local o = read(BATCH_OP, argv, ao)
+    ao = ao + BATCH_OP.WIDTH
     local fn = BATCH_FNS[o.kind]
     local ok, r
     if fn then
-      ok, r = pcall(fn, k, a)
+      ok, r = pcall(fn, keys, argv, ko, ao) -- its keys and arguments read in place
     else
       ok, r = false, 'unknown op kind ' .. tostring(o.kind)
     end
+    ko, ao = ko + o.keys, ao + o.args
     if ok then
       out[i] = r
     elseif type(r) == 'table' and r.err then

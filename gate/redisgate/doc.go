@@ -37,7 +37,12 @@
 // view, an event, ...) is described once, in layout.go: a table of named
 // fields from which both the Go side (packing arguments, parsing replies)
 // and the Lua side (the prelude's LAYOUT.read and LAYOUT.pack, which turn a
-// block into a table of named fields and back) are made. Lua never counts
+// block into a table of named fields and back) are made. Argument blocks
+// and the hot replies (admit's, settle's, and the records in them) are
+// packed: one string each, which Lua reads and writes with one struct call
+// and Redis passes as one bulk string; the Go parser of a packed reply
+// refuses a short one, one longer than its record, and a number that is
+// no integer. Lua never counts
 // a position by hand (a test greps the sources), and every Lua function
 // that follows a Go function names it in a "twin:" comment that a test
 // checks against package gate.

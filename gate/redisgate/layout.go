@@ -111,28 +111,108 @@ func embed[T, U any](l args[U], part func(*T) *U) []arg[T] {
 // ret is one element of a reply record and how it is read into T.
 type ret[T any] struct {
 	name string
-	get  func(*parser, any, *T)
+	get  getter[T]
 }
 
-// reply is a reply record of layout id.
+// getter reads a reply element into T. In a packed record (reply.packed) an
+// element is a number (a little-endian double, which read gets as an int64)
+// or, if str, a string (a 4-byte length and its bytes); a nested record or
+// list is a string too.
+type getter[T any] struct {
+	read func(*parser, any, *T)
+	str  bool
+}
+
+// reply is a reply record of layout id: an array of its fields, or with
+// packed one string (see packed).
 type reply[T any] struct {
 	id     string
 	fields []ret[T]
+	packed bool
+}
+
+func newReply[T any](id string, fields []ret[T]) reply[T] {
+	return reply[T]{id: id, fields: fields}
+}
+
+// packedReply is a packed record: Lua's L.pack(t) is one struct.pack of its
+// fields in layout order (as an argument block's: a number a little-endian
+// double, a string a 4-byte length and its bytes), a list of packed records
+// is their concatenation, and Redis turns the whole reply into one bulk
+// string instead of converting an array element by element.
+func packedReply[T any](id string, fields []ret[T]) reply[T] {
+	return reply[T]{id: id, fields: fields, packed: true}
 }
 
 // parse reads one record; a short or malformed one fails p.
 func (l reply[T]) parse(p *parser, v any) T {
+	if l.packed {
+		out, rest := l.unpack(p, p.str(v))
+		if rest != "" && p.err == nil {
+			p.fail("%s: %d bytes past its end", l.id, len(rest))
+		}
+		return out
+	}
 	var out T
 	a := p.array(v, len(l.fields))
 	for i, f := range l.fields {
-		f.get(p, a[i], &out)
+		f.get.read(p, a[i], &out)
 	}
 	return out
 }
 
-// list reads an array of records; nil when there are none.
+// unpack reads one packed record from the start of s and returns the rest.
+// A number must be an integer within int64; a string's length within s.
+func (l reply[T]) unpack(p *parser, s string) (T, string) {
+	var out T
+	for _, f := range l.fields {
+		if p.err != nil {
+			break
+		}
+		var v any
+		if f.get.str {
+			if len(s) < 4 {
+				p.fail("%s.%s: short: %d bytes left, want a length of 4", l.id, f.name, len(s))
+				break
+			}
+			n := uint64(binary.LittleEndian.Uint32([]byte(s[:4])))
+			if n > uint64(len(s)-4) {
+				p.fail("%s.%s: a string of %d bytes, %d left", l.id, f.name, n, len(s)-4)
+				break
+			}
+			v, s = s[4:4+n], s[4+n:]
+		} else {
+			if len(s) < 8 {
+				p.fail("%s.%s: short: %d bytes left, want a number of 8", l.id, f.name, len(s))
+				break
+			}
+			x := math.Float64frombits(binary.LittleEndian.Uint64([]byte(s[:8])))
+			if x != math.Trunc(x) || x < math.MinInt64 || x >= math.MaxInt64 {
+				p.fail("%s.%s: %v is not an integer within int64", l.id, f.name, x)
+				break
+			}
+			v, s = int64(x), s[8:]
+		}
+		f.get.read(p, v, &out)
+	}
+	if p.err != nil {
+		return out, ""
+	}
+	return out, s
+}
+
+// list reads an array of records (packed: their concatenation); nil when
+// there are none.
 func (l reply[T]) list(p *parser, v any) []T {
 	var out []T
+	if l.packed {
+		for s := p.str(v); s != "" && p.err == nil; {
+			var r T
+			r, s = l.unpack(p, s)
+			out = append(out, r)
+		}
+		return out
+	}
 	for _, e := range p.array(v, 0) {
 		out = append(out, l.parse(p, e))
 	}
@@ -140,9 +220,12 @@ func (l reply[T]) list(p *parser, v any) []T {
 }
 
 func (l reply[T]) lua() luaLayout {
-	ll := luaLayout{id: l.id}
+	ll := luaLayout{id: l.id, bin: l.packed}
 	for _, f := range l.fields {
 		ll.names = append(ll.names, f.name)
+		if f.get.str {
+			ll.strs = append(ll.strs, f.name)
+		}
 	}
 	return ll
 }
@@ -205,7 +288,8 @@ func (l luaLayout) write(b *strings.Builder) {
 
 // writeBin defines a binary layout's table: read(argv, base) unpacks the
 // block argv[base + 1] into a table of named fields, pack(t) packs t's
-// named fields into one string.
+// named fields into one string, and for a block whose first field is on,
+// on(argv, base) says whether it is 1.
 func (l luaLayout) writeBin(b *strings.Builder) {
 	fmt.Fprintf(b, "local %s = {ID = %q, WIDTH = 1, FMT = %q}\n", l.id, l.id, l.format())
 	var vars, named, packed []string
@@ -221,6 +305,10 @@ func (l luaLayout) writeBin(b *strings.Builder) {
 	fmt.Fprintf(b, "%s.read = function(argv, base)\n  local %s = struct.unpack(%s.FMT, argv[base + 1])\n  return {%s}\nend\n",
 		l.id, strings.Join(vars, ", "), l.id, strings.Join(named, ", "))
 	fmt.Fprintf(b, "%s.pack = function(t)\n  return struct.pack(%s.FMT, %s)\nend\n", l.id, l.id, strings.Join(packed, ", "))
+	if len(l.names) > 0 && l.names[0] == "on" && !slices.Contains(l.strs, "on") {
+		// A block that may be off: on(argv, base) reads its first field alone.
+		fmt.Fprintf(b, "%s.on = function(argv, base)\n  return struct.unpack('<d', argv[base + 1]) == 1\nend\n", l.id)
+	}
 }
 
 // ---------------------------------------------------------------- keys
@@ -589,21 +677,30 @@ func concat[T any](parts ...[]arg[T]) []arg[T] {
 
 // ---------------------------------------------------------------- replies
 
-func getInt[T any](set func(*T, int64)) func(*parser, any, *T) {
-	return func(p *parser, v any, t *T) { set(t, p.int(v)) }
+func getInt[T any](set func(*T, int64)) getter[T] {
+	return getter[T]{read: func(p *parser, v any, t *T) { set(t, p.int(v)) }}
 }
 
-func getStr[T any](set func(*T, string)) func(*parser, any, *T) {
-	return func(p *parser, v any, t *T) { set(t, p.str(v)) }
+func getUint[T any](set func(*T, uint64)) getter[T] {
+	return getter[T]{read: func(p *parser, v any, t *T) { set(t, p.uint(v)) }}
+}
+
+func getStr[T any](set func(*T, string)) getter[T] {
+	return getter[T]{read: func(p *parser, v any, t *T) { set(t, p.str(v)) }, str: true}
+}
+
+// nested reads a nested record or list (in a packed record, a string).
+func nested[T any](read func(*parser, any, *T)) getter[T] {
+	return getter[T]{read: read, str: true}
 }
 
 // breakerView is a gate.BreakerView (durations in ms, probe_out 0/1).
-var breakerView = reply[gate.BreakerView]{"BV", []ret[gate.BreakerView]{
+var breakerView = packedReply("BV", []ret[gate.BreakerView]{
 	{"state", getInt(func(b *gate.BreakerView, v int64) { b.State = gate.State(v) })},
 	{"override", getInt(func(b *gate.BreakerView, v int64) { b.Override = gate.Override(v) })},
 	{"actor", getStr(func(b *gate.BreakerView, v string) { b.Actor = v })},
 	{"why", getStr(func(b *gate.BreakerView, v string) { b.Why = v })},
-	{"epoch", func(p *parser, v any, b *gate.BreakerView) { b.Epoch = p.uint(v) }},
+	{"epoch", getUint(func(b *gate.BreakerView, v uint64) { b.Epoch = v })},
 	{"reopens", getInt(func(b *gate.BreakerView, v int64) { b.Reopens = int(v) })},
 	{"reason", getInt(func(b *gate.BreakerView, v int64) { b.Reason = gate.Reason(v) })},
 	{"retry", getInt(func(b *gate.BreakerView, v int64) { b.RetryAfter = ms(v) })},
@@ -613,14 +710,14 @@ var breakerView = reply[gate.BreakerView]{"BV", []ret[gate.BreakerView]{
 	{"fails", getInt(func(b *gate.BreakerView, v int64) { b.Fails = v })},
 	{"consecutive", getInt(func(b *gate.BreakerView, v int64) { b.Consecutive = int(v) })},
 	{"cause", getInt(func(b *gate.BreakerView, v int64) { b.Cause = gate.OpenCause(v) })},
-}}
+})
 
 // quotaView is a gate.QuotaView.
-var quotaView = reply[gate.QuotaView]{"QV", []ret[gate.QuotaView]{
+var quotaView = newReply("QV", []ret[gate.QuotaView]{
 	{"in_flight", getInt(func(q *gate.QuotaView, v int64) { q.InFlight = int(v) })},
 	{"requests", getInt(func(q *gate.QuotaView, v int64) { q.Requests = v })},
 	{"tokens", getInt(func(q *gate.QuotaView, v int64) { q.Tokens = v })},
-}}
+})
 
 // indexed is a record that names its source by index (the candidate's, from
 // 1; 1 in a one-source reply).
@@ -630,32 +727,32 @@ type indexed[T any] struct {
 }
 
 // eventReply is a gate.Event with the source as an index.
-var eventReply = reply[indexed[gate.Event]]{"EV", []ret[indexed[gate.Event]]{
+var eventReply = packedReply("EV", []ret[indexed[gate.Event]]{
 	{"src", getInt(func(e *indexed[gate.Event], v int64) { e.src = v })},
 	{"kind", getInt(func(e *indexed[gate.Event], v int64) { e.v.Kind = gate.EventKind(v) })},
 	{"from", getInt(func(e *indexed[gate.Event], v int64) { e.v.From = gate.State(v) })},
 	{"to", getInt(func(e *indexed[gate.Event], v int64) { e.v.To = gate.State(v) })},
 	{"cause", getInt(func(e *indexed[gate.Event], v int64) { e.v.Cause = gate.Cause(v) })},
-	{"epoch", func(p *parser, v any, e *indexed[gate.Event]) { e.v.Epoch = p.uint(v) }},
+	{"epoch", getUint(func(e *indexed[gate.Event], v uint64) { e.v.Epoch = v })},
 	{"reopens", getInt(func(e *indexed[gate.Event], v int64) { e.v.Reopens = int(v) })},
 	{"cooldown", getInt(func(e *indexed[gate.Event], v int64) { e.v.Cooldown = ms(v) })},
 	{"permit", getStr(func(e *indexed[gate.Event], v string) { e.v.PermitID = v })},
 	{"override", getInt(func(e *indexed[gate.Event], v int64) { e.v.Override = gate.Override(v) })},
 	{"actor", getStr(func(e *indexed[gate.Event], v string) { e.v.Actor = v })},
 	{"why", getStr(func(e *indexed[gate.Event], v string) { e.v.Why = v })},
-}}
+})
 
 // rejection is a gate.Rejection with the source as an index; a verdict
 // (peek) is the same record without the index.
-var rejection = reply[indexed[gate.Rejection]]{"REJ", []ret[indexed[gate.Rejection]]{
+var rejection = packedReply("REJ", []ret[indexed[gate.Rejection]]{
 	{"src", getInt(func(r *indexed[gate.Rejection], v int64) { r.src = v })},
 	{"reason", getInt(func(r *indexed[gate.Rejection], v int64) { r.v.Reason = gate.Reason(v) })},
 	{"retry", getInt(func(r *indexed[gate.Rejection], v int64) { r.v.RetryAfter = ms(v) })},
-}}
+})
 
 // raw keeps a reply element for a nested layout to read.
-func raw[T any](set func(*T, any)) func(*parser, any, *T) {
-	return func(_ *parser, v any, t *T) { set(t, v) }
+func raw[T any](set func(*T, any)) getter[T] {
+	return nested(func(_ *parser, v any, t *T) { set(t, v) })
 }
 
 // clockReply is the time pair every reply but override's ends with.
@@ -671,16 +768,16 @@ type admitOut struct {
 	line            lineAdmit
 }
 
-var admitReply = reply[admitOut]{"ADMIT_R", []ret[admitOut]{
+var admitReply = packedReply("ADMIT_R", []ret[admitOut]{
 	{"granted", getInt(func(r *admitOut, v int64) { r.granted = v })},
 	{"probe", getInt(func(r *admitOut, v int64) { r.probe = v })},
-	{"epoch", func(p *parser, v any, r *admitOut) { r.epoch = p.uint(v) }},
+	{"epoch", getUint(func(r *admitOut, v uint64) { r.epoch = v })},
 	{"rejections", raw(func(r *admitOut, v any) { r.rejections = v })},
 	{"events", raw(func(r *admitOut, v any) { r.evs = v })},
 	{"progress", getInt(func(r *admitOut, v int64) { r.clock.progress = v })},
 	{"now", getInt(func(r *admitOut, v int64) { r.clock.now = v })},
-	{"line", func(p *parser, v any, r *admitOut) { r.line = lineAdmitReply.parse(p, v) }},
-}}
+	{"line", nested(func(p *parser, v any, r *admitOut) { r.line = lineAdmitReply.parse(p, v) })},
+})
 
 type settleOut struct {
 	released, effect int64
@@ -689,7 +786,7 @@ type settleOut struct {
 	handoff          string
 }
 
-var settleReply = reply[settleOut]{"SETTLE_R", []ret[settleOut]{
+var settleReply = packedReply("SETTLE_R", []ret[settleOut]{
 	{"released", getInt(func(r *settleOut, v int64) { r.released = v })},
 	{"effect", getInt(func(r *settleOut, v int64) { r.effect = v })},
 	{"events", raw(func(r *settleOut, v any) { r.evs = v })},
@@ -697,36 +794,36 @@ var settleReply = reply[settleOut]{"SETTLE_R", []ret[settleOut]{
 	{"progress", getInt(func(r *settleOut, v int64) { r.clock.progress = v })},
 	{"now", getInt(func(r *settleOut, v int64) { r.clock.now = v })},
 	{"handoff", getStr(func(r *settleOut, v string) { r.handoff = v })},
-}}
+})
 
 type peekOut struct {
 	clock   clockReply
 	sources any
 }
 
-var peekReply = reply[peekOut]{"PEEK_R", []ret[peekOut]{
+var peekReply = newReply("PEEK_R", []ret[peekOut]{
 	{"progress", getInt(func(r *peekOut, v int64) { r.clock.progress = v })},
 	{"now", getInt(func(r *peekOut, v int64) { r.clock.now = v })},
 	{"sources", raw(func(r *peekOut, v any) { r.sources = v })},
-}}
+})
 
 // peekSource is one source of a peek reply: views and Admit's verdict now.
-var peekSource = reply[gate.SourceView]{"PEEK_SRC_R", []ret[gate.SourceView]{
-	{"breaker", func(p *parser, v any, s *gate.SourceView) { s.Breaker = breakerView.parse(p, v) }},
-	{"quota", func(p *parser, v any, s *gate.SourceView) { s.Quota = quotaView.parse(p, v) }},
+var peekSource = newReply("PEEK_SRC_R", []ret[gate.SourceView]{
+	{"breaker", nested(func(p *parser, v any, s *gate.SourceView) { s.Breaker = breakerView.parse(p, v) })},
+	{"quota", nested(func(p *parser, v any, s *gate.SourceView) { s.Quota = quotaView.parse(p, v) })},
 	{"reason", getInt(func(s *gate.SourceView, v int64) { s.Verdict.Reason = gate.Reason(v) })},
 	{"retry", getInt(func(s *gate.SourceView, v int64) { s.Verdict.RetryAfter = ms(v) })},
-	{"line", func(p *parser, v any, s *gate.SourceView) { s.Line = lineReply.parse(p, v) }},
-}}
+	{"line", nested(func(p *parser, v any, s *gate.SourceView) { s.Line = lineReply.parse(p, v) })},
+})
 
 type overrideOut struct{ evs, breaker, quota any }
 
-var overrideReply = reply[overrideOut]{"OVERRIDE_R", []ret[overrideOut]{
+var overrideReply = newReply("OVERRIDE_R", []ret[overrideOut]{
 	{"events", raw(func(r *overrideOut, v any) { r.evs = v })},
 	{"breaker", raw(func(r *overrideOut, v any) { r.breaker = v })},
 	{"quota", raw(func(r *overrideOut, v any) { r.quota = v })},
 	{"now", raw(func(*overrideOut, any) {})},
-}}
+})
 
 type restoreOut struct {
 	lost, restored int64
@@ -735,11 +832,11 @@ type restoreOut struct {
 
 // restoreReply: whether the marker was missing or not the one seen (0/1),
 // how many breakers were written, and the marker now.
-var restoreReply = reply[restoreOut]{"RESTORE_R", []ret[restoreOut]{
+var restoreReply = newReply("RESTORE_R", []ret[restoreOut]{
 	{"lost", getInt(func(r *restoreOut, v int64) { r.lost = v })},
 	{"restored", getInt(func(r *restoreOut, v int64) { r.restored = v })},
 	{"marker", getStr(func(r *restoreOut, v string) { r.marker = v })},
-}}
+})
 
 // announced is an announcement: its format version, scope, and event.
 type announced struct {
@@ -750,7 +847,7 @@ type announced struct {
 
 // announcement is what lib.lua's announce publishes (as a JSON array) and
 // Subscribe reads.
-var announcement = reply[announced]{"ANN", []ret[announced]{
+var announcement = newReply("ANN", []ret[announced]{
 	{"version", getInt(func(a *announced, v int64) { a.version = v })},
 	{"scope", getStr(func(a *announced, v string) { a.scope = v })},
 	{"source", getStr(func(a *announced, v string) { a.e.Source = v })},
@@ -758,13 +855,13 @@ var announcement = reply[announced]{"ANN", []ret[announced]{
 	{"from", getInt(func(a *announced, v int64) { a.e.From = gate.State(v) })},
 	{"to", getInt(func(a *announced, v int64) { a.e.To = gate.State(v) })},
 	{"cause", getInt(func(a *announced, v int64) { a.e.Cause = gate.Cause(v) })},
-	{"epoch", func(p *parser, v any, a *announced) { a.e.Epoch = p.uint(v) }},
+	{"epoch", getUint(func(a *announced, v uint64) { a.e.Epoch = v })},
 	{"reopens", getInt(func(a *announced, v int64) { a.e.Reopens = int(v) })},
 	{"cooldown", getInt(func(a *announced, v int64) { a.e.Cooldown = ms(v) })},
 	{"override", getInt(func(a *announced, v int64) { a.e.Override = gate.Override(v) })},
 	{"actor", getStr(func(a *announced, v string) { a.e.Actor = v })},
 	{"why", getStr(func(a *announced, v string) { a.e.Why = v })},
-}}
+})
 
 // luaLayouts are the layouts the prelude defines.
 func luaLayouts() []luaLayout {

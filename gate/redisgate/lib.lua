@@ -100,9 +100,12 @@ local function block(H, L, i)
   return H.WIDTH + L.WIDTH * (i - 1)
 end
 
--- pack is the reply array of layout L from t's named fields: L.pack,
--- generated with the layout. Every field is a number, a string or an
--- array: a boolean would not survive the reply.
+-- pack is the reply record of layout L from t's named fields: L.pack,
+-- generated with the layout. A packed record (admit's and settle's replies,
+-- the breaker view, events, rejections; see layout.go's packedReply) is one
+-- string, its numbers and strings in layout order, a list of them their
+-- concatenation; another record is an array. Every field is a number, a
+-- string or an array: a boolean would not survive the reply.
 local function pack(L, t)
   return L.pack(t)
 end
@@ -645,14 +648,11 @@ end
 -- admission order, as in Go's log.
 local SLACK = 1000 -- ms a quota key outlives the minute it holds
 
--- src_keys are the keys of the i-th source (from 1) after the head block H
--- of keys: {state, log, data}, also the quota's q.
-local function src_keys(keys, H, i)
-  return read(SRC_KEYS, keys, block(H, SRC_KEYS, i))
+-- src_keys are the keys of the i-th source (from 1) of the source blocks
+-- that start after keys[base]: {state, log, data}, also the quota's q.
+local function src_keys(keys, base, i)
+  return read(SRC_KEYS, keys, base + SRC_KEYS.WIDTH * (i - 1))
 end
-
--- NO_KEYS is the empty head block of keys.
-local NO_KEYS = { WIDTH = 0 }
 
 -- twin: gate.addTokens
 -- A token count saturating at [0, MAX_TOKEN_SUM], so that no
@@ -903,16 +903,19 @@ end
 -- word of a replica.
 local LINE_TTL = 4
 
--- line_of is the i-th line's keys (from 1) after nkeys source blocks of
--- keys, and the block of layout L that follows n blocks of layout B after
--- the head H of argv, when it is on (nil otherwise).
-local function line_of(keys, nkeys, i, argv, H, B, n, L)
-  local k = read(LINE_KEYS, keys, block(SCOPE_KEYS, SRC_KEYS, nkeys + 1) + LINE_KEYS.WIDTH * (i - 1))
-  local a = read(L, argv, H.WIDTH + B.WIDTH * n)
-  if a.on ~= 1 then
-    return k, nil
+-- line_keys are the i-th line's keys (from 1) in a call whose keys after
+-- keys[ko] are the scope's, n source blocks, then the lines'.
+local function line_keys(keys, ko, n, i)
+  return read(LINE_KEYS, keys, ko + block(SCOPE_KEYS, SRC_KEYS, n + 1) + LINE_KEYS.WIDTH * (i - 1))
+end
+
+-- on_block is the block of layout L that starts after argv[base] when its
+-- field on is 1 (L.on reads that field alone), nil otherwise.
+local function on_block(L, argv, base)
+  if not L.on(argv, base) then
+    return nil
   end
-  return k, a
+  return read(L, argv, base)
 end
 
 local function l_parse(r)

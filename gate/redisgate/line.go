@@ -139,35 +139,36 @@ type lineAdmit struct {
 	places []string
 }
 
-var lineAdmitReply = reply[lineAdmit]{"LINE_ADMIT_R", []ret[lineAdmit]{
-	{"places", func(p *parser, v any, r *lineAdmit) {
-		for _, s := range p.array(v, 0) {
-			r.places = append(r.places, p.str(s))
-		}
-	}},
-}}
+var lineAdmitReply = packedReply("LINE_ADMIT_R", []ret[lineAdmit]{
+	{"places", nested(func(p *parser, v any, r *lineAdmit) { r.places = placeReply.list(p, v) })},
+})
 
-var lineReply = reply[gate.LineView]{"LINE_R", []ret[gate.LineView]{
+// placeReply is one place of LINE_ADMIT_R's list.
+var placeReply = packedReply("PLACE_R", []ret[string]{
+	{"place", getStr(func(s *string, v string) { *s = v })},
+})
+
+var lineReply = newReply("LINE_R", []ret[gate.LineView]{
 	{"length", getInt(func(r *gate.LineView, v int64) { r.Length = int(v) })},
 	{"place", getStr(func(r *gate.LineView, v string) { r.Place = v })},
-	{"wake", func(p *parser, v any, r *gate.LineView) {
+	{"wake", nested(func(p *parser, v any, r *gate.LineView) {
 		for _, id := range p.array(v, 0) {
 			r.Wake = append(r.Wake, p.str(id))
 		}
-	}},
+	})},
 	{"head", getStr(func(r *gate.LineView, v string) { r.Head = v })},
 	{"oldest", getInt(func(r *gate.LineView, v int64) { r.Oldest = ms(v) })},
-	{"groups", func(p *parser, v any, r *gate.LineView) {
+	{"groups", nested(func(p *parser, v any, r *gate.LineView) {
 		r.Groups = lineGroup.list(p, v)
 		gate.SortGroups(r.Groups)
-	}},
-}}
+	})},
+})
 
-var lineGroup = reply[gate.LineGroup]{"LINE_GROUP", []ret[gate.LineGroup]{
+var lineGroup = newReply("LINE_GROUP", []ret[gate.LineGroup]{
 	{"priority", getInt(func(g *gate.LineGroup, v int64) { g.Priority = int32(v) })},
 	{"tenant", getStr(func(g *gate.LineGroup, v string) { g.Tenant = v })},
 	{"waiting", getInt(func(g *gate.LineGroup, v int64) { g.Waiting = int(v) })},
-}}
+})
 
 // leaveArgs is the whole leave call.
 var leaveArgs = args[gate.LeaveRequest]{"LEAVE", []arg[gate.LeaveRequest]{
@@ -176,7 +177,7 @@ var leaveArgs = args[gate.LeaveRequest]{"LEAVE", []arg[gate.LeaveRequest]{
 
 // lineLayouts are the line's layouts, for the prelude.
 func lineLayouts() []luaLayout {
-	return []luaLayout{lineKeys.lua(), waiterArgs.lua(), placeArgs.lua(), joinArgs.lua(), lineReadArgs.lua(), handoffArgs.lua(), lineAdmitReply.lua(), lineReply.lua(), lineGroup.lua(), leaveArgs.lua()}
+	return []luaLayout{lineKeys.lua(), waiterArgs.lua(), placeArgs.lua(), joinArgs.lua(), lineReadArgs.lua(), handoffArgs.lua(), lineAdmitReply.lua(), placeReply.lua(), lineReply.lua(), lineGroup.lua(), leaveArgs.lua()}
 }
 
 // lineConstants are gate/line.go's constants, for the prelude.

@@ -12,7 +12,7 @@
 local function peek(keys, argv)
   local h = read(PEEK, argv, 0)
   local now = now_ms(h.now)
-  local _, r = line_of(keys, h.n, 1, argv, PEEK, PEEK_SRC, h.n, LINE_READ)
+  local r = on_block(LINE_READ, argv, block(PEEK, PEEK_SRC, h.n + 1))
   local w
   if r then
     w = read(WAITER, argv, PEEK.WIDTH + PEEK_SRC.WIDTH * h.n + LINE_READ.WIDTH)
@@ -23,7 +23,7 @@ local function peek(keys, argv)
   local out = {}
   for i = 1, h.n do
     local c = read(PEEK_SRC, argv, block(PEEK, PEEK_SRC, i))
-    local q = src_keys(keys, SCOPE_KEYS, i)
+    local q = src_keys(keys, SCOPE_KEYS.WIDTH, i)
     local b = b_load(q.state, true)
     local v = { breaker = b_view(b, c, now), quota = q_view(q, b, now) }
     -- SourceState.Verdict: the quota's refusal first, then the breaker's.
@@ -33,7 +33,7 @@ local function peek(keys, argv)
     end
     v.line = pack(LINE_R, { length = 0, place = '', wake = {}, head = '', oldest = 0, groups = {} })
     if r then
-      local k = line_of(keys, h.n, i, argv, PEEK, PEEK_SRC, h.n, LINE_READ)
+      local k = line_keys(keys, 0, h.n, i)
       local j = read(JOIN, argv, PEEK.WIDTH + PEEK_SRC.WIDTH * h.n + LINE_READ.WIDTH + WAITER.WIDTH + JOIN.WIDTH * (i - 1))
       local jw
       if w and j.on == 1 then

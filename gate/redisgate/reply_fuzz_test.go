@@ -2,6 +2,8 @@ package redisgate
 
 import (
 	"encoding/binary"
+	"math"
+	"strings"
 	"testing"
 )
 
@@ -20,7 +22,7 @@ func fuzzReply(b []byte, depth int) (any, []byte) {
 	case 1:
 		n := 0
 		if len(b) > 0 {
-			n, b = int(b[0]%32), b[1:]
+			n, b = int(b[0]), b[1:] // up to 255 bytes: a packed record
 		}
 		n = min(n, len(b))
 		return string(b[:n]), b[n:]
@@ -43,17 +45,33 @@ func fuzzReply(b []byte, depth int) (any, []byte) {
 
 // FuzzReplyParser: whatever a script (or a compromised Redis) replies, the
 // parser returns values or an error, never panics, and a parse without
-// error has read every field it promises.
+// error has read every field it promises; so for the packed records
+// (admit's and settle's replies, the breaker view, events, rejections).
 func FuzzReplyParser(f *testing.F) {
 	f.Add([]byte{2, 13, 0, 1, 0, 0, 0, 0, 0, 0, 0})
 	f.Add([]byte{2, 3, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0})
 	f.Add([]byte{2, 1, 2, 12, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 3, 'a', 'b', 'c'})
+	settle := packRecord(1, 1, "", packRecord(2, 0, "", "", 3, 0, 0, 0, 0, 0, 5, 1, 0, 0), 7, 8, "h")
+	f.Add(append([]byte{1, byte(len(settle))}, settle...))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		v, _ := fuzzReply(b, 4)
 		p := &parser{op: "fuzz"}
 		bv := breakerView.parse(p, v)
 		qv := quotaView.parse(p, v)
 		evs := p.events(v, p.single("s"))
+		ps := &parser{op: "fuzz"}
+		sr := settleReply.parse(ps, v)
+		sbv := breakerView.parse(ps, sr.view)
+		sevs := ps.events(sr.evs, ps.single("s"))
+		pa := &parser{op: "fuzz"}
+		ar := admitReply.parse(pa, v)
+		rjs := rejection.list(pa, ar.rejections)
+		if pa.err == nil && len(rjs) > len(v.(string))/8 {
+			t.Fatalf("admit reply of %d bytes read %d rejections", len(v.(string)), len(rjs))
+		}
+		if ps.err == nil && (sbv.Epoch > 1<<63-1 || len(sevs) > len(v.(string))/8) {
+			t.Fatalf("settle reply: epoch %d, %d events", sbv.Epoch, len(sevs))
+		}
 		if p.err != nil {
 			return
 		}
@@ -67,4 +85,76 @@ func FuzzReplyParser(f *testing.F) {
 		}
 		_ = qv
 	})
+}
+
+// packRecord packs values as lib.lua's L.pack does for a packed record:
+// an int a little-endian double, a string its 4-byte length and its bytes.
+func packRecord(vals ...any) string {
+	var b []byte
+	for _, v := range vals {
+		switch v := v.(type) {
+		case int:
+			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(float64(v)))
+		case float64:
+			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(v))
+		case string:
+			b = binary.LittleEndian.AppendUint32(b, uint32(len(v)))
+			b = append(b, v...)
+		}
+	}
+	return string(b)
+}
+
+// TestPackedReplyStrict: a packed record is read whole or refused with an
+// error that names the record and the field: short, a string longer than
+// what is left, a number that is no integer within int64, bytes past its
+// end, or a table where the record should be.
+func TestPackedReplyStrict(t *testing.T) {
+	event := func(epoch any) string {
+		return packRecord(1, 1, 0, 2, 3, epoch, 1, 500, "p", 0, "", "")
+	}
+	good := packRecord(1, 1, event(7), packRecord(2, 0, "op", "why", 9, 0, 0, 0, 0, 0, 5, 1, 0, 0), 100, 200, "h")
+	p := &parser{op: "settle"}
+	r := settleReply.parse(p, good)
+	bv := breakerView.parse(p, r.view)
+	evs := p.events(r.evs, p.single("s"))
+	if p.err != nil || r.released != 1 || r.handoff != "h" || r.clock != (clockReply{100, 200}) ||
+		bv.State != 2 || bv.Actor != "op" || bv.Why != "why" || bv.Epoch != 9 || bv.Calls != 5 ||
+		len(evs) != 1 || evs[0].Epoch != 7 || evs[0].PermitID != "p" || evs[0].Source != "s" {
+		t.Fatalf("good reply: %+v %+v %+v %v", r, bv, evs, p.err)
+	}
+	for _, c := range []struct {
+		name  string
+		reply any
+		want  string
+	}{
+		{"short", good[:len(good)-1], "SETTLE_R.handoff: a string of 1 bytes, 0 left"},
+		{"cut in a number", good[:3], "SETTLE_R.released: short: 3 bytes left, want a number of 8"},
+		{"past its end", good + "x", "SETTLE_R: 1 bytes past its end"},
+		{"a string too long", packRecord(1, 1) + "\xff\xff\xff\x7f", "SETTLE_R.events: a string of 2147483647 bytes, 0 left"},
+		{"a fraction", packRecord(1.5), "SETTLE_R.released: 1.5 is not an integer within int64"},
+		{"beyond int64", packRecord(math.Inf(1)), "SETTLE_R.released: +Inf is not an integer within int64"},
+		{"NaN", packRecord(math.NaN()), "SETTLE_R.released: NaN is not an integer within int64"},
+		{"a table", []any{int64(1)}, "want a string, got []interface {}"},
+	} {
+		p := &parser{op: "settle"}
+		settleReply.parse(p, c.reply)
+		if p.err == nil || !strings.Contains(p.err.Error(), c.want) {
+			t.Errorf("%s: error %v, want one with %q", c.name, p.err, c.want)
+		}
+	}
+	// A list of records: a cut record fails the list, a negative epoch the
+	// event.
+	for _, c := range []struct {
+		name, list, want string
+	}{
+		{"cut", event(1) + event(2)[:20], "EV.from: short: 4 bytes left"},
+		{"negative epoch", event(-1), "want a non-negative integer, got -1"},
+	} {
+		p := &parser{op: "settle"}
+		p.events(c.list, p.single("s"))
+		if p.err == nil || !strings.Contains(p.err.Error(), c.want) {
+			t.Errorf("%s: error %v, want one with %q", c.name, p.err, c.want)
+		}
+	}
 }

@@ -1,27 +1,28 @@
-
 -- settle.lua: gate.Backend.Settle (gate.SourceState.Settle, then progress).
 --
 -- keys: SCOPE_KEYS, SRC_KEYS, the source's LINE_KEYS.   argv: SETTLE, HANDOFF.   Reply SETTLE_R.
+-- Its keys start after keys[ko], its arguments after argv[ao] (as admit's).
 -- twin: gate.(*SourceState).Settle
-local function settle(keys, argv)
-  local a = read(SETTLE, argv, 0)
+local function settle(keys, argv, ko, ao)
+  -- a is the policy and the outcome (b_settle's p and o) at once.
+  local a = read(SETTLE, argv, ao)
+  a.probe = a.probe == 1
   local now = now_ms(a.now)
-  local s = read(SCOPE_KEYS, keys, 0)
-  local q = src_keys(keys, SCOPE_KEYS, 1)
-  local o = { permit = a.permit, epoch = a.epoch, probe = a.probe == 1, verdict = a.verdict, floor = a.floor }
+  local s = read(SCOPE_KEYS, keys, ko)
+  local q = src_keys(keys, ko + SCOPE_KEYS.WIDTH, 1)
 
   local b = b_load(q.state, true, a.permit)
-  local released = q_release(q, b, o.permit, a.actual, now)
+  local released = q_release(q, b, a.permit, a.actual, now)
   local effect, evs
-  if released or o.probe then
-    effect, evs = b_settle(b, a, o, now)
+  if released or a.probe then
+    effect, evs = b_settle(b, a, a, now)
   else
-    effect, evs = b_stale(b, o)
+    effect, evs = b_stale(b, a)
   end
   b_save(b, a.idle_ttl, now)
-  local events = {}
+  local events = ''
   for _, e in ipairs(evs) do
-    events[#events + 1] = ev_reply(1, e)
+    events = events .. ev_reply(1, e)
     announce(a.channel, a.scope, a.source, e)
   end
   local view = b_view(b, a, now)
@@ -34,9 +35,9 @@ local function settle(keys, argv)
   local rel, handoff = 0, ''
   if released then
     rel = 1
-    local lk, h = line_of(keys, 1, 1, argv, SETTLE, SETTLE, 0, HANDOFF)
+    local h = on_block(HANDOFF, argv, ao + SETTLE.WIDTH)
     if h then
-      handoff = l_handoff(lk, h, now)
+      handoff = l_handoff(line_keys(keys, ko, 1, 1), h, now)
     end
   end
   return pack(SETTLE_R, {
