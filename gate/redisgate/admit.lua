@@ -59,19 +59,19 @@ local function admit(keys, argv, ko, ao)
       rejections = rejections .. pack(REJ, { src = i, reason = reason, retry = wait })
       refused[i] = reason
     else
-      local entry, evs = b_enter(b, c, h.permit, now)
+      local allowed, entry_probe, entry_epoch, entry_reason, entry_wait, evs = b_enter(b, c, h.permit, now)
       for _, e in ipairs(evs) do
         events = events .. ev_reply(i, e)
         announce(h.channel, h.scope, c.name, e)
       end
-      if not entry.allowed then
-        rejections = rejections .. pack(REJ, { src = i, reason = entry.reason, retry = entry.wait })
-        refused[i] = entry.reason
+      if not allowed then
+        rejections = rejections .. pack(REJ, { src = i, reason = entry_reason, retry = entry_wait })
+        refused[i] = entry_reason
       else
         q_take(q, b, c, h.permit, h.tokens, now)
         b_save(b, h.idle_ttl, now)
-        granted, epoch = i, entry.epoch
-        if entry.probe then
+        granted, epoch = i, entry_epoch
+        if entry_probe then
           probe = 1
         end
         break
@@ -101,6 +101,6 @@ local function admit(keys, argv, ko, ao)
   end
   return pack(ADMIT_R, {
     granted = granted, probe = probe, epoch = epoch, rejections = rejections, events = events,
-    progress = tonumber(get(s.progress) or 0), now = now, line = pack(LINE_ADMIT_R, { places = places }),
+    progress = get_ms(s.progress), now = now, line = pack(LINE_ADMIT_R, { places = places }),
   })
 end

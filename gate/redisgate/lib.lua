@@ -16,8 +16,9 @@ end
 
 -- CALL is what the ops of one batch (batch.lua) share while it runs, nil
 -- outside one: the server's TIME, read once (now), the scope's keys read
--- or written with GET and SET (got: key -> value, false for none; put: key
--- -> {value, ttl}, written once when the batch ends), and the sources'
+-- or written with GET and SET (got: key -> value, false for none, a number
+-- once get_ms or set_ms had it; put: key -> the TTL of the value in got,
+-- written once when the batch ends), and the sources'
 -- state hashes (h: see b_load). It is a
 -- library-level local, which outlives a call: batch sets it at its start
 -- and clears it at its end.
@@ -54,14 +55,29 @@ local function get(key)
   return v
 end
 
--- set_px is SET key value PX ttl, written once per batch (its last value).
-local function set_px(key, value, ttl)
+-- get_ms is GET key as a number of milliseconds (0 for none), read once per
+-- batch and kept as a number.
+local function get_ms(key)
   if not CALL then
-    redis.call('SET', key, value, 'PX', ttl)
+    return tonumber(redis.call('GET', key) or 0)
+  end
+  local v = CALL.got[key]
+  if type(v) ~= 'number' then
+    v = tonumber(get(key) or 0)
+    CALL.got[key] = v
+  end
+  return v
+end
+
+-- set_ms is SET key ms PX ttl (both numbers), written once per batch (its
+-- last value; get_ms reads it meanwhile).
+local function set_ms(key, ms, ttl)
+  if not CALL then
+    redis.call('SET', key, I(ms), 'PX', I(ttl))
     return
   end
-  CALL.got[key] = value
-  CALL.put[key] = { value = value, ttl = ttl }
+  CALL.got[key] = ms
+  CALL.put[key] = ttl
 end
 
 -- PAGE_H bounds the fields one HSET or HDEL of a batch's write-back
@@ -147,26 +163,22 @@ local function b_cached(key, window, lease)
   local c = CALL.h[key]
   local b = c.b
   local field = lease and LEASE .. lease
-  local want = {}
-  if field and c.f[field] == nil then
-    want[#want + 1] = field
+  local need_lease, need_window = field and c.f[field] == nil, window and not b.win
+  local win
+  if need_lease and need_window then
+    local v = redis.call('HMGET', key, field, WIN.FIELD)
+    c.f[field], win = v[1], v[2]
+  elseif need_lease then
+    c.f[field] = redis.call('HGET', key, field)
+  elseif need_window then
+    win = redis.call('HGET', key, WIN.FIELD)
   end
-  if window and not b.win then
-    want[#want + 1] = WIN.FIELD
-  end
-  if #want > 0 then
-    local v = redis.call('HMGET', key, unpack(want))
-    for i, f in ipairs(want) do
-      c.f[f] = v[i]
-    end
-    if window and not b.win then
-      b.wold = c.f[WIN.FIELD]
-      b.win = b.wold or WIN.ZERO
-      c.f[WIN.FIELD] = nil -- kept on b
-    end
+  if need_window then
+    b.wold = win
+    b.win = win or WIN.ZERO
   end
   b.lease_of = field and c.f[field] or nil
-  b.set = nil
+  b.lease_f, b.lease_v = nil, nil
   return b
 end
 
@@ -225,14 +237,15 @@ local function b_clear_buckets(b)
   b.win = WIN.ZERO
 end
 
--- b_save writes back what changed, with the fields queued in b.set (leases
--- taken; nil when none), in one HSET. A CLOSED breaker without an override gets the idle
+-- b_save writes back what changed, with the lease q_take queued (the field
+-- b.lease_f, its value b.lease_v; nil when none), in one HSET. A CLOSED breaker without an override gets the idle
 -- TTL (garbage collection of abandoned sources), set again once an eighth
 -- of it has passed (b.expire_at; without now, every time); an OPEN or
 -- HALF_OPEN one, or one an operator set, is PERSISTed: its state must never
 -- expire into a fresh CLOSED breaker.
 local function b_save(b, idle_ttl, now)
-  local set = b.set or {}
+  local lf, lv = b.lease_f, b.lease_v
+  b.lease_f, b.lease_v = nil, nil
   local ttl = 0 -- 1: PEXPIRE, -1: PERSIST
   if b.state == CLOSED and b.override == NO_OVERRIDE then
     if not now or b.expire_at == 0 or now - b.expire_at >= idle_ttl / 8 then
@@ -244,15 +257,18 @@ local function b_save(b, idle_ttl, now)
   local c = CALL and CALL.h[b.key]
   if c and c.b == b then
     -- In a batch: into the cache, written by h_flush.
-    for i = 1, #set, 2 do
-      c.f[set[i]] = set[i + 1]
-      c.dirty[set[i]] = true
+    if lf then
+      c.f[lf] = lv
+      c.dirty[lf] = true
     end
-    b.set = nil
     if ttl ~= 0 then
       c.ttl, c.idle_ttl = ttl, idle_ttl
     end
     return
+  end
+  local set = {}
+  if lf then
+    set[1], set[2] = lf, lv
   end
   local rec = BREC.pack(b)
   -- (A missing record saved unchanged writes nothing.)
@@ -270,7 +286,6 @@ local function b_save(b, idle_ttl, now)
     return
   end
   redis.call('HSET', b.key, unpack(set))
-  b.set = nil
   if ttl == 1 then
     redis.call('PEXPIRE', b.key, I(idle_ttl))
   elseif ttl == -1 then
@@ -318,13 +333,13 @@ local function h_flush(key, c)
 end
 
 -- call_flush writes what the batch kept: the state hashes (h_flush) and
--- what set_px set.
+-- what set_ms set.
 local function call_flush()
   for key, c in pairs(CALL.h) do
     h_flush(key, c)
   end
-  for key, v in pairs(CALL.put) do
-    redis.call('SET', key, v.value, 'PX', v.ttl)
+  for key, ttl in pairs(CALL.put) do
+    redis.call('SET', key, I(CALL.got[key]), 'PX', I(ttl))
   end
 end
 
@@ -376,14 +391,15 @@ local function b_check(b, now)
 end
 
 -- twin: gate.(*Breaker).Enter
--- Returns the gate.Entry as a table, and the events.
+-- Returns the gate.Entry's fields (allowed, probe, epoch, reason, wait),
+-- and the events.
 local function b_enter(b, p, permit, now)
   local reason, wait = b_check(b, now)
   if reason ~= R_NONE then
-    return { allowed = false, probe = false, epoch = b.epoch, reason = reason, wait = wait }, NO_EVENTS
+    return false, false, b.epoch, reason, wait, NO_EVENTS
   end
   if b.override ~= NO_OVERRIDE or b.state == CLOSED then
-    return { allowed = true, probe = false, epoch = b.epoch, reason = R_NONE, wait = 0 }, NO_EVENTS
+    return true, false, b.epoch, R_NONE, 0, NO_EVENTS
   end
   local events = {}
   if b.state == OPEN then
@@ -401,7 +417,7 @@ local function b_enter(b, p, permit, now)
   local e = b_event(b, E_PROBE_LEASED, HALF_OPEN, C_NONE)
   e.permit = permit
   events[#events + 1] = e
-  return { allowed = true, probe = true, epoch = b.epoch, reason = R_NONE, wait = 0 }, events
+  return true, true, b.epoch, R_NONE, 0, events
 end
 
 -- twin: gate.(*Breaker).resetRound
@@ -808,7 +824,7 @@ local function q_check(q, b, l, ceiling, tokens, now)
 end
 
 -- twin: gate.(*Quota).take
--- The lease is queued on b, for b_save's HSET. A permit that already holds
+-- The lease is queued on b (lease_f, lease_v), for b_save's HSET. A permit that already holds
 -- one (b_load's lease_of) is not counted twice.
 local function q_take(q, b, l, permit, tokens, now)
   local e = now + l.lease
@@ -817,7 +833,7 @@ local function q_take(q, b, l, permit, tokens, now)
   if logged then
     v = v .. LEASE_LOGGED
   end
-  b.set = { LEASE .. permit, v }
+  b.lease_f, b.lease_v = LEASE .. permit, v
   if not b.lease_of then
     b.held = b.held + 1
     b.lease_of = true

@@ -28,9 +28,9 @@ local function settle(keys, argv, ko, ao)
   local view = b_view(b, a, now)
   local progress = now
   if a.progress == 1 then
-    set_px(s.progress, I(now), I(a.idle_ttl))
+    set_ms(s.progress, now, a.idle_ttl)
   else
-    progress = tonumber(get(s.progress) or 0)
+    progress = get_ms(s.progress)
   end
   local rel, handoff = 0, ''
   if released then
