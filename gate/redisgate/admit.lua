@@ -18,11 +18,11 @@ local function unmarked(s, h)
 end
 
 -- twin: gate.(*SourceState).Admit
--- Its keys start after keys[ko], its arguments after argv[ao] (0 in a call
--- of its own; a batch's ops read theirs in place).
-local function admit(keys, argv, ko, ao)
+-- Its arguments start after argv[ao] (0 in a call of its own; a batch's
+-- ops read theirs in place), its keys are found with map (see op_src).
+local function admit(keys, argv, ao, map)
   local h = read(ADMIT, argv, ao)
-  local s = read(SCOPE_KEYS, keys, ko)
+  local s = op_scope(keys, map)
   if unmarked(s, h) then
     return redis.error_reply('UNMARKED the scope\'s marker changed: re-assert, then admit again')
   end
@@ -35,7 +35,7 @@ local function admit(keys, argv, ko, ao)
   local lines, nobody, reached = {}, {}, {}
   local function line(i)
     if lines[i] == nil then
-      lines[i] = line_keys(keys, ko, h.n, i)
+      lines[i] = op_line(keys, map, h.n, i)
     end
     w.place = read(PLACE, argv, wbase + WAITER.WIDTH + PLACE.WIDTH * (i - 1)).place
     return lines[i]
@@ -44,7 +44,7 @@ local function admit(keys, argv, ko, ao)
   local rejections, events, refused = '', '', {}
   for i = 1, h.n do
     local c = read(CAND, argv, ao + block(ADMIT, CAND, i))
-    local q = src_keys(keys, ko + SCOPE_KEYS.WIDTH, i)
+    local q = op_src(keys, map, i)
     local passed = true
     reached[i] = true
     if w then

@@ -56,10 +56,15 @@ const (
 
 // batchOp is one Admit's or Settle's call, waiting for its batch.
 type batchOp struct {
-	kind   opKind
-	name   string // the op, as errors name it
+	kind opKind
+	name string // the op, as errors name it
+	// keys and args are a call of its own's; srcs names the sources whose
+	// keys it takes, in order (a batch passes each source's keys once, and
+	// kmap, written by runBatch, says where they are: batchOpArgs).
 	keys   []string
 	args   []any
+	srcs   []string
+	kmap   string
 	admit  *gate.AdmitRequest  // an admit's request, for lostAdmit
 	settle *gate.SettleRequest // a settle's, for the give-back queue
 	done   chan batchResult    // one reply, buffered
@@ -174,15 +179,15 @@ func (b *Backend) drain(tag string, q *batchQueue) {
 		ops := q.ops[:n:n]
 		q.ops = q.ops[n:]
 		c.mu.Unlock()
-		b.runBatch(ops, nk, na)
+		b.runBatch(tag, ops, nk, na)
 	}
 }
 
-// runBatch makes one batch call of ops (nk keys and na arguments in all)
-// and hands each op its reply. The Backend's timeout bounds the call, not
+// runBatch makes one batch call of ops of the scope tag (nk keys and na
+// arguments in all, as calls of their own) and hands each op its reply. The Backend's timeout bounds the call, not
 // any caller's context; wrap sees none either, so that a deadline passing
 // means unavailable.
-func (b *Backend) runBatch(ops []*batchOp, nk, na int) {
+func (b *Backend) runBatch(tag string, ops []*batchOp, nk, na int) {
 	ctx, cancel := b.bound(context.Background())
 	defer cancel()
 	if len(ops) == 1 {
@@ -199,10 +204,21 @@ func (b *Backend) runBatch(ops []*batchOp, nk, na int) {
 		b.deliver(o, r)
 		return
 	}
-	keys := make([]string, 0, nk)
+	keys := appendScopeKeys(make([]string, 0, nk), tag)
 	args := batchArgs.pack(make([]any, 0, batchArgs.width()+batchOpArgs.width()*len(ops)+na), &batchCall{b, len(ops)})
+	index := map[string]byte{} // each source's number among the batch's
 	for _, o := range ops {
-		keys = append(keys, o.keys...)
+		m := make([]byte, len(o.srcs))
+		for i, src := range o.srcs {
+			j, ok := index[src]
+			if !ok {
+				j = byte(len(index) + 1) // < 256: see batchOpArgs
+				index[src] = j
+				keys = appendLineKeys(appendSourceKeys(keys, tag, src), tag, src)
+			}
+			m[i] = j
+		}
+		o.kmap = string(m)
 		args = append(batchOpArgs.pack(args, o), o.args...)
 	}
 	v, err := b.call(ctx, batchScript, keys, args)

@@ -7,7 +7,7 @@
 -- progress, and each source's state hash (its breaker and the leases the
 -- ops touch), all written back once, at the end.
 --
--- keys: each op's keys, one op after the other.
+-- keys: SCOPE_KEYS, then BATCH_SRC per source of the batch.
 -- argv: BATCH, then per op BATCH_OP and the op's arguments.
 -- Reply: an array with each op's reply (ADMIT_R, SETTLE_R) or its error: an
 -- op that raises an error answers with it and does not stop the others (what
@@ -17,18 +17,18 @@ local BATCH_FNS = { [OP_ADMIT] = admit, [OP_SETTLE] = settle }
 local function batch_run(keys, argv)
   local h = read(BATCH, argv, 0)
   now_ms(h.now)
-  local out, ko, ao = {}, 0, BATCH.WIDTH
+  local out, ao = {}, BATCH.WIDTH
   for i = 1, h.n do
     local o = read(BATCH_OP, argv, ao)
     ao = ao + BATCH_OP.WIDTH
     local fn = BATCH_FNS[o.kind]
     local ok, r
     if fn then
-      ok, r = pcall(fn, keys, argv, ko, ao) -- its keys and arguments read in place
+      ok, r = pcall(fn, keys, argv, ao, o.map) -- its arguments read in place
     else
       ok, r = false, 'unknown op kind ' .. tostring(o.kind)
     end
-    ko, ao = ko + o.keys, ao + o.args
+    ao = ao + o.args
     if ok then
       out[i] = r
     elseif type(r) == 'table' and r.err then
@@ -41,7 +41,7 @@ local function batch_run(keys, argv)
 end
 
 local function batch(keys, argv)
-  CALL = { got = {}, put = {}, h = {} }
+  CALL = { got = {}, put = {}, h = {}, src = {} }
   local ok, out = pcall(batch_run, keys, argv)
   local flushed, err = pcall(call_flush) -- what ran is written, as in calls of their own
   CALL = nil

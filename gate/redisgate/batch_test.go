@@ -657,3 +657,89 @@ func TestBatchScripts(t *testing.T) {
 		t.Fatalf("batch sizes %v, want the three in one script call last", sizes)
 	}
 }
+
+// TestBatchKeysOncePerSource: a batch passes each source's keys once and
+// each op names its sources by number, in its own order; ops whose
+// candidates are the batch's sources in different orders, a waiter kept in
+// a line and a settle that hands its slot to that waiter answer and store
+// what they do one at a time (a mixed-up number would admit on, or hand
+// off from, another source's keys).
+func TestBatchKeysOncePerSource(t *testing.T) {
+	ctx := testCtx(t)
+	clock := gatetest.NewClock()
+	b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "batched")
+	warm := gatetest.Src("warm")
+	settle(t, ctx, b, "sequential", warm, admit(t, ctx, b, "sequential", "warm", warm).Permit, gate.VerdictSuccess)
+	one := func(s *gate.Source) { s.Limits.MaxConcurrency = 1 }
+	a, bb, cc := gatetest.Src("a", one), gatetest.Src("b", one), gatetest.Src("c", one)
+	line := &gate.LineHandoff{Lease: time.Second}
+	run := func(scope string, batched bool) []string {
+		p0 := admit(t, ctx, b, scope, "p0", a).Permit // a is full
+		w := &gate.Waiter{ID: "w1", Weight: 1, OtherWeight: 1, MaxTenants: 8, Lease: time.Second}
+		v := must(b.Peek(ctx, gate.PeekRequest{Scope: scope, Sources: []*gate.Source{a},
+			Line: &gate.LineRead{Lease: time.Second, Join: w, Joins: []string{"a"}}}))(t)
+		w.Places = map[string]string{"a": v.Sources[0].Line.Place} // in a's line
+		out := make([]string, 5)
+		fs := []func(){
+			func() {
+				r := admitReq(scope, "w1", a)
+				r.Line = w
+				x, err := b.Admit(ctx, r)
+				out[0] = fmt.Sprint(x, err) // refused, in a's line
+			},
+			func() { x, err := b.Admit(ctx, admitReq(scope, "p2", cc, a)); out[1] = fmt.Sprint(x, err) },
+			func() {
+				r := settleReq(scope, a, p0, gate.VerdictSuccess)
+				r.Line = line
+				s, err := b.Settle(ctx, r)
+				out[2] = fmt.Sprint(s, err) // hands a's slot to w1
+			},
+			func() { x, err := b.Admit(ctx, admitReq(scope, "p3", bb, cc)); out[3] = fmt.Sprint(x, err) },
+			func() { x, err := b.Admit(ctx, admitReq(scope, "p4", cc, bb, a)); out[4] = fmt.Sprint(x, err) },
+		}
+		if !batched {
+			for _, f := range fs {
+				f()
+			}
+			return out
+		}
+		held, release := h.holdNext()
+		var wg sync.WaitGroup
+		wg.Go(func() { _, _ = b.Admit(ctx, admitReq(scope, "lone", gatetest.Src("lone"))) })
+		<-held
+		for i, f := range fs {
+			wg.Go(f)
+			waitFor(t, "the op gathering", func() bool { return b.Gathering(scope) == i+1 })
+		}
+		h.takeSizes()
+		release()
+		wg.Wait()
+		if sizes := h.takeSizes(); len(sizes) != 1 || sizes[0] != len(fs) {
+			t.Fatalf("batch sizes %v, want [%d]", sizes, len(fs))
+		}
+		return out
+	}
+	seq, bat := run("sequential", false), run("batched", true)
+	for i := range seq {
+		if seq[i] != bat[i] {
+			t.Errorf("op %d: batched %s, one at a time %s", i, bat[i], seq[i])
+		}
+	}
+	if !strings.Contains(bat[0], "w1") || !strings.Contains(bat[2], "w1") {
+		t.Errorf("the waiter: not kept in a's line (%s) or not handed a's slot (%s)", bat[0], bat[2])
+	}
+	for _, name := range []string{"a", "b", "c"} {
+		for _, suffix := range []string{"", "line", "line_w"} {
+			read := func(scope string) string {
+				key := b.SourceKey(scope, name, suffix)
+				if suffix == "line" {
+					return fmt.Sprint(must(c.ZRange(ctx, key, 0, -1).Result())(t))
+				}
+				return fmt.Sprintf("%q", must(c.HGetAll(ctx, key).Result())(t))
+			}
+			if got, want := read("batched"), read("sequential"); got != want {
+				t.Errorf("%s %q: batched %s, one at a time %s", name, suffix, got, want)
+			}
+		}
+	}
+}

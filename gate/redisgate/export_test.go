@@ -9,8 +9,8 @@ import (
 // minute's log or data ("log", "data"), for tests that look at what is
 // stored.
 func (b *Backend) SourceKey(scope, source, suffix string) string {
-	keys := appendSourceKeys(nil, b.tag(scope), source)
-	for i, n := range sourceKeys.names {
+	keys := appendLineKeys(appendSourceKeys(nil, b.tag(scope), source), b.tag(scope), source)
+	for i, n := range batchSrcKeys.names {
 		if n == suffix || (suffix == "" && n == "state") {
 			return keys[i]
 		}

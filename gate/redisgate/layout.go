@@ -612,13 +612,22 @@ var batchArgs = args[batchCall]{"BATCH", []arg[batchCall]{
 	num("n", func(c *batchCall) any { return c.n }),
 }}
 
-// batchOpArgs heads one op of a batch: its kind (opAdmit, opSettle) and
-// how many keys and arguments it takes.
+// batchOpArgs heads one op of a batch: its kind (opAdmit, opSettle), how
+// many arguments it takes, and map: where its keys are, one byte per source
+// of the op (in the order of its keys in a call of its own), the number of
+// that source among the batch's (batchSrcKeys, from 1). A batch has at most
+// maxBatchKeys / len(batchSrcKeys.suffixes) sources, fewer than 256.
 var batchOpArgs = args[batchOp]{"BATCH_OP", []arg[batchOp]{
 	num("kind", func(o *batchOp) any { return int(o.kind) }),
-	num("keys", func(o *batchOp) any { return len(o.keys) }),
 	num("args", func(o *batchOp) any { return len(o.args) }),
+	str("map", func(o *batchOp) any { return o.kmap }),
 }}
+
+// batchSrcKeys are a source's keys in a batch, each source once: its own
+// (sourceKeys) and its line's (lineKeys). The scope's keys come first, once.
+var batchSrcKeys = keyBlock{"BATCH_SRC",
+	append(slices.Clone(sourceKeys.suffixes), lineKeys.suffixes...),
+	append(slices.Clone(sourceKeys.names), lineKeys.suffixes...)}
 
 // restoreKeys head the restore call's keys: the scope's marker (no TTL: it
 // is missing only if Redis lost the scope); n brkKeys follow.
@@ -872,6 +881,6 @@ func luaLayouts() []luaLayout {
 		breakerView.lua(), quotaView.lua(), eventReply.lua(), rejection.lua(), admitReply.lua(), settleReply.lua(),
 		peekReply.lua(), peekSource.lua(), overrideReply.lua(), announcement.lua(),
 		restoreKeys.lua(), brkKeys.lua(), restoreArgs.lua(), restoreSrcArgs.lua(), restoreReply.lua(),
-		batchArgs.lua(), batchOpArgs.lua(),
+		batchArgs.lua(), batchOpArgs.lua(), batchSrcKeys.lua(),
 	}, lineLayouts()...)
 }

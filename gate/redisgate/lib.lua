@@ -18,8 +18,8 @@ end
 -- outside one: the server's TIME, read once (now), the scope's keys read
 -- or written with GET and SET (got: key -> value, false for none, a number
 -- once get_ms or set_ms had it; put: key -> the TTL of the value in got,
--- written once when the batch ends), and the sources'
--- state hashes (h: see b_load). It is a
+-- written once when the batch ends), the sources' state hashes (h: see
+-- b_load), and the batch's keys as tables (scope, src: see batch_src). It is a
 -- library-level local, which outlives a call: batch sets it at its start
 -- and clears it at its end.
 local CALL = nil
@@ -664,11 +664,6 @@ end
 -- admission order, as in Go's log.
 local SLACK = 1000 -- ms a quota key outlives the minute it holds
 
--- src_keys are the keys of the i-th source (from 1) of the source blocks
--- that start after keys[base]: {state, log, data}, also the quota's q.
-local function src_keys(keys, base, i)
-  return read(SRC_KEYS, keys, base + SRC_KEYS.WIDTH * (i - 1))
-end
 
 -- twin: gate.addTokens
 -- A token count saturating at [0, MAX_TOKEN_SUM], so that no
@@ -919,10 +914,49 @@ end
 -- word of a replica.
 local LINE_TTL = 4
 
--- line_keys are the i-th line's keys (from 1) in a call whose keys after
--- keys[ko] are the scope's, n source blocks, then the lines'.
-local function line_keys(keys, ko, n, i)
-  return read(LINE_KEYS, keys, ko + block(SCOPE_KEYS, SRC_KEYS, n + 1) + LINE_KEYS.WIDTH * (i - 1))
+-- The keys of an op (admit, settle, peek) are, in a call of its own,
+-- SCOPE_KEYS, then SRC_KEYS per source, then LINE_KEYS per source (n
+-- sources). In a batch they are the batch's: SCOPE_KEYS once, then each
+-- source of the batch once, SRC_KEYS and LINE_KEYS (BATCH_SRC), read into
+-- tables once per batch; an op's map is a string of one byte per source of
+-- the op, its number among the batch's (nil in a call of its own).
+
+-- batch_src is the j-th source of the batch: {q = SRC_KEYS, l = LINE_KEYS}.
+local function batch_src(keys, j)
+  local t = CALL.src[j]
+  if not t then
+    local base = block(SCOPE_KEYS, BATCH_SRC, j)
+    t = { q = read(SRC_KEYS, keys, base), l = read(LINE_KEYS, keys, base + SRC_KEYS.WIDTH) }
+    CALL.src[j] = t
+  end
+  return t
+end
+
+-- op_scope is an op's SCOPE_KEYS.
+local function op_scope(keys, map)
+  if not map then
+    return read(SCOPE_KEYS, keys, 0)
+  end
+  if not CALL.scope then
+    CALL.scope = read(SCOPE_KEYS, keys, 0)
+  end
+  return CALL.scope
+end
+
+-- op_src is the SRC_KEYS of an op's i-th source (from 1): its q.
+local function op_src(keys, map, i)
+  if map then
+    return batch_src(keys, string.byte(map, i)).q
+  end
+  return read(SRC_KEYS, keys, block(SCOPE_KEYS, SRC_KEYS, i))
+end
+
+-- op_line is the LINE_KEYS of an op's i-th source, of n.
+local function op_line(keys, map, n, i)
+  if map then
+    return batch_src(keys, string.byte(map, i)).l
+  end
+  return read(LINE_KEYS, keys, block(SCOPE_KEYS, SRC_KEYS, n + 1) + LINE_KEYS.WIDTH * (i - 1))
 end
 
 -- on_block is the block of layout L that starts after argv[base] when its

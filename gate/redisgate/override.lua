@@ -5,7 +5,7 @@
 local function override(keys, argv)
   local a = read(OVERRIDE, argv, 0)
   local now = now_ms(a.now)
-  local q = src_keys(keys, 0, 1)
+  local q = read(SRC_KEYS, keys, 0)
   local b = b_load(q.state, true)
   local evs = b_apply(b, a.action, a.actor, a.why, now)
   if evs == nil then

@@ -23,7 +23,7 @@ local function peek(keys, argv)
   local out = {}
   for i = 1, h.n do
     local c = read(PEEK_SRC, argv, block(PEEK, PEEK_SRC, i))
-    local q = src_keys(keys, SCOPE_KEYS.WIDTH, i)
+    local q = op_src(keys, nil, i)
     local b = b_load(q.state, true)
     local v = { breaker = b_view(b, c, now), quota = q_view(q, b, now) }
     -- SourceState.Verdict: the quota's refusal first, then the breaker's.
@@ -33,7 +33,7 @@ local function peek(keys, argv)
     end
     v.line = pack(LINE_R, { length = 0, place = '', wake = {}, head = '', oldest = 0, groups = {} })
     if r then
-      local k = line_keys(keys, 0, h.n, i)
+      local k = op_line(keys, nil, h.n, i)
       local j = read(JOIN, argv, PEEK.WIDTH + PEEK_SRC.WIDTH * h.n + LINE_READ.WIDTH + WAITER.WIDTH + JOIN.WIDTH * (i - 1))
       local jw
       if w and j.on == 1 then

@@ -223,8 +223,10 @@ func (b *Backend) admit(ctx, rctx context.Context, req *gate.AdmitRequest) (any,
 		args = candArgs.pack(args, c)
 	}
 	args = waiterArgs.pack(args, &lineArg{b, req.Line})
+	srcs := make([]string, n)
 	for i := range req.Candidates {
 		name := req.Candidates[i].Source.Name
+		srcs[i] = name
 		keys = appendLineKeys(keys, tag, name)
 		var place string
 		if req.Line != nil {
@@ -232,7 +234,7 @@ func (b *Backend) admit(ctx, rctx context.Context, req *gate.AdmitRequest) (any,
 		}
 		args = placeArgs.pack(args, &place)
 	}
-	return b.do(ctx, rctx, tag, &batchOp{kind: opAdmit, name: "admit", keys: keys, args: args, admit: req})
+	return b.do(ctx, rctx, tag, &batchOp{kind: opAdmit, name: "admit", keys: keys, args: args, srcs: srcs, admit: req})
 }
 
 // unmarkedErr reports whether admit.lua refused to run because the
@@ -258,7 +260,7 @@ func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 	args = handoffArgs.pack(args, &handoffArg{b, req.Line})
 	rctx, cancel := b.bound(ctx)
 	defer cancel()
-	v, err := b.do(ctx, rctx, tag, &batchOp{kind: opSettle, name: op, keys: keys, args: args, settle: &req})
+	v, err := b.do(ctx, rctx, tag, &batchOp{kind: opSettle, name: op, keys: keys, args: args, srcs: []string{req.Source.Name}, settle: &req})
 	if err != nil {
 		return gate.Settlement{}, err // queued for the give-back if it failed (batch.go)
 	}

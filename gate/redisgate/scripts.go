@@ -30,9 +30,9 @@ var (
 )
 
 // op is one Lua entry point: body defines a local function of that name,
-// taking (keys, argv, ko, ao), after the bodies of the parts it calls: its
-// keys start after keys[ko] and its arguments after argv[ao], 0 in a call
-// of its own (a batch's ops read theirs in place).
+// taking (keys, argv, ao, map), after the bodies of the parts it calls: its
+// arguments start after argv[ao], and map says where its keys are (see
+// lib.lua's op_src); 0 and nil in a call of its own.
 type op struct {
 	name  string
 	body  string
@@ -63,7 +63,7 @@ var (
 
 func newOp(name, body string, parts ...*op) *op {
 	o := &op{name: name, body: body, parts: parts}
-	o.eval = redis.NewScript(prelude() + libLua + o.text() + "\nreturn " + name + "(KEYS, ARGV, 0, 0)\n")
+	o.eval = redis.NewScript(prelude() + libLua + o.text() + "\nreturn " + name + "(KEYS, ARGV, 0, nil)\n")
 	return o
 }
 
@@ -104,7 +104,7 @@ func libraryText(version string) string {
 	// earlier call that failed left.
 	for _, o := range ops {
 		b.WriteString(o.body)
-		fmt.Fprintf(&b, "\nredis.register_function(%q, function(keys, argv)\n  CALL = nil\n  return %s(keys, argv, 0, 0)\nend)\n", functionName(version, o.name), o.name)
+		fmt.Fprintf(&b, "\nredis.register_function(%q, function(keys, argv)\n  CALL = nil\n  return %s(keys, argv, 0, nil)\nend)\n", functionName(version, o.name), o.name)
 	}
 	return b.String()
 }

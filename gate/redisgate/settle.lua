@@ -1,15 +1,16 @@
 -- settle.lua: gate.Backend.Settle (gate.SourceState.Settle, then progress).
 --
 -- keys: SCOPE_KEYS, SRC_KEYS, the source's LINE_KEYS.   argv: SETTLE, HANDOFF.   Reply SETTLE_R.
--- Its keys start after keys[ko], its arguments after argv[ao] (as admit's).
+-- Its arguments start after argv[ao], its keys are found with map (as
+-- admit's).
 -- twin: gate.(*SourceState).Settle
-local function settle(keys, argv, ko, ao)
+local function settle(keys, argv, ao, map)
   -- a is the policy and the outcome (b_settle's p and o) at once.
   local a = read(SETTLE, argv, ao)
   a.probe = a.probe == 1
   local now = now_ms(a.now)
-  local s = read(SCOPE_KEYS, keys, ko)
-  local q = src_keys(keys, ko + SCOPE_KEYS.WIDTH, 1)
+  local s = op_scope(keys, map)
+  local q = op_src(keys, map, 1)
 
   local b = b_load(q.state, true, a.permit)
   local released = q_release(q, b, a.permit, a.actual, now)
@@ -37,7 +38,7 @@ local function settle(keys, argv, ko, ao)
     rel = 1
     local h = on_block(HANDOFF, argv, ao + SETTLE.WIDTH)
     if h then
-      handoff = l_handoff(line_keys(keys, ko, 1, 1), h, now)
+      handoff = l_handoff(op_line(keys, map, 1, 1), h, now)
     end
   end
   return pack(SETTLE_R, {
