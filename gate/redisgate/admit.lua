@@ -8,14 +8,26 @@
 -- Reply ADMIT_R: rejections are REJ records, events EV records, the line's
 -- places PLACE_R records (each list their concatenation).
 
--- unmarked: the scope's marker is not the one this replica last saw (h.seen;
--- "" before its first look, "*" for a scope it keeps no record of): Redis
--- lost the scope, or this replica has not looked yet. Admit then grants
--- nothing and answers UNMARKED; the replica re-asserts what it knows
--- (restore.lua) and admits again (reassert.go).
-local function unmarked(s, h)
-  return h.seen ~= '*' and get(s.marker) ~= h.seen
+-- The scope's marker tells whether this replica's picture of the scope
+-- holds: a marker other than the one it last saw (h.seen; "" before its
+-- first look, "*" for a scope it keeps no record of) means Redis lost the
+-- scope, or this replica has not looked yet. Admit then grants nothing and
+-- answers UNMARKED; the replica re-asserts what it knows (restore.lua) and
+-- admits again (reassert.go).
+
+-- scope_read is the scope's marker (if marker; false for none) and its
+-- progress, in one MGET in a call of its own (get and get_ms in a batch).
+local function scope_read(s, marker)
+  if CALL or not marker then
+    return marker and get(s.marker), get_ms(s.progress)
+  end
+  local v = redis.call('MGET', s.marker, s.progress)
+  return v[1], tonumber(v[2] or 0)
 end
+
+-- NO_LINE is the line record of an admit without a waiter, made by the
+-- first (struct is missing while the library loads).
+local NO_LINE = nil
 
 -- twin: gate.(*SourceState).Admit
 -- Its arguments start after argv[ao] (0 in a call of its own; a batch's
@@ -23,31 +35,37 @@ end
 local function admit(keys, argv, ao, map)
   local h = read(ADMIT, argv, ao)
   local s = op_scope(keys, map)
-  if unmarked(s, h) then
+  local marked = h.seen ~= '*'
+  local marker, progress = scope_read(s, marked)
+  if marked and marker ~= h.seen then
     return redis.error_reply('UNMARKED the scope\'s marker changed: re-assert, then admit again')
   end
   local now = now_ms(h.now)
   local wbase = ao + block(ADMIT, CAND, h.n + 1)
   local w = on_block(WAITER, argv, wbase)
-  -- The waiter's line of candidate i, its place there, and whether the
+  -- With a waiter: its line of candidate i, its place there, whether the
   -- line was empty and it had none (it is not in line after the walk
-  -- either: l_after is skipped).
-  local lines, nobody, reached = {}, {}, {}
-  local function line(i)
-    if lines[i] == nil then
-      lines[i] = op_line(keys, map, h.n, i)
+  -- either: l_after is skipped), the candidates the walk reached and why
+  -- they refused.
+  local lines, nobody, reached, refused, line
+  if w then
+    lines, nobody, reached, refused = {}, {}, {}, {}
+    line = function(i)
+      if lines[i] == nil then
+        lines[i] = op_line(keys, map, h.n, i)
+      end
+      w.place = read(PLACE, argv, wbase + WAITER.WIDTH + PLACE.WIDTH * (i - 1)).place
+      return lines[i]
     end
-    w.place = read(PLACE, argv, wbase + WAITER.WIDTH + PLACE.WIDTH * (i - 1)).place
-    return lines[i]
   end
   local granted, probe, epoch = 0, 0, 0
-  local rejections, events, refused = '', '', {}
+  local rejections, events = '', ''
   for i = 1, h.n do
     local c = read(CAND, argv, ao + block(ADMIT, CAND, i))
     local q = op_src(keys, map, i)
     local passed = true
-    reached[i] = true
     if w then
+      reached[i] = true
       passed, nobody[i] = l_check(line(i), w, now)
     end
     local reason, wait, b = R_QUEUED, 0, nil
@@ -55,19 +73,14 @@ local function admit(keys, argv, ao, map)
       b = b_load(q.state, false, h.permit)
       reason, wait = q_check(q, b, c, c.ceiling, h.tokens, now)
     end
-    if reason ~= R_NONE then
-      rejections = rejections .. pack(REJ, { src = i, reason = reason, retry = wait })
-      refused[i] = reason
-    else
-      local allowed, entry_probe, entry_epoch, entry_reason, entry_wait, evs = b_enter(b, c, h.permit, now)
+    if reason == R_NONE then
+      local allowed, entry_probe, entry_epoch, evs
+      allowed, entry_probe, entry_epoch, reason, wait, evs = b_enter(b, c, h.permit, now)
       for _, e in ipairs(evs) do
         events = events .. ev_reply(i, e)
         announce(h.channel, h.scope, c.name, e)
       end
-      if not allowed then
-        rejections = rejections .. pack(REJ, { src = i, reason = entry_reason, retry = entry_wait })
-        refused[i] = entry_reason
-      else
+      if allowed then
         q_take(q, b, c, h.permit, h.tokens, now)
         b_save(b, h.idle_ttl, now)
         granted, epoch = i, entry_epoch
@@ -77,12 +90,20 @@ local function admit(keys, argv, ao, map)
         break
       end
     end
+    rejections = rejections .. pack(REJ, { src = i, reason = reason, retry = wait })
+    if w then
+      refused[i] = reason
+    end
   end
   -- inmem's after: a grant leaves every line, a refusal for capacity keeps
   -- the source's place, a breaker's refusal leaves the source's line. A
   -- candidate the walk did not reach is asked only when w has a place there.
-  local places = ''
+  if not NO_LINE then
+    NO_LINE = pack(LINE_ADMIT_R, { places = '' })
+  end
+  local places = NO_LINE
   if w then
+    places = ''
     for i = 1, h.n do
       local place = ''
       local k = not nobody[i] and line(i)
@@ -98,9 +119,10 @@ local function admit(keys, argv, ao, map)
       end
       places = places .. pack(PLACE_R, { place = place })
     end
+    places = pack(LINE_ADMIT_R, { places = places })
   end
   return pack(ADMIT_R, {
     granted = granted, probe = probe, epoch = epoch, rejections = rejections, events = events,
-    progress = get_ms(s.progress), now = now, line = pack(LINE_ADMIT_R, { places = places }),
+    progress = progress, now = now, line = places,
   })
 end
