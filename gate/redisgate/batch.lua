@@ -11,7 +11,9 @@
 -- argv: BATCH, then per op BATCH_OP and the op's arguments.
 -- Reply: an array with each op's reply (ADMIT_R, SETTLE_R) or its error: an
 -- op that raises an error answers with it and does not stop the others (what
--- it wrote before the error stays, as in a call of its own).
+-- it wrote before the error stays, as in a call of its own: its Redis
+-- commands and what it saved, b_save, but not the changes to a breaker it
+-- made after its last save; see b_keep).
 local BATCH_FNS = { [OP_ADMIT] = admit, [OP_SETTLE] = settle }
 
 local function batch_run(keys, argv)
@@ -31,10 +33,13 @@ local function batch_run(keys, argv)
     ao = ao + o.args
     if ok then
       out[i] = r
-    elseif type(r) == 'table' and r.err then
-      out[i] = r
     else
-      out[i] = redis.error_reply(tostring(r))
+      call_restore() -- what it changed and did not save is not written
+      if type(r) == 'table' and r.err then
+        out[i] = r
+      else
+        out[i] = redis.error_reply(tostring(r))
+      end
     end
   end
   return out

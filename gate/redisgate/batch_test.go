@@ -743,3 +743,187 @@ func TestBatchKeysOncePerSource(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchRaisedAdmitTakesNoSlot: an admit that raises in Lua
+// after q_take counted its slot (b.held+1 on the batch's cached breaker)
+// must leave the slot count as a call of its own does: only Redis writes
+// made before the error stay, not the Lua table's. In a batch the cached
+// table is flushed at the end, so the source keeps a phantom held slot
+// (no lease field behind it, which the give-back cannot free) until its
+// lease ends.
+func TestBatchRaisedAdmitTakesNoSlot(t *testing.T) {
+	ctx := testCtx(t)
+	src := gatetest.Src("s", func(s *gate.Source) {
+		s.Limits.MaxConcurrency = 1
+		s.Limits.RPM = 1000 // q_take writes the minute's data
+	})
+	for _, batched := range []bool{false, true} {
+		scope := "t-raise-alone"
+		if batched {
+			scope = "t-raise-batched"
+		}
+		b, h, c := batchFixture(t, redisgate.Options{}, scope)
+		data := b.SourceKey(scope, "s", "data")
+		must(c.Set(ctx, data, "not a hash", 0).Result())(t)
+		var err error
+		if batched {
+			release, wait := gather(t, b, h, scope, 2,
+				func() { _, err = b.Admit(ctx, admitReq(scope, "raises", src)) },
+				func() { _, _ = b.Admit(ctx, admitReq(scope, "mate", gatetest.Src("other"))) },
+			)
+			release()
+			wait()
+			if sizes := h.takeSizes(); len(sizes) != 2 || sizes[1] != 2 {
+				t.Fatalf("batch sizes %v, want [1 2]", sizes)
+			}
+		} else {
+			_, err = b.Admit(ctx, admitReq(scope, "raises", src))
+		}
+		if err == nil || errors.Is(err, gate.ErrUnavailable) {
+			t.Fatalf("batched=%v: admit over a broken data key: %v, want a script error", batched, err)
+		}
+		must(c.Del(ctx, data).Result())(t)
+		if q := peek(t, ctx, b, scope, src).Quota; q.InFlight != 0 {
+			t.Errorf("batched=%v: in flight %d after the admit that raised, want 0 (no lease was written)", batched, q.InFlight)
+		}
+		if a, err := b.Admit(ctx, admitReq(scope, "next", src)); err != nil || !a.Granted {
+			t.Errorf("batched=%v: the next admit of the free slot: %+v %v, want granted", batched, a, err)
+		}
+	}
+}
+
+// TestBatchRaisedAdmitLeasesNoProbe: the same with a breaker whose
+// cooldown has passed: b_enter makes the raising admit the probe
+// (HALF_OPEN, epoch+1) before q_take raises. Alone, nothing of that is
+// saved and the next admit is the probe; in a batch the flush saves a probe
+// leased to a permit nobody holds (the give-back settles it without probe
+// or epoch: stale), so the source refuses every admit (probe in flight)
+// until the probe's TTL ends.
+func TestBatchRaisedAdmitLeasesNoProbe(t *testing.T) {
+	ctx := testCtx(t)
+	src := gatetest.Src("s", func(s *gate.Source) {
+		s.Limits.RPM = 1000
+		s.Breaker.FailThreshold = 1
+		s.Breaker.Cooldown = time.Second
+		s.Breaker.MaxCooldown = time.Second
+	})
+	for _, batched := range []bool{false, true} {
+		scope := "t-probe-alone"
+		if batched {
+			scope = "t-probe-batched"
+		}
+		clock := gatetest.NewClock()
+		b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, scope)
+		openBreaker(t, ctx, b, scope, src)
+		clock.Advance(2 * src.Breaker.Cooldown)
+		data := b.SourceKey(scope, "s", "data")
+		must(c.Del(ctx, data).Result())(t)
+		must(c.Set(ctx, data, "not a hash", 0).Result())(t)
+		h.takeSizes()
+		var err error
+		if batched {
+			release, wait := gather(t, b, h, scope, 2,
+				func() { _, err = b.Admit(ctx, admitReq(scope, "raises", src)) },
+				func() { _, _ = b.Admit(ctx, admitReq(scope, "mate", gatetest.Src("other"))) },
+			)
+			release()
+			wait()
+		} else {
+			_, err = b.Admit(ctx, admitReq(scope, "raises", src))
+		}
+		if err == nil {
+			t.Fatalf("batched=%v: admit over a broken data key: granted, want a script error", batched)
+		}
+		must(c.Del(ctx, data).Result())(t)
+		a, err := b.Admit(ctx, admitReq(scope, "next", src))
+		if err != nil || !a.Granted || !a.Permit.Probe {
+			t.Errorf("batched=%v: the next admit after the cooldown: %+v %v, want granted as the probe", batched, a, err)
+		}
+	}
+}
+
+// TestBatchCluster: a batch on a Redis Cluster (every key of one
+// batch under the scope's hash tag) gives each op its answer in order.
+func TestBatchCluster(t *testing.T) {
+	ctx := testCtx(t)
+	c := redistest.StartCluster(t).Client(t)
+	h := &batchHook{}
+	c.AddHook(h)
+	b := newBackend(t, c, redisgate.Options{})
+	const scope = "t-cluster"
+	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 2 })
+	p := admit(t, ctx, b, scope, "held", src).Permit
+	got := make([]string, 4)
+	release, wait := gather(t, b, h, scope, 4,
+		func() { a, err := b.Admit(ctx, admitReq(scope, "a1", src)); got[0] = fmt.Sprint(a.Granted, err) },
+		func() { a, err := b.Admit(ctx, admitReq(scope, "a2", src)); got[1] = fmt.Sprint(a.Granted, err) },
+		func() {
+			s, err := b.Settle(ctx, settleReq(scope, src, p, gate.VerdictSuccess))
+			got[2] = fmt.Sprint(s.Released, err)
+		},
+		func() { a, err := b.Admit(ctx, admitReq(scope, "a3", src)); got[3] = fmt.Sprint(a.Granted, err) },
+	)
+	release()
+	wait()
+	for i, want := range []string{"true <nil>", "false <nil>", "true <nil>", "true <nil>"} {
+		if got[i] != want {
+			t.Errorf("op %d: %s, want %s", i, got[i], want)
+		}
+	}
+	if sizes := h.takeSizes(); sizes[len(sizes)-1] != 4 {
+		t.Fatalf("batch sizes %v, want the four in one call last", sizes)
+	}
+}
+
+// TestBatchLeaseSweeps: many callers admitting and settling one
+// source whose leases end within a few ms, so that lease sweeps (q_sweep's
+// HGETALL after the batch's flush) run inside batches between cached
+// writes: the record's held count stays the number of lease fields in the
+// hash, and once every lease has ended nothing is in flight.
+func TestBatchLeaseSweeps(t *testing.T) {
+	ctx := testCtx(t)
+	const scope, callers, rounds = "t-sweeps", 24, 20
+	b, h, c := batchFixture(t, redisgate.Options{}, scope)
+	src := gatetest.Src("s", func(s *gate.Source) {
+		s.Limits.MaxConcurrency = 4
+		s.Limits.Lease = 3 * time.Millisecond
+	})
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Go(func() {
+			for k := range rounds {
+				a, err := b.Admit(ctx, admitReq(scope, fmt.Sprint("p", i, "-", k), src))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if a.Granted && k%3 != 0 { // every third permit is left to its lease
+					if _, err := b.Settle(ctx, settleReq(scope, src, a.Permit, gate.VerdictSuccess)); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	batches := 0
+	for _, n := range h.takeSizes() {
+		if n > 1 {
+			batches++
+		}
+	}
+	m := must(c.HGetAll(ctx, b.SourceKey(scope, "s", "")).Result())(t)
+	leases := 0
+	for f := range m {
+		if strings.HasPrefix(f, "l") {
+			leases++
+		}
+	}
+	rec := must(redisgate.DecodeBreaker(m[redisgate.StateField]))(t)
+	if held := rec["held"]; fmt.Sprint(held) != fmt.Sprint(leases) {
+		t.Errorf("record held %v, %d lease fields in the hash (%d batch calls)", held, leases, batches)
+	}
+	waitFor(t, "every lease ended", func() bool { return peek(t, ctx, b, scope, src).Quota.InFlight == 0 })
+	t.Logf("%d batch calls", batches)
+}

@@ -62,3 +62,39 @@ func TestErrorKinds(t *testing.T) {
 		t.Fatalf("Ping with Redis down: %v, want gate.ErrUnavailable", err)
 	}
 }
+
+// TestRaisedSettleKeepsItsLease: a settle alone that raises in q_release
+// (the minute's data key broken) keeps its lease field: it deleted it
+// before the data's commands, so that the record's held count stayed one
+// too high (its held-1 never saved) with no lease behind it, a slot that
+// no repeat of the settle could free until the lease would have ended.
+func TestRaisedSettleKeepsItsLease(t *testing.T) {
+	ctx := testCtx(t)
+	src := gatetest.Src("s", func(s *gate.Source) {
+		s.Limits.MaxConcurrency = 1
+		s.Limits.RPM = 1000
+	})
+	const scope = "t-settle-raise"
+	b, _, c := batchFixture(t, redisgate.Options{}, scope)
+	p := admit(t, ctx, b, scope, "p", src).Permit
+	data := b.SourceKey(scope, "s", "data")
+	must(c.Del(ctx, data).Result())(t)
+	must(c.Set(ctx, data, "not a hash", 0).Result())(t)
+	req := settleReq(scope, src, p, gate.VerdictSuccess)
+	req.ActualTokens = 5
+	if _, err := b.Settle(ctx, req); err == nil {
+		t.Fatal("settle over a broken data key: no error")
+	}
+	must(c.Del(ctx, data).Result())(t)
+	// The slot is still held, with its lease: the settle repeated (as the
+	// give-back queue does) releases it.
+	if q := peek(t, ctx, b, scope, src).Quota; q.InFlight != 1 {
+		t.Errorf("in flight %d after the settle that raised, want 1 (its lease kept)", q.InFlight)
+	}
+	if s, err := b.Settle(ctx, req); err != nil || !s.Released {
+		t.Errorf("the settle repeated: %+v %v, want released", s, err)
+	}
+	if q := peek(t, ctx, b, scope, src).Quota; q.InFlight != 0 {
+		t.Errorf("in flight %d after the settle repeated, want 0", q.InFlight)
+	}
+}

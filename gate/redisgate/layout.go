@@ -419,7 +419,8 @@ func (r record) format() string {
 }
 
 // write defines the record's Lua table: ID, FIELD, FMT, read(s) (nil: the
-// zero record) and pack(t); for a table record, see writeRows.
+// zero record), pack(t) and copy(t, d) (t's fields of the record into d,
+// which allocates nothing); for a table record, see writeRows.
 func (r record) write(b *strings.Builder) {
 	if r.n > 0 {
 		r.writeRows(b)
@@ -442,6 +443,11 @@ func (r record) write(b *strings.Builder) {
 	fmt.Fprintf(b, "%s.read = function(s)\n  if not s then\n    return {%s}\n  end\n", r.id, strings.Join(zero, ", "))
 	fmt.Fprintf(b, "  local %s = struct.unpack(%s.FMT, s)\n  return {%s}\nend\n", strings.Join(vars, ", "), r.id, strings.Join(named, ", "))
 	fmt.Fprintf(b, "%s.pack = function(t)\n  return struct.pack(%s.FMT, %s)\nend\n", r.id, r.id, strings.Join(packed, ", "))
+	fmt.Fprintf(b, "%s.copy = function(t, d)\n", r.id)
+	for _, f := range r.fields {
+		fmt.Fprintf(b, "  d.%s = t.%s\n", f.name, f.name)
+	}
+	b.WriteString("end\n")
 }
 
 // writeRows defines a table record's Lua table: ID, FIELD, ROW (a row's

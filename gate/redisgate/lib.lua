@@ -151,6 +151,29 @@ end
 -- when it counts (Admit never does) and writes back, in one HSET, only the
 -- records that changed.
 
+-- b_keep marks the breaker of the cache entry c as saved: what a call of
+-- its own would have written to Redis by now (b_save, q_sweep). An op of a
+-- batch that raises leaves the breakers as they were saved (call_restore),
+-- as a call of its own that raises leaves what it wrote: the changes it
+-- made to the table after its last save are not written back.
+local function b_keep(c)
+  local b = c.b
+  BREC.copy(b, c.saved) -- into the same table each time: no garbage
+  c.saved_win, c.saved_wold = b.win, b.wold
+end
+
+-- call_restore sets every breaker of the batch back to its last b_keep,
+-- after an op raised.
+local function call_restore()
+  for _, c in pairs(CALL.h) do
+    local b = c.b
+    for k, v in pairs(c.saved) do
+      b[k] = v
+    end
+    b.win, b.wold, b.lease_f, b.lease_v = c.saved_win, c.saved_wold, nil, nil
+  end
+end
+
 -- b_cached is b_load within a batch (CALL), where each state hash is a
 -- write-back cache, CALL.h[key]:
 -- the breaker b loaded once (the same table for every op of the batch),
@@ -211,10 +234,11 @@ local function b_load(key, window, lease)
     b.win = v[3] or WIN.ZERO
   end
   if CALL then
-    local c = { b = b, f = {}, dirty = {}, ttl = 0 }
+    local c = { b = b, f = {}, dirty = {}, ttl = 0, idle_ttl = 0, saved = BREC.read(nil), saved_win = false, saved_wold = false }
     if lease then
       c.f[LEASE .. lease] = v[2]
     end
+    b_keep(c)
     CALL.h[key] = c
   end
   return b
@@ -264,6 +288,7 @@ local function b_save(b, idle_ttl, now)
     if ttl ~= 0 then
       c.ttl, c.idle_ttl = ttl, idle_ttl
     end
+    b_keep(c)
     return
   end
   local set = {}
@@ -715,6 +740,7 @@ local function q_sweep(q, b, now)
     for _, f in ipairs(gone) do
       c.f[f] = false
     end
+    b_keep(c)
     return -- the breaker: written by h_flush
   end
   local rec = BREC.pack(b)
@@ -857,18 +883,21 @@ end
 local function q_release(q, b, permit, actual, now)
   q_expire(q, b, now, false)
   local lease = b.lease_of
-  local held = lease ~= nil and h_del(q.state, LEASE .. permit)
-  if held and b.held > 0 then
-    b.held = b.held - 1
-  end
+  -- The minute's data first, then the lease's HDEL: a settle that raises
+  -- on the data (a broken key) keeps its lease, and its slot, for the
+  -- give-back to free, instead of a slot held without a lease.
   local m = nil
-  if actual >= 0 and (not held or #lease > 8) then
+  if actual >= 0 and (lease == nil or #lease > 8) then
     m = redis.call('HGET', q.data, 'i' .. permit)
   end
   if m then
     local old = tonumber(redis.call('HGET', q.data, 't' .. m) or 0)
     actual = tadd(0, actual)
     redis.call('HSET', q.data, 't' .. m, I(actual), 'sum', I(tadd(q_sum(q), actual - old)))
+  end
+  local held = lease ~= nil and h_del(q.state, LEASE .. permit)
+  if held and b.held > 0 then
+    b.held = b.held - 1
   end
   return held
 end
