@@ -573,26 +573,7 @@ func TestBatchSameAsSequential(t *testing.T) {
 				out[4] = fmt.Sprint(a, err)
 			},
 		}
-		if !batched {
-			for _, f := range fs {
-				f()
-			}
-			return out
-		}
-		held, release := h.holdNext()
-		var wg sync.WaitGroup
-		wg.Go(func() { _, _ = b.Admit(ctx, admitReq(scope, "lone", gatetest.Src("lone"))) })
-		<-held
-		for i, f := range fs {
-			wg.Go(f)
-			waitFor(t, "the op gathering", func() bool { return b.Gathering(scope) == i+1 })
-		}
-		h.takeSizes()
-		release()
-		wg.Wait()
-		if sizes := h.takeSizes(); len(sizes) != 1 || sizes[0] != len(fs) {
-			t.Fatalf("batch sizes %v, want [%d]", sizes, len(fs))
-		}
+		runOps(t, b, h, scope, batched, fs)
 		return out
 	}
 	seq, bat := run("sequential", false), run("batched", true)
@@ -697,26 +678,7 @@ func TestBatchKeysOncePerSource(t *testing.T) {
 			func() { x, err := b.Admit(ctx, admitReq(scope, "p3", bb, cc)); out[3] = fmt.Sprint(x, err) },
 			func() { x, err := b.Admit(ctx, admitReq(scope, "p4", cc, bb, a)); out[4] = fmt.Sprint(x, err) },
 		}
-		if !batched {
-			for _, f := range fs {
-				f()
-			}
-			return out
-		}
-		held, release := h.holdNext()
-		var wg sync.WaitGroup
-		wg.Go(func() { _, _ = b.Admit(ctx, admitReq(scope, "lone", gatetest.Src("lone"))) })
-		<-held
-		for i, f := range fs {
-			wg.Go(f)
-			waitFor(t, "the op gathering", func() bool { return b.Gathering(scope) == i+1 })
-		}
-		h.takeSizes()
-		release()
-		wg.Wait()
-		if sizes := h.takeSizes(); len(sizes) != 1 || sizes[0] != len(fs) {
-			t.Fatalf("batch sizes %v, want [%d]", sizes, len(fs))
-		}
+		runOps(t, b, h, scope, batched, fs)
 		return out
 	}
 	seq, bat := run("sequential", false), run("batched", true)
@@ -926,4 +888,23 @@ func TestBatchLeaseSweeps(t *testing.T) {
 	}
 	waitFor(t, "every lease ended", func() bool { return peek(t, ctx, b, scope, src).Quota.InFlight == 0 })
 	t.Logf("%d batch calls", batches)
+}
+
+// runOps runs fs one after the other, or, batched, as one batch call in
+// that order (gathered behind a lone call held in flight).
+func runOps(t *testing.T, b *redisgate.Backend, h *batchHook, scope string, batched bool, fs []func()) {
+	t.Helper()
+	if !batched {
+		for _, f := range fs {
+			f()
+		}
+		return
+	}
+	release, wait := gather(t, b, h, scope, len(fs), fs...)
+	h.takeSizes()
+	release()
+	wait()
+	if sizes := h.takeSizes(); len(sizes) != 1 || sizes[0] != len(fs) {
+		t.Fatalf("batch sizes %v, want [%d]", sizes, len(fs))
+	}
 }

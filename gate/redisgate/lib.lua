@@ -261,6 +261,23 @@ local function b_clear_buckets(b)
   b.win = WIN.ZERO
 end
 
+-- b_changed appends to set the fields of b's hash that changed since they
+-- were read or last written (the breaker record, its window), and takes
+-- them as written. A missing record saved unchanged writes nothing.
+local function b_changed(b, set)
+  local rec = BREC.pack(b)
+  if rec ~= (b.raw or BREC.pack(BREC.read(nil))) then
+    set[#set + 1] = BREC.FIELD
+    set[#set + 1] = rec
+    b.raw = rec
+  end
+  if b.win and b.win ~= b.wold and (b.wold or b.win ~= WIN.ZERO) then
+    set[#set + 1] = WIN.FIELD
+    set[#set + 1] = b.win
+    b.wold = b.win
+  end
+end
+
 -- b_save writes back what changed, with the lease q_take queued (the field
 -- b.lease_f, its value b.lease_v; nil when none), in one HSET. A CLOSED breaker without an override gets the idle
 -- TTL (garbage collection of abandoned sources), set again once an eighth
@@ -295,18 +312,7 @@ local function b_save(b, idle_ttl, now)
   if lf then
     set[1], set[2] = lf, lv
   end
-  local rec = BREC.pack(b)
-  -- (A missing record saved unchanged writes nothing.)
-  if rec ~= (b.raw or BREC.pack(BREC.read(nil))) then
-    set[#set + 1] = BREC.FIELD
-    set[#set + 1] = rec
-    b.raw = rec
-  end
-  if b.win and b.win ~= b.wold and (b.wold or b.win ~= WIN.ZERO) then
-    set[#set + 1] = WIN.FIELD
-    set[#set + 1] = b.win
-    b.wold = b.win
-  end
+  b_changed(b, set)
   if #set == 0 then
     return
   end
@@ -332,17 +338,7 @@ local function h_flush(key, c)
     end
   end
   c.dirty = {}
-  local rec = BREC.pack(b)
-  if rec ~= (b.raw or BREC.pack(BREC.read(nil))) then
-    set[#set + 1] = BREC.FIELD
-    set[#set + 1] = rec
-    b.raw = rec
-  end
-  if b.win and b.win ~= b.wold and (b.wold or b.win ~= WIN.ZERO) then
-    set[#set + 1] = WIN.FIELD
-    set[#set + 1] = b.win
-    b.wold = b.win
-  end
+  b_changed(b, set)
   for i = 1, #del, PAGE_H do
     redis.call('HDEL', key, unpack(del, i, math.min(i + PAGE_H - 1, #del)))
   end
