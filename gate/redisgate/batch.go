@@ -40,6 +40,14 @@ const (
 	maxBatchArgs = 1024
 )
 
+// A batch numbers its sources in one byte (batchOpArgs's map): the key
+// bound must keep them under 256.
+func init() {
+	if maxBatchKeys/len(batchSrcKeys.suffixes) > 255 {
+		panic("redisgate: maxBatchKeys allows a batch more sources than one byte numbers")
+	}
+}
+
 // maxQueuedOps bounds the ops of one scope waiting for its next batch (a
 // Redis that answers slowly makes them pile up): an admit beyond it fails at
 // once as unavailable; a settle beyond it goes to the give-back queue
