@@ -70,6 +70,9 @@ func (d *digests) is(want *[sha256.Size]byte, got *[sha256.Size]byte) bool {
 // token (or the operator's). With no token set, everything is open.
 func (t *Tokens) authenticate(ctx context.Context) (context.Context, error) {
 	d := t.v.Load()
+	if d.app == nil && d.operator == nil {
+		return ctx, nil // no token set: open, without reading the metadata
+	}
 	var got *[sha256.Size]byte
 	if bearer, err := auth.AuthFromMD(ctx, "bearer"); err == nil {
 		got = digest(bearer)
