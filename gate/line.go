@@ -48,6 +48,15 @@ import (
 // LineCap bounds a source's line.
 const LineCap = 10000
 
+// DescribeMax bounds what a describe reads of a line: its first DescribeMax
+// waiters in line order (those served next) are checked for a replica gone
+// and counted in Oldest and Groups; Length counts every waiter. On Redis a
+// waiter read is a command of the line's script, and DescribeScope is what
+// the status page refreshes: a whole line of LineCap would hold the shared
+// Redis for tens of milliseconds per source each time. (The proto's
+// SourceLine says 256.)
+const DescribeMax = 256
+
 // OverflowTenant is the bucket of tenants beyond a scope's max_tenants.
 const OverflowTenant = "~other"
 
@@ -96,7 +105,7 @@ type LineRead struct {
 	// capacity.
 	Join  *Waiter
 	Joins []string
-	// Describe counts the whole line (Oldest, Groups).
+	// Describe counts the line's first DescribeMax waiters (Oldest, Groups).
 	Describe bool
 }
 
@@ -108,8 +117,9 @@ type LineView struct {
 	// Wake are the replica's waiters handed a slot they have not asked for
 	// yet; Head is the replica's waiter at the head of the line when no
 	// handed slot is outstanding ("" otherwise).
-	Wake   []string
-	Head   string
+	Wake []string
+	Head string
+	// Oldest and Groups are of the first DescribeMax waiters (Describe).
 	Oldest time.Duration
 	Groups []LineGroup
 }
@@ -276,15 +286,6 @@ func (l *Line) enter(w *Waiter, now int64) string {
 	return e.record()
 }
 
-// prune removes every waiter whose replica is gone.
-func (l *Line) prune(now int64) {
-	for _, e := range slices.Clone(l.entries) {
-		if l.dead(e, now) {
-			l.remove(e)
-		}
-	}
-}
-
 // Lua twin: l_check
 // Check decides whether a Pick of w goes to the walk (true) or is queued.
 // A waiter set aside takes its place back.
@@ -382,9 +383,12 @@ func (l *Line) Read(r *LineRead, now int64) LineView {
 		i++
 	}
 	if r.Describe {
-		l.prune(now)
 		groups := map[LineGroup]int{}
-		for _, e := range l.entries {
+		for _, e := range slices.Clone(l.entries[:min(len(l.entries), DescribeMax)]) {
+			if l.dead(e, now) {
+				l.remove(e)
+				continue
+			}
 			v.Oldest = max(v.Oldest, time.Duration(now-e.joined)*time.Millisecond)
 			groups[LineGroup{Priority: e.prio, Tenant: e.tenant}]++
 		}

@@ -286,6 +286,33 @@ func runLine(t *testing.T, factory Factory) {
 			t.Fatalf("after b2 left: %v", got)
 		}
 	})
+	t.Run("DescribeReadsTheFirstWaiters", func(t *testing.T) {
+		// A describe counts the first DescribeMax waiters in line order
+		// (those served next) and takes out those of a replica gone among
+		// them; the length counts every waiter. The older waiters of
+		// priority 0 are behind the others: neither their group nor their
+		// wait shows.
+		e := newEnv(t, factory)
+		for i := range 3 {
+			e.join(roomy, waiter(fmt.Sprintf("low%d", i), 0, "y"))
+		}
+		e.clock.Advance(time.Second)
+		for i := range gate.DescribeMax {
+			e.join(roomy, waiter(fmt.Sprintf("high%d", i), 1, "x"))
+			if i == 0 { // second in line: not the head, which any read checks
+				e.join(roomy, waiter("gone", 1, "x", func(w *gate.Waiter) { w.Replica = "r2" }))
+			}
+		}
+		e.clock.Advance(lineLease / 2)
+		e.readLine(roomy, &gate.LineRead{Replica: "r1", Lease: lineLease}) // r1 is heard of, r2 is not
+		e.clock.Advance(lineLease/2 + time.Millisecond)
+		v := e.readLine(roomy, &gate.LineRead{Replica: "r1", Lease: lineLease, Describe: true})
+		want := []gate.LineGroup{{Priority: 1, Tenant: "x", Waiting: gate.DescribeMax - 1}}
+		if v.Length != gate.DescribeMax+3 || v.Oldest != lineLease+time.Millisecond || !slices.Equal(v.Groups, want) {
+			t.Fatalf("a line of %d, r2's waiter gone: length %d, oldest %v, groups %v; want %d, %v, %v",
+				gate.DescribeMax+4, v.Length, v.Oldest, v.Groups, gate.DescribeMax+3, lineLease+time.Millisecond, want)
+		}
+	})
 	t.Run("PerSource", func(t *testing.T) {
 		// A is full with a line, B is free with none: a newcomer is refused
 		// queued on A only, and granted on B.

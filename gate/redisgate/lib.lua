@@ -1100,18 +1100,6 @@ local function l_key(k, w, now)
   return tenant, share, key
 end
 
--- twin: gate.(*Line).prune
-local function l_prune(k, now)
-  for _, m in ipairs(redis.call('ZRANGE', k.line, 0, -1)) do
-    local e = l_entry(k, string.sub(m, KEY_LEN + 1))
-    if e == nil then
-      redis.call('ZREM', k.line, m)
-    elseif l_dead(k, e, now) then
-      l_remove(k, e)
-    end
-  end
-end
-
 -- twin: gate.(*Line).enter
 local function l_enter(k, w, now)
   local r = redis.call('HGET', k.line_w, 'w' .. w.waiter)
@@ -1246,11 +1234,19 @@ local function l_read(k, r, w, now)
     end
   end
   if r.describe == 1 then
-    l_prune(k, now)
-    local count, order = {}, {}
-    for _, m in ipairs(redis.call('ZRANGE', k.line, 0, -1)) do
+    -- The first DESCRIBE_MAX waiters: those whose replica is gone leave,
+    -- the others are counted (a replica's liveness read once).
+    local count, order, dead = {}, {}, {}
+    for _, m in ipairs(redis.call('ZRANGE', k.line, 0, DESCRIBE_MAX - 1)) do
       local e = l_entry(k, string.sub(m, KEY_LEN + 1))
-      if e then
+      if e and dead[e.replica] == nil then
+        dead[e.replica] = l_dead(k, e, now)
+      end
+      if e == nil then
+        redis.call('ZREM', k.line, m)
+      elseif dead[e.replica] then
+        l_remove(k, e)
+      else
         v.oldest = gmax(v.oldest, now - e.joined)
         local g = I(e.prio) .. '|' .. e.tenant
         if not count[g] then

@@ -186,6 +186,7 @@ func lineConstants(def func(string, any)) {
 	def("SHARE_SCALE", gate.ShareScale)
 	def("CLASS_OFFSET", int64(gate.ClassOffset))
 	def("KEY_LEN", gate.KeyLen)
+	def("DESCRIBE_MAX", gate.DescribeMax)
 }
 
 // Leave implements gate.Backend.

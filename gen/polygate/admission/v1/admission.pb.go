@@ -2793,11 +2793,14 @@ func (x *SourceState) GetLine() *SourceLine {
 
 // SourceLine is the line of callers waiting for a source's capacity.
 type SourceLine struct {
-	state  protoimpl.MessageState `protogen:"open.v1"`
-	Length int32                  `protobuf:"varint,1,opt,name=length,proto3" json:"length,omitempty"`
-	// How long the longest waiter has waited.
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Every waiter in the line.
+	Length int32 `protobuf:"varint,1,opt,name=length,proto3" json:"length,omitempty"`
+	// How long the longest waiter has waited, of the first 256 in line order
+	// (those served next; a describe reads no further).
 	OldestWait *durationpb.Duration `protobuf:"bytes,2,opt,name=oldest_wait,json=oldestWait,proto3" json:"oldest_wait,omitempty"`
-	// Waiters by priority and tenant, highest priority first.
+	// The first 256 waiters in line order by priority and tenant, highest
+	// priority first.
 	Groups        []*LineGroup `protobuf:"bytes,3,rep,name=groups,proto3" json:"groups,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
