@@ -2794,7 +2794,8 @@ func (x *SourceState) GetLine() *SourceLine {
 // SourceLine is the line of callers waiting for a source's capacity.
 type SourceLine struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Every waiter in the line.
+	// Every entry of the line, including waiters of a replica gone that no
+	// read has reached yet (they leave when they come to the front).
 	Length int32 `protobuf:"varint,1,opt,name=length,proto3" json:"length,omitempty"`
 	// How long the longest waiter has waited, of the first 256 in line order
 	// (those served next; a describe reads no further).
