@@ -165,17 +165,32 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 			}
 		}
 		if o.Held > 0 {
-			h, err := t.cl.hold(ctx, t.p, o.Held, o.Settle, o.HoldWindow)
-			if err != nil {
-				return rep, fmt.Errorf("%s held waiters: %w", t.name, err)
+			if len(rep.held) == 0 {
+				// The floor holds as many calls once, before the first
+				// sidecar does: what grpc-go alone spends per held call.
+				if err := holdOn(ctx, rep, progress, floor.name, floor.p, floor.cl, floor.cl.floorHolding(), o); err != nil {
+					return rep, err
+				}
 			}
-			h.target = t.name
-			rep.held = append(rep.held, h)
-			fmt.Fprintf(progress, "%-7s held      %6d  %6.1f KB RSS/call, last answer %v after the clear\n",
-				t.name, h.calls, float64(h.rssDelta)/float64(h.calls)/1024, h.last.Round(time.Millisecond))
+			if err := holdOn(ctx, rep, progress, t.name, t.p, t.cl, t.cl.sidecarHolding(), o); err != nil {
+				return rep, err
+			}
 		}
 	}
 	return rep, nil
+}
+
+// holdOn runs the held mode on one target and adds it to rep.
+func holdOn(ctx context.Context, rep *Report, progress io.Writer, name string, p *process, cl *client, how holding, o Options) error {
+	h, err := cl.hold(ctx, p, how, o.Held, o.Settle, o.HoldWindow)
+	if err != nil {
+		return fmt.Errorf("%s held waiters: %w", name, err)
+	}
+	h.target = name
+	rep.held = append(rep.held, h)
+	fmt.Fprintf(progress, "%-7s held      %6d  %6.1f KB RSS/call, last answer %v after the release\n",
+		name, h.calls, h.rssPerCall(), h.last.Round(time.Millisecond))
+	return nil
 }
 
 // medianPair returns the pair whose CPU per operation relative to its floor
@@ -263,15 +278,24 @@ func (r *Report) Print(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "target\theld calls\tRSS KB/call\tCPU while held (% core)\tanswered after clear\tfirst / median / last answer ms\twake CPU µs/call\tanswered early\twait log lines\tfailed\t")
+	fmt.Fprintln(tw, "target\theld calls\tRSS KB/call\t× floor RSS\tCPU while held (% core)\tanswered after release\tfirst / median / last answer ms\twake CPU µs/call\tanswered early\twait log lines\tfailed\t")
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	var floorRSS float64
 	for _, h := range r.held {
-		wake := "-"
+		if h.target == "floor" {
+			floorRSS = h.rssPerCall()
+		}
+	}
+	for _, h := range r.held {
+		wake, ratio := "-", "-"
 		if h.answered > 0 {
 			wake = fmt.Sprintf("%.1f", us(h.wakeCPU)/float64(h.answered))
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.2f\t%d\t%.0f / %.0f / %.0f\t%s\t%d\t%d\t%d\t\n", h.target, h.calls,
-			float64(h.rssDelta)/float64(h.calls)/1024, 100*h.cpu.Seconds()/h.window.Seconds(),
+		if h.target != "floor" && floorRSS > 0 {
+			ratio = fmt.Sprintf("%.2f", h.rssPerCall()/floorRSS)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%s\t%.2f\t%d\t%.0f / %.0f / %.0f\t%s\t%d\t%d\t%d\t\n", h.target, h.calls,
+			h.rssPerCall(), ratio, 100*h.cpu.Seconds()/h.window.Seconds(),
 			h.answered, ms(h.first), ms(h.median), ms(h.last), wake, h.early, h.logLines, h.failed)
 	}
 	_ = tw.Flush()

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/protobuf/types/known/emptypb"
+
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 )
 
@@ -42,11 +44,76 @@ type held struct {
 	mem, memAfter *goMem
 }
 
-// hold opens n calls on the held scope with its source forced open, holds
-// each in OnNoRunnable, measures the target's RSS and CPU while they wait,
-// clears the override and times how long until every call is answered.
-// settle is how long to let the target take the calls in before measuring.
-func (c *client) hold(ctx context.Context, p *process, n int, settle, window time.Duration) (held, error) {
+// rssPerCall is the target's RSS growth per held call, in KB.
+func (h held) rssPerCall() float64 { return float64(h.rssDelta) / float64(h.calls) / 1024 }
+
+// holding is what the held mode does on one kind of target: arm makes
+// calls wait (nil: they always do), call opens one call and holds it
+// (calling opened once the call is in, before it waits), release lets every
+// held call go.
+type holding struct {
+	arm, release func(ctx context.Context) error
+	call         func(ctx context.Context, k int, opened func()) error
+}
+
+// sidecarHolding holds calls in OnNoRunnable on the held scope, its source
+// forced open, and clears the override to let them go.
+func (c *client) sidecarHolding() holding {
+	override := func(a admissionv1.OverrideAction) func(context.Context) error {
+		return func(ctx context.Context) error {
+			_, err := c.adm[0].OverrideBreaker(ctx, &admissionv1.OverrideBreakerRequest{
+				Scope: heldScope, Source: heldSource, Action: a, Actor: "polybench", Reason: "held-waiters benchmark",
+			})
+			return err
+		}
+	}
+	// The calls open at most pickers at a time, as a client's pool would:
+	// what is measured is holding them, not a burst of 10 000 Picks.
+	pickers := make(chan struct{}, 64)
+	return holding{
+		arm:     override(admissionv1.OverrideAction_OVERRIDE_ACTION_FORCE_OPEN),
+		release: override(admissionv1.OverrideAction_OVERRIDE_ACTION_CLEAR),
+		call: func(ctx context.Context, k int, opened func()) error {
+			pickers <- struct{}{}
+			p, err := c.adm[k].Pick(ctx, &admissionv1.PickRequest{Scope: heldScope})
+			<-pickers
+			opened()
+			if err != nil {
+				return fmt.Errorf("pick: %w", err)
+			}
+			if p.GetNoRunnable() == nil {
+				return fmt.Errorf("pick on a forced-open source: %v, want no_runnable", p)
+			}
+			if _, err := c.adm[k].OnNoRunnable(ctx, &admissionv1.OnNoRunnableRequest{Scope: heldScope, CallId: p.GetCallId()}); err != nil {
+				return fmt.Errorf("on_no_runnable: %w", err)
+			}
+			return nil
+		},
+	}
+}
+
+// floorHolding holds calls in the floor's Hold RPC (floorHold): what a
+// held unary call costs grpc-go itself.
+func (c *client) floorHolding() holding {
+	return holding{
+		release: func(ctx context.Context) error {
+			return c.conns[0].Invoke(ctx, floorReleaseMethod, new(emptypb.Empty), new(emptypb.Empty))
+		},
+		call: func(ctx context.Context, k int, opened func()) error {
+			opened()
+			if err := c.conns[k].Invoke(ctx, floorHoldMethod, new(emptypb.Empty), new(emptypb.Empty)); err != nil {
+				return fmt.Errorf("hold: %w", err)
+			}
+			return nil
+		},
+	}
+}
+
+// hold opens n calls on the target and holds each (how), measures the
+// target's RSS and CPU while they wait, lets them go and times how long
+// until every call is answered. settle is how long to let the target take
+// the calls in before measuring.
+func (c *client) hold(ctx context.Context, p *process, how holding, n int, settle, window time.Duration) (held, error) {
 	pid, logPath, metrics := p.pid(), p.log, p.metricsURL()
 	readMem := func() *goMem {
 		if metrics == "" {
@@ -60,14 +127,10 @@ func (c *client) hold(ctx context.Context, p *process, n int, settle, window tim
 	}
 	h := held{calls: n, window: window}
 	logs0 := countLines(logPath, "call waiting", "calls waiting")
-	override := func(a admissionv1.OverrideAction) error {
-		_, err := c.adm[0].OverrideBreaker(ctx, &admissionv1.OverrideBreakerRequest{
-			Scope: heldScope, Source: heldSource, Action: a, Actor: "polybench", Reason: "held-waiters benchmark",
-		})
-		return err
-	}
-	if err := override(admissionv1.OverrideAction_OVERRIDE_ACTION_FORCE_OPEN); err != nil {
-		return h, fmt.Errorf("force open: %w", err)
+	if how.arm != nil {
+		if err := how.arm(ctx); err != nil {
+			return h, fmt.Errorf("make calls wait: %w", err)
+		}
 	}
 	mem0 := readMem()
 	rss0, err := procRSS(pid)
@@ -91,30 +154,13 @@ func (c *client) hold(ctx context.Context, p *process, n int, settle, window tim
 		}
 	}
 	lastAnswer := make([]int64, n) // unix nanos of each call's answer
-	// The calls open at most pickers at a time, as a client's pool would:
-	// what is measured is holding them, not a burst of 10 000 Picks.
-	pickers := make(chan struct{}, 64)
 	picked.Add(n)
 	answers.Add(n)
 	for i := range n {
 		go func() {
 			defer answers.Done()
-			k := i % len(c.conns)
-			pickers <- struct{}{}
-			p, err := c.adm[k].Pick(ctx, &admissionv1.PickRequest{Scope: heldScope})
-			<-pickers
-			picked.Done()
-			if err != nil {
-				fail(fmt.Errorf("pick: %w", err))
-				return
-			}
-			if p.GetNoRunnable() == nil {
-				fail(fmt.Errorf("pick on a forced-open source: %v, want no_runnable", p))
-				return
-			}
-			_, err = c.adm[k].OnNoRunnable(ctx, &admissionv1.OnNoRunnableRequest{Scope: heldScope, CallId: p.GetCallId()})
-			if err != nil {
-				fail(fmt.Errorf("on_no_runnable: %w", err))
+			if err := how.call(ctx, i%len(c.conns), picked.Done); err != nil {
+				fail(err)
 				return
 			}
 			lastAnswer[i] = time.Now().UnixNano()
@@ -147,8 +193,8 @@ func (c *client) hold(ctx context.Context, p *process, n int, settle, window tim
 		h.mem, h.memAfter = &d, mem1
 	}
 	t0 := time.Now()
-	if err := override(admissionv1.OverrideAction_OVERRIDE_ACTION_CLEAR); err != nil {
-		return h, fmt.Errorf("clear the override: %w", err)
+	if err := how.release(ctx); err != nil {
+		return h, fmt.Errorf("let the calls go: %w", err)
 	}
 	done := make(chan struct{})
 	go func() {
