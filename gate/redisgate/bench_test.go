@@ -35,7 +35,10 @@ import (
 //
 // The source has an rpm limit; limits=concurrency is the same attempt on a
 // source with a concurrency limit only (make bench's), whose minute's log
-// is not kept. On Redis the serial cells also report the server's CPU per
+// is not kept. ordered/limits=concurrency is the attempt the sidecar makes
+// in make bench (an enforcing scope's Pick, a waiter on an empty line, and
+// its RecordOutcome, a handoff; a source with a concurrency limit only):
+// the cell that measures the path users run. On Redis the serial cells also report the server's CPU per
 // attempt (INFO cpu: redis-cpu-µs/op). POLYGATE_BENCH_REDIS=host:port runs
 // the benchmark against that server instead of one of its own, for
 // instance a redis-server under valgrind --tool=callgrind, whose
@@ -87,7 +90,10 @@ func BenchmarkAttemptCycle(b *testing.B) {
 			suffix  string
 			src     *gate.Source
 			ordered bool
-		}{{"", rpmSrc, false}, {"/ordered", rpmSrc, true}, {"/limits=concurrency", concSrc, false}} {
+		}{
+			{"", rpmSrc, false}, {"/ordered", rpmSrc, true}, {"/limits=concurrency", concSrc, false},
+			{"/ordered/limits=concurrency", concSrc, true},
+		} {
 			name := "backend=" + be.name + c.suffix
 			b.Run(name+"/serial", func(b *testing.B) {
 				u, n := scriptStats(b, client)
