@@ -908,3 +908,53 @@ func runOps(t *testing.T, b *redisgate.Backend, h *batchHook, scope string, batc
 		t.Fatalf("batch sizes %v, want [%d]", sizes, len(fs))
 	}
 }
+
+// TestBatchLineJoinedInBatch: a batch reads a line's emptiness once and
+// keeps it only until an op of the batch adds to the line. An admit finds
+// the line empty, a waiter with a place joins it, and a settle after both
+// hands the released slot to that waiter, as the same ops one at a time do.
+func TestBatchLineJoinedInBatch(t *testing.T) {
+	ctx := testCtx(t)
+	b, h, _ := batchFixture(t, redisgate.Options{}, "batched")
+	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 1 })
+	warm := gatetest.Src("warm")
+	settle(t, ctx, b, "sequential", warm, admit(t, ctx, b, "sequential", "warm", warm).Permit, gate.VerdictSuccess)
+	waiter := func(id, place string) *gate.Waiter {
+		return &gate.Waiter{ID: id, Weight: 1, OtherWeight: 1, MaxTenants: 8, Lease: time.Minute, Places: map[string]string{"s": place}}
+	}
+	run := func(scope string, batched bool) []string {
+		held := admit(t, ctx, b, scope, "held", src).Permit // the slot: full
+		out := make([]string, 3)
+		fs := []func(){
+			func() { // an empty line, nobody joining: refused for capacity
+				req := admitReq(scope, "a", src)
+				req.Line = waiter("w1", "")
+				a, err := b.Admit(ctx, req)
+				out[0] = fmt.Sprint(a.Granted, a.Rejections, a.Places, err)
+			},
+			func() { // a waiter with a place joins the line
+				req := admitReq(scope, "b", src)
+				req.Line = waiter("w2", "earlier")
+				a, err := b.Admit(ctx, req)
+				out[1] = fmt.Sprint(a.Granted, a.Rejections, len(a.Places), err)
+			},
+			func() { // the release hands the slot to w2
+				req := settleReq(scope, src, held, gate.VerdictSuccess)
+				req.Line = &gate.LineHandoff{Lease: time.Minute}
+				s, err := b.Settle(ctx, req)
+				out[2] = fmt.Sprintf("%v %s %v", s.Released, s.Handoff, err)
+			},
+		}
+		runOps(t, b, h, scope, batched, fs)
+		return out
+	}
+	seq, bat := run("sequential", false), run("batched", true)
+	if seq[2] != "true w2 <nil>" {
+		t.Fatalf("one at a time: the settle answered %s, want the slot handed to w2", seq[2])
+	}
+	for i := range seq {
+		if seq[i] != bat[i] {
+			t.Errorf("op %d: batched %s, one at a time %s", i, bat[i], seq[i])
+		}
+	}
+}

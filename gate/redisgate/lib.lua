@@ -1028,6 +1028,19 @@ local function l_touch(k, lease)
   redis.call('PEXPIRE', k.line_s, ttl)
 end
 
+-- l_empty says whether the line k has nobody (no ZSET). An empty line is
+-- kept so on k (a batch's table of the line's keys, or a call's own) until
+-- something adds to it (l_enter's ZADD): a batch asks Redis once per line,
+-- not once per op. A line found not empty is asked again (removals may
+-- empty it).
+local function l_empty(k)
+  if k.empty then
+    return true
+  end
+  k.empty = redis.call('EXISTS', k.line) == 0
+  return k.empty
+end
+
 -- twin: gate.(*Line).remove
 local function l_remove(k, e)
   redis.call('ZREM', k.line, e.member)
@@ -1125,6 +1138,7 @@ local function l_enter(k, w, now)
   end
   e.replica = w.replica
   r = l_record(e)
+  k.empty = false
   redis.call('ZADD', k.line, 0, e.member)
   redis.call('HSET', k.line_w, 'w' .. w.waiter, r, 'r' .. w.replica, I(now + w.lease))
   l_touch(k, w.lease)
@@ -1135,7 +1149,7 @@ end
 -- The second result says the line was empty and w had no place: w is not
 -- in line after the walk either (admit skips l_after).
 local function l_check(k, w, now)
-  if w.place == '' and redis.call('EXISTS', k.line) == 0 then
+  if w.place == '' and l_empty(k) then
     return true, true
   end
   l_live(k, w.replica, w.lease, now)
@@ -1183,7 +1197,7 @@ end
 
 -- twin: gate.(*Line).Handoff
 local function l_handoff(k, h, now)
-  if redis.call('EXISTS', k.line) == 0 then
+  if l_empty(k) then
     return ''
   end
   l_live(k, h.replica, h.lease, now)
@@ -1207,7 +1221,7 @@ end
 -- As the reply record LINE_R.
 local function l_read(k, r, w, now)
   local v = { length = 0, place = '', wake = {}, head = '', oldest = 0, groups = {} }
-  if w == nil and redis.call('EXISTS', k.line) == 0 then
+  if w == nil and l_empty(k) then
     return pack(LINE_R, v) -- an empty line, nobody joining: one command per source read
   end
   l_live(k, r.replica, r.lease, now)
