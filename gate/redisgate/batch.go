@@ -81,6 +81,14 @@ type batchOp struct {
 	sent, gone bool
 }
 
+// permit is the op's permit: the admit's or the settle's.
+func (o *batchOp) permit() string {
+	if o.kind == opAdmit {
+		return o.admit.PermitID
+	}
+	return o.settle.PermitID
+}
+
 // script is the op's own function, for an op that goes alone.
 func (o *batchOp) script() *op {
 	if o.kind == opAdmit {
@@ -213,8 +221,9 @@ func (b *Backend) runBatch(tag string, ops []*batchOp, nk, na int) {
 		return
 	}
 	keys := appendScopeKeys(make([]string, 0, nk), tag)
-	args := batchArgs.pack(make([]any, 0, batchArgs.width()+batchOpArgs.width()*len(ops)+na), &batchCall{b, len(ops)})
 	index := map[string]byte{} // each source's number among the batch's
+	var pre []batchPre         // by number - 1
+	nl := 0                    // leases in pre
 	for _, o := range ops {
 		m := make([]byte, len(o.srcs))
 		for i, src := range o.srcs {
@@ -223,10 +232,25 @@ func (b *Backend) runBatch(tag string, ops []*batchOp, nk, na int) {
 				j = byte(len(index) + 1) // < 256: see batchOpArgs
 				index[src] = j
 				keys = appendLineKeys(appendSourceKeys(keys, tag, src), tag, src)
+				pre = append(pre, batchPre{})
 			}
 			m[i] = j
+			p := &pre[j-1]
+			p.leases = append(p.leases, leaseField+o.permit())
+			p.window = p.window || o.kind == opSettle
+			nl++
 		}
 		o.kmap = string(m)
+	}
+	args := make([]any, 0, batchArgs.width()+batchPreArgs.width()*len(pre)+nl+batchOpArgs.width()*len(ops)+na)
+	args = batchArgs.pack(args, &batchCall{b, len(ops), len(pre)})
+	for i := range pre {
+		args = batchPreArgs.pack(args, &pre[i])
+		for _, f := range pre[i].leases {
+			args = append(args, f)
+		}
+	}
+	for _, o := range ops {
 		args = append(batchOpArgs.pack(args, o), o.args...)
 	}
 	v, err := b.call(ctx, batchScript, keys, args)

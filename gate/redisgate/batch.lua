@@ -8,7 +8,8 @@
 -- ops touch), all written back once, at the end.
 --
 -- keys: SCOPE_KEYS, then BATCH_SRC per source of the batch.
--- argv: BATCH, then per op BATCH_OP and the op's arguments.
+-- argv: BATCH, then per source BATCH_PRE and its lease fields, then per op
+-- BATCH_OP and the op's arguments.
 -- Reply: an array with each op's reply (ADMIT_R, SETTLE_R) or its error: an
 -- op that raises an error answers with it and does not stop the others (what
 -- it wrote before the error stays, as in a call of its own: its Redis
@@ -19,7 +20,17 @@ local BATCH_FNS = { [OP_ADMIT] = admit, [OP_SETTLE] = settle }
 local function batch_run(keys, argv)
   local h = read(BATCH, argv, 0)
   now_ms(h.now)
-  local out, ao = {}, BATCH.WIDTH
+  local ao = BATCH.WIDTH
+  -- What the ops will read of each source's state hash (b_first): its
+  -- BATCH_PRE block, then its lease fields, argv[p.from .. p.to].
+  for j = 1, h.srcs do
+    local p = read(BATCH_PRE, argv, ao)
+    ao = ao + BATCH_PRE.WIDTH
+    p.from, p.to = ao + 1, ao + p.leases
+    CALL.pre[batch_src(keys, j).q.state] = p
+    ao = ao + p.leases
+  end
+  local out = {}
   for i = 1, h.n do
     local o = read(BATCH_OP, argv, ao)
     ao = ao + BATCH_OP.WIDTH
@@ -46,7 +57,7 @@ local function batch_run(keys, argv)
 end
 
 local function batch(keys, argv)
-  CALL = { got = {}, put = {}, h = {}, src = {} }
+  CALL = { got = {}, put = {}, h = {}, src = {}, pre = {}, argv = argv }
   local ok, out = pcall(batch_run, keys, argv)
   local flushed, err = pcall(call_flush) -- what ran is written, as in calls of their own
   CALL = nil

@@ -958,3 +958,49 @@ func TestBatchLineJoinedInBatch(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchReadsEachSourceOnce: the sidecar's attempt (an admit with a
+// waiter on an empty line, a settle that hands its slot on), many of them
+// in one batch, reads the source's state hash once, in one HMGET (the
+// breaker, the window, every op's lease), and the line's emptiness once:
+// no command per op.
+func TestBatchReadsEachSourceOnce(t *testing.T) {
+	ctx := testCtx(t)
+	const scope = "batched"
+	b, h, c := batchFixture(t, redisgate.Options{}, scope)
+	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 100 })
+	var fs []func()
+	for i := range 4 {
+		p := admit(t, ctx, b, scope, fmt.Sprint("p", i), src).Permit
+		fs = append(fs, func() {
+			req := settleReq(scope, src, p, gate.VerdictSuccess)
+			req.Line = &gate.LineHandoff{Lease: time.Second}
+			if s, err := b.Settle(ctx, req); err != nil || !s.Released {
+				t.Errorf("settle %s: %+v %v", p.ID, s, err)
+			}
+		}, func() {
+			req := admitReq(scope, fmt.Sprint("q", i), src)
+			req.Line = &gate.Waiter{ID: fmt.Sprint("w", i), Weight: 1, OtherWeight: 1, MaxTenants: 8, Lease: time.Second}
+			if a, err := b.Admit(ctx, req); err != nil || !a.Granted {
+				t.Errorf("admit q%d: %+v %v", i, a, err)
+			}
+		})
+	}
+	must(c.ConfigResetStat(ctx).Result())(t)
+	runOps(t, b, h, scope, true, fs)
+	calls := map[string]string{}
+	for _, line := range strings.Split(must(c.Info(ctx, "commandstats").Result())(t), "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if n, ok2 := strings.CutPrefix(name, "cmdstat_"); ok && ok2 {
+			v, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+			calls[n] = v
+		}
+	}
+	// The lone admit that holds the batch back (gather) makes one HMGET of
+	// its own.
+	for cmd, want := range map[string]string{"hmget": "2", "hget": "", "exists": "1"} {
+		if calls[cmd] != want {
+			t.Errorf("%s: %q calls, want %q (all: %v)", cmd, calls[cmd], want, calls)
+		}
+	}
+}

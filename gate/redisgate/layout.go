@@ -611,11 +611,33 @@ var overrideArgs = args[call[gate.OverrideRequest]]{"OVERRIDE", []arg[call[gate.
 type batchCall struct {
 	b *Backend
 	n int
+	// srcs is how many sources the batch has: a batchPreArgs block each
+	// follows the BATCH block, before the ops.
+	srcs int
 }
 
 var batchArgs = args[batchCall]{"BATCH", []arg[batchCall]{
 	num("now", func(c *batchCall) any { return c.b.nowArg() }),
 	num("n", func(c *batchCall) any { return c.n }),
+	num("srcs", func(c *batchCall) any { return c.srcs }),
+}}
+
+// batchPre is what a batch's ops will read of a source's state hash besides
+// the breaker: its window, if a settle of the batch counts (window), and
+// the lease field of each op's permit (leases: leaseField + permit). The
+// batch reads them with the breaker, in one HMGET, when it first loads the
+// hash (lib.lua's b_first), instead of a command per op.
+type batchPre struct {
+	window bool
+	leases []string
+}
+
+// batchPreArgs is a source's batchPre, one block per source of the batch
+// in the order of its keys (batchSrcKeys), each followed by its leases, one
+// argument each (at most one per op: maxBatchOps).
+var batchPreArgs = args[batchPre]{"BATCH_PRE", []arg[batchPre]{
+	num("window", func(p *batchPre) any { return flag(p.window) }),
+	num("leases", func(p *batchPre) any { return len(p.leases) }),
 }}
 
 // batchOpArgs heads one op of a batch: its kind (opAdmit, opSettle), how
@@ -887,6 +909,6 @@ func luaLayouts() []luaLayout {
 		breakerView.lua(), quotaView.lua(), eventReply.lua(), rejection.lua(), admitReply.lua(), settleReply.lua(),
 		peekReply.lua(), peekSource.lua(), overrideReply.lua(), announcement.lua(),
 		restoreKeys.lua(), brkKeys.lua(), restoreArgs.lua(), restoreSrcArgs.lua(), restoreReply.lua(),
-		batchArgs.lua(), batchOpArgs.lua(), batchSrcKeys.lua(),
+		batchArgs.lua(), batchPreArgs.lua(), batchOpArgs.lua(), batchSrcKeys.lua(),
 	}, lineLayouts()...)
 }

@@ -19,7 +19,9 @@ end
 -- or written with GET and SET (got: key -> value, false for none, a number
 -- once get_ms or set_ms had it; put: key -> the TTL of the value in got,
 -- written once when the batch ends), the sources' state hashes (h: see
--- b_load), and the batch's keys as tables (scope, src: see batch_src). It is a
+-- b_load), what the ops will read of each state hash (pre: key -> its
+-- BATCH_PRE block, see b_first; argv, the batch's arguments), and the
+-- batch's keys as tables (scope, src: see batch_src). It is a
 -- library-level local, which outlives a call: batch sets it at its start
 -- and clears it at its end.
 local CALL = nil
@@ -205,11 +207,44 @@ local function b_cached(key, window, lease)
   return b
 end
 
+-- b_first is a batch's first load of the state hash key: the breaker and,
+-- in the same HMGET, what the batch's ops will read of the hash (pre, the
+-- source's BATCH_PRE block: the window if a settle of the batch counts, and
+-- the lease field of each op's permit, argv[pre.from .. pre.to]), into the
+-- hash's cache, where b_cached finds them.
+local function b_first(key, pre)
+  local argv = CALL.argv
+  local v, at
+  if pre.window == 1 then
+    v = redis.call('HMGET', key, BREC.FIELD, WIN.FIELD, unpack(argv, pre.from, pre.to))
+    at = 2 -- v[at + 1] is the first lease's
+  else
+    v = redis.call('HMGET', key, BREC.FIELD, unpack(argv, pre.from, pre.to))
+    at = 1
+  end
+  local b = BREC.read(v[1] or nil)
+  b.key = key
+  b.raw = v[1]
+  if pre.window == 1 then
+    b.wold = v[2]
+    b.win = v[2] or WIN.ZERO
+  end
+  local c = { b = b, f = {}, dirty = {}, ttl = 0, idle_ttl = 0, saved = BREC.read(nil), saved_win = false, saved_wold = false }
+  for i = pre.from, pre.to do
+    c.f[argv[i]] = v[at + i - pre.from + 1]
+  end
+  b_keep(c)
+  CALL.h[key] = c
+end
+
 -- b_load reads the breaker: with window (a script that will count), its
 -- window too, and with lease a permit's lease field, in the same HMGET; the
 -- lease's value is b.lease_of (nil when the permit holds none). Within a
--- batch, the first load of a hash makes its cache (b_cached).
+-- batch, the first load of a hash makes its cache (b_first, b_cached).
 local function b_load(key, window, lease)
+  if CALL and not CALL.h[key] and CALL.pre[key] then
+    b_first(key, CALL.pre[key])
+  end
   if CALL and CALL.h[key] then
     return b_cached(key, window, lease)
   end
