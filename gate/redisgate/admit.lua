@@ -6,7 +6,8 @@
 -- argv: ADMIT, then CAND per candidate (n of them), then WAITER, then PLACE
 -- per candidate.
 -- Reply ADMIT_R: rejections are REJ records, events EV records, the line's
--- places PLACE_R records (each list their concatenation).
+-- places PLACE_R records, one per candidate, or none when the waiter has no
+-- place (each list their concatenation).
 
 -- The scope's marker tells whether this replica's picture of the scope
 -- holds: a marker other than the one it last saw (h.seen; "" before its
@@ -42,20 +43,32 @@ local function admit(keys, argv, ao, map)
   end
   local now = now_ms(h.now)
   local wbase = ao + block(ADMIT, CAND, h.n + 1)
-  local w = on_block(WAITER, argv, wbase)
-  -- With a waiter: its line of candidate i, its place there, whether the
-  -- line was empty and it had none (it is not in line after the walk
-  -- either: l_after is skipped), the candidates the walk reached and why
-  -- they refused.
-  local lines, nobody, reached, refused, line
-  if w then
+  local waits = WAITER.on(argv, wbase)
+  -- With a waiter: its line of candidate i (line(i)), its place there
+  -- (place(i)), whether the line was empty and it had none (nobody: it is
+  -- not in line after the walk either, l_after is skipped), the candidates
+  -- the walk reached and why they refused. The waiter's block is read
+  -- (as w, at(i): w with candidate i's place) only for a line it has a
+  -- place in or that is not empty: the sidecar's common case, an empty
+  -- line and no place, reads none of it.
+  local w, lines, nobody, reached, refused, line, place, at
+  if waits then
     lines, nobody, reached, refused = {}, {}, {}, {}
     line = function(i)
       if lines[i] == nil then
         lines[i] = op_line(keys, map, h.n, i)
       end
-      w.place = read(PLACE, argv, wbase + WAITER.WIDTH + PLACE.WIDTH * (i - 1)).place
       return lines[i]
+    end
+    place = function(i)
+      return PLACE.one(argv, wbase + WAITER.WIDTH + PLACE.WIDTH * (i - 1))
+    end
+    at = function(i, p)
+      if not w then
+        w = read(WAITER, argv, wbase)
+      end
+      w.place = p
+      return w
     end
   end
   local granted, probe, epoch = 0, 0, 0
@@ -64,9 +77,14 @@ local function admit(keys, argv, ao, map)
     local c = read(CAND, argv, ao + block(ADMIT, CAND, i))
     local q = op_src(keys, map, i)
     local passed = true
-    if w then
+    if waits then
       reached[i] = true
-      passed, nobody[i] = l_check(line(i), w, now)
+      local p = place(i)
+      if p == '' and l_empty(line(i)) then
+        passed, nobody[i] = true, true -- l_check's first test, before w is read
+      else
+        passed, nobody[i] = l_check(line(i), at(i, p), now)
+      end
     end
     local reason, wait, b = R_QUEUED, 0, nil
     if passed then
@@ -91,35 +109,46 @@ local function admit(keys, argv, ao, map)
       end
     end
     rejections = rejections .. pack(REJ, { src = i, reason = reason, retry = wait })
-    if w then
+    if waits then
       refused[i] = reason
     end
   end
   -- inmem's after: a grant leaves every line, a refusal for capacity keeps
   -- the source's place, a breaker's refusal leaves the source's line. A
   -- candidate the walk did not reach is asked only when w has a place there.
+  -- The reply lists a place per candidate, or none when it has no place.
   if not NO_LINE then
     NO_LINE = pack(LINE_ADMIT_R, { places = '' })
   end
   local places = NO_LINE
-  if w then
-    places = ''
+  if waits then
+    local kept = nil -- candidate -> its place, where not ''
     for i = 1, h.n do
-      local place = ''
-      local k = not nobody[i] and line(i)
-      if k and (reached[i] or w.place ~= '') then
+      local p = not nobody[i] and place(i)
+      if p and (reached[i] or p ~= '') then
+        local k = line(i)
+        at(i, p)
         if granted ~= 0 and granted ~= i then
           local e = l_entry(k, w.waiter)
           if e then
             l_remove(k, e)
           end
         else
-          place = l_after(k, w, granted == i, l_capacity(refused[i]))
+          p = l_after(k, w, granted == i, l_capacity(refused[i]))
+          if p ~= '' then
+            kept = kept or {}
+            kept[i] = p
+          end
         end
       end
-      places = places .. pack(PLACE_R, { place = place })
     end
-    places = pack(LINE_ADMIT_R, { places = places })
+    if kept then
+      places = ''
+      for i = 1, h.n do
+        places = places .. pack(PLACE_R, { place = kept[i] or '' })
+      end
+      places = pack(LINE_ADMIT_R, { places = places })
+    end
   end
   return pack(ADMIT_R, {
     granted = granted, probe = probe, epoch = epoch, rejections = rejections, events = events,

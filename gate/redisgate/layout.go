@@ -288,8 +288,9 @@ func (l luaLayout) write(b *strings.Builder) {
 
 // writeBin defines a binary layout's table: read(argv, base) unpacks the
 // block argv[base + 1] into a table of named fields, pack(t) packs t's
-// named fields into one string, and for a block whose first field is on,
-// on(argv, base) says whether it is 1.
+// named fields into one string, for a block whose first field is on,
+// on(argv, base) says whether it is 1, and for a block of one field,
+// one(argv, base) is its value.
 func (l luaLayout) writeBin(b *strings.Builder) {
 	fmt.Fprintf(b, "local %s = {ID = %q, WIDTH = 1, FMT = %q}\n", l.id, l.id, l.format())
 	var vars, named, packed []string
@@ -308,6 +309,10 @@ func (l luaLayout) writeBin(b *strings.Builder) {
 	if len(l.names) > 0 && l.names[0] == "on" && !slices.Contains(l.strs, "on") {
 		// A block that may be off: on(argv, base) reads its first field alone.
 		fmt.Fprintf(b, "%s.on = function(argv, base)\n  return struct.unpack('<d', argv[base + 1]) == 1\nend\n", l.id)
+	}
+	if len(l.names) == 1 {
+		// A block of one field: one(argv, base) is that field, without a table.
+		fmt.Fprintf(b, "%s.one = function(argv, base)\n  return (struct.unpack(%s.FMT, argv[base + 1]))\nend\n", l.id, l.id)
 	}
 }
 

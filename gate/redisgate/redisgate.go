@@ -180,7 +180,7 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 	out.Events = p.events(r.evs, name)
 	out.ProgressAge = r.clock.age()
 	if req.Line != nil {
-		if len(r.line.places) != n {
+		if len(r.line.places) != n && len(r.line.places) != 0 { // none: no place in any line
 			p.fail("%d places for %d candidates", len(r.line.places), n)
 		}
 		for i, place := range r.line.places {

@@ -36,9 +36,12 @@ local function settle(keys, argv, ao, map)
   local rel, handoff = 0, ''
   if released then
     rel = 1
-    local h = on_block(HANDOFF, argv, ao + SETTLE.WIDTH)
-    if h then
-      handoff = l_handoff(op_line(keys, map, 1, 1), h, now)
+    local hb = ao + SETTLE.WIDTH
+    if HANDOFF.on(argv, hb) then
+      local k = op_line(keys, map, 1, 1)
+      if not l_empty(k) then -- (l_handoff's first test, before its block is read)
+        handoff = l_handoff(k, read(HANDOFF, argv, hb), now)
+      end
     end
   end
   return pack(SETTLE_R, {
