@@ -498,7 +498,8 @@ local function b_record(b, p, now, fail)
   b_buckets(b)
   local idx = idiv(now, w)
   local slot = idx - idiv(idx, BUCKETS) * BUCKETS
-  local index, calls, fails = WIN.get(b.win, slot)
+  local was, oi, oc, of = b.win, WIN.get(b.win, slot)
+  local index, calls, fails = oi, oc, of
   if index ~= idx then
     index, calls, fails = idx, 0, 0
   end
@@ -507,9 +508,22 @@ local function b_record(b, p, now, fail)
     fails = fails + 1
   end
   b.win = WIN.put(b.win, slot, index, calls, fails)
+  if b.cwin == was and b.cidx == idx then
+    -- b_counts' memo, carried over this change of one row: the new row
+    -- counts at idx, the old one did if it was in range.
+    if oi > idx - BUCKETS and oi <= idx then
+      calls, fails = calls - oc, fails - of
+    end
+    b.cwin, b.ccalls, b.cfails = b.win, b.ccalls + calls, b.cfails + fails
+  end
 end
 
 -- twin: gate.(*Breaker).Counts
+-- The counts are a function of the window (b.win, a string) and the
+-- bucket index idx alone; b keeps the last (b.cwin, b.cidx: b.ccalls,
+-- b.cfails, not stored), which b_record carries over its own change, so
+-- that the settles of a batch (one window, one TIME) count the window's
+-- rows once, not once per settle.
 local function b_counts(b, p, now)
   local w = bucket_width(p)
   if b.width ~= w then
@@ -517,6 +531,9 @@ local function b_counts(b, p, now)
   end
   b_buckets(b)
   local idx = idiv(now, w)
+  if b.cwin == b.win and b.cidx == idx then
+    return b.ccalls, b.cfails
+  end
   local calls, fails = 0, 0
   local v = WIN.all(b.win)
   for at = 0, (BUCKETS - 1) * WIN.COLS, WIN.COLS do
@@ -526,6 +543,7 @@ local function b_counts(b, p, now)
       fails = fails + v[at + WIN.FAILS]
     end
   end
+  b.cwin, b.cidx, b.ccalls, b.cfails = b.win, idx, calls, fails
   return calls, fails
 end
 
