@@ -34,7 +34,7 @@ local NO_LINE = nil
 -- Its arguments start after argv[ao] (0 in a call of its own; a batch's
 -- ops read theirs in place), its keys are found with map (see op_src).
 local function admit(keys, argv, ao, map)
-  local h = read(ADMIT, argv, ao)
+  local h = reread(ADMIT, argv, ao)
   local s = op_scope(keys, map)
   local marked = h.seen ~= '*'
   local marker, progress = scope_read(s, marked)
@@ -74,7 +74,7 @@ local function admit(keys, argv, ao, map)
   local granted, probe, epoch = 0, 0, 0
   local rejections, events = '', ''
   for i = 1, h.n do
-    local c = read(CAND, argv, ao + block(ADMIT, CAND, i))
+    local c = reread(CAND, argv, ao + block(ADMIT, CAND, i))
     local q = op_src(keys, map, i)
     local passed = true
     if waits then

@@ -32,7 +32,7 @@ local function batch_run(keys, argv)
   end
   local out = {}
   for i = 1, h.n do
-    local o = read(BATCH_OP, argv, ao)
+    local o = reread(BATCH_OP, argv, ao)
     ao = ao + BATCH_OP.WIDTH
     local fn = BATCH_FNS[o.kind]
     local ok, r

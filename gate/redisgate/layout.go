@@ -287,7 +287,8 @@ func (l luaLayout) write(b *strings.Builder) {
 }
 
 // writeBin defines a binary layout's table: read(argv, base) unpacks the
-// block argv[base + 1] into a table of named fields, pack(t) packs t's
+// block argv[base + 1] into a table of named fields (into(argv, base, t):
+// into t's, such as T, a table of the layout's own), pack(t) packs t's
 // named fields into one string, for a block whose first field is on,
 // on(argv, base) says whether it is 1, and for a block of one field,
 // one(argv, base) is its value.
@@ -305,6 +306,12 @@ func (l luaLayout) writeBin(b *strings.Builder) {
 	}
 	fmt.Fprintf(b, "%s.read = function(argv, base)\n  local %s = struct.unpack(%s.FMT, argv[base + 1])\n  return {%s}\nend\n",
 		l.id, strings.Join(vars, ", "), l.id, strings.Join(named, ", "))
+	var into []string
+	for _, n := range l.names {
+		into = append(into, "t."+n)
+	}
+	fmt.Fprintf(b, "%s.T = {}\n%s.into = function(argv, base, t)\n  %s = struct.unpack(%s.FMT, argv[base + 1])\n  return t\nend\n",
+		l.id, l.id, strings.Join(into, ", "), l.id)
 	fmt.Fprintf(b, "%s.pack = function(t)\n  return struct.pack(%s.FMT, %s)\nend\n", l.id, l.id, strings.Join(packed, ", "))
 	if len(l.names) > 0 && l.names[0] == "on" && !slices.Contains(l.strs, "on") {
 		// A block that may be off: on(argv, base) reads its first field alone.

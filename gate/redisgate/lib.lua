@@ -112,6 +112,16 @@ local function read(L, argv, base)
   return L.read(argv, base)
 end
 
+-- reread is read into the layout's one table (L.T), refilled by every call
+-- of it: no table per op (a table of 19 named fields costs Redis more than
+-- unpacking them). Only for the blocks an op reads once, at the top of its
+-- run, and whose table nothing keeps past the op or a candidate's turn of
+-- the walk: the op heads (BATCH_OP, ADMIT, SETTLE) and the candidate
+-- (CAND).
+local function reread(L, argv, base)
+  return L.into(argv, base, L.T)
+end
+
 -- block is the base of the i-th block (from 1) of layout L after a head of
 -- layout H: read(L, argv, block(H, L, i)).
 local function block(H, L, i)

@@ -6,7 +6,7 @@
 -- twin: gate.(*SourceState).Settle
 local function settle(keys, argv, ao, map)
   -- a is the policy and the outcome (b_settle's p and o) at once.
-  local a = read(SETTLE, argv, ao)
+  local a = reread(SETTLE, argv, ao)
   a.probe = a.probe == 1
   local now = now_ms(a.now)
   local s = op_scope(keys, map)
