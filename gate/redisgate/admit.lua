@@ -150,8 +150,8 @@ local function admit(keys, argv, ao, map)
       places = pack(LINE_ADMIT_R, { places = places })
     end
   end
-  return pack(ADMIT_R, {
-    granted = granted, probe = probe, epoch = epoch, rejections = rejections, events = events,
-    progress = progress, now = now, line = places,
-  })
+  local r = ADMIT_R.T -- every field set (see reread)
+  r.granted, r.probe, r.epoch, r.rejections, r.events = granted, probe, epoch, rejections, events
+  r.progress, r.now, r.line = progress, now, places
+  return pack(ADMIT_R, r)
 end

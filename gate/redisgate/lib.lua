@@ -117,7 +117,8 @@ end
 -- unpacking them). Only for the blocks an op reads once, at the top of its
 -- run, and whose table nothing keeps past the op or a candidate's turn of
 -- the walk: the op heads (BATCH_OP, ADMIT, SETTLE) and the candidate
--- (CAND).
+-- (CAND). The hot replies (BV, ADMIT_R, SETTLE_R) are packed from their
+-- layout's table the same way, every field set before each pack.
 local function reread(L, argv, base)
   return L.into(argv, base, L.T)
 end
@@ -671,11 +672,11 @@ local function b_view(b, p, now)
     probe_out, probe_left = 1, b.probe_until - now
   end
   local calls, fails = b_counts(b, p, now)
-  return pack(BV, {
-    state = state, override = b.override, actor = b.actor, why = b.why, epoch = b.epoch, reopens = b.reopens,
-    reason = reason, retry = wait, probe_out = probe_out, probe_left = probe_left, calls = calls, fails = fails,
-    consecutive = b.consecutive, cause = cause,
-  })
+  local v = BV.T -- the record's one table, every field set (see reread)
+  v.state, v.override, v.actor, v.why, v.epoch, v.reopens = state, b.override, b.actor, b.why, b.epoch, b.reopens
+  v.reason, v.retry, v.probe_out, v.probe_left = reason, wait, probe_out, probe_left
+  v.calls, v.fails, v.consecutive, v.cause = calls, fails, b.consecutive, cause
+  return pack(BV, v)
 end
 
 -- twin: gate.(*Breaker).Apply

@@ -44,8 +44,8 @@ local function settle(keys, argv, ao, map)
       end
     end
   end
-  return pack(SETTLE_R, {
-    released = rel, effect = effect, events = events, view = view, progress = progress, now = now,
-    handoff = handoff,
-  })
+  local r = SETTLE_R.T -- every field set (see reread)
+  r.released, r.effect, r.events, r.view, r.progress, r.now = rel, effect, events, view, progress, now
+  r.handoff = handoff
+  return pack(SETTLE_R, r)
 end
