@@ -1004,3 +1004,45 @@ func TestBatchReadsEachSourceOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestNonEmptyLineOneExists (review): an admit whose waiter has no place,
+// and a settle that hands its slot on, each ask a line that is not empty
+// whether it is empty once, not once before their twin's own test and once
+// in it.
+func TestNonEmptyLineOneExists(t *testing.T) {
+	ctx := testCtx(t)
+	const scope = "busy"
+	b, _, c := batchFixture(t, redisgate.Options{}, scope)
+	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 1 })
+	p := admit(t, ctx, b, scope, "held", src).Permit // full
+	w := &gate.Waiter{ID: "w1", Weight: 1, OtherWeight: 1, MaxTenants: 8, Lease: time.Minute}
+	must(b.Peek(ctx, gate.PeekRequest{Scope: scope, Sources: []*gate.Source{src},
+		Line: &gate.LineRead{Lease: time.Minute, Join: w, Joins: []string{"s"}}}))(t) // w1 waits
+	exists := func() string {
+		for _, line := range strings.Split(must(c.Info(ctx, "commandstats").Result())(t), "\n") {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_exists:"); ok {
+				v, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+				return v
+			}
+		}
+		return "0"
+	}
+	must(c.ConfigResetStat(ctx).Result())(t)
+	req := admitReq(scope, "q", src)
+	req.Line = &gate.Waiter{ID: "w2", Weight: 1, OtherWeight: 1, MaxTenants: 8, Lease: time.Minute}
+	if a, err := b.Admit(ctx, req); err != nil || a.Granted {
+		t.Fatalf("admit behind w1: %+v %v, want refused", a, err)
+	}
+	if n := exists(); n != "1" {
+		t.Errorf("admit with a waiter without a place, on a line with a waiter: %s EXISTS, want 1", n)
+	}
+	must(c.ConfigResetStat(ctx).Result())(t)
+	r := settleReq(scope, src, p, gate.VerdictSuccess)
+	r.Line = &gate.LineHandoff{Lease: time.Minute}
+	if s, err := b.Settle(ctx, r); err != nil || s.Handoff != "w1" {
+		t.Fatalf("settle: %+v %v, want the slot handed to w1", s, err)
+	}
+	if n := exists(); n != "1" {
+		t.Errorf("settle with a handoff, on a line with a waiter: %s EXISTS, want 1", n)
+	}
+}

@@ -1092,16 +1092,18 @@ local function l_touch(k, lease)
   redis.call('PEXPIRE', k.line_s, ttl)
 end
 
--- l_empty says whether the line k has nobody (no ZSET). An empty line is
--- kept so on k (a batch's table of the line's keys, or a call's own) until
--- something adds to it (l_enter's ZADD): a batch asks Redis once per line,
--- not once per op. A line found not empty is asked again (removals may
--- empty it).
+-- l_empty says whether the line k has nobody (no ZSET), kept on k (a
+-- batch's table of the line's keys, or a call's own: k.empty) so that a
+-- batch asks Redis once per line, not once per op, and a caller that tested
+-- before a twin that tests again asks once. What changes it keeps it exact:
+-- l_enter's ZADD (not empty), l_remove's emptying the line (empty). A line
+-- that empties otherwise (l_at dropping a member without its record) stays
+-- "not empty" on k: that only sends the full walk, which finds nobody (the
+-- same answers); an empty line that fills is always seen.
 local function l_empty(k)
-  if k.empty then
-    return true
+  if k.empty == nil then
+    k.empty = redis.call('EXISTS', k.line) == 0
   end
-  k.empty = redis.call('EXISTS', k.line) == 0
   return k.empty
 end
 
@@ -1111,6 +1113,7 @@ local function l_remove(k, e)
   redis.call('HDEL', k.line_w, 'w' .. e.id, 'c' .. e.id)
   if redis.call('ZCARD', k.line) == 0 then
     redis.call('DEL', k.line_w, k.line_s)
+    k.empty = true
   end
 end
 
