@@ -30,6 +30,22 @@ end
 -- first (struct is missing while the library loads).
 local NO_LINE = nil
 
+-- place_at is the waiter's place in candidate i's line (its PLACE block,
+-- after the WAITER block at wbase).
+local function place_at(argv, wbase, i)
+  return PLACE.one(argv, wbase + WAITER.WIDTH + PLACE.WIDTH * (i - 1))
+end
+
+-- waiter_at is the waiter (w, its WAITER block read once, at wbase) with
+-- place p: its place in the line at hand.
+local function waiter_at(w, argv, wbase, p)
+  if not w then
+    w = read(WAITER, argv, wbase)
+  end
+  w.place = p
+  return w
+end
+
 -- twin: gate.(*SourceState).Admit
 -- Its arguments start after argv[ao] (0 in a call of its own; a batch's
 -- ops read theirs in place), its keys are found with map (see op_src).
@@ -44,33 +60,13 @@ local function admit(keys, argv, ao, map)
   local now = now_ms(h.now)
   local wbase = ao + block(ADMIT, CAND, h.n + 1)
   local waits = WAITER.on(argv, wbase)
-  -- With a waiter: its line of candidate i (line(i)), its place there
-  -- (place(i)), whether the line was empty and it had none (nobody: it is
-  -- not in line after the walk either, l_after is skipped), the candidates
-  -- the walk reached and why they refused. The waiter's block is read
-  -- (as w, at(i): w with candidate i's place) only for a line it has a
-  -- place in or that is not empty: the sidecar's common case, an empty
-  -- line and no place, reads none of it.
-  local w, lines, nobody, reached, refused, line, place, at
-  if waits then
-    lines, nobody, reached, refused = {}, {}, {}, {}
-    line = function(i)
-      if lines[i] == nil then
-        lines[i] = op_line(keys, map, h.n, i)
-      end
-      return lines[i]
-    end
-    place = function(i)
-      return PLACE.one(argv, wbase + WAITER.WIDTH + PLACE.WIDTH * (i - 1))
-    end
-    at = function(i, p)
-      if not w then
-        w = read(WAITER, argv, wbase)
-      end
-      w.place = p
-      return w
-    end
-  end
+  -- With a waiter, walk[i] is what the walk found at candidate i: nil not
+  -- reached, false the line empty and no place there (the waiter is not in
+  -- line after the walk either: l_after is skipped), true reached and not
+  -- refused, else the reason it refused. The waiter's block is read (w, see
+  -- waiter_at) only for a line it has a place in or that is not empty: the
+  -- sidecar's common case, an empty line and no place, reads none of it.
+  local w, walk = nil, waits and {}
   local granted, probe, epoch = 0, 0, 0
   local rejections, events = '', ''
   for i = 1, h.n do
@@ -78,12 +74,17 @@ local function admit(keys, argv, ao, map)
     local q = op_src(keys, map, i)
     local passed = true
     if waits then
-      reached[i] = true
-      local p = place(i)
-      if p == '' and l_empty(line(i)) then
-        passed, nobody[i] = true, true -- l_check's first test, before w is read
+      walk[i] = true
+      local k, p = op_line(keys, map, h.n, i), place_at(argv, wbase, i)
+      if p == '' and l_empty(k) then
+        walk[i] = false -- l_check's first test, before w is read
       else
-        passed, nobody[i] = l_check(line(i), at(i, p), now)
+        w = waiter_at(w, argv, wbase, p)
+        local nobody
+        passed, nobody = l_check(k, w, now)
+        if nobody then
+          walk[i] = false
+        end
       end
     end
     local reason, wait, b = R_QUEUED, 0, nil
@@ -109,8 +110,8 @@ local function admit(keys, argv, ao, map)
       end
     end
     rejections = rejections .. pack(REJ, { src = i, reason = reason, retry = wait })
-    if waits then
-      refused[i] = reason
+    if waits and walk[i] then
+      walk[i] = reason
     end
   end
   -- inmem's after: a grant leaves every line, a refusal for capacity keeps
@@ -124,17 +125,17 @@ local function admit(keys, argv, ao, map)
   if waits then
     local kept = nil -- candidate -> its place, where not ''
     for i = 1, h.n do
-      local p = not nobody[i] and place(i)
-      if p and (reached[i] or p ~= '') then
-        local k = line(i)
-        at(i, p)
+      local p = walk[i] ~= false and place_at(argv, wbase, i)
+      if p and (walk[i] ~= nil or p ~= '') then
+        local k = op_line(keys, map, h.n, i)
+        w = waiter_at(w, argv, wbase, p)
         if granted ~= 0 and granted ~= i then
           local e = l_entry(k, w.waiter)
           if e then
             l_remove(k, e)
           end
         else
-          p = l_after(k, w, granted == i, l_capacity(refused[i]))
+          p = l_after(k, w, granted == i, l_capacity(walk[i])) -- (true: not refused)
           if p ~= '' then
             kept = kept or {}
             kept[i] = p
