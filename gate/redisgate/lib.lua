@@ -1096,10 +1096,8 @@ end
 -- batch's table of the line's keys, or a call's own: k.empty) so that a
 -- batch asks Redis once per line, not once per op, and a caller that tested
 -- before a twin that tests again asks once. What changes it keeps it exact:
--- l_enter's ZADD (not empty), l_remove's emptying the line (empty). A line
--- that empties otherwise (l_at dropping a member without its record) stays
--- "not empty" on k: that only sends the full walk, which finds nobody (the
--- same answers); an empty line that fills is always seen.
+-- l_enter's ZADD (not empty), l_remove's or l_front's emptying the line
+-- (empty). An empty line that fills is always seen.
 local function l_empty(k)
   if k.empty == nil then
     k.empty = redis.call('EXISTS', k.line) == 0
@@ -1130,37 +1128,82 @@ local function l_dead(k, e, now)
   return tonumber(redis.call('HGET', k.line_w, 'r' .. e.replica) or 0) < now
 end
 
--- l_at is the entry at rank i (from 0), or nil past the end; a member
--- without its record is dropped.
-local function l_at(k, i)
-  while true do
-    local m = redis.call('ZRANGE', k.line, i, i)
-    if #m == 0 then
-      return nil
+-- l_front walks the line from its front as reading it rank by rank would,
+-- taking out (l_remove) each entry that vanished: its replica silent, or
+-- called and not asking in time (gate.(*Line).dead, called). The walker
+-- it returns gives the next entry that has not vanished (nil past the end),
+-- having taken out those that vanished on the way (and members without a
+-- record). It reads the members and their records in pages that double
+-- from one (a live head costs what one rank costs; a replica's thousands of
+-- waiters, gone at once, cost a few commands per page, not six per waiter),
+-- a replica's liveness once, and writes what it took out at the end: at
+-- nil, or when done is called. Nothing else may change the line meanwhile.
+local function l_front(k, now)
+  local page, fields, recs, pos, rank, size = {}, {}, {}, 0, 0, 1
+  local dead, out_m, out_f = {}, {}, {}
+  local function done()
+    for i = 1, #out_m, PAGE_H do
+      redis.call('ZREM', k.line, unpack(out_m, i, math.min(i + PAGE_H - 1, #out_m)))
     end
-    local e = l_entry(k, string.sub(m[1], KEY_LEN + 1))
-    if e then
-      return e
+    for i = 1, #out_f, PAGE_H do
+      redis.call('HDEL', k.line_w, unpack(out_f, i, math.min(i + PAGE_H - 1, #out_f)))
     end
-    redis.call('ZREM', k.line, m[1])
+    if #out_m > 0 and redis.call('ZCARD', k.line) == 0 then
+      redis.call('DEL', k.line_w, k.line_s)
+      k.empty = true
+    end
+    out_m, out_f = {}, {}
   end
-end
-
--- l_gone reports whether e vanished: its replica is silent, or it was
--- called and did not ask in time.
-local function l_gone(k, e, now)
-  return l_dead(k, e, now) or (e.called ~= 0 and e.called < now)
+  local function next()
+    while true do
+      if pos == #page then
+        page = redis.call('ZRANGE', k.line, rank, rank + size - 1)
+        if #page == 0 then
+          done()
+          return nil
+        end
+        rank, pos, size = rank + #page, 0, math.min(2 * size, PAGE)
+        fields = {}
+        for j, m in ipairs(page) do
+          local id = string.sub(m, KEY_LEN + 1)
+          fields[2 * j - 1], fields[2 * j] = 'w' .. id, 'c' .. id
+        end
+        recs = redis.call('HMGET', k.line_w, unpack(fields))
+      end
+      pos = pos + 1
+      -- Only an entry kept is parsed whole: a vanished one needs its
+      -- replica (the record's second field) and its call time.
+      local rec, called = recs[2 * pos - 1], tonumber(recs[2 * pos] or 0)
+      local replica = rec and string.match(rec, '^[^|]*|([^|]*)|')
+      local e
+      if replica then
+        if dead[replica] == nil then
+          dead[replica] = l_dead(k, { replica = replica }, now)
+        end
+        if not dead[replica] and (called == 0 or called >= now) then
+          e = l_parse(rec)
+        end
+      end
+      if e then
+        e.called = called
+        return e
+      end
+      out_m[#out_m + 1] = page[pos]
+      if replica then
+        out_f[#out_f + 1] = fields[2 * pos - 1]
+        out_f[#out_f + 1] = fields[2 * pos]
+      end
+    end
+  end
+  return next, done
 end
 
 -- twin: gate.(*Line).head
 local function l_head(k, now)
-  while true do
-    local e = l_at(k, 0)
-    if e == nil or not l_gone(k, e, now) then
-      return e
-    end
-    l_remove(k, e)
-  end
+  local next, done = l_front(k, now)
+  local e = next()
+  done()
+  return e
 end
 
 -- twin: gate.(*Line).key
@@ -1268,16 +1311,13 @@ local function l_handoff(k, h, now)
     return ''
   end
   l_live(k, h.replica, h.lease, now)
-  local i = 0
+  local next, done = l_front(k, now)
   while true do
-    local e = l_at(k, i)
+    local e = next()
     if e == nil then
       return ''
-    elseif l_gone(k, e, now) then
-      l_remove(k, e)
-    elseif e.called ~= 0 then
-      i = i + 1
-    else
+    elseif e.called == 0 then
+      done()
       redis.call('HSET', k.line_w, 'c' .. e.id, I(now + h.lease))
       return e.id
     end
@@ -1295,25 +1335,24 @@ local function l_read(k, r, w, now)
   if w then
     v.place = l_enter(k, w, now)
   end
-  local i = 0
+  local next, done = l_front(k, now)
+  local first = true -- no entry called before it
   while true do
-    local e = l_at(k, i)
+    local e = next()
     if e == nil then
       break
-    elseif l_gone(k, e, now) then
-      l_remove(k, e)
     elseif e.called == 0 then
-      if i == 0 and e.replica == r.replica then
+      if first and e.replica == r.replica then
         v.head = e.id
       end
       break
-    else
-      if e.replica == r.replica then
-        v.wake[#v.wake + 1] = e.id
-      end
-      i = i + 1
     end
+    if e.replica == r.replica then
+      v.wake[#v.wake + 1] = e.id
+    end
+    first = false
   end
+  done()
   if r.describe == 1 then
     -- The first DESCRIBE_MAX waiters: those whose replica is gone leave,
     -- the others are counted (a replica's liveness read once).
