@@ -271,7 +271,7 @@ func randomSameAsSequential(t *testing.T, b *redisgate.Backend, h *batchHook, c 
 				}
 			}
 		}
-		// A member without its record in some lines (l_at drops it).
+		// A member without its record in some lines (the front walk, l_front, drops it).
 		for _, n := range names {
 			if rng.Intn(4) == 0 {
 				for _, sc := range []string{seqScope, batScope} {

@@ -1137,11 +1137,13 @@ end
 -- from one (a live head costs what one rank costs; a replica's thousands of
 -- waiters, gone at once, cost a few commands per page, not six per waiter),
 -- a replica's liveness once, and writes what it took out at the end: at
--- nil, or when done is called. Nothing else may change the line meanwhile.
+-- nil, or when done is called. Either ends the walk (the walker gives nil
+-- from then on); nothing else may change the line meanwhile.
 local function l_front(k, now)
   local page, fields, recs, pos, rank, size = {}, {}, {}, 0, 0, 1
-  local dead, out_m, out_f = {}, {}, {}
+  local dead, out_m, out_f, ended = {}, {}, {}, false
   local function done()
+    ended = true
     for i = 1, #out_m, PAGE_H do
       redis.call('ZREM', k.line, unpack(out_m, i, math.min(i + PAGE_H - 1, #out_m)))
     end
@@ -1155,7 +1157,7 @@ local function l_front(k, now)
     out_m, out_f = {}, {}
   end
   local function next()
-    while true do
+    while not ended do
       if pos == #page then
         page = redis.call('ZRANGE', k.line, rank, rank + size - 1)
         if #page == 0 then
