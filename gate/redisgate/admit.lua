@@ -17,13 +17,18 @@
 -- admits again (reassert.go).
 
 -- scope_read is the scope's marker (if marker; false for none) and its
--- progress, in one MGET in a call of its own (get and get_ms in a batch).
+-- progress, in one MGET when neither was read yet (in a batch: kept in
+-- CALL.got, as get and get_ms keep them).
 local function scope_read(s, marker)
-  if CALL or not marker then
+  if not marker or (CALL and (CALL.got[s.marker] ~= nil or CALL.got[s.progress] ~= nil)) then
     return marker and get(s.marker), get_ms(s.progress)
   end
   local v = redis.call('MGET', s.marker, s.progress)
-  return v[1], tonumber(v[2] or 0)
+  local progress = tonumber(v[2] or 0)
+  if CALL then
+    CALL.got[s.marker], CALL.got[s.progress] = v[1], progress
+  end
+  return v[1], progress
 end
 
 -- NO_LINE is the line record of an admit without a waiter, made by the

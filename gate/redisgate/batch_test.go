@@ -1046,3 +1046,38 @@ func TestNonEmptyLineOneExists(t *testing.T) {
 		t.Errorf("settle with a handoff, on a line with a waiter: %s EXISTS, want 1", n)
 	}
 }
+
+// TestBatchScopeOneMGET: a batch whose first op is an admit reads the
+// scope's marker and progress in one MGET, as an admit of its own does,
+// not a GET of each.
+func TestBatchScopeOneMGET(t *testing.T) {
+	ctx := testCtx(t)
+	const scope = "mget"
+	b, h, c := batchFixture(t, redisgate.Options{}, scope)
+	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 100 })
+	var fs []func()
+	for i := range 4 {
+		fs = append(fs, func() {
+			if a, err := b.Admit(ctx, admitReq(scope, fmt.Sprint("q", i), src)); err != nil || !a.Granted {
+				t.Errorf("admit q%d: %+v %v", i, a, err)
+			}
+		})
+	}
+	must(c.ConfigResetStat(ctx).Result())(t)
+	runOps(t, b, h, scope, true, fs)
+	calls := map[string]string{}
+	for _, line := range strings.Split(must(c.Info(ctx, "commandstats").Result())(t), "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if n, ok2 := strings.CutPrefix(name, "cmdstat_"); ok && ok2 {
+			v, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+			calls[n] = v
+		}
+	}
+	// The lone admit that holds the batch back (gather) makes one MGET of
+	// its own, the batch one.
+	for cmd, want := range map[string]string{"mget": "2", "get": ""} {
+		if calls[cmd] != want {
+			t.Errorf("%s: %q calls, want %q (all: %v)", cmd, calls[cmd], want, calls)
+		}
+	}
+}
