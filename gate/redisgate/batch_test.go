@@ -988,19 +988,11 @@ func TestBatchReadsEachSourceOnce(t *testing.T) {
 	}
 	must(c.ConfigResetStat(ctx).Result())(t)
 	runOps(t, b, h, scope, true, fs)
-	calls := map[string]string{}
-	for _, line := range strings.Split(must(c.Info(ctx, "commandstats").Result())(t), "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if n, ok2 := strings.CutPrefix(name, "cmdstat_"); ok && ok2 {
-			v, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
-			calls[n] = v
-		}
-	}
 	// The lone admit that holds the batch back (gather) makes one HMGET of
 	// its own.
-	for cmd, want := range map[string]string{"hmget": "2", "hget": "", "exists": "1"} {
-		if calls[cmd] != want {
-			t.Errorf("%s: %q calls, want %q (all: %v)", cmd, calls[cmd], want, calls)
+	for cmd, want := range map[string]int64{"hmget": 2, "hget": 0, "exists": 1} {
+		if n := commandCalls(t, c, cmd); n != want {
+			t.Errorf("%s: %d calls, want %d", cmd, n, want)
 		}
 	}
 }
@@ -1065,19 +1057,11 @@ func TestBatchScopeOneMGET(t *testing.T) {
 	}
 	must(c.ConfigResetStat(ctx).Result())(t)
 	runOps(t, b, h, scope, true, fs)
-	calls := map[string]string{}
-	for _, line := range strings.Split(must(c.Info(ctx, "commandstats").Result())(t), "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if n, ok2 := strings.CutPrefix(name, "cmdstat_"); ok && ok2 {
-			v, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
-			calls[n] = v
-		}
-	}
 	// The lone admit that holds the batch back (gather) makes one MGET of
 	// its own, the batch one.
-	for cmd, want := range map[string]string{"mget": "2", "get": ""} {
-		if calls[cmd] != want {
-			t.Errorf("%s: %q calls, want %q (all: %v)", cmd, calls[cmd], want, calls)
+	for cmd, want := range map[string]int64{"mget": 2, "get": 0} {
+		if n := commandCalls(t, c, cmd); n != want {
+			t.Errorf("%s: %d calls, want %d", cmd, n, want)
 		}
 	}
 }

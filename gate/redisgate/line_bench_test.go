@@ -20,20 +20,8 @@ import (
 //
 //	go test -run '^$' -bench LineAfterAReplicaDies -benchtime 3x ./gate/redisgate/
 func BenchmarkLineAfterAReplicaDies(b *testing.B) {
-	client := redistest.Start(b).Client(b)
-	rb, err := redisgate.New(client, redisgate.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
+	client, src, read := lineBench(b)
 	ctx := context.Background()
-	src := gatetest.Src("s")
-	read := func(r *gate.LineRead) gate.LineView {
-		s, err := rb.Peek(ctx, gate.PeekRequest{Scope: "bench", Sources: []*gate.Source{src}, Line: r})
-		if err != nil {
-			b.Fatal(err)
-		}
-		return s.Sources[0].Line
-	}
 	const lease = 50 * time.Millisecond
 	var (
 		usec, cmds int64
@@ -90,20 +78,7 @@ func scriptStats2(b *testing.B, c redis.UniversalClient) (usec, cmds int64, cpu 
 //
 //	go test -run '^$' -bench DescribeFullLine -benchtime 20x ./gate/redisgate/
 func BenchmarkDescribeFullLine(b *testing.B) {
-	client := redistest.Start(b).Client(b)
-	rb, err := redisgate.New(client, redisgate.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx := context.Background()
-	src := gatetest.Src("s")
-	read := func(r *gate.LineRead) gate.LineView {
-		s, err := rb.Peek(ctx, gate.PeekRequest{Scope: "bench", Sources: []*gate.Source{src}, Line: r})
-		if err != nil {
-			b.Fatal(err)
-		}
-		return s.Sources[0].Line
-	}
+	client, src, read := lineBench(b)
 	for i := range gate.LineCap {
 		w := &gate.Waiter{ID: fmt.Sprint("w", i), Replica: "r1", Tenant: fmt.Sprint("t", i%4), Weight: 1, OtherWeight: 1, MaxTenants: 8, Lease: time.Hour}
 		if v := read(&gate.LineRead{Replica: "r1", Lease: time.Hour, Join: w, Joins: []string{src.Name}}); v.Place == "" {
@@ -119,4 +94,22 @@ func BenchmarkDescribeFullLine(b *testing.B) {
 	usec1, cmds1 := scriptStats(b, client)
 	b.ReportMetric(float64(usec1-usec)/float64(b.N), "redis-µs/op")
 	b.ReportMetric(float64(cmds1-cmds)/float64(b.N), "redis-cmds/op")
+}
+
+// lineBench is a line benchmark's Redis (a server of its own), its source,
+// and a read of that source's line (a Peek of scope "bench").
+func lineBench(b *testing.B) (*redis.Client, *gate.Source, func(*gate.LineRead) gate.LineView) {
+	client := redistest.Start(b).Client(b)
+	rb, err := redisgate.New(client, redisgate.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	src := gatetest.Src("s")
+	return client, src, func(r *gate.LineRead) gate.LineView {
+		s, err := rb.Peek(context.Background(), gate.PeekRequest{Scope: "bench", Sources: []*gate.Source{src}, Line: r})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return s.Sources[0].Line
+	}
 }
