@@ -41,6 +41,13 @@ func (c *Clock) Advance(d time.Duration) {
 	c.t = c.t.Add(d)
 }
 
+// Set moves the clock to t, back as well as forward.
+func (c *Clock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = t
+}
+
 // Factory returns a fresh backend whose time is clock.Now. Scopes of
 // different tests never share a name, so a factory may share one store.
 type Factory func(t *testing.T, clock *Clock) gate.Backend

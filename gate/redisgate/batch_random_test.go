@@ -8,7 +8,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,30 +18,6 @@ import (
 	"github.com/polygate/polygate/gate/redisgate"
 	"github.com/polygate/polygate/internal/redistest"
 )
-
-// setClock is a test clock that can be set back.
-type setClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *setClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *setClock) Set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = t
-}
-
-func (c *setClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
 
 // storedScope is everything a scope's sources store, for comparing a
 // batched run with a sequential one (a window of zeros reads as none).
@@ -99,7 +74,7 @@ func storedScope(t *testing.T, ctx context.Context, b *redisgate.Backend, c *red
 // leases in the cache.) BATCH_RANDOM_SEEDS=n runs n seeds (40 by default,
 // 10 with -short), BATCH_RANDOM_LONG=1 longer batches.
 func TestBatchRandomSameAsSequential(t *testing.T) {
-	clock := &setClock{t: gatetest.NewClock().Now()}
+	clock := gatetest.NewClock()
 	b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "warm-b")
 	randomSameAsSequential(t, b, h, c, clock)
 }
@@ -114,7 +89,7 @@ func TestBatchRandomScripts(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	h := &batchHook{}
 	c.AddHook(h)
-	clock := &setClock{t: gatetest.NewClock().Now()}
+	clock := gatetest.NewClock()
 	b := newBackend(t, c, redisgate.Options{Clock: clock.Now})
 	warm := gatetest.Src("warm")
 	for _, id := range []string{"w1", "w2"} { // the scripts loaded (EVAL once)
@@ -129,7 +104,7 @@ func TestBatchRandomScripts(t *testing.T) {
 	randomSameAsSequential(t, b, h, c, clock)
 }
 
-func randomSameAsSequential(t *testing.T, b *redisgate.Backend, h *batchHook, c *redis.Client, clock *setClock) {
+func randomSameAsSequential(t *testing.T, b *redisgate.Backend, h *batchHook, c *redis.Client, clock *gatetest.Clock) {
 	ctx := testCtx(t)
 	seeds := 40
 	if testing.Short() {
