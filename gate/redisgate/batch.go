@@ -223,7 +223,11 @@ func (b *Backend) runBatch(tag string, ops []*batchOp, nk, na int) {
 	keys := appendScopeKeys(make([]string, 0, nk), tag)
 	index := map[string]byte{} // each source's number among the batch's
 	var pre []batchPre         // by number - 1
-	nl := 0                    // leases in pre
+	// nl counts the lease fields in pre: one per op and source of the op,
+	// outside maxBatchArgs, but kept small by maxBatchKeys, which counts
+	// each op's own keys (six per source: SRC_KEYS and LINE_KEYS), so
+	// at most maxBatchKeys/6 of them.
+	nl := 0
 	for _, o := range ops {
 		m := make([]byte, len(o.srcs))
 		for i, src := range o.srcs {

@@ -228,7 +228,7 @@ func TestLineFrontWalkPages(t *testing.T) {
 				t.Fatalf("n %d pat %d: mem %+v rg %+v", n, pat, vs[0], vs[1])
 			}
 			if pat == 0 {
-				keys, _ := client.Keys(ctx, "*{"+scope+"}*").Result()
+				keys := must(client.Keys(ctx, "*{"+scope+"}*").Result())(t)
 				for _, k := range keys {
 					if strings.Contains(strings.TrimPrefix(k, "polygate:{"+scope+"}"), "line") {
 						t.Errorf("n %d: key %s left after the line emptied", n, k)
