@@ -133,6 +133,7 @@ func prelude() string {
 	def("R_ADAPTIVE_PACED", gate.ReasonAdaptivePaced)
 	def("R_RATE_LIMITED", gate.ReasonRateLimited)
 	def("R_QUEUED", gate.ReasonQueued)
+	def("V_NONE", gate.VerdictNone)
 	def("V_SUCCESS", gate.VerdictSuccess)
 	def("V_FAILURE", gate.VerdictFailure)
 	def("V_FORCE_OPEN", gate.VerdictForceOpen)

@@ -14,6 +14,15 @@ local function settle(keys, argv, ao, map)
 
   local b = b_load(q.state, true, a.permit)
   local released = q_release(q, b, a.permit, a.actual, now)
+  -- A give-back without a verdict (lostAdmit: an Admit whose reply was
+  -- lost, so neither its probe flag nor its epoch is known) of the permit
+  -- that holds the breaker's probe is that probe's outcome, and ends its
+  -- lease: permit ids are unique, so the permit names the probe's round as
+  -- surely as its epoch would. Otherwise the probe stays held by nobody
+  -- until its TTL ends, and the source refuses everyone meanwhile.
+  if not a.probe and a.verdict == V_NONE and b.state == HALF_OPEN and b.probe == a.permit then
+    a.probe, a.epoch = true, b.epoch
+  end
   local effect, evs
   if released or a.probe then
     effect, evs = b_settle(b, a, a, now)
