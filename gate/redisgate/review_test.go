@@ -3,6 +3,9 @@ package redisgate_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -60,5 +63,62 @@ func TestGiveBackOfLostProbeEndsTheProbe(t *testing.T) {
 	a := admit(t, ctx, b, scope, "next", src)
 	if !a.Granted || !a.Permit.Probe {
 		t.Fatalf("the next admit after the lost probe was given back: %+v, want granted as the probe", a)
+	}
+}
+
+// replyHook makes the replies of admit calls that ran in Redis unreadable
+// (a byte past the packed record's end): a reply the Backend cannot parse,
+// from a script that did run.
+type replyHook struct{ garble atomic.Bool }
+
+func (h *replyHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *replyHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *replyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		a := cmd.Args()
+		if err != nil || !h.garble.Load() || len(a) < 2 || !strings.HasSuffix(fmt.Sprint(a[1]), "_admit") {
+			return err
+		}
+		if c, ok := cmd.(*redis.Cmd); ok {
+			if s, ok := c.Val().(string); ok {
+				c.SetVal(s + "x")
+			}
+		}
+		return nil
+	}
+}
+
+// TestUnreadableAdmitReplyIsGivenBack: an Admit whose script ran and granted
+// but whose reply the Backend cannot read answers an error, and its caller
+// holds no permit: what it may have granted is owed to Redis as for a lost
+// reply (lostAdmit), as Settle queues a settle whose reply it cannot read,
+// and as a batch does for an unreadable grant whose caller is gone
+// (grants). Otherwise the slot stays held by nobody until its lease ends.
+func TestUnreadableAdmitReplyIsGivenBack(t *testing.T) {
+	ctx := testCtx(t)
+	c := redistest.Start(t).Client(t)
+	h := &replyHook{}
+	c.AddHook(h)
+	b := newBackend(t, c, redisgate.Options{})
+	const scope = "unreadable"
+	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 1 })
+	settle(t, ctx, b, scope, src, admit(t, ctx, b, scope, "warm", src).Permit, gate.VerdictSuccess)
+
+	h.garble.Store(true)
+	_, err := b.Admit(ctx, admitReq(scope, "garbled", src))
+	h.garble.Store(false)
+	if err == nil {
+		t.Fatal("Admit with an unreadable reply answered no error")
+	}
+	if q := peek(t, ctx, b, scope, src).Quota; q.InFlight != 1 {
+		t.Fatalf("in flight %d after the garbled admit, want the 1 its script granted", q.InFlight)
+	}
+	if gb := b.GiveBacks(); gb.Queued != 1 {
+		t.Fatalf("give-backs queued %d after an admit whose grant nobody received, want 1", gb.Queued)
 	}
 }
