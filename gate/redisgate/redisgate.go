@@ -203,6 +203,7 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 		}
 	}
 	if p.err != nil {
+		b.lostAdmit(req) // it may have granted: nobody holds the permit
 		return gate.Admission{}, p.err
 	}
 	b.memory.see(req.Scope, out.Events, time.Now())
