@@ -122,3 +122,93 @@ func TestUnreadableAdmitReplyIsGivenBack(t *testing.T) {
 		t.Fatalf("give-backs queued %d after an admit whose grant nobody received, want 1", gb.Queued)
 	}
 }
+
+// failHook fails, without sending it, every call that names a key of the
+// source "lone" while fail is set: a call that fails at once, so that the
+// ops gathered behind it go out as a batch straight away.
+type failHook struct{ fail atomic.Bool }
+
+func (h *failHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *failHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *failHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.fail.Load() && strings.Contains(fmt.Sprint(cmd.Args()...), ":src:lone:") {
+			err := errors.New("failHook: connection reset")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestBatchStalledRunsOnceAfterResume: a batch of two admits and a settle
+// (a failure) sent to a stalled Redis (SIGSTOP) fails for its callers
+// within their timeout and runs when Redis resumes. Afterwards, with the
+// give-back queue drained, every permit the batch granted is given back
+// (nothing in flight on either source), and the settle counted exactly
+// once: its repetition from the queue is stale (one consecutive failure
+// of a fail_threshold of 2: CLOSED).
+func TestBatchStalledRunsOnceAfterResume(t *testing.T) {
+	ctx := testCtx(t)
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	h, f := &batchHook{}, &failHook{}
+	c.AddHook(h)
+	c.AddHook(f)
+	const timeout = time.Second
+	b := newBackend(t, c, redisgate.Options{Timeout: timeout})
+	run, stop := context.WithCancel(ctx)
+	defer stop()
+	go b.RunGiveBacks(run, 10*time.Millisecond)
+
+	const scope = "stalled-batch"
+	s1 := gatetest.Src("s1", func(s *gate.Source) { s.Limits.MaxConcurrency = 10; s.Breaker.FailThreshold = 2 })
+	s2 := gatetest.Src("s2")
+	eventually(t, ctx, "a first admission", func() bool {
+		a, err := b.Admit(ctx, admitReq(scope, "warm", s2))
+		if err == nil && a.Granted {
+			_, _ = b.Settle(ctx, settleReq(scope, s2, a.Permit, gate.VerdictSuccess))
+		}
+		return err == nil
+	})
+	waitQueue(t, ctx, b)
+	p := admit(t, ctx, b, scope, "held", s1).Permit
+	h.takeSizes()
+
+	f.fail.Store(true)
+	errs := make([]error, 3)
+	release, wait := gather(t, b, h, scope, 3,
+		func() { _, errs[0] = b.Admit(ctx, admitReq(scope, "b", s1)) },
+		func() { _, errs[1] = b.Admit(ctx, admitReq(scope, "c", s1, s2)) },
+		func() { _, errs[2] = b.Settle(ctx, settleReq(scope, s1, p, gate.VerdictFailure)) },
+	)
+	srv.Pause()
+	release() // the lone call fails at once; the three go out to the stalled server
+	wait()
+	f.fail.Store(false)
+	srv.Resume()
+	for i, err := range errs {
+		if !errors.Is(err, gate.ErrUnavailable) {
+			t.Errorf("op %d on a stalled Redis: %v, want unavailable", i, err)
+		}
+	}
+	// (The give-back queue's retries follow them.)
+	if sizes := h.takeSizes(); len(sizes) < 2 || sizes[0] != 1 || sizes[1] != 3 {
+		t.Fatalf("batch sizes %v, want [1 3 ...]", sizes)
+	}
+	waitQueue(t, ctx, b)
+	if got := inFlight(t, ctx, b, scope, s1, s2); got[0] != 0 || got[1] != 0 {
+		t.Errorf("in flight after the give-backs: %v, want [0 0]", got)
+	}
+	if v := peek(t, ctx, b, scope, s1).Breaker; v.State != gate.Closed || v.Consecutive != 1 {
+		t.Errorf("breaker after the stalled settle ran and was repeated: %+v, want CLOSED with 1 consecutive failure", v)
+	}
+	if g := b.GiveBacks(); g.Released < 2 {
+		t.Errorf("give-backs %+v: want the two grants of the stalled batch released", g)
+	}
+}
