@@ -212,3 +212,67 @@ func TestBatchStalledRunsOnceAfterResume(t *testing.T) {
 		t.Errorf("give-backs %+v: want the two grants of the stalled batch released", g)
 	}
 }
+
+// TestBatchManySources: a batch of two admits of 100 and 60 candidates
+// (160 sources, numbered in one byte each: the second's from 101 to 160,
+// past 127) fits maxBatchKeys and goes as one call; each admit is refused
+// by every candidate but its last (a TPM of 1 against 2 tokens) and
+// granted there, and answers and stores what the two store one at a time.
+func TestBatchManySources(t *testing.T) {
+	ctx := testCtx(t)
+	clock := gatetest.NewClock()
+	b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "batched")
+	warm := gatetest.Src("warm")
+	settle(t, ctx, b, "sequential", warm, admit(t, ctx, b, "sequential", "warm", warm).Permit, gate.VerdictSuccess)
+	h.takeSizes()
+	tight := func(s *gate.Source) { s.Limits.TPM = 1 }
+	var names []string
+	srcs := func(from, n int) []*gate.Source {
+		var out []*gate.Source
+		for i := from; i < from+n; i++ {
+			name := fmt.Sprintf("m%03d", i)
+			names = append(names, name)
+			if i == from+n-1 {
+				out = append(out, gatetest.Src(name))
+			} else {
+				out = append(out, gatetest.Src(name, tight))
+			}
+		}
+		return out
+	}
+	first, second := srcs(0, 100), srcs(100, 60)
+	run := func(scope string, batched bool) []string {
+		out := make([]string, 2)
+		fs := []func(){
+			func() {
+				r := admitReq(scope, "p1", first...)
+				r.Tokens = 2
+				a, err := b.Admit(ctx, r)
+				out[0] = fmt.Sprint(a.Granted, a.Permit.Source, len(a.Rejections), err)
+			},
+			func() {
+				r := admitReq(scope, "p2", second...)
+				r.Tokens = 2
+				a, err := b.Admit(ctx, r)
+				out[1] = fmt.Sprint(a.Granted, a.Permit.Source, len(a.Rejections), err)
+			},
+		}
+		runOps(t, b, h, scope, batched, fs)
+		return out
+	}
+	seq, bat := run("sequential", false), run("batched", true)
+	for i := range seq {
+		if seq[i] != bat[i] {
+			t.Errorf("admit %d: batched %s, one at a time %s", i, bat[i], seq[i])
+		}
+	}
+	if want := fmt.Sprint(true, "m159", 59, nil); bat[1] != want {
+		t.Errorf("the second admit: %s, want %s", bat[1], want)
+	}
+	gotSeq, gotBat := storedScope(t, ctx, b, c, "sequential", names), storedScope(t, ctx, b, c, "batched", names)
+	for k, v := range gotSeq {
+		if gotBat[k] != v {
+			t.Errorf("%s: batched %s, one at a time %s", k, gotBat[k], v)
+		}
+	}
+}
