@@ -194,14 +194,17 @@ func (l *line) wake(ids ...string) {
 	}
 }
 
-// overdue reports whether id was woken longer than lease ago and has not
-// asked since: its client is gone between two RPCs (a woken waiter asks at
-// once), and its place would hold the line.
+// overdue reports whether id, a waiter of this replica at a line's head,
+// holds the line for nobody: it was woken longer than lease ago and has not
+// asked since (its client is gone between two RPCs; a woken waiter asks at
+// once), or no call of this replica is in line as id (a read that joined
+// lost its answer and the leave after it failed: the place is kept alive by
+// this replica's reads, and nobody would ever ask for it).
 func (l *line) overdue(id string, lease time.Duration) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	h := l.held[id]
-	return h != nil && h.woken && time.Since(h.wokenAt) > lease
+	return h == nil || h.woken && time.Since(h.wokenAt) > lease
 }
 
 // attach makes t the hold that a slot handed to c rings, when c is in line

@@ -213,9 +213,10 @@ func (s *Scope) pollOnce() bool {
 		// admits.
 		s.line.wake(v.Line.Wake...)
 		if v.Verdict.Reason == gate.ReasonNone && v.Line.Head != "" {
-			// A head woken a lease ago that never came for the slot is set
-			// aside (as the backend does with a handed slot nobody asks
-			// for): it takes its place back if its client asks again.
+			// A head woken a lease ago that never came for the slot, or one
+			// no call here is in line as (a lost join whose leave failed),
+			// is set aside (as the backend does with a handed slot nobody
+			// asks for): it takes its place back if its client asks again.
 			if s.line.overdue(v.Line.Head, lineLease(cfg)) {
 				_ = s.backend.Leave(ctx, gate.LeaveRequest{Scope: s.name, Waiter: v.Line.Head, Sources: []string{v.Source}})
 				continue
