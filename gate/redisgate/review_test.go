@@ -276,3 +276,67 @@ func TestBatchManySources(t *testing.T) {
 		}
 	}
 }
+
+// loseHook runs every call that names a key of the source "lost" and then
+// loses its reply, while lose is set (a timeout after the script ran).
+type loseHook struct{ lose atomic.Bool }
+
+func (h *loseHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *loseHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *loseHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if h.lose.Load() && strings.Contains(fmt.Sprint(cmd.Args()...), ":src:lost:") {
+			err = errors.New("loseHook: i/o timeout")
+			cmd.SetErr(err)
+		}
+		return err
+	}
+}
+
+// TestGiveBacksOfOneScopeDoNotWaitForAnother: the give-back queue owes
+// Redis a settle of a scope that does not answer (here every call naming
+// the source "lone" fails, as the scopes of a Redis Cluster node that is
+// down do while the others answer), queued first, and the give-back of a
+// permit granted in another scope, whose Admit reply was lost. The second
+// is given back although the first still fails: a scope that does not
+// answer must not hold the others' slots until their leases end.
+func TestGiveBacksOfOneScopeDoNotWaitForAnother(t *testing.T) {
+	ctx := testCtx(t)
+	c := redistest.Start(t).Client(t)
+	down, lost := &failHook{}, &loseHook{}
+	c.AddHook(down)
+	c.AddHook(lost)
+	b := newBackend(t, c, redisgate.Options{Timeout: time.Second})
+	lone, src := gatetest.Src("lone"), gatetest.Src("lost")
+	for _, scope := range []string{"down", "up"} {
+		settle(t, ctx, b, scope, src, admit(t, ctx, b, scope, "warm", src).Permit, gate.VerdictSuccess)
+	}
+
+	down.fail.Store(true)
+	if _, err := b.Admit(ctx, admitReq("down", "p-down", lone)); !errors.Is(err, gate.ErrUnavailable) {
+		t.Fatalf("admit in the scope that does not answer: %v, want unavailable", err)
+	}
+	lost.lose.Store(true)
+	if _, err := b.Admit(ctx, admitReq("up", "p-up", src)); !errors.Is(err, gate.ErrUnavailable) {
+		t.Fatalf("admit whose reply is lost: %v, want unavailable", err)
+	}
+	lost.lose.Store(false)
+	if gb := b.GiveBacks(); gb.Queued != 2 {
+		t.Fatalf("give-backs queued %d, want 2 (one per scope)", gb.Queued)
+	}
+	if n := inFlight(t, ctx, b, "up", src)[0]; n != 1 {
+		t.Fatalf("in flight %d after the admit whose reply was lost, want the 1 it granted", n)
+	}
+
+	run, stop := context.WithCancel(ctx)
+	defer stop()
+	go b.RunGiveBacks(run, 10*time.Millisecond)
+	waitFor(t, "the lost grant of the scope that answers given back", func() bool {
+		return inFlight(t, ctx, b, "up", src)[0] == 0
+	})
+}
