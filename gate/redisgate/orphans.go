@@ -198,15 +198,38 @@ func (b *Backend) RunGiveBacks(ctx context.Context, every time.Duration) {
 	}
 }
 
+// back moves the orphans of scope to the end of the queue, in their order.
+func (q *orphans) back(scope string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	front := make([]*orphan, 0, len(q.items))
+	var rest []*orphan
+	for _, o := range q.items {
+		if o.req.Scope == scope {
+			rest = append(rest, o)
+		} else {
+			front = append(front, o)
+		}
+	}
+	q.items = append(front, rest...)
+}
+
 // retryOrphans settles every due orphan, in order, and stops at the first
-// that Redis does not answer.
+// that Redis does not answer, whose scope's orphans go to the end of the
+// queue: a scope that does not answer while others do (a Redis Cluster node
+// down, the scope's ops piled up to maxQueuedOps) does not keep the others'
+// give-backs waiting behind it, and a Redis that does not answer at all
+// still costs one attempt per pass.
 func (b *Backend) retryOrphans(ctx context.Context, every time.Duration) {
 	for _, o := range b.orphans.due(time.Now()) {
 		st, err := b.settle(ctx, o.req)
 		switch {
 		case err == nil:
 			b.orphans.confirm(o, st, time.Now(), every)
-		case ctx.Err() != nil || errors.Is(err, gate.ErrUnavailable):
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, gate.ErrUnavailable):
+			b.orphans.back(o.req.Scope)
 			return
 		default:
 			b.orphans.drop(o, err)
