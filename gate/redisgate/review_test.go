@@ -340,3 +340,91 @@ func TestGiveBacksOfOneScopeDoNotWaitForAnother(t *testing.T) {
 		return inFlight(t, ctx, b, "up", src)[0] == 0
 	})
 }
+
+// TestRestartEmptyUnderBatchedLoad: Redis restarts empty while eight
+// callers admit and settle one scope at once (their ops meet in batches).
+// A source this Backend knew OPEN is never granted, before or after the
+// restart; ops cut off by the restart fail as unavailable; once the
+// callers stop and the give-backs are done, no slot of the other source
+// is held, and the loss was found and re-asserted.
+func TestRestartEmptyUnderBatchedLoad(t *testing.T) {
+	ctx := testCtx(t)
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	b := newBackend(t, c, redisgate.Options{Timeout: time.Second})
+	run, stop := context.WithCancel(ctx)
+	defer stop()
+	go b.RunGiveBacks(run, 10*time.Millisecond)
+
+	const scope = "restart-load"
+	long := func(s *gate.Source) {
+		s.Breaker.FailThreshold = 1
+		s.Breaker.Cooldown, s.Breaker.MaxCooldown = time.Hour, time.Hour
+	}
+	shut, ok := gatetest.Src("shut", long), gatetest.Src("ok", func(s *gate.Source) { s.Limits.MaxConcurrency = 4 })
+	eventually(t, ctx, "a first admission", func() bool {
+		a, err := b.Admit(ctx, admitReq(scope, "warm", ok))
+		if err == nil && a.Granted {
+			_, _ = b.Settle(ctx, settleReq(scope, ok, a.Permit, gate.VerdictSuccess))
+		}
+		return err == nil
+	})
+	openBreaker(t, ctx, b, scope, shut)
+
+	// after counts the cycles done since the restart.
+	var after, unavailable atomic.Int64
+	var restarted atomic.Bool
+	const callers, cycles = 8, 20
+	errs := make(chan error, callers)
+	for i := range callers {
+		go func() {
+			for n := 0; ; n++ {
+				if restarted.Load() && after.Load() >= callers*cycles {
+					errs <- nil
+					return
+				}
+				a, err := b.Admit(ctx, admitReq(scope, fmt.Sprintf("c%d-%d", i, n), shut, ok))
+				switch {
+				case err != nil && !errors.Is(err, gate.ErrUnavailable):
+					errs <- fmt.Errorf("admit: %w", err)
+					return
+				case err != nil:
+					unavailable.Add(1)
+					continue
+				case a.Granted && a.Permit.Source == "shut":
+					errs <- fmt.Errorf("admit %d of caller %d granted the source known OPEN (restarted %v)", n, i, restarted.Load())
+					return
+				case a.Granted:
+					if _, err := b.Settle(ctx, settleReq(scope, ok, a.Permit, gate.VerdictSuccess)); err != nil && !errors.Is(err, gate.ErrUnavailable) {
+						errs <- fmt.Errorf("settle: %w", err)
+						return
+					}
+				}
+				if restarted.Load() {
+					after.Add(1)
+				}
+			}
+		}()
+	}
+	waitFor(t, "the callers under way", func() bool { return commandCalls(t, c, "fcall") > 50 })
+	srv.Stop()
+	srv.Start()
+	restarted.Store(true)
+	for range callers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitQueue(t, ctx, b)
+	t.Logf("admits unavailable: %d; give-backs %+v; fcalls since the restart %d", unavailable.Load(), b.GiveBacks(), commandCalls(t, c, "fcall"))
+	if n := inFlight(t, ctx, b, scope, ok)[0]; n != 0 {
+		t.Errorf("in flight on ok after the load and the give-backs: %d, want 0", n)
+	}
+	if v := peek(t, ctx, b, scope, shut).Breaker; v.State != gate.Open {
+		t.Errorf("the source known OPEN after the restart: %+v, want OPEN (re-asserted)", v)
+	}
+	if l := b.StateLoss(scope); l.Count < 1 || l.Pending {
+		t.Errorf("state loss %+v, want found and re-asserted", l)
+	}
+}
