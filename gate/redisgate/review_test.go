@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -426,5 +429,119 @@ func TestRestartEmptyUnderBatchedLoad(t *testing.T) {
 	}
 	if l := b.StateLoss(scope); l.Count < 1 || l.Pending {
 		t.Errorf("state loss %+v, want found and re-asserted", l)
+	}
+}
+
+// chaosHook, while on, fails a random share of admit and settle calls
+// before sending them and loses the reply of another share after they ran.
+type chaosHook struct {
+	on   atomic.Bool
+	mu   sync.Mutex
+	rand *rand.Rand
+}
+
+func (h *chaosHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *chaosHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *chaosHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		a := cmd.Args()
+		if !h.on.Load() || len(a) < 2 || !strings.Contains(fmt.Sprint(a[1]), "_") {
+			return next(ctx, cmd) // not a library function call
+		}
+		h.mu.Lock()
+		roll := h.rand.IntN(10)
+		h.mu.Unlock()
+		switch {
+		case roll == 0:
+			err := errors.New("chaosHook: connection refused")
+			cmd.SetErr(err)
+			return err
+		case roll == 1:
+			_ = next(ctx, cmd)
+			err := errors.New("chaosHook: i/o timeout")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestCancelsAndLostRepliesLeakNothing: eight callers admit and settle one
+// scope at once (their ops meet in batches), each giving up at a random
+// point of its admit or of its settle (while its op gathers, is sent, or
+// its reply arrives), while a tenth of the calls fail before they are sent
+// and another tenth lose their reply after they ran. A caller that was
+// granted settles its permit; nothing else is reported. Once the callers
+// stop and the give-back queue is empty, no slot is held on either source,
+// and nothing overflowed.
+func TestCancelsAndLostRepliesLeakNothing(t *testing.T) {
+	ctx := testCtx(t)
+	c := redistest.Start(t).Client(t)
+	h := &chaosHook{rand: rand.New(rand.NewPCG(1, 2))}
+	c.AddHook(h)
+	b := newBackend(t, c, redisgate.Options{Timeout: time.Second})
+	run, stop := context.WithCancel(ctx)
+	defer stop()
+	go b.RunGiveBacks(run, 10*time.Millisecond)
+	const scope = "chaos"
+	s1 := gatetest.Src("s1", func(s *gate.Source) { s.Limits.MaxConcurrency = 3 })
+	s2 := gatetest.Src("s2", func(s *gate.Source) { s.Limits.MaxConcurrency = 3 })
+	settle(t, ctx, b, scope, s1, admit(t, ctx, b, scope, "warm", s1).Permit, gate.VerdictSuccess)
+
+	// giveUp is a context its caller gives up on after a random number of
+	// yields (before, during or after its call), or, one time in three,
+	// not at all.
+	giveUp := func(r *rand.Rand) context.Context {
+		if r.IntN(3) == 0 {
+			return ctx
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		n := r.IntN(20000)
+		go func() {
+			for range n {
+				runtime.Gosched()
+			}
+			cancel()
+		}()
+		return cctx
+	}
+	h.on.Store(true)
+	const callers, rounds = 8, 40
+	var wg sync.WaitGroup
+	var granted, failed atomic.Int64
+	for i := range callers {
+		r := rand.New(rand.NewPCG(uint64(i), 7))
+		wg.Go(func() {
+			for n := range rounds {
+				a, err := b.Admit(giveUp(r), admitReq(scope, fmt.Sprintf("c%d-%d", i, n), s1, s2))
+				if err != nil {
+					failed.Add(1)
+					continue
+				}
+				if !a.Granted {
+					continue
+				}
+				granted.Add(1)
+				src := s1
+				if a.Permit.Source == "s2" {
+					src = s2
+				}
+				_, _ = b.Settle(giveUp(r), settleReq(scope, src, a.Permit, gate.VerdictSuccess))
+			}
+		})
+	}
+	wg.Wait()
+	h.on.Store(false)
+	waitQueue(t, ctx, b)
+	t.Logf("granted %d, failed %d of %d admits; give-backs %+v", granted.Load(), failed.Load(), callers*rounds, b.GiveBacks())
+	if got := inFlight(t, ctx, b, scope, s1, s2); got[0] != 0 || got[1] != 0 {
+		t.Errorf("in flight after every caller stopped and the give-backs: %v, want [0 0]", got)
+	}
+	if g := b.GiveBacks(); g.Overflowed != 0 {
+		t.Errorf("give-backs overflowed: %+v", g)
 	}
 }
