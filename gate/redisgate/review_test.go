@@ -545,3 +545,85 @@ func TestCancelsAndLostRepliesLeakNothing(t *testing.T) {
 		t.Errorf("give-backs overflowed: %+v", g)
 	}
 }
+
+// TestCancelsAndLostRepliesLeakNoProbe: the same chaos over breakers that
+// open and turn HALF_OPEN (fail_threshold 2, cooldown 1s on a test clock
+// that moves 10ms per admit, probe TTL an hour), callers reporting success
+// or failure at random. Once the callers stop and the give-backs are done,
+// and a cooldown has passed, every source admits again: no probe is held
+// by nobody (a probe's lease would only end with its hour-long TTL).
+func TestCancelsAndLostRepliesLeakNoProbe(t *testing.T) {
+	ctx := testCtx(t)
+	c := redistest.Start(t).Client(t)
+	h := &chaosHook{rand: rand.New(rand.NewPCG(3, 4))}
+	c.AddHook(h)
+	clock := gatetest.NewClock()
+	b := newBackend(t, c, redisgate.Options{Timeout: time.Second, Clock: clock.Now})
+	run, stop := context.WithCancel(ctx)
+	defer stop()
+	go b.RunGiveBacks(run, 10*time.Millisecond)
+	const scope = "chaos-probe"
+	flaky := func(s *gate.Source) {
+		s.Limits.MaxConcurrency = 3
+		s.Breaker.FailThreshold = 2
+		s.Breaker.Cooldown, s.Breaker.MaxCooldown, s.Breaker.ProbeTTL = time.Second, time.Second, time.Hour
+	}
+	srcs := []*gate.Source{gatetest.Src("s1", flaky), gatetest.Src("s2", flaky)}
+	settle(t, ctx, b, scope, srcs[0], admit(t, ctx, b, scope, "warm", srcs[0]).Permit, gate.VerdictSuccess)
+
+	giveUp := func(r *rand.Rand) context.Context {
+		if r.IntN(3) == 0 {
+			return ctx
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		n := r.IntN(20000)
+		go func() {
+			for range n {
+				runtime.Gosched()
+			}
+			cancel()
+		}()
+		return cctx
+	}
+	h.on.Store(true)
+	const callers, rounds = 8, 40
+	var wg sync.WaitGroup
+	var probes atomic.Int64
+	for i := range callers {
+		r := rand.New(rand.NewPCG(uint64(i), 9))
+		wg.Go(func() {
+			for n := range rounds {
+				clock.Advance(10 * time.Millisecond)
+				a, err := b.Admit(giveUp(r), admitReq(scope, fmt.Sprintf("c%d-%d", i, n), srcs...))
+				if err != nil || !a.Granted {
+					continue
+				}
+				if a.Permit.Probe {
+					probes.Add(1)
+				}
+				v := gate.VerdictSuccess
+				if r.IntN(2) == 0 {
+					v = gate.VerdictFailure
+				}
+				src := srcs[0]
+				if a.Permit.Source == "s2" {
+					src = srcs[1]
+				}
+				_, _ = b.Settle(giveUp(r), settleReq(scope, src, a.Permit, v))
+			}
+		})
+	}
+	wg.Wait()
+	h.on.Store(false)
+	waitQueue(t, ctx, b)
+	clock.Advance(2 * time.Second)
+	t.Logf("probes granted %d; give-backs %+v", probes.Load(), b.GiveBacks())
+	if got := inFlight(t, ctx, b, scope, srcs...); got[0] != 0 || got[1] != 0 {
+		t.Errorf("in flight after every caller stopped and the give-backs: %v, want [0 0]", got)
+	}
+	for _, src := range srcs {
+		if a := admit(t, ctx, b, scope, "after-"+src.Name, src); !a.Granted {
+			t.Errorf("%s after the chaos and a cooldown: %+v, want granted", src.Name, a)
+		}
+	}
+}
