@@ -627,3 +627,87 @@ func TestCancelsAndLostRepliesLeakNoProbe(t *testing.T) {
 		}
 	}
 }
+
+// TestStalledHandoffHandsOnce: a release that hands its slot to the head
+// of the line, sent in a batch to a stalled Redis (SIGSTOP), fails for its
+// caller and is repeated by the give-back queue. When Redis resumes, the
+// batch runs and hands the slot to the head; the repetition, stale, hands
+// nothing more. The head is then among the waiters a read of this replica
+// wakes, the waiter behind it is not, and the head's admit takes the slot.
+func TestStalledHandoffHandsOnce(t *testing.T) {
+	ctx := testCtx(t)
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	h, f := &batchHook{}, &failHook{}
+	c.AddHook(h)
+	c.AddHook(f)
+	b := newBackend(t, c, redisgate.Options{Timeout: time.Second})
+	run, stop := context.WithCancel(ctx)
+	defer stop()
+	go b.RunGiveBacks(run, 10*time.Millisecond)
+
+	const scope = "stalled-handoff"
+	src, other := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 1 }), gatetest.Src("other")
+	eventually(t, ctx, "a first admission", func() bool {
+		a, err := b.Admit(ctx, admitReq(scope, "warm", other))
+		if err == nil && a.Granted {
+			_, _ = b.Settle(ctx, settleReq(scope, other, a.Permit, gate.VerdictSuccess))
+		}
+		return err == nil
+	})
+	waitQueue(t, ctx, b)
+	held := admit(t, ctx, b, scope, "held", src).Permit
+	waiter := func(id, place string) *gate.Waiter {
+		return &gate.Waiter{ID: id, Weight: 1, OtherWeight: 1, MaxTenants: 8, Lease: time.Minute, Places: map[string]string{"s": place}}
+	}
+	places := map[string]string{}
+	for _, id := range []string{"w1", "w2"} {
+		req := admitReq(scope, "ask-"+id, src)
+		req.Line = waiter(id, "earlier")
+		a := must(b.Admit(ctx, req))(t)
+		if a.Granted || a.Places["s"] == "" {
+			t.Fatalf("%s joining the line: %+v, want refused with a place", id, a)
+		}
+		places[id] = a.Places["s"]
+	}
+	h.takeSizes()
+
+	f.fail.Store(true)
+	var settleErr error
+	release, wait := gather(t, b, h, scope, 2,
+		func() {
+			req := settleReq(scope, src, held, gate.VerdictSuccess)
+			req.Line = &gate.LineHandoff{Lease: time.Minute}
+			_, settleErr = b.Settle(ctx, req)
+		},
+		func() { _, _ = b.Admit(ctx, admitReq(scope, "mate", other)) },
+	)
+	srv.Pause()
+	release()
+	wait()
+	f.fail.Store(false)
+	srv.Resume()
+	if !errors.Is(settleErr, gate.ErrUnavailable) {
+		t.Fatalf("the release on a stalled Redis: %v, want unavailable", settleErr)
+	}
+	if sizes := h.takeSizes(); len(sizes) < 2 || sizes[1] != 2 {
+		t.Fatalf("batch sizes %v, want [1 2 ...]", sizes)
+	}
+	waitQueue(t, ctx, b)
+
+	snap := must(b.Peek(ctx, gate.PeekRequest{Scope: scope, Sources: []*gate.Source{src}, Line: &gate.LineRead{Lease: time.Minute}}))(t)
+	if l := snap.Sources[0].Line; len(l.Wake) != 1 || l.Wake[0] != "w1" || l.Length != 2 {
+		t.Fatalf("line after the stalled release ran and was repeated: %+v, want 2 waiting and w1 (only) handed the slot", l)
+	}
+	req := admitReq(scope, "take-w1", src)
+	req.Line = waiter("w1", places["w1"])
+	if a := must(b.Admit(ctx, req))(t); !a.Granted {
+		t.Fatalf("w1 asking for the slot handed to it: %+v, want granted", a)
+	}
+	req = admitReq(scope, "take-w2", src)
+	req.Line = waiter("w2", places["w2"])
+	if a := must(b.Admit(ctx, req))(t); a.Granted {
+		t.Fatalf("w2 after w1 took the one slot: %+v, want refused", a)
+	}
+}
