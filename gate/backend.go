@@ -230,9 +230,16 @@ func (s *SourceState) quotaVerdict(c Candidate, tokens, now int64) Rejection {
 // Settle releases the permit's slot and applies its outcome. The outcome of
 // an ordinary permit that no longer held its slot (settled before, or its
 // lease expired and the slot went to someone else) is stale, which makes
-// Settle idempotent; a probe is fenced by its own lease and epoch.
+// Settle idempotent; a probe is fenced by its own lease and epoch. A
+// give-back without a verdict that knows neither probe flag nor epoch (a
+// shared backend's, for an Admit whose reply was lost) of the permit that
+// holds the probe ends the probe: permit ids are unique, so the permit names
+// the probe's round as surely as its epoch would.
 func (s *SourceState) Settle(req SettleRequest, now int64) (Settlement, []Event) {
 	released := s.Quota.release(req.PermitID, req.ActualTokens, now)
+	if !req.Probe && req.Verdict == VerdictNone && s.Breaker.State == HalfOpen && s.Breaker.Probe == req.PermitID {
+		req.Probe, req.Epoch = true, s.Breaker.Epoch
+	}
 	o := Outcome{PermitID: req.PermitID, Epoch: req.Epoch, Probe: req.Probe, Verdict: req.Verdict, Floor: req.Floor}
 	var effect Effect
 	var events []Event

@@ -211,6 +211,29 @@ func runBreaker(t *testing.T, factory Factory) {
 		}
 	})
 
+	t.Run("GiveBackWithoutProbeOrEpochEndsTheProbe", func(t *testing.T) {
+		// A shared backend gives back an Admit whose reply was lost without
+		// a verdict and without knowing whether it took the probe, or at
+		// which epoch: if its permit holds the probe, that ends the probe.
+		e := newEnv(t, factory)
+		src := Src("a")
+		e.open(src)
+		e.clock.Advance(time.Second)
+		p := e.grant(src)
+		s := e.settleReq(gate.SettleRequest{Source: src, PermitID: p.ID, Verdict: gate.VerdictNone, ActualTokens: -1})
+		if !s.Released || s.Effect != gate.EffectNoVerdict || s.Breaker.State != gate.HalfOpen || s.Breaker.ProbeOut {
+			t.Fatalf("give-back of the probe's permit: %+v, want released, no_verdict, half_open, no probe out", s)
+		}
+		next := e.admit(0, src)
+		if !next.Granted || !next.Permit.Probe || next.Permit.Epoch != p.Epoch+1 {
+			t.Fatalf("next entrant: %+v, want the probe at once at epoch %d", next, p.Epoch+1)
+		}
+		// Another permit's verdict-less give-back leaves the new probe out.
+		if s := e.settleReq(gate.SettleRequest{Source: src, PermitID: "nobody", Verdict: gate.VerdictNone, ActualTokens: -1}); !s.Breaker.ProbeOut {
+			t.Fatalf("give-back of a permit that is not the probe: %+v, want the probe still out", s)
+		}
+	})
+
 	t.Run("ClosedEraOutcomesDuringOpenChangeNothing", func(t *testing.T) {
 		e := newEnv(t, factory)
 		src := Src("a")
