@@ -35,7 +35,7 @@ func TestGiveBackOfLostProbeEndsTheProbe(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	clock := gatetest.NewClock()
-	b := newBackend(t, c, redisgate.Options{Timeout: 100 * time.Millisecond, Clock: clock.Now})
+	b := newBackend(t, c, redisgate.Options{Timeout: time.Second, Clock: clock.Now})
 	run, stop := context.WithCancel(ctx)
 	defer stop()
 	go b.RunGiveBacks(run, 10*time.Millisecond)
