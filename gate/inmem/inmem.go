@@ -101,7 +101,7 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (out gate.Ad
 	w := req.Line
 	for _, c := range req.Candidates {
 		name := c.Source.Name
-		if w != nil && !s.line(name).Check(w.At(name), now) {
+		if w != nil && s.inLine(w, name) && !s.line(name).Check(w.At(name), now) {
 			out.Rejections = append(out.Rejections, gate.Rejection{Source: name, Reason: gate.ReasonQueued})
 			continue
 		}
@@ -119,11 +119,20 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (out gate.Ad
 	return out, nil
 }
 
+// inLine reports whether source's line has anything to say about w: a line
+// is kept, or w has a place in it. Without either, Check admits w and After
+// keeps no place, so the walk makes no line (nor its maps) just to drop it.
+func (s *scope) inLine(w *gate.Waiter, source string) bool {
+	_, ok := s.lines[source]
+	return ok || w.Places[source] != ""
+}
+
 // after records the walk's result in each candidate's line and returns w's
 // places: a grant leaves every line, a refusal for capacity keeps the
-// source's place, a breaker's refusal leaves the source's line.
+// source's place, a breaker's refusal leaves the source's line. It returns
+// nil when w has no place.
 func (s *scope) after(w *gate.Waiter, cands []gate.Candidate, out gate.Admission) map[string]string {
-	places := map[string]string{}
+	var places map[string]string
 	for _, c := range cands {
 		name := c.Source.Name
 		l, ok := s.lines[name]
@@ -136,6 +145,9 @@ func (s *scope) after(w *gate.Waiter, cands []gate.Candidate, out gate.Admission
 		if out.Granted && !here {
 			l.Leave(w.ID)
 		} else if p := l.After(w.At(name), here, capacity); p != "" {
+			if places == nil {
+				places = make(map[string]string, len(cands))
+			}
 			places[name] = p
 		}
 		s.tidy(name)
