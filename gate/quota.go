@@ -1,6 +1,9 @@
 package gate
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // Minute is the length of the sliding window RPM and TPM are counted over.
 const Minute = int64(60_000)
@@ -24,11 +27,14 @@ type Limits struct {
 type Quota struct {
 	// Leases maps the permit holding each slot to the end of its lease (ms).
 	Leases map[string]int64
-	log    []logEntry // log[head:] is the last minute, oldest first
-	head   int
-	base   int64            // absolute position of log[0]
-	index  map[string]int64 // permit → absolute position in log
-	tokens int64            // tokens of log[head:]
+	// soonest is at most the earliest end in Leases: expire looks through
+	// the leases only once it has passed, not on every decision.
+	soonest int64
+	log     []logEntry // log[head:] is the last minute, oldest first
+	head    int
+	base    int64            // absolute position of log[0]
+	index   map[string]int64 // permit → absolute position in log
+	tokens  int64            // tokens of log[head:]
 }
 
 type logEntry struct {
@@ -39,9 +45,14 @@ type logEntry struct {
 
 // expire forgets slots whose lease ended and admissions older than a minute.
 func (q *Quota) expire(now int64) {
-	for id, end := range q.Leases {
-		if now >= end {
-			delete(q.Leases, id)
+	if len(q.Leases) > 0 && now >= q.soonest {
+		q.soonest = math.MaxInt64
+		for id, end := range q.Leases {
+			if now >= end {
+				delete(q.Leases, id)
+			} else {
+				q.soonest = min(q.soonest, end)
+			}
 		}
 	}
 	for q.head < len(q.log) && q.log[q.head].at+Minute <= now {
@@ -103,7 +114,11 @@ func (q *Quota) take(l Limits, permit string, tokens, now int64) {
 	if q.Leases == nil {
 		q.Leases = make(map[string]int64)
 	}
-	q.Leases[permit] = now + l.Lease.Milliseconds()
+	end := now + l.Lease.Milliseconds()
+	if len(q.Leases) == 0 || end < q.soonest {
+		q.soonest = end
+	}
+	q.Leases[permit] = end
 	if l.RPM == 0 && l.TPM == 0 {
 		return
 	}
