@@ -2,6 +2,7 @@ package policy
 
 import (
 	"crypto/rand"
+	"encoding/base32"
 	"sync"
 	"time"
 
@@ -10,10 +11,26 @@ import (
 
 // NewID returns an unguessable id: kind, then 128 random bits from
 // crypto/rand (26 base32 characters). Knowing one's own ids tells nothing
-// of another client's.
+// of another client's. The id is built on the stack and allocated once (two
+// are made per attempt).
 func NewID(kind string) string {
-	return kind + "-" + rand.Text()
+	var random [16]byte
+	rand.Read(random[:])
+	var buf [maxIDKind + 1 + 26]byte
+	if len(kind) > maxIDKind {
+		return kind + "-" + idEncoding.EncodeToString(random[:])
+	}
+	n := copy(buf[:], kind)
+	buf[n] = '-'
+	idEncoding.Encode(buf[n+1:], random[:])
+	return string(buf[:n+1+idEncoding.EncodedLen(len(random))])
 }
+
+// maxIDKind is the longest kind NewID builds on the stack.
+const maxIDKind = 8
+
+// idEncoding is crypto/rand.Text's alphabet: RFC 4648 base32, no padding.
+var idEncoding = base32.StdEncoding.WithPadding(base32.NoPadding)
 
 // Call is one logical request of the application: the accounting of its two
 // budgets, its attempts, and the permit it holds. Each call has its own clock
@@ -94,9 +111,15 @@ func (c *Call) Stats(now time.Time) Stats {
 	return st
 }
 
+// done is the end of every call that ends Done (an end is never written).
+var done = &Action{Done: true}
+
 // finish ends the call with a.
 func (c *Call) finish(a Action) {
-	if a.Retry == nil {
+	switch {
+	case a == *done:
+		c.end = done
+	case a.Retry == nil:
 		c.end = &a
 	}
 }

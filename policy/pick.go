@@ -155,10 +155,11 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 	}
 	var p Pick
 	if granted != nil {
-		c.permit, c.permitSrc, c.grantedAt = &adm.Permit, &granted.gate, now
 		c.attempts++
 		c.waiting, c.last = false, nil
 		p.Grant = &Grant{Permit: adm.Permit, Source: granted.cfg, Attempt: c.attempts, Skipped: reasons}
+		// The call points at the grant's permit: neither is written again.
+		c.permit, c.permitSrc, c.grantedAt = &p.Grant.Permit, &granted.gate, now
 		if shadow {
 			p.Grant.Skipped, p.Grant.Shadow, p.Grant.ShadowRefusals = nil, true, reasons
 		}
@@ -172,10 +173,9 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 // giveBack releases a permit of src nobody will report, without a verdict (a
 // probe's lease ends, the next entrant may probe).
 func (s *Scope) giveBack(ctx context.Context, p gate.Permit, src *gate.Source) ([]gate.Event, error) {
-	cfg, _ := s.snapshot()
 	st, err := s.backend.Settle(context.WithoutCancel(ctx), gate.SettleRequest{
 		Scope: s.name, Source: src, PermitID: p.ID, Epoch: p.Epoch, Probe: p.Probe, Verdict: gate.VerdictNone, ActualTokens: -1,
-		Line: &gate.LineHandoff{Lease: lineLease(cfg)},
+		Line: s.lineHandoff(),
 	})
 	if err == nil && st.Released {
 		s.freed(st.Handoff)

@@ -45,8 +45,8 @@ type Recorded struct {
 // is idempotent per permit: reporting the same permit again returns the first
 // answer. ctx's cancellation does not cut the settling short (see record).
 func (s *Scope) RecordOutcome(ctx context.Context, c *Call, a Attempt) (Recorded, error) {
-	rec, a, st, err := s.record(ctx, c, a)
-	if err != nil || st == nil {
+	rec, a, st, settled, err := s.record(ctx, c, a)
+	if err != nil || !settled {
 		return rec, err // an error, or a repeated report
 	}
 	s.absorb(st.Events)
@@ -57,18 +57,20 @@ func (s *Scope) RecordOutcome(ctx context.Context, c *Call, a Attempt) (Recorded
 	return rec, nil
 }
 
-func (s *Scope) record(ctx context.Context, c *Call, a Attempt) (Recorded, Attempt, *gate.Settlement, error) {
+// record settles the call's permit; settled is false for a repeated report,
+// answered from the call's memory.
+func (s *Scope) record(ctx context.Context, c *Call, a Attempt) (_ Recorded, _ Attempt, _ gate.Settlement, settled bool, _ error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if prev, ok := c.answer(a.PermitID); ok {
-		return prev, a, nil, nil
+		return prev, a, gate.Settlement{}, false, nil
 	}
 	if c.permit == nil || c.permit.ID != a.PermitID {
-		return Recorded{}, a, nil, fmt.Errorf("%w: %s", ErrPermitNotOfCall, a.PermitID)
+		return Recorded{}, a, gate.Settlement{}, false, fmt.Errorf("%w: %s", ErrPermitNotOfCall, a.PermitID)
 	}
 	r, ok := outcomes[a.Outcome]
 	if !ok {
-		return Recorded{}, a, nil, fmt.Errorf("%w: %d", ErrUnknownOutcome, a.Outcome)
+		return Recorded{}, a, gate.Settlement{}, false, fmt.Errorf("%w: %d", ErrUnknownOutcome, a.Outcome)
 	}
 	// An upstream hint is a floor with a ceiling: a dead source's OPEN
 	// lasts at least the hint, at most max_cooldown.
@@ -78,6 +80,7 @@ func (s *Scope) record(ctx context.Context, c *Call, a Attempt) (Recorded, Attem
 	}
 	p := c.permit
 	cfg, _ := s.snapshot()
+	handoff := s.lineHandoff()
 	// As in Pick, the caller's cancellation does not cut the decision (the
 	// backend's own timeout bounds it): a shared backend may apply an outcome
 	// whose reply the caller no longer waits for, and the answer must be
@@ -85,10 +88,10 @@ func (s *Scope) record(ctx context.Context, c *Call, a Attempt) (Recorded, Attem
 	st, err := s.backend.Settle(context.WithoutCancel(ctx), gate.SettleRequest{
 		Scope: s.name, Source: c.permitSrc, PermitID: p.ID, Epoch: p.Epoch, Probe: p.Probe,
 		Verdict: r.verdict, Floor: floor, ActualTokens: a.ActualTokens, Progress: a.Outcome == Success,
-		Line: &gate.LineHandoff{Lease: lineLease(cfg)},
+		Line: handoff,
 	})
 	if err != nil {
-		return Recorded{}, a, nil, err // the permit stays the call's; the report may be retried
+		return Recorded{}, a, gate.Settlement{}, false, err // the permit stays the call's; the report may be retried
 	}
 	now := time.Now()
 	a.Source, a.Latency = p.Source, now.Sub(c.grantedAt)
@@ -127,7 +130,7 @@ func (s *Scope) record(ctx context.Context, c *Call, a Attempt) (Recorded, Attem
 	rec := Recorded{Next: s.next(c, cfg, r, a, st.ProgressAge, dead, now), Effect: st.Effect, Breaker: st.Breaker, Released: st.Released}
 	c.keepAnswer(a.PermitID, rec)
 	c.finish(rec.Next)
-	return rec, a, &st, nil
+	return rec, a, st, true, nil
 }
 
 // deadEverywhere is, after a SOURCE_DEAD outcome whose breaker (view v of

@@ -100,6 +100,9 @@ type Scope struct {
 	mu   sync.RWMutex
 	cfg  *config.Scope
 	srcs []*source
+	// handoff is every Settle's line handoff under cfg (backends read it,
+	// never write it), made once per configuration rather than per settle.
+	handoff *gate.LineHandoff
 
 	sel   *selector
 	memo  *Memo
@@ -157,7 +160,7 @@ func (s *Scope) Update(cfg *config.Scope) {
 		}
 		srcs[i] = n
 	}
-	s.cfg, s.srcs = cfg, srcs
+	s.cfg, s.srcs, s.handoff = cfg, srcs, &gate.LineHandoff{Lease: lineLease(cfg)}
 	s.mu.Unlock()
 	s.sel.keep(srcs)
 	s.wait.changed()
@@ -175,6 +178,13 @@ func (s *Scope) snapshot() (*config.Scope, []*source) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.cfg, s.srcs
+}
+
+// lineHandoff is what a Settle tells the line under the current configuration.
+func (s *Scope) lineHandoff() *gate.LineHandoff {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.handoff
 }
 
 // peekRequest asks the backend about srcs, at their pacers' ceilings, for an
