@@ -6,15 +6,17 @@
 //
 //	polybench -sidecar PATH [flags]
 //	polybench floor [-listen ADDR]
-//	polybench sidecar -cpuprofile FILE -- [sidecar flags]
+//	polybench sidecar [-cpuprofile FILE] [-memprofile FILE] -- [sidecar flags]
 //
 // The last form is the sidecar (server.Run) inside polybench, CPU-profiled
-// until it stops; polybench -cpuprofile FILE runs the memory backend's
-// sidecar that way.
+// until it stops and its allocations written when it stops; polybench
+// -cpuprofile FILE (or -memprofile FILE) runs the memory backend's sidecar
+// that way.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -59,6 +61,7 @@ func run(ctx context.Context, args []string) (err error) {
 		ops     string
 		noRedis bool
 		profile string
+		memProf string
 		env     string
 	)
 	fs.StringVar(&o.Sidecar, "sidecar", "", "the sidecar binary (required; make bench builds it)")
@@ -76,6 +79,7 @@ func run(ctx context.Context, args []string) (err error) {
 	fs.StringVar(&ops, "ops", "health,retryafter,attempt", "operations measured on the sidecars, comma separated")
 	fs.StringVar(&env, "sidecar-env", "", "environment added to the sidecars only (not the floor), e.g. GOGC=50,GOMEMLIMIT=200MiB: NAME=VALUE, comma separated")
 	fs.StringVar(&profile, "cpuprofile", "", "write a CPU profile of the memory backend's sidecar (run inside polybench) to this file")
+	fs.StringVar(&memProf, "memprofile", "", "write the allocations of the memory backend's sidecar (run inside polybench) to this file (go tool pprof -sample_index=alloc_space)")
 	_ = fs.Parse(args)
 	if o.Sidecar == "" {
 		return fmt.Errorf("-sidecar: the sidecar binary is required (go build -o PATH ./cmd/sidecar)")
@@ -106,8 +110,8 @@ func run(ctx context.Context, args []string) (err error) {
 		return err
 	}
 	o.Floor = []string{self, "floor"}
-	if profile != "" {
-		o.MemorySidecar = []string{self, "sidecar", "-cpuprofile", profile, "--"}
+	if profile != "" || memProf != "" {
+		o.MemorySidecar = []string{self, "sidecar", "-cpuprofile", profile, "-memprofile", memProf, "--"}
 	}
 	h := &harness{}
 	defer h.cleanup()
@@ -173,19 +177,36 @@ func (h *harness) cleanup() {
 }
 
 // profiledSidecar runs the sidecar in this process with a CPU profile
-// written to -cpuprofile when it stops.
+// written to -cpuprofile, and its allocations to -memprofile, when it stops.
 func profiledSidecar(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("sidecar", flag.ExitOnError)
 	path := fs.String("cpuprofile", "", "the CPU profile to write")
+	memPath := fs.String("memprofile", "", "the allocation profile to write")
 	_ = fs.Parse(args)
-	f, err := os.Create(*path)
-	if err != nil {
-		return fmt.Errorf("-cpuprofile: %w", err)
+	if *path != "" {
+		f, err := os.Create(*path)
+		if err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
-	defer f.Close()
-	if err := pprof.StartCPUProfile(f); err != nil {
-		return err
+	var mem *os.File
+	if *memPath != "" {
+		var err error
+		if mem, err = os.Create(*memPath); err != nil {
+			return fmt.Errorf("-memprofile: %w", err)
+		}
+		defer mem.Close()
 	}
-	defer pprof.StopCPUProfile()
-	return sidecar.Run(ctx, fs.Args(), os.Environ(), os.Stdout, os.Stderr)
+	err := sidecar.Run(ctx, fs.Args(), os.Environ(), os.Stdout, os.Stderr)
+	if mem != nil {
+		if werr := pprof.Lookup("allocs").WriteTo(mem, 0); werr != nil {
+			return errors.Join(err, fmt.Errorf("-memprofile: %w", werr))
+		}
+	}
+	return err
 }
