@@ -21,6 +21,9 @@ func newSelector() *selector { return &selector{current: make(map[string]int)} }
 
 // order returns the walk order. srcs are in configuration order.
 func (sel *selector) order(srcs []*source, failedInCall map[string]int, now time.Time) []*source {
+	if len(srcs) < 2 {
+		return srcs // nothing to order; the walk only reads it
+	}
 	out := slices.Clone(srcs)
 	slices.SortStableFunc(out, func(a, b *source) int { return cmp.Compare(a.cfg.Priority, b.cfg.Priority) })
 
