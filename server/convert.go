@@ -2,6 +2,7 @@ package server
 
 import (
 	"math"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -14,6 +15,30 @@ import (
 )
 
 func dur(d time.Duration) *durationpb.Duration { return durationpb.New(d) }
+
+// A Grant's lease and timeout are, grant after grant, the same few
+// durations; each of these keeps the last one it made, and grants share it
+// instead of allocating a message per field. Answers are only ever
+// marshaled (read), which protobuf allows concurrently.
+var leases, timeouts durs
+
+// durs is a duration message that repeats.
+type durs struct {
+	last atomic.Pointer[durationpb.Duration]
+}
+
+func (c *durs) of(d time.Duration) *durationpb.Duration {
+	if m := c.last.Load(); m != nil && m.AsDuration() == d {
+		return m
+	}
+	m := dur(d)
+	c.last.Store(m)
+	return m
+}
+
+// doneNext is the Next of every RecordOutcome answer that ends its call Done
+// (shared, as above).
+var doneNext = &admissionv1.RecordOutcomeResponse_Done{Done: &admissionv1.Done{}}
 
 var reasons = map[gate.Reason]admissionv1.Reason{
 	gate.ReasonCooldown:      admissionv1.Reason_REASON_COOLDOWN,
@@ -106,7 +131,7 @@ func pickResponse(callID string, p policy.Pick) *admissionv1.PickResponse {
 		g := p.Grant
 		resp.Result = &admissionv1.PickResponse_Grant{Grant: &admissionv1.Grant{
 			Source: g.Source.Name, Attributes: g.Source.Attributes, PermitId: g.Permit.ID,
-			Lease: dur(g.Permit.Lease), Timeout: dur(g.Source.Timeout), Probe: g.Permit.Probe,
+			Lease: leases.of(g.Permit.Lease), Timeout: timeouts.of(g.Source.Timeout), Probe: g.Permit.Probe,
 			Epoch: g.Permit.Epoch, Attempt: int32(g.Attempt), Skipped: sourceReasons(g.Skipped),
 			Shadow: g.Shadow, ShadowRefusals: sourceReasons(g.ShadowRefusals),
 		}}
@@ -133,7 +158,7 @@ func recordResponse(r policy.Recorded) *admissionv1.RecordOutcomeResponse {
 	resp := &admissionv1.RecordOutcomeResponse{Effect: effects[r.Effect], BreakerState: states[r.Breaker.State]}
 	switch {
 	case r.Next.Done:
-		resp.Next = &admissionv1.RecordOutcomeResponse_Done{Done: &admissionv1.Done{}}
+		resp.Next = doneNext
 	case r.Next.Retry != nil:
 		resp.Next = &admissionv1.RecordOutcomeResponse_Retry{Retry: &admissionv1.Retry{Backoff: dur(*r.Next.Retry)}}
 	default:

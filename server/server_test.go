@@ -3,10 +3,12 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -498,5 +500,54 @@ func TestFailedOpeningPickLeavesNoCall(t *testing.T) {
 	d, err := h.client.DescribeScope(h.ctx, &admissionv1.DescribeScopeRequest{Scope: "chat"})
 	if err != nil || d.Scope.LiveCalls != 1 {
 		t.Fatalf("live calls %v %v, want only the good one", d.GetScope().GetLiveCalls(), err)
+	}
+}
+
+// Grants share their lease and timeout messages while they repeat, and
+// answers that end a call share their Done: concurrent answers from sources
+// of different timeouts still each carry their own source's values (every
+// answer is marshaled while others share its parts).
+func TestConcurrentAnswersCarryTheirOwnDurations(t *testing.T) {
+	h := start(t, harnessOpts{yaml: `
+calls: {max_live: 1000}
+scopes:
+  two:
+    sources: [{name: fast, timeout: 5s, max_concurrency: 1000}, {name: slow, timeout: 7s, max_concurrency: 1000}]
+`})
+	sc, err := h.srv.Scope("two")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][2]time.Duration{} // source → timeout, lease
+	for i, src := range sc.Config().Sources {
+		want[src.Name] = [2]time.Duration{src.Timeout, sc.Config().Gate(i).Limits.Lease}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan string, 8)
+	for range 8 {
+		wg.Go(func() {
+			for range 50 {
+				p, err := h.client.Pick(h.ctx, &admissionv1.PickRequest{Scope: "two"})
+				if err != nil {
+					errs <- err.Error()
+					return
+				}
+				g := p.GetGrant()
+				if w := want[g.GetSource()]; g.GetTimeout().AsDuration() != w[0] || g.GetLease().AsDuration() != w[1] {
+					errs <- fmt.Sprintf("grant of %s: timeout %v, lease %v; want %v, %v", g.GetSource(), g.GetTimeout().AsDuration(), g.GetLease().AsDuration(), w[0], w[1])
+					return
+				}
+				r, err := h.client.RecordOutcome(h.ctx, &admissionv1.RecordOutcomeRequest{Scope: "two", CallId: p.GetCallId(), PermitId: g.GetPermitId(), Outcome: admissionv1.Outcome_OUTCOME_SUCCESS})
+				if err != nil || r.GetDone() == nil {
+					errs <- fmt.Sprintf("RecordOutcome: %v %v, want Done", r, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
 	}
 }

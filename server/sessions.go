@@ -64,7 +64,14 @@ func (s *sessions) open(scope string, tokens int64, deadline time.Duration) (*se
 	if deadline > 0 {
 		until = now.Add(deadline)
 	}
-	sess := &session{call: policy.NewCall(id, scope, tokens, until, now), busy: 1, touched: now}
+	// The session and its call are one allocation (they live and die
+	// together): the call as policy.NewCall makes it.
+	both := &struct {
+		session
+		call policy.Call
+	}{session: session{busy: 1, touched: now}, call: policy.Call{ID: id, Scope: scope, Tokens: tokens, Deadline: until, Started: now}}
+	sess := &both.session
+	sess.call = &both.call
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if n := len(s.live); n >= s.max {
@@ -153,8 +160,10 @@ func (s *sessions) sweep() []*policy.Call {
 	now := time.Now()
 	step := endedRetention / (endedGenerations - 1)
 	for i := 0; i < endedGenerations && now.Sub(s.rotated) >= step; i++ {
+		// The new generation is made the size of the last one: it takes about
+		// as many calls, without growing (rehashing) on the way.
 		copy(s.ended[1:], s.ended[:endedGenerations-1])
-		s.ended[0] = make(map[string]*session)
+		s.ended[0] = make(map[string]*session, len(s.ended[1]))
 		s.rotated = s.rotated.Add(step)
 	}
 	if now.Sub(s.rotated) >= step {
