@@ -123,6 +123,9 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 		}
 		started = append(started, t)
 		sidecars = append(sidecars, t)
+		if url := t.p.metricsURL(); url != "" {
+			t.pr.allocs = func(ctx context.Context) (allocs, error) { return readAllocs(ctx, url) }
+		}
 		if b == "redis" {
 			rdb := redis.NewClient(&redis.Options{Addr: o.RedisAddr})
 			defer rdb.Close()
@@ -158,8 +161,12 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 					}
 					f.target, c.target, c.floor = floor.name, t.name, &f
 					pairs = append(pairs, c)
-					fmt.Fprintf(progress, "%-7s %-10s %6v  %8.0f ops/s  %6.1f µs CPU/op (floor %8.0f ops/s %6.1f µs)  errors %d\n",
-						t.name, op, lv, c.perSec(), us(c.cpuPerOp()), f.perSec(), us(f.cpuPerOp()), c.errs)
+					alloc := ""
+					if c.allocs != nil && c.ops > 0 {
+						alloc = fmt.Sprintf("  %.1f allocs/op %.0f B/op", c.allocs.objects/float64(c.ops), c.allocs.bytes/float64(c.ops))
+					}
+					fmt.Fprintf(progress, "%-7s %-10s %6v  %8.0f ops/s  %6.1f µs CPU/op (floor %8.0f ops/s %6.1f µs)%s  errors %d\n",
+						t.name, op, lv, c.perSec(), us(c.cpuPerOp()), f.perSec(), us(f.cpuPerOp()), alloc, c.errs)
 				}
 				rep.cells = append(rep.cells, medianPair(pairs))
 			}
@@ -247,13 +254,17 @@ func (r *Report) Print(w io.Writer) {
 		return fmt.Sprintf("%.2f", a/b)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "backend\top\tcallers\tops/s\tfloor ops/s\t× floor ops/s\tCPU µs/op\tfloor CPU µs/op\t× floor CPU\tp50 µs\tp99 µs\tredis script µs/call\tredis CPU µs/op\terrors\t")
+	fmt.Fprintln(tw, "backend\top\tcallers\tops/s\tfloor ops/s\t× floor ops/s\tCPU µs/op\tfloor CPU µs/op\t× floor CPU\tallocs/op\tB/op\tp50 µs\tp99 µs\tredis script µs/call\tredis CPU µs/op\terrors\t")
 	for _, c := range r.cells {
 		f := cell{}
 		if c.floor != nil {
 			f = *c.floor
 		}
-		script, rcpu := "-", "-"
+		script, rcpu, nallocs, nbytes := "-", "-", "-", "-"
+		if c.allocs != nil && c.ops > 0 {
+			nallocs = fmt.Sprintf("%.1f", c.allocs.objects/float64(c.ops))
+			nbytes = fmt.Sprintf("%.0f", c.allocs.bytes/float64(c.ops))
+		}
 		if c.redis != nil {
 			if c.redis.scriptCalls > 0 {
 				script = fmt.Sprintf("%.1f", float64(c.redis.scriptUsec)/float64(c.redis.scriptCalls))
@@ -262,10 +273,10 @@ func (r *Report) Print(w io.Writer) {
 				rcpu = fmt.Sprintf("%.1f", us(c.redis.cpu)/float64(c.ops))
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%v\t%.0f\t%.0f\t%s\t%.1f\t%.1f\t%s\t%.0f\t%.0f\t%s\t%s\t%d\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%v\t%.0f\t%.0f\t%s\t%.1f\t%.1f\t%s\t%s\t%s\t%.0f\t%.0f\t%s\t%s\t%d\t\n",
 			c.target, c.op, c.level, c.perSec(), f.perSec(), ratio(c.perSec(), f.perSec()),
 			us(c.cpuPerOp()), us(f.cpuPerOp()), ratio(us(c.cpuPerOp()), us(f.cpuPerOp())),
-			us(c.p50), us(c.p99), script, rcpu, c.errs)
+			nallocs, nbytes, us(c.p50), us(c.p99), script, rcpu, c.errs)
 	}
 	_ = tw.Flush()
 	for _, c := range r.cells {

@@ -159,6 +159,14 @@ func TestRunSmoke(t *testing.T) {
 		if c.ops == 0 || c.errs != 0 {
 			t.Errorf("%s %s at %v: %d operations, %d errors (first: %v); want some and none", c.target, c.op, c.level, c.ops, c.errs, c.err)
 		}
+		// Allocations come from the sidecar's /metrics: every operation
+		// allocates (a request, at least).
+		if c.allocs == nil || c.allocs.objects < float64(c.ops) || c.allocs.bytes <= c.allocs.objects {
+			t.Errorf("%s %s at %v: allocations %+v over %d operations; want at least one object per operation", c.target, c.op, c.level, c.allocs, c.ops)
+		}
+		if c.floor != nil && c.floor.allocs != nil {
+			t.Errorf("floor cell before %s %s at %v: allocations %+v; the floor has no /metrics", c.target, c.op, c.level, c.floor.allocs)
+		}
 		if c.target == "redis" && c.op == opAttempt && (c.redis == nil || c.redis.scriptCalls == 0) {
 			t.Errorf("redis attempts at %v: Redis reports no script calls: %+v", c.level, c.redis)
 		}
@@ -185,7 +193,7 @@ func TestRunSmoke(t *testing.T) {
 	}
 	var out strings.Builder
 	rep.Print(&out)
-	if !strings.Contains(out.String(), "× floor CPU") || !strings.Contains(out.String(), "× floor RSS") {
+	if !strings.Contains(out.String(), "× floor CPU") || !strings.Contains(out.String(), "× floor RSS") || !strings.Contains(out.String(), "allocs/op") {
 		t.Errorf("the report has no ratio column:\n%s", out.String())
 	}
 }
@@ -230,5 +238,16 @@ go_gc_duration_seconds_count 7
 	// A scrape without a gauge the breakdown needs is an error, not a zero.
 	if _, err := readGoMem(ctx, serve(strings.Replace(scrape, "go_memstats_stack_inuse_bytes 8192\n", "", 1))); err == nil {
 		t.Fatal("readGoMem without go_memstats_stack_inuse_bytes: no error")
+	}
+	const counters = `# TYPE go_memstats_mallocs_total counter
+go_memstats_mallocs_total 1234
+# TYPE go_memstats_alloc_bytes_total counter
+go_memstats_alloc_bytes_total 56789
+`
+	if a, err := readAllocs(ctx, serve(counters)); err != nil || a != (allocs{objects: 1234, bytes: 56789}) {
+		t.Fatalf("readAllocs = %+v, %v; want 1234 objects, 56789 bytes", a, err)
+	}
+	if _, err := readAllocs(ctx, serve(strings.Replace(counters, "go_memstats_mallocs_total 1234\n", "", 1))); err == nil {
+		t.Fatal("readAllocs without go_memstats_mallocs_total: no error")
 	}
 }

@@ -106,6 +106,7 @@ type cell struct {
 	ops    int64
 	wall   time.Duration
 	cpu    time.Duration // the target process's CPU over the window
+	allocs *allocs       // the target's heap allocations over the window (nil: not read)
 	p50    time.Duration
 	p99    time.Duration
 	errs   int64
@@ -128,6 +129,9 @@ func (c cell) cpuPerOp() time.Duration {
 type probe struct {
 	pid   int
 	redis func(context.Context) (redisStats, error) // nil: no Redis
+	// allocs reads the target's allocations so far (nil: the floor, which
+	// has no /metrics).
+	allocs func(context.Context) (allocs, error)
 }
 
 // run drives one cell: callers start, run for warm unmeasured, then for dur
@@ -202,6 +206,13 @@ func (c *client) run(ctx context.Context, o op, lv level, warm, dur time.Duratio
 			return res, err
 		}
 	}
+	var a0 allocs
+	if pr.allocs != nil {
+		if a0, err = pr.allocs(ctx); err != nil {
+			stopAll()
+			return res, err
+		}
+	}
 	t0 := time.Now()
 	measuring.Store(true)
 	sleep(ctx, dur)
@@ -214,6 +225,14 @@ func (c *client) run(ctx context.Context, o op, lv level, warm, dur time.Duratio
 		return res, err
 	}
 	res.cpu = cpu1 - cpu0
+	if pr.allocs != nil {
+		a1, err := pr.allocs(ctx)
+		if err != nil {
+			stopAll()
+			return res, err
+		}
+		res.allocs = &allocs{objects: a1.objects - a0.objects, bytes: a1.bytes - a0.bytes}
+	}
 	if pr.redis != nil {
 		r1, err := pr.redis(ctx)
 		if err != nil {

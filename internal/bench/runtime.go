@@ -59,6 +59,31 @@ func readGoMem(ctx context.Context, url string) (goMem, error) {
 	return m, nil
 }
 
+// allocs are the sidecar's heap allocations so far, as its /metrics reports
+// them (go_memstats_mallocs_total, go_memstats_alloc_bytes_total).
+type allocs struct{ objects, bytes float64 }
+
+// readAllocs scrapes url (a sidecar's /metrics).
+func readAllocs(ctx context.Context, url string) (allocs, error) {
+	fams, err := promcheck.Scrape(ctx, url)
+	if err != nil {
+		return allocs{}, err
+	}
+	counter := func(name string) (float64, error) {
+		f := fams[name]
+		if f == nil || len(f.GetMetric()) != 1 || f.GetMetric()[0].GetCounter() == nil {
+			return 0, fmt.Errorf("%s: no single counter %s", url, name)
+		}
+		return f.GetMetric()[0].GetCounter().GetValue(), nil
+	}
+	var a allocs
+	if a.objects, err = counter("go_memstats_mallocs_total"); err != nil {
+		return a, err
+	}
+	a.bytes, err = counter("go_memstats_alloc_bytes_total")
+	return a, err
+}
+
 // minus is the change from b to m (gcs: cycles in between).
 func (m goMem) minus(b goMem) goMem {
 	return goMem{
