@@ -45,32 +45,41 @@ type Recorded struct {
 // is idempotent per permit: reporting the same permit again returns the first
 // answer. ctx's cancellation does not cut the settling short (see record).
 func (s *Scope) RecordOutcome(ctx context.Context, c *Call, a Attempt) (Recorded, error) {
-	rec, a, st, settled, err := s.record(ctx, c, a)
-	if err != nil || !settled {
+	rec, a, st, err := s.record(ctx, c, a)
+	if err != nil || !st.settled {
 		return rec, err // an error, or a repeated report
 	}
-	s.absorb(st.Events)
-	if st.Released {
-		s.freed(st.Handoff)
+	s.absorb(st.events)
+	if st.released {
+		s.freed(st.handoff)
 	}
 	s.observer.Settled(c, a, rec)
 	return rec, nil
 }
 
-// record settles the call's permit; settled is false for a repeated report,
-// answered from the call's memory.
-func (s *Scope) record(ctx context.Context, c *Call, a Attempt) (_ Recorded, _ Attempt, _ gate.Settlement, settled bool, _ error) {
+// settled is what RecordOutcome does after record with the backend's
+// settlement: a few fields, so that the settlement (a breaker view) neither
+// escapes to the heap nor is copied through the frames of the report.
+type settled struct {
+	settled  bool // false: a repeated report, answered from the call's memory
+	released bool
+	handoff  string
+	events   []gate.Event
+}
+
+// record settles the call's permit.
+func (s *Scope) record(ctx context.Context, c *Call, a Attempt) (Recorded, Attempt, settled, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if prev, ok := c.answer(a.PermitID); ok {
-		return prev, a, gate.Settlement{}, false, nil
+		return prev, a, settled{}, nil
 	}
 	if c.permit == nil || c.permit.ID != a.PermitID {
-		return Recorded{}, a, gate.Settlement{}, false, fmt.Errorf("%w: %s", ErrPermitNotOfCall, a.PermitID)
+		return Recorded{}, a, settled{}, fmt.Errorf("%w: %s", ErrPermitNotOfCall, a.PermitID)
 	}
 	r, ok := outcomes[a.Outcome]
 	if !ok {
-		return Recorded{}, a, gate.Settlement{}, false, fmt.Errorf("%w: %d", ErrUnknownOutcome, a.Outcome)
+		return Recorded{}, a, settled{}, fmt.Errorf("%w: %d", ErrUnknownOutcome, a.Outcome)
 	}
 	// An upstream hint is a floor with a ceiling: a dead source's OPEN
 	// lasts at least the hint, at most max_cooldown.
@@ -91,7 +100,7 @@ func (s *Scope) record(ctx context.Context, c *Call, a Attempt) (_ Recorded, _ A
 		Line: handoff,
 	})
 	if err != nil {
-		return Recorded{}, a, gate.Settlement{}, false, err // the permit stays the call's; the report may be retried
+		return Recorded{}, a, settled{}, err // the permit stays the call's; the report may be retried
 	}
 	now := time.Now()
 	a.Source, a.Latency = p.Source, now.Sub(c.grantedAt)
@@ -130,7 +139,7 @@ func (s *Scope) record(ctx context.Context, c *Call, a Attempt) (_ Recorded, _ A
 	rec := Recorded{Next: s.next(c, cfg, r, a, st.ProgressAge, dead, now), Effect: st.Effect, Breaker: st.Breaker, Released: st.Released}
 	c.keepAnswer(a.PermitID, rec)
 	c.finish(rec.Next)
-	return rec, a, st, true, nil
+	return rec, a, settled{settled: true, released: st.Released, handoff: st.Handoff, events: st.Events}, nil
 }
 
 // deadEverywhere is, after a SOURCE_DEAD outcome whose breaker (view v of
