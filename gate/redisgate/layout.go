@@ -386,9 +386,6 @@ type recField struct {
 	str  bool
 }
 
-func num2(name string) recField { return recField{name: name} }
-func str2(name string) recField { return recField{name: name, str: true} }
-
 // stateRecord is a source's breaker (gate.Breaker but its window) and the
 // counts of its leases (gate.Quota.Leases): held is the number of leases
 // in the hash (one field leaseField+permit each: its end as a double, then
@@ -397,18 +394,75 @@ func str2(name string) recField { return recField{name: name, str: true} }
 // once one may have ended. expire_at is when the hash's TTL was last set
 // (0: it has none), so that a script sets it again only once an eighth of
 // the idle TTL has passed. A missing record is the zero Breaker (CLOSED at
-// epoch 0) with no lease.
-var stateRecord = record{id: "BREC", field: "b", fields: []recField{
-	num2("state"), num2("epoch"), num2("reopens"), num2("opened_at"), num2("open_until"), num2("probe_until"),
-	num2("consecutive"), num2("width"), num2("override"), num2("override_at"), num2("open_cause"),
-	num2("held"), num2("lease_min"), num2("expire_at"),
-	str2("probe"), str2("actor"), str2("why"),
-}}
+// epoch 0) with no lease. Its fields are storedBreaker's, which reads it.
+var stateRecord = record{id: "BREC", field: "b", fields: recFields(storedBreaker)}
 
-// windowRecord is the breaker's failure-rate window (gate.Breaker.Buckets).
-var windowRecord = record{id: "WIN", field: "w", n: gate.WindowBuckets, fields: []recField{
-	num2("index"), num2("calls"), num2("fails"),
-}}
+// storedBreaker reads a stateRecord, as lib.lua's b_save writes it, into a
+// gate.Breaker (its window aside: storedWindow); held, lease_min and
+// expire_at are the quota's and the hash's, not the breaker's. Replies that
+// show a breaker carry its record and its window, and Go makes the view
+// from them with gate.(*Breaker).View (breakerAt): no Lua twin of View.
+var storedBreaker = packedReply("BREC", []ret[gate.Breaker]{
+	{"state", getInt(func(b *gate.Breaker, v int64) { b.State = gate.State(v) })},
+	{"epoch", getUint(func(b *gate.Breaker, v uint64) { b.Epoch = v })},
+	{"reopens", getInt(func(b *gate.Breaker, v int64) { b.Reopens = int(v) })},
+	{"opened_at", getInt(func(b *gate.Breaker, v int64) { b.OpenedAt = v })},
+	{"open_until", getInt(func(b *gate.Breaker, v int64) { b.OpenUntil = v })},
+	{"probe_until", getInt(func(b *gate.Breaker, v int64) { b.ProbeUntil = v })},
+	{"consecutive", getInt(func(b *gate.Breaker, v int64) { b.Consecutive = int(v) })},
+	{"width", getInt(func(b *gate.Breaker, v int64) { b.Width = v })},
+	{"override", getInt(func(b *gate.Breaker, v int64) { b.Override = gate.Override(v) })},
+	{"override_at", getInt(func(b *gate.Breaker, v int64) { b.OverrideAt = v })},
+	{"open_cause", getInt(func(b *gate.Breaker, v int64) { b.Cause = gate.OpenCause(v) })},
+	{"held", getInt(func(*gate.Breaker, int64) {})},
+	{"lease_min", getInt(func(*gate.Breaker, int64) {})},
+	{"expire_at", getInt(func(*gate.Breaker, int64) {})},
+	{"probe", getStr(func(b *gate.Breaker, v string) { b.Probe = v })},
+	{"actor", getStr(func(b *gate.Breaker, v string) { b.Actor = v })},
+	{"why", getStr(func(b *gate.Breaker, v string) { b.Why = v })},
+})
+
+// windowRecord is the breaker's failure-rate window (gate.Breaker.Buckets),
+// a row per bucket; storedWindow reads a row.
+var windowRecord = record{id: "WIN", field: "w", n: gate.WindowBuckets, fields: recFields(storedWindow)}
+
+var storedWindow = packedReply("WIN", []ret[gate.Bucket]{
+	{"index", getInt(func(b *gate.Bucket, v int64) { b.Index = v })},
+	{"calls", getInt(func(b *gate.Bucket, v int64) { b.Calls = v })},
+	{"fails", getInt(func(b *gate.Bucket, v int64) { b.Fails = v })},
+})
+
+// recFields are the fields of a stored record read by r.
+func recFields[T any](r reply[T]) []recField {
+	out := make([]recField, 0, len(r.fields))
+	for _, f := range r.fields {
+		out = append(out, recField{name: f.name, str: f.get.str})
+	}
+	return out
+}
+
+// breakerAt is the view at now (ms) of a breaker a script replied with:
+// its state record (stateRecord; "" for a missing one, the zero Breaker)
+// and its window (windowRecord, every row; "" for none), by gate's own
+// code, with the policy the script was given.
+func breakerAt(p *parser, rec, win any, policy gate.BreakerPolicy, now int64) gate.BreakerView {
+	var b gate.Breaker
+	if s := p.str(rec); s != "" {
+		b = storedBreaker.parse(p, s)
+	}
+	s, rows := p.str(win), 0
+	for ; s != "" && p.err == nil; rows++ {
+		if rows == gate.WindowBuckets {
+			p.fail("WIN: more than %d rows", gate.WindowBuckets)
+			break
+		}
+		b.Buckets[rows], s = storedWindow.unpack(p, s)
+	}
+	if rows != 0 && rows != gate.WindowBuckets {
+		p.fail("WIN: %d rows, want %d", rows, gate.WindowBuckets)
+	}
+	return b.View(policy, now)
+}
 
 // leaseField starts the hash field of each lease: leaseField + permit;
 // leaseLogged ends the value of a lease whose admission is in the log.
@@ -598,7 +652,6 @@ var peekArgs = args[call[gate.PeekRequest]]{"PEEK", []arg[call[gate.PeekRequest]
 // peekSourceArgs is one source of the peek call, as a candidate.
 var peekSourceArgs = args[gate.Candidate]{"PEEK_SRC", concat(
 	[]arg[gate.Candidate]{
-		num("window", func(c *gate.Candidate) any { return c.Source.Breaker.Window.Milliseconds() }),
 		num("ceiling", func(c *gate.Candidate) any { return c.Ceiling }),
 	},
 	embed(limitArgs, func(c *gate.Candidate) *gate.Limits { return &c.Source.Limits }),
@@ -614,7 +667,6 @@ var overrideArgs = args[call[gate.OverrideRequest]]{"OVERRIDE", []arg[call[gate.
 	num("action", func(c *call[gate.OverrideRequest]) any { return int(c.req.Action) }),
 	str("actor", func(c *call[gate.OverrideRequest]) any { return c.req.Actor }),
 	str("why", func(c *call[gate.OverrideRequest]) any { return c.req.Why }),
-	num("window", func(c *call[gate.OverrideRequest]) any { return c.req.Source.Breaker.Window.Milliseconds() }),
 }}
 
 // batchCall heads a batch call (batch.go): n ops follow, each a
@@ -743,24 +795,6 @@ func nested[T any](read func(*parser, any, *T)) getter[T] {
 	return getter[T]{read: read, str: true}
 }
 
-// breakerView is a gate.BreakerView (durations in ms, probe_out 0/1).
-var breakerView = packedReply("BV", []ret[gate.BreakerView]{
-	{"state", getInt(func(b *gate.BreakerView, v int64) { b.State = gate.State(v) })},
-	{"override", getInt(func(b *gate.BreakerView, v int64) { b.Override = gate.Override(v) })},
-	{"actor", getStr(func(b *gate.BreakerView, v string) { b.Actor = v })},
-	{"why", getStr(func(b *gate.BreakerView, v string) { b.Why = v })},
-	{"epoch", getUint(func(b *gate.BreakerView, v uint64) { b.Epoch = v })},
-	{"reopens", getInt(func(b *gate.BreakerView, v int64) { b.Reopens = int(v) })},
-	{"reason", getInt(func(b *gate.BreakerView, v int64) { b.Reason = gate.Reason(v) })},
-	{"retry", getInt(func(b *gate.BreakerView, v int64) { b.RetryAfter = ms(v) })},
-	{"probe_out", getInt(func(b *gate.BreakerView, v int64) { b.ProbeOut = v == 1 })},
-	{"probe_left", getInt(func(b *gate.BreakerView, v int64) { b.ProbeLeft = ms(v) })},
-	{"calls", getInt(func(b *gate.BreakerView, v int64) { b.Calls = v })},
-	{"fails", getInt(func(b *gate.BreakerView, v int64) { b.Fails = v })},
-	{"consecutive", getInt(func(b *gate.BreakerView, v int64) { b.Consecutive = int(v) })},
-	{"cause", getInt(func(b *gate.BreakerView, v int64) { b.Cause = gate.OpenCause(v) })},
-})
-
 // quotaView is a gate.QuotaView.
 var quotaView = newReply("QV", []ret[gate.QuotaView]{
 	{"in_flight", getInt(func(q *gate.QuotaView, v int64) { q.InFlight = int(v) })},
@@ -828,18 +862,20 @@ var admitReply = packedReply("ADMIT_R", []ret[admitOut]{
 	{"line", nested(func(p *parser, v any, r *admitOut) { r.line = lineAdmitReply.parse(p, v) })},
 })
 
+// settleOut: the breaker and its window as saved (see breakerAt).
 type settleOut struct {
-	released, effect int64
-	evs, view        any
-	clock            clockReply
-	handoff          string
+	released, effect     int64
+	evs, breaker, window any
+	clock                clockReply
+	handoff              string
 }
 
 var settleReply = packedReply("SETTLE_R", []ret[settleOut]{
 	{"released", getInt(func(r *settleOut, v int64) { r.released = v })},
 	{"effect", getInt(func(r *settleOut, v int64) { r.effect = v })},
 	{"events", raw(func(r *settleOut, v any) { r.evs = v })},
-	{"view", raw(func(r *settleOut, v any) { r.view = v })},
+	{"breaker", raw(func(r *settleOut, v any) { r.breaker = v })},
+	{"window", raw(func(r *settleOut, v any) { r.window = v })},
 	{"progress", getInt(func(r *settleOut, v int64) { r.clock.progress = v })},
 	{"now", getInt(func(r *settleOut, v int64) { r.clock.now = v })},
 	{"handoff", getStr(func(r *settleOut, v string) { r.handoff = v })},
@@ -856,22 +892,34 @@ var peekReply = newReply("PEEK_R", []ret[peekOut]{
 	{"sources", raw(func(r *peekOut, v any) { r.sources = v })},
 })
 
-// peekSource is one source of a peek reply: views and Admit's verdict now.
-var peekSource = newReply("PEEK_SRC_R", []ret[gate.SourceView]{
-	{"breaker", nested(func(p *parser, v any, s *gate.SourceView) { s.Breaker = breakerView.parse(p, v) })},
-	{"quota", nested(func(p *parser, v any, s *gate.SourceView) { s.Quota = quotaView.parse(p, v) })},
-	{"reason", getInt(func(s *gate.SourceView, v int64) { s.Verdict.Reason = gate.Reason(v) })},
-	{"retry", getInt(func(s *gate.SourceView, v int64) { s.Verdict.RetryAfter = ms(v) })},
-	{"line", nested(func(p *parser, v any, s *gate.SourceView) { s.Line = lineReply.parse(p, v) })},
+// peekSrcOut is one source of a peek reply: its breaker and window as
+// stored (see breakerAt), the quota's view and Admit's verdict now.
+type peekSrcOut struct {
+	breaker, window any
+	v               gate.SourceView
+}
+
+var peekSource = newReply("PEEK_SRC_R", []ret[peekSrcOut]{
+	{"breaker", raw(func(s *peekSrcOut, v any) { s.breaker = v })},
+	{"window", raw(func(s *peekSrcOut, v any) { s.window = v })},
+	{"quota", nested(func(p *parser, v any, s *peekSrcOut) { s.v.Quota = quotaView.parse(p, v) })},
+	{"reason", getInt(func(s *peekSrcOut, v int64) { s.v.Verdict.Reason = gate.Reason(v) })},
+	{"retry", getInt(func(s *peekSrcOut, v int64) { s.v.Verdict.RetryAfter = ms(v) })},
+	{"line", nested(func(p *parser, v any, s *peekSrcOut) { s.v.Line = lineReply.parse(p, v) })},
 })
 
-type overrideOut struct{ evs, breaker, quota any }
+// overrideOut: the breaker and its window as saved (see breakerAt).
+type overrideOut struct {
+	evs, breaker, window, quota any
+	now                         int64
+}
 
 var overrideReply = newReply("OVERRIDE_R", []ret[overrideOut]{
 	{"events", raw(func(r *overrideOut, v any) { r.evs = v })},
 	{"breaker", raw(func(r *overrideOut, v any) { r.breaker = v })},
+	{"window", raw(func(r *overrideOut, v any) { r.window = v })},
 	{"quota", raw(func(r *overrideOut, v any) { r.quota = v })},
-	{"now", raw(func(*overrideOut, any) {})},
+	{"now", getInt(func(r *overrideOut, v int64) { r.now = v })},
 })
 
 type restoreOut struct {
@@ -918,7 +966,7 @@ func luaLayouts() []luaLayout {
 		sourceKeys.lua(), scopeKeys.lua(),
 		limitArgs.lua(), policyArgs.lua(), admitArgs.lua(), candArgs.lua(), settleArgs.lua(), peekArgs.lua(),
 		peekSourceArgs.lua(), overrideArgs.lua(),
-		breakerView.lua(), quotaView.lua(), eventReply.lua(), rejection.lua(), admitReply.lua(), settleReply.lua(),
+		quotaView.lua(), eventReply.lua(), rejection.lua(), admitReply.lua(), settleReply.lua(),
 		peekReply.lua(), peekSource.lua(), overrideReply.lua(), announcement.lua(),
 		restoreKeys.lua(), brkKeys.lua(), restoreArgs.lua(), restoreSrcArgs.lua(), restoreReply.lua(),
 		batchArgs.lua(), batchPreArgs.lua(), batchOpArgs.lua(), batchSrcKeys.lua(),

@@ -2,7 +2,7 @@
 -- gate/quota.go, ported line by line. Every function that follows a Go
 -- function says so with a "twin:" comment naming it (a test checks that
 -- it exists); keep them in step. The constants (CLOSED, R_CIRCUIT_OPEN,
--- MINUTE, ...) and the layouts of arguments and replies (ADMIT, CAND, BV,
+-- MINUTE, ...) and the layouts of arguments and replies (ADMIT, CAND,
 -- EV, ...; see layout.go) come from a prelude that Go writes from its own
 -- tables (see scripts.go). The library is prelude .. lib .. the bodies.
 --
@@ -117,7 +117,7 @@ end
 -- unpacking them). Only for the blocks an op reads once, at the top of its
 -- run, and whose table nothing keeps past the op or a candidate's turn of
 -- the walk: the op heads (BATCH_OP, ADMIT, SETTLE) and the candidate
--- (CAND). The hot replies (BV, ADMIT_R, SETTLE_R) are packed from their
+-- (CAND). The hot replies (ADMIT_R, SETTLE_R) are packed from their
 -- layout's table the same way, every field set before each pack.
 local function reread(L, argv, base)
   return L.into(argv, base, L.T)
@@ -131,7 +131,7 @@ end
 
 -- pack is the reply record of layout L from t's named fields: L.pack,
 -- generated with the layout. A packed record (admit's and settle's replies,
--- the breaker view, events, rejections; see layout.go's packedReply) is one
+-- events, rejections; see layout.go's packedReply) is one
 -- string, its numbers and strings in layout order, a list of them their
 -- concatenation; another record is an array. Every field is a number, a
 -- string or an array: a boolean would not survive the reply.
@@ -651,32 +651,16 @@ local function b_settle(b, p, o, now)
   return b_stale(b, o)
 end
 
--- twin: gate.(*Breaker).View
--- As the reply record BV.
-local function b_view(b, p, now)
-  local reason, wait = b_check(b, now)
-  local state, cause = b.state, OC_NONE
-  if b.override == FORCED_OPEN then
-    cause = OC_FORCED
-  elseif b.state == OPEN and now >= b.open_until then
-    state = HALF_OPEN
-  elseif b.state == OPEN then
-    -- A breaker saved before causes were kept opened on failures.
-    cause = b.open_cause
-    if cause == OC_NONE then
-      cause = OC_FAILURES
-    end
+-- b_stored is b's state record as b_save last left it, for a reply: Go
+-- reads the breaker from it and its window (b.win) and makes the view with
+-- gate.(*Breaker).View itself (layout.go's breakerAt). Outside a batch
+-- that is b.raw, which b_save's b_changed keeps ('' for a record missing
+-- and unchanged: the zero breaker); within one, the record packed now.
+local function b_stored(b)
+  if CALL and CALL.h[b.key] then
+    return BREC.pack(b)
   end
-  local probe_out, probe_left = 0, 0
-  if b.state == HALF_OPEN and b.probe ~= '' and now < b.probe_until then
-    probe_out, probe_left = 1, b.probe_until - now
-  end
-  local calls, fails = b_counts(b, p, now)
-  local v = BV.T -- the record's one table, every field set (see reread)
-  v.state, v.override, v.actor, v.why, v.epoch, v.reopens = state, b.override, b.actor, b.why, b.epoch, b.reopens
-  v.reason, v.retry, v.probe_out, v.probe_left = reason, wait, probe_out, probe_left
-  v.calls, v.fails, v.consecutive, v.cause = calls, fails, b.consecutive, cause
-  return pack(BV, v)
+  return b.raw or ''
 end
 
 -- twin: gate.(*Breaker).Apply

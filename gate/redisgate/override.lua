@@ -17,5 +17,5 @@ local function override(keys, argv)
     events = events .. ev_reply(1, e)
     announce(a.channel, a.scope, a.source, e)
   end
-  return pack(OVERRIDE_R, { events = events, breaker = b_view(b, a, now), quota = q_view(q, b, now), now = now })
+  return pack(OVERRIDE_R, { events = events, breaker = b_stored(b), window = b.win, quota = q_view(q, b, now), now = now })
 end

@@ -25,7 +25,7 @@ local function peek(keys, argv)
     local c = read(PEEK_SRC, argv, block(PEEK, PEEK_SRC, i))
     local q = op_src(keys, nil, i)
     local b = b_load(q.state, true)
-    local v = { breaker = b_view(b, c, now), quota = q_view(q, b, now) }
+    local v = { breaker = b_stored(b), window = b.win, quota = q_view(q, b, now) }
     -- SourceState.Verdict: the quota's refusal first, then the breaker's.
     v.reason, v.retry = q_check(q, b, c, c.ceiling, h.tokens, now)
     if v.reason == R_NONE then

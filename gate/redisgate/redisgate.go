@@ -271,7 +271,7 @@ func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 		Released:    r.released == 1,
 		Effect:      gate.Effect(r.effect),
 		Events:      p.events(r.evs, p.single(req.Source.Name)),
-		Breaker:     breakerView.parse(p, r.view),
+		Breaker:     breakerAt(p, r.breaker, r.window, req.Source.Breaker, r.clock.now),
 		ProgressAge: r.clock.age(),
 		Handoff:     r.handoff,
 	}
@@ -325,7 +325,9 @@ func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot
 		if p.err != nil {
 			break
 		}
-		sv := peekSource.parse(p, views[i])
+		ps := peekSource.parse(p, views[i])
+		sv := ps.v
+		sv.Breaker = breakerAt(p, ps.breaker, ps.window, s.Breaker, r.clock.now)
 		sv.Source, sv.Verdict.Source = s.Name, s.Name
 		out.Sources = append(out.Sources, sv)
 	}
@@ -355,7 +357,7 @@ func (b *Backend) Override(ctx context.Context, req gate.OverrideRequest) (gate.
 	r := overrideReply.parse(p, v)
 	out := gate.OverrideResult{
 		Events: p.events(r.evs, p.single(req.Source.Name)),
-		View:   gate.SourceView{Source: req.Source.Name, Breaker: breakerView.parse(p, r.breaker), Quota: quotaView.parse(p, r.quota)},
+		View:   gate.SourceView{Source: req.Source.Name, Breaker: breakerAt(p, r.breaker, r.window, req.Source.Breaker, r.now), Quota: quotaView.parse(p, r.quota)},
 	}
 	if p.err != nil {
 		return gate.OverrideResult{}, p.err

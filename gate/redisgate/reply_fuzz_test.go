@@ -5,6 +5,9 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/polygate/polygate/gate"
 )
 
 // fuzzReply decodes fuzz bytes into a Redis script reply tree of the shapes
@@ -46,22 +49,24 @@ func fuzzReply(b []byte, depth int) (any, []byte) {
 // FuzzReplyParser: whatever a script (or a compromised Redis) replies, the
 // parser returns values or an error, never panics, and a parse without
 // error has read every field it promises; so for the packed records
-// (admit's and settle's replies, the breaker view, events, rejections).
+// (admit's and settle's replies, the stored breaker and window, events,
+// rejections).
 func FuzzReplyParser(f *testing.F) {
+	policy := gate.BreakerPolicy{Window: 10 * time.Second}
 	f.Add([]byte{2, 13, 0, 1, 0, 0, 0, 0, 0, 0, 0})
 	f.Add([]byte{2, 3, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0})
 	f.Add([]byte{2, 1, 2, 12, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 3, 'a', 'b', 'c'})
-	settle := packRecord(1, 1, "", packRecord(2, 0, "", "", 3, 0, 0, 0, 0, 0, 5, 1, 0, 0), 7, 8, "h")
+	settle := packRecord(1, 1, "", breakerRec(2, 3, 1000, "", "", ""), windowRec(1, 5, 1), 7, 8, "h")
 	f.Add(append([]byte{1, byte(len(settle))}, settle...))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		v, _ := fuzzReply(b, 4)
 		p := &parser{op: "fuzz"}
-		bv := breakerView.parse(p, v)
+		bv := breakerAt(p, v, "", policy, 0)
 		qv := quotaView.parse(p, v)
 		evs := p.events(v, p.single("s"))
 		ps := &parser{op: "fuzz"}
 		sr := settleReply.parse(ps, v)
-		sbv := breakerView.parse(ps, sr.view)
+		sbv := breakerAt(ps, sr.breaker, sr.window, policy, 0)
 		sevs := ps.events(sr.evs, ps.single("s"))
 		pa := &parser{op: "fuzz"}
 		ar := admitReply.parse(pa, v)
@@ -105,6 +110,18 @@ func packRecord(vals ...any) string {
 	return string(b)
 }
 
+// breakerRec is a stored breaker record (stateRecord) of the given state,
+// epoch, bucket width, probe, actor and why, the other numbers 0.
+func breakerRec(state, epoch, width int, probe, actor, why string) string {
+	return packRecord(state, epoch, 0, 0, 0, 0, 0, width, 0, 0, 0, 0, 0, 0, probe, actor, why)
+}
+
+// windowRec is a stored window (windowRecord) whose first row is index,
+// calls, fails and the others zero.
+func windowRec(index, calls, fails int) string {
+	return packRecord(index, calls, fails) + strings.Repeat("\x00", 8*3*(gate.WindowBuckets-1))
+}
+
 // TestPackedReplyStrict: a packed record is read whole or refused with an
 // error that names the record and the field: short, a string longer than
 // what is left, a number that is no integer within int64, bytes past its
@@ -113,10 +130,10 @@ func TestPackedReplyStrict(t *testing.T) {
 	event := func(epoch any) string {
 		return packRecord(1, 1, 0, 2, 3, epoch, 1, 500, "p", 0, "", "")
 	}
-	good := packRecord(1, 1, event(7), packRecord(2, 0, "op", "why", 9, 0, 0, 0, 0, 0, 5, 1, 0, 0), 100, 200, "h")
+	good := packRecord(1, 1, event(7), breakerRec(2, 9, 1000, "", "op", "why"), windowRec(1, 5, 1), 100, 200, "h")
 	p := &parser{op: "settle"}
 	r := settleReply.parse(p, good)
-	bv := breakerView.parse(p, r.view)
+	bv := breakerAt(p, r.breaker, r.window, gate.BreakerPolicy{Window: 10 * time.Second}, 1500)
 	evs := p.events(r.evs, p.single("s"))
 	if p.err != nil || r.released != 1 || r.handoff != "h" || r.clock != (clockReply{100, 200}) ||
 		bv.State != 2 || bv.Actor != "op" || bv.Why != "why" || bv.Epoch != 9 || bv.Calls != 5 ||
@@ -139,6 +156,24 @@ func TestPackedReplyStrict(t *testing.T) {
 	} {
 		p := &parser{op: "settle"}
 		settleReply.parse(p, c.reply)
+		if p.err == nil || !strings.Contains(p.err.Error(), c.want) {
+			t.Errorf("%s: error %v, want one with %q", c.name, p.err, c.want)
+		}
+	}
+	// The stored breaker and window a view is made from: whole or refused.
+	rec := breakerRec(2, 9, 1000, "", "op", "why")
+	row := packRecord(1, 5, 1)
+	for _, c := range []struct {
+		name, rec, win, want string
+	}{
+		{"a cut record", rec[:len(rec)-1], "", "BREC.why: a string of 3 bytes, 2 left"},
+		{"a record and more", rec + "x", "", "BREC: 1 bytes past its end"},
+		{"a window short of rows", rec, strings.Repeat(row, 5), "WIN: 5 rows, want 10"},
+		{"a window of too many rows", rec, strings.Repeat(row, 11), "WIN: more than 10 rows"},
+		{"a cut row", rec, windowRec(1, 5, 1)[:239], "WIN.fails: short: 7 bytes left"},
+	} {
+		p := &parser{op: "settle"}
+		breakerAt(p, c.rec, c.win, gate.BreakerPolicy{Window: 10 * time.Second}, 1500)
 		if p.err == nil || !strings.Contains(p.err.Error(), c.want) {
 			t.Errorf("%s: error %v, want one with %q", c.name, p.err, c.want)
 		}

@@ -35,7 +35,6 @@ local function settle(keys, argv, ao, map)
     events = events .. ev_reply(1, e)
     announce(a.channel, a.scope, a.source, e)
   end
-  local view = b_view(b, a, now)
   local progress = now
   if a.progress == 1 then
     set_ms(s.progress, now, a.idle_ttl)
@@ -54,7 +53,8 @@ local function settle(keys, argv, ao, map)
     end
   end
   local r = SETTLE_R.T -- every field set (see reread)
-  r.released, r.effect, r.events, r.view, r.progress, r.now = rel, effect, events, view, progress, now
+  r.released, r.effect, r.events, r.progress, r.now = rel, effect, events, progress, now
+  r.breaker, r.window = b_stored(b), b.win
   r.handoff = handoff
   return pack(SETTLE_R, r)
 end
