@@ -3,8 +3,8 @@
 -- (inmem.Backend.Admit with gate.SourceState.Admit per candidate).
 --
 -- keys: SCOPE_KEYS, then SRC_KEYS per candidate, then LINE_KEYS per candidate.
--- argv: ADMIT, then CAND per candidate (n of them), then WAITER, then PLACE
--- per candidate.
+-- argv: one (opArg): the blocks ADMIT, then CAND per candidate (n of them),
+-- then WAITER, then PLACE per candidate.
 -- Reply ADMIT_R: rejections are REJ records, events EV records, the line's
 -- places PLACE_R records, one per candidate, or none when the waiter has no
 -- place (each list their concatenation).
@@ -36,26 +36,29 @@ end
 local NO_LINE = nil
 
 -- place_at is the waiter's place in candidate i's line (its PLACE block,
--- after the WAITER block at wbase).
-local function place_at(argv, wbase, i)
-  return PLACE.one(argv, wbase + WAITER.WIDTH + PLACE.WIDTH * (i - 1))
+-- the op's block n + 2 + i: after ADMIT, the n CANDs and WAITER).
+local function place_at(args, p0, n, i)
+  return PLACE.one_at(args, op_block(args, p0, n + 2 + i))
 end
 
--- waiter_at is the waiter (w, its WAITER block read once, at wbase) with
+-- waiter_at is the waiter (w, its WAITER block read once, at wpos) with
 -- place p: its place in the line at hand.
-local function waiter_at(w, argv, wbase, p)
+local function waiter_at(w, args, wpos, p)
   if not w then
-    w = read(WAITER, argv, wbase)
+    w = WAITER.read_at(args, wpos)
   end
   w.place = p
   return w
 end
 
 -- twin: gate.(*SourceState).Admit
--- Its arguments start after argv[ao] (0 in a call of its own; a batch's
--- ops read theirs in place), its keys are found with map (see op_src).
-local function admit(keys, argv, ao, map)
-  local h = reread(ADMIT, argv, ao)
+-- Its argument is argv[ao + 1] (ao 0 in a call of its own), from position
+-- p0 (1 in a call of its own; in a batch, after its BATCH_OP block); its
+-- keys are found with map (see op_src).
+local function admit(keys, argv, ao, map, p0)
+  local args = op_arg(argv, ao)
+  p0 = p0 or 1
+  local h, cpos = ADMIT.into_at(args, op_block(args, p0, 1), ADMIT.T) -- the CANDs follow, at cpos
   local s = op_scope(keys, map)
   local marked = h.seen ~= '*'
   local marker, progress = scope_read(s, marked)
@@ -63,8 +66,8 @@ local function admit(keys, argv, ao, map)
     return redis.error_reply('UNMARKED the scope\'s marker changed: re-assert, then admit again')
   end
   local now = now_ms(h.now)
-  local wbase = ao + block(ADMIT, CAND, h.n + 1)
-  local waits = WAITER.on(argv, wbase)
+  local wpos = op_block(args, p0, h.n + 2)
+  local waits = WAITER.on_at(args, wpos)
   -- With a waiter, walk[i] is what the walk found at candidate i: nil not
   -- reached, false the line empty and no place there (the waiter is not in
   -- line after the walk either: l_after is skipped), true reached and not
@@ -75,16 +78,17 @@ local function admit(keys, argv, ao, map)
   local granted, probe, epoch = 0, 0, 0
   local rejections, events = '', ''
   for i = 1, h.n do
-    local c = reread(CAND, argv, ao + block(ADMIT, CAND, i))
+    local c
+    c, cpos = CAND.into_at(args, cpos, CAND.T)
     local q = op_src(keys, map, i)
     local passed = true
     if waits then
       walk[i] = true
-      local k, p = op_line(keys, map, h.n, i), place_at(argv, wbase, i)
+      local k, p = op_line(keys, map, h.n, i), place_at(args, p0, h.n, i)
       if p == '' and l_empty(k) then
         walk[i] = false -- l_check's first test, before w is read
       else
-        w = waiter_at(w, argv, wbase, p)
+        w = waiter_at(w, args, wpos, p)
         local nobody
         passed, nobody = l_check(k, w, now)
         if nobody then
@@ -130,10 +134,10 @@ local function admit(keys, argv, ao, map)
   if waits then
     local kept = nil -- candidate -> its place, where not ''
     for i = 1, h.n do
-      local p = walk[i] ~= false and place_at(argv, wbase, i)
+      local p = walk[i] ~= false and place_at(args, p0, h.n, i)
       if p and (walk[i] ~= nil or p ~= '') then
         local k = op_line(keys, map, h.n, i)
-        w = waiter_at(w, argv, wbase, p)
+        w = waiter_at(w, args, wpos, p)
         if granted ~= 0 and granted ~= i then
           local e = l_entry(k, w.waiter)
           if e then
@@ -156,7 +160,7 @@ local function admit(keys, argv, ao, map)
       places = pack(LINE_ADMIT_R, { places = places })
     end
   end
-  local r = ADMIT_R.T -- every field set (see reread)
+  local r = ADMIT_R.T -- every field set (see L.T in lib.lua)
   r.granted, r.probe, r.epoch, r.rejections, r.events = granted, probe, epoch, rejections, events
   r.progress, r.now, r.line = progress, now, places
   return pack(ADMIT_R, r)

@@ -32,12 +32,12 @@ import (
 // give-back of the permit, a repeated settle), and the batch, bounded by
 // its own timeout and not by any caller's context, goes on.
 
-// maxBatchOps, maxBatchKeys and maxBatchArgs bound one batch call; the ops
-// beyond wait for the next. An op larger than the bounds goes alone.
+// maxBatchOps and maxBatchKeys bound one batch call (each op is one
+// argument: opArg); the ops beyond wait for the next. An op larger than the
+// bounds goes alone.
 const (
 	maxBatchOps  = 64
 	maxBatchKeys = 1024
-	maxBatchArgs = 1024
 )
 
 // A batch numbers its sources in one byte (batchOpArgs's map): the key
@@ -184,26 +184,26 @@ func (b *Backend) drain(tag string, q *batchQueue) {
 			c.mu.Unlock()
 			return
 		}
-		n, nk, na := 0, 0, 0
+		n, nk := 0, 0
 		for _, o := range q.ops {
-			if n == maxBatchOps || n > 0 && (nk+len(o.keys) > maxBatchKeys || na+len(o.args) > maxBatchArgs) {
+			if n == maxBatchOps || n > 0 && nk+len(o.keys) > maxBatchKeys {
 				break
 			}
 			o.sent = true
-			n, nk, na = n+1, nk+len(o.keys), na+len(o.args)
+			n, nk = n+1, nk+len(o.keys)
 		}
 		ops := q.ops[:n:n]
 		q.ops = q.ops[n:]
 		c.mu.Unlock()
-		b.runBatch(tag, ops, nk, na)
+		b.runBatch(tag, ops, nk)
 	}
 }
 
-// runBatch makes one batch call of ops of the scope tag (nk keys and na
-// arguments in all, as calls of their own) and hands each op its reply. The Backend's timeout bounds the call, not
+// runBatch makes one batch call of ops of the scope tag (nk keys in all,
+// as calls of their own) and hands each op its reply. The Backend's timeout bounds the call, not
 // any caller's context; wrap sees none either, so that a deadline passing
 // means unavailable.
-func (b *Backend) runBatch(tag string, ops []*batchOp, nk, na int) {
+func (b *Backend) runBatch(tag string, ops []*batchOp, nk int) {
 	ctx, cancel := b.bound(context.Background())
 	defer cancel()
 	if len(ops) == 1 {
@@ -224,9 +224,8 @@ func (b *Backend) runBatch(tag string, ops []*batchOp, nk, na int) {
 	index := map[string]byte{} // each source's number among the batch's
 	var pre []batchPre         // by number - 1
 	// nl counts the lease fields in pre: one per op and source of the op,
-	// outside maxBatchArgs, but kept small by maxBatchKeys, which counts
-	// each op's own keys (six per source: SRC_KEYS and LINE_KEYS), so
-	// at most maxBatchKeys/6 of them.
+	// kept small by maxBatchKeys, which counts each op's own keys (six per
+	// source: SRC_KEYS and LINE_KEYS), so at most maxBatchKeys/6 of them.
 	nl := 0
 	for _, o := range ops {
 		m := make([]byte, len(o.srcs))
@@ -246,7 +245,7 @@ func (b *Backend) runBatch(tag string, ops []*batchOp, nk, na int) {
 		}
 		o.kmap = string(m)
 	}
-	args := make([]any, 0, batchArgs.width()+batchPreArgs.width()*len(pre)+nl+batchOpArgs.width()*len(ops)+na)
+	args := make([]any, 0, batchArgs.width()+batchPreArgs.width()*len(pre)+nl+len(ops))
 	args = batchArgs.pack(args, &batchCall{b, len(ops), len(pre)})
 	for i := range pre {
 		args = batchPreArgs.pack(args, &pre[i])
@@ -255,7 +254,9 @@ func (b *Backend) runBatch(tag string, ops []*batchOp, nk, na int) {
 		}
 	}
 	for _, o := range ops {
-		args = append(batchOpArgs.pack(args, o), o.args...)
+		// One argument per op: its BATCH_OP block, then its own (opArg).
+		head := batchOpArgs.pack(nil, o)[0].([]byte)
+		args = append(args, append(head, o.args[0].([]byte)...))
 	}
 	v, err := b.call(ctx, batchScript, keys, args)
 	replies, ok := v.([]any)

@@ -9,7 +9,7 @@
 --
 -- keys: SCOPE_KEYS, then BATCH_SRC per source of the batch.
 -- argv: BATCH, then per source BATCH_PRE and its lease fields, then per op
--- BATCH_OP and the op's arguments.
+-- one: its BATCH_OP block and then the op's own argument (opArg).
 -- Reply: an array with each op's reply (ADMIT_R, SETTLE_R) or its error: an
 -- op that raises an error answers with it and does not stop the others (what
 -- it wrote before the error stays, as in a call of its own: its Redis
@@ -32,16 +32,15 @@ local function batch_run(keys, argv)
   end
   local out = {}
   for i = 1, h.n do
-    local o = reread(BATCH_OP, argv, ao)
-    ao = ao + BATCH_OP.WIDTH
+    local o, p0 = BATCH_OP.into_at(op_arg(argv, ao), 1, BATCH_OP.T)
     local fn = BATCH_FNS[o.kind]
     local ok, r
     if fn then
-      ok, r = pcall(fn, keys, argv, ao, o.map) -- its arguments read in place
+      ok, r = pcall(fn, keys, argv, ao, o.map, p0) -- its argument read in place, from p0
     else
       ok, r = false, 'unknown op kind ' .. tostring(o.kind)
     end
-    ao = ao + o.args
+    ao = ao + 1
     if ok then
       out[i] = r
     else

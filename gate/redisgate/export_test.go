@@ -32,11 +32,21 @@ var _ = func() bool {
 	return true
 }()
 
-// HeadNow reads the now_ms field from a script call's first argument (the
-// head block of every operation starts with it); ok is false if it is not
-// such a block.
-func HeadNow(arg any) (now int64, ok bool) {
+// HeadNow reads the now_ms field from the first argument of a call of the
+// function or script fn (the head block of every operation starts with it;
+// an admit's or a settle's one argument, opArg, starts with its position);
+// ok is false if it is not such a block.
+func HeadNow(fn, arg any) (now int64, ok bool) {
 	b, isBlock := arg.([]byte)
+	for _, o := range []*op{admitScript, settleScript} {
+		if isBlock && (fn == o.fn || fn == o.eval.Hash()) && len(b) >= 4 {
+			at := binary.LittleEndian.Uint32(b)
+			if uint64(at) > uint64(len(b)) {
+				return 0, false
+			}
+			b = b[at:]
+		}
+	}
 	if !isBlock || len(b) < 8 {
 		return 0, false
 	}

@@ -65,6 +65,29 @@ func (l args[T]) pack(out []any, v *T) []any {
 	return append(out, b)
 }
 
+// opArg is the one argument of an admit or a settle (in a batch, after its
+// BATCH_OP block): the position of each of its blocks, as a 4-byte
+// little-endian count of bytes from the argument's start, then the blocks
+// (lib.lua's op_block reads a position). One argument per op, not one per
+// block: each argument is a string that Redis and then Lua make, about
+// 3 000 instructions of redis-server per argument (docs/performance.md).
+func opArg(blocks []any) []any {
+	size := 4 * len(blocks)
+	for _, b := range blocks {
+		size += len(b.([]byte))
+	}
+	out := make([]byte, 0, size)
+	at := 4 * len(blocks)
+	for _, b := range blocks {
+		out = binary.LittleEndian.AppendUint32(out, uint32(at))
+		at += len(b.([]byte))
+	}
+	for _, b := range blocks {
+		out = append(out, b.([]byte)...)
+	}
+	return []any{out}
+}
+
 // float is a number field's value as Lua will see it. Integers beyond 2^53
 // round, as they would in Lua; the script saturates what it adds up.
 func float(v any) float64 {
@@ -146,14 +169,11 @@ func packedReply[T any](id string, fields []ret[T]) reply[T] {
 
 // parse reads one record; a short or malformed one fails p.
 func (l reply[T]) parse(p *parser, v any) T {
+	var out T
 	if l.packed {
-		out, rest := l.unpack(p, p.str(v))
-		if rest != "" && p.err == nil {
-			p.fail("%s: %d bytes past its end", l.id, len(rest))
-		}
+		l.into(p, v, &out)
 		return out
 	}
-	var out T
 	a := p.array(v, len(l.fields))
 	for i, f := range l.fields {
 		f.get.read(p, a[i], &out)
@@ -161,10 +181,26 @@ func (l reply[T]) parse(p *parser, v any) T {
 	return out
 }
 
+// into reads one packed record into out (its fields; the others are left
+// as they are); a short or malformed one, or one with bytes past its end,
+// fails p.
+func (l reply[T]) into(p *parser, v any, out *T) {
+	if rest := l.unpackInto(p, p.str(v), out); rest != "" && p.err == nil {
+		p.fail("%s: %d bytes past its end", l.id, len(rest))
+	}
+}
+
 // unpack reads one packed record from the start of s and returns the rest.
-// A number must be an integer within int64; a string's length within s.
 func (l reply[T]) unpack(p *parser, s string) (T, string) {
 	var out T
+	rest := l.unpackInto(p, s, &out)
+	return out, rest
+}
+
+// unpackInto reads one packed record from the start of s into out and
+// returns the rest. A number must be an integer within int64; a string's
+// length within s.
+func (l reply[T]) unpackInto(p *parser, s string, out *T) string {
 	for _, f := range l.fields {
 		if p.err != nil {
 			break
@@ -193,12 +229,12 @@ func (l reply[T]) unpack(p *parser, s string) (T, string) {
 			}
 			v, s = int64(x), s[8:]
 		}
-		f.get.read(p, v, &out)
+		f.get.read(p, v, out)
 	}
 	if p.err != nil {
-		return out, ""
+		return ""
 	}
-	return out, s
+	return s
 }
 
 // list reads an array of records (packed: their concatenation); nil when
@@ -291,7 +327,10 @@ func (l luaLayout) write(b *strings.Builder) {
 // into t's, such as T, a table of the layout's own), pack(t) packs t's
 // named fields into one string, for a block whose first field is on,
 // on(argv, base) says whether it is 1, and for a block of one field,
-// one(argv, base) is its value.
+// one(argv, base) is its value. Each has a twin that reads the block at
+// position pos of the string s instead (read_at(s, pos), into_at(s, pos,
+// t), which also returns the position after the block, on_at, one_at), for
+// the blocks of one argument (opArg).
 func (l luaLayout) writeBin(b *strings.Builder) {
 	fmt.Fprintf(b, "local %s = {ID = %q, WIDTH = 1, FMT = %q}\n", l.id, l.id, l.format())
 	var vars, named, packed []string
@@ -304,22 +343,26 @@ func (l luaLayout) writeBin(b *strings.Builder) {
 		}
 		packed = append(packed, "t."+n)
 	}
-	fmt.Fprintf(b, "%s.read = function(argv, base)\n  local %s = struct.unpack(%s.FMT, argv[base + 1])\n  return {%s}\nend\n",
+	fmt.Fprintf(b, "%s.read_at = function(s, pos)\n  local %s = struct.unpack(%s.FMT, s, pos)\n  return {%s}\nend\n",
 		l.id, strings.Join(vars, ", "), l.id, strings.Join(named, ", "))
+	fmt.Fprintf(b, "%s.read = function(argv, base)\n  return %s.read_at(argv[base + 1], 1)\nend\n", l.id, l.id)
 	var into []string
 	for _, n := range l.names {
 		into = append(into, "t."+n)
 	}
-	fmt.Fprintf(b, "%s.T = {}\n%s.into = function(argv, base, t)\n  %s = struct.unpack(%s.FMT, argv[base + 1])\n  return t\nend\n",
+	fmt.Fprintf(b, "%s.T = {}\n%s.into_at = function(s, pos, t)\n  local next\n  %s, next = struct.unpack(%s.FMT, s, pos)\n  return t, next\nend\n",
 		l.id, l.id, strings.Join(into, ", "), l.id)
+	fmt.Fprintf(b, "%s.into = function(argv, base, t)\n  return (%s.into_at(argv[base + 1], 1, t))\nend\n", l.id, l.id)
 	fmt.Fprintf(b, "%s.pack = function(t)\n  return struct.pack(%s.FMT, %s)\nend\n", l.id, l.id, strings.Join(packed, ", "))
 	if len(l.names) > 0 && l.names[0] == "on" && !slices.Contains(l.strs, "on") {
 		// A block that may be off: on(argv, base) reads its first field alone.
-		fmt.Fprintf(b, "%s.on = function(argv, base)\n  return struct.unpack('<d', argv[base + 1]) == 1\nend\n", l.id)
+		fmt.Fprintf(b, "%s.on_at = function(s, pos)\n  return struct.unpack('<d', s, pos) == 1\nend\n", l.id)
+		fmt.Fprintf(b, "%s.on = function(argv, base)\n  return %s.on_at(argv[base + 1], 1)\nend\n", l.id, l.id)
 	}
 	if len(l.names) == 1 {
 		// A block of one field: one(argv, base) is that field, without a table.
-		fmt.Fprintf(b, "%s.one = function(argv, base)\n  return (struct.unpack(%s.FMT, argv[base + 1]))\nend\n", l.id, l.id)
+		fmt.Fprintf(b, "%s.one_at = function(s, pos)\n  return (struct.unpack(%s.FMT, s, pos))\nend\n", l.id, l.id)
+		fmt.Fprintf(b, "%s.one = function(argv, base)\n  return %s.one_at(argv[base + 1], 1)\nend\n", l.id, l.id)
 	}
 }
 
@@ -704,14 +747,14 @@ var batchPreArgs = args[batchPre]{"BATCH_PRE", []arg[batchPre]{
 	num("leases", func(p *batchPre) any { return len(p.leases) }),
 }}
 
-// batchOpArgs heads one op of a batch: its kind (opAdmit, opSettle), how
-// many arguments it takes, and map: where its keys are, one byte per source
-// of the op (in the order of its keys in a call of its own), the number of
-// that source among the batch's (batchSrcKeys, from 1). A batch has at most
-// maxBatchKeys / len(batchSrcKeys.suffixes) sources, fewer than 256.
+// batchOpArgs heads one op of a batch, in the op's one argument (its
+// opArg follows): its kind (opAdmit, opSettle) and map: where its keys
+// are, one byte per source of the op (in the order of its keys in a call
+// of its own), the number of that source among the batch's (batchSrcKeys,
+// from 1). A batch has at most maxBatchKeys / len(batchSrcKeys.suffixes)
+// sources, fewer than 256.
 var batchOpArgs = args[batchOp]{"BATCH_OP", []arg[batchOp]{
 	num("kind", func(o *batchOp) any { return int(o.kind) }),
-	num("args", func(o *batchOp) any { return len(o.args) }),
 	str("map", func(o *batchOp) any { return o.kmap }),
 }}
 

@@ -112,15 +112,20 @@ local function read(L, argv, base)
   return L.read(argv, base)
 end
 
--- reread is read into the layout's one table (L.T), refilled by every call
--- of it: no table per op (a table of 19 named fields costs Redis more than
+-- L.T is a binary layout's one table, refilled by every L.into_at(s, pos,
+-- L.T): no table per op (a table of 19 named fields costs Redis more than
 -- unpacking them). Only for the blocks an op reads once, at the top of its
 -- run, and whose table nothing keeps past the op or a candidate's turn of
 -- the walk: the op heads (BATCH_OP, ADMIT, SETTLE) and the candidate
 -- (CAND). The hot replies (ADMIT_R, SETTLE_R) are packed from their
 -- layout's table the same way, every field set before each pack.
-local function reread(L, argv, base)
-  return L.into(argv, base, L.T)
+
+-- op_block is the position in s of the k-th block (from 1) of an op's one
+-- argument (admit's, settle's: layout.go's opArg), which starts at
+-- position p0 of s: the positions of its blocks, 4 bytes each, then the
+-- blocks, read with L.into_at(s, pos, t) and the like.
+local function op_block(s, p0, k)
+  return p0 + struct.unpack('<I4', s, p0 + 4 * (k - 1))
 end
 
 -- block is the base of the i-th block (from 1) of layout L after a head of

@@ -235,7 +235,7 @@ func (b *Backend) admit(ctx, rctx context.Context, req *gate.AdmitRequest) (any,
 		}
 		args = placeArgs.pack(args, &place)
 	}
-	return b.do(ctx, rctx, tag, &batchOp{kind: opAdmit, name: "admit", keys: keys, args: args, srcs: srcs, admit: req})
+	return b.do(ctx, rctx, tag, &batchOp{kind: opAdmit, name: "admit", keys: keys, args: opArg(args), srcs: srcs, admit: req})
 }
 
 // unmarkedErr reports whether admit.lua refused to run because the
@@ -261,7 +261,7 @@ func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 	args = handoffArgs.pack(args, &handoffArg{b, req.Line})
 	rctx, cancel := b.bound(ctx)
 	defer cancel()
-	v, err := b.do(ctx, rctx, tag, &batchOp{kind: opSettle, name: op, keys: keys, args: args, srcs: []string{req.Source.Name}, settle: &req})
+	v, err := b.do(ctx, rctx, tag, &batchOp{kind: opSettle, name: op, keys: keys, args: opArg(args), srcs: []string{req.Source.Name}, settle: &req})
 	if err != nil {
 		return gate.Settlement{}, err // queued for the give-back if it failed (batch.go)
 	}

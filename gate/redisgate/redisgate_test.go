@@ -92,7 +92,7 @@ func scriptNowArgs(t testing.TB, h *redistest.Recorder) []string {
 		if !ok {
 			t.Fatalf("numkeys of %v is %T", args[i], args[i][2])
 		}
-		now, ok := redisgate.HeadNow(args[i][3+nkeys])
+		now, ok := redisgate.HeadNow(args[i][1], args[i][3+nkeys])
 		if !ok {
 			t.Fatalf("first argument of %v is not a head block", args[i])
 		}

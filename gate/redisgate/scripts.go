@@ -169,6 +169,9 @@ func prelude() string {
 	def("LEASE_BYTE", leaseField[0])
 	fmt.Fprintf(&b, "local LEASE = %q\n", leaseField)
 	fmt.Fprintf(&b, "local LEASE_LOGGED = %q\n", leaseLogged)
+	// An admit's or a settle's one argument (opArg) after argv[base], as a
+	// layout's read finds its block.
+	b.WriteString("local function op_arg(argv, base)\n  return argv[base + 1]\nend\n")
 	for _, l := range luaLayouts() {
 		l.write(&b)
 	}

@@ -1,12 +1,15 @@
 -- settle.lua: gate.Backend.Settle (gate.SourceState.Settle, then progress).
 --
--- keys: SCOPE_KEYS, SRC_KEYS, the source's LINE_KEYS.   argv: SETTLE, HANDOFF.   Reply SETTLE_R.
--- Its arguments start after argv[ao], its keys are found with map (as
--- admit's).
+-- keys: SCOPE_KEYS, SRC_KEYS, the source's LINE_KEYS.   argv: one (opArg:
+-- SETTLE, HANDOFF).   Reply SETTLE_R.
+-- Its argument is argv[ao + 1], from position p0 (as admit's), its keys are
+-- found with map (as admit's).
 -- twin: gate.(*SourceState).Settle
-local function settle(keys, argv, ao, map)
-  -- a is the policy and the outcome (b_settle's p and o) at once.
-  local a = reread(SETTLE, argv, ao)
+local function settle(keys, argv, ao, map, p0)
+  local args = op_arg(argv, ao)
+  -- a is the policy and the outcome (b_settle's p and o) at once; HANDOFF
+  -- follows it at hb.
+  local a, hb = SETTLE.into_at(args, op_block(args, p0 or 1, 1), SETTLE.T)
   a.probe = a.probe == 1
   local now = now_ms(a.now)
   local s = op_scope(keys, map)
@@ -44,15 +47,14 @@ local function settle(keys, argv, ao, map)
   local rel, handoff = 0, ''
   if released then
     rel = 1
-    local hb = ao + SETTLE.WIDTH
-    if HANDOFF.on(argv, hb) then
+    if HANDOFF.on_at(args, hb) then
       local k = op_line(keys, map, 1, 1)
       if not l_empty(k) then -- (l_handoff's first test, before its block is read)
-        handoff = l_handoff(k, read(HANDOFF, argv, hb), now)
+        handoff = l_handoff(k, HANDOFF.read_at(args, hb), now)
       end
     end
   end
-  local r = SETTLE_R.T -- every field set (see reread)
+  local r = SETTLE_R.T -- every field set (see L.T in lib.lua)
   r.released, r.effect, r.events, r.progress, r.now = rel, effect, events, progress, now
   r.breaker, r.window = b_stored(b), b.win
   r.handoff = handoff
