@@ -142,8 +142,9 @@ type ret[T any] struct {
 // or, if str, a string (a 4-byte length and its bytes); a nested record or
 // list is a string too.
 type getter[T any] struct {
-	read func(*parser, any, *T)
-	str  bool
+	read  func(*parser, any, *T)
+	str   bool
+	aside bool // a stored record's field that is not read (see recField)
 }
 
 // reply is a reply record of layout id: an array of its fields, or with
@@ -427,6 +428,9 @@ type record struct {
 type recField struct {
 	name string
 	str  bool
+	// aside: not the breaker's (a lease count, the TTL's mark), which
+	// storedBreaker skips and L.same does not compare.
+	aside bool
 }
 
 // stateRecord is a source's breaker (gate.Breaker but its window) and the
@@ -457,9 +461,9 @@ var storedBreaker = packedReply("BREC", []ret[gate.Breaker]{
 	{"override", getInt(func(b *gate.Breaker, v int64) { b.Override = gate.Override(v) })},
 	{"override_at", getInt(func(b *gate.Breaker, v int64) { b.OverrideAt = v })},
 	{"open_cause", getInt(func(b *gate.Breaker, v int64) { b.Cause = gate.OpenCause(v) })},
-	{"held", getInt(func(*gate.Breaker, int64) {})},
-	{"lease_min", getInt(func(*gate.Breaker, int64) {})},
-	{"expire_at", getInt(func(*gate.Breaker, int64) {})},
+	{"held", aside[gate.Breaker]()},
+	{"lease_min", aside[gate.Breaker]()},
+	{"expire_at", aside[gate.Breaker]()},
 	{"probe", getStr(func(b *gate.Breaker, v string) { b.Probe = v })},
 	{"actor", getStr(func(b *gate.Breaker, v string) { b.Actor = v })},
 	{"why", getStr(func(b *gate.Breaker, v string) { b.Why = v })},
@@ -475,11 +479,16 @@ var storedWindow = packedReply("WIN", []ret[gate.Bucket]{
 	{"fails", getInt(func(b *gate.Bucket, v int64) { b.Fails = v })},
 })
 
+// aside is a number field of a stored record that its reader skips.
+func aside[T any]() getter[T] {
+	return getter[T]{read: func(*parser, any, *T) {}, aside: true}
+}
+
 // recFields are the fields of a stored record read by r.
 func recFields[T any](r reply[T]) []recField {
 	out := make([]recField, 0, len(r.fields))
 	for _, f := range r.fields {
-		out = append(out, recField{name: f.name, str: f.get.str})
+		out = append(out, recField{name: f.name, str: f.get.str, aside: f.get.aside})
 	}
 	return out
 }
@@ -528,8 +537,9 @@ func (r record) format() string {
 }
 
 // write defines the record's Lua table: ID, FIELD, FMT, read(s) (nil: the
-// zero record), pack(t) and copy(t, d) (t's fields of the record into d,
-// which allocates nothing); for a table record, see writeRows.
+// zero record), pack(t), copy(t, d) (t's fields of the record into d,
+// which allocates nothing) and same(t, d) (whether t and d agree on every
+// field but those aside); for a table record, see writeRows.
 func (r record) write(b *strings.Builder) {
 	if r.n > 0 {
 		r.writeRows(b)
@@ -553,10 +563,15 @@ func (r record) write(b *strings.Builder) {
 	fmt.Fprintf(b, "  local %s = struct.unpack(%s.FMT, s)\n  return {%s}\nend\n", strings.Join(vars, ", "), r.id, strings.Join(named, ", "))
 	fmt.Fprintf(b, "%s.pack = function(t)\n  return struct.pack(%s.FMT, %s)\nend\n", r.id, r.id, strings.Join(packed, ", "))
 	fmt.Fprintf(b, "%s.copy = function(t, d)\n", r.id)
+	var same []string
 	for _, f := range r.fields {
 		fmt.Fprintf(b, "  d.%s = t.%s\n", f.name, f.name)
+		if !f.aside {
+			same = append(same, fmt.Sprintf("t.%s == d.%s", f.name, f.name))
+		}
 	}
 	b.WriteString("end\n")
+	fmt.Fprintf(b, "%s.same = function(t, d)\n  return %s\nend\n", r.id, strings.Join(same, " and "))
 }
 
 // writeRows defines a table record's Lua table: ID, FIELD, ROW (a row's
@@ -905,20 +920,28 @@ var admitReply = packedReply("ADMIT_R", []ret[admitOut]{
 	{"line", nested(func(p *parser, v any, r *admitOut) { r.line = lineAdmitReply.parse(p, v) })},
 })
 
-// settleOut: the breaker and its window as saved (see breakerAt).
+// settleOut is a settle's reply: an array of its record (SETTLE_R,
+// packed) and the breaker and its window as saved (see breakerAt), each
+// an element of its own, which Redis copies as it is: packing them into
+// the record would copy and hash their bytes in Lua once more.
 type settleOut struct {
-	released, effect     int64
-	evs, breaker, window any
-	clock                clockReply
-	handoff              string
+	released, effect int64
+	evs              any
+	clock            clockReply
+	handoff          string
+	breaker, window  any
 }
 
-var settleReply = packedReply("SETTLE_R", []ret[settleOut]{
+var settleReply = newReply("SETTLE_OUT", []ret[settleOut]{
+	{"r", nested(func(p *parser, v any, r *settleOut) { settleRecord.into(p, v, r) })},
+	{"breaker", raw(func(r *settleOut, v any) { r.breaker = v })},
+	{"window", raw(func(r *settleOut, v any) { r.window = v })},
+})
+
+var settleRecord = packedReply("SETTLE_R", []ret[settleOut]{
 	{"released", getInt(func(r *settleOut, v int64) { r.released = v })},
 	{"effect", getInt(func(r *settleOut, v int64) { r.effect = v })},
 	{"events", raw(func(r *settleOut, v any) { r.evs = v })},
-	{"breaker", raw(func(r *settleOut, v any) { r.breaker = v })},
-	{"window", raw(func(r *settleOut, v any) { r.window = v })},
 	{"progress", getInt(func(r *settleOut, v int64) { r.clock.progress = v })},
 	{"now", getInt(func(r *settleOut, v int64) { r.clock.now = v })},
 	{"handoff", getStr(func(r *settleOut, v string) { r.handoff = v })},
@@ -1009,7 +1032,7 @@ func luaLayouts() []luaLayout {
 		sourceKeys.lua(), scopeKeys.lua(),
 		limitArgs.lua(), policyArgs.lua(), admitArgs.lua(), candArgs.lua(), settleArgs.lua(), peekArgs.lua(),
 		peekSourceArgs.lua(), overrideArgs.lua(),
-		quotaView.lua(), eventReply.lua(), rejection.lua(), admitReply.lua(), settleReply.lua(),
+		quotaView.lua(), eventReply.lua(), rejection.lua(), admitReply.lua(), settleRecord.lua(),
 		peekReply.lua(), peekSource.lua(), overrideReply.lua(), announcement.lua(),
 		restoreKeys.lua(), brkKeys.lua(), restoreArgs.lua(), restoreSrcArgs.lua(), restoreReply.lua(),
 		batchArgs.lua(), batchPreArgs.lua(), batchOpArgs.lua(), batchSrcKeys.lua(),

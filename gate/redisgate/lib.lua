@@ -660,12 +660,21 @@ end
 -- reads the breaker from it and its window (b.win) and makes the view with
 -- gate.(*Breaker).View itself (layout.go's breakerAt). Outside a batch
 -- that is b.raw, which b_save's b_changed keeps ('' for a record missing
--- and unchanged: the zero breaker); within one, the record packed now.
+-- and unchanged: the zero breaker). Within one, the record packed the last
+-- time the breaker's fields changed (c.vrec, packed when BREC.same finds
+-- them changed since: c.vsaw): its lease counts and TTL mark, which Go
+-- does not read, may be those of an earlier op.
 local function b_stored(b)
-  if CALL and CALL.h[b.key] then
-    return BREC.pack(b)
+  local c = CALL and CALL.h[b.key]
+  if not c then
+    return b.raw or ''
   end
-  return b.raw or ''
+  if not c.vrec or not BREC.same(b, c.vsaw) then
+    c.vrec = BREC.pack(b)
+    c.vsaw = c.vsaw or {}
+    BREC.copy(b, c.vsaw)
+  end
+  return c.vrec
 end
 
 -- twin: gate.(*Breaker).Apply

@@ -56,8 +56,11 @@ func FuzzReplyParser(f *testing.F) {
 	f.Add([]byte{2, 13, 0, 1, 0, 0, 0, 0, 0, 0, 0})
 	f.Add([]byte{2, 3, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0})
 	f.Add([]byte{2, 1, 2, 12, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 3, 'a', 'b', 'c'})
-	settle := packRecord(1, 1, "", breakerRec(2, 3, 1000, "", "", ""), windowRec(1, 5, 1), 7, 8, "h")
-	f.Add(append([]byte{1, byte(len(settle))}, settle...))
+	settle := []byte{2, 3}
+	for _, e := range []string{packRecord(1, 1, "", 7, 8, "h"), breakerRec(2, 3, 1000, "", "", ""), windowRec(1, 5, 1)} {
+		settle = append(append(settle, 1, byte(len(e))), e...)
+	}
+	f.Add(settle)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		v, _ := fuzzReply(b, 4)
 		p := &parser{op: "fuzz"}
@@ -74,7 +77,7 @@ func FuzzReplyParser(f *testing.F) {
 		if pa.err == nil && len(rjs) > len(v.(string))/8 {
 			t.Fatalf("admit reply of %d bytes read %d rejections", len(v.(string)), len(rjs))
 		}
-		if ps.err == nil && (sbv.Epoch > 1<<63-1 || len(sevs) > len(v.(string))/8) {
+		if ps.err == nil && (sbv.Epoch > 1<<63-1 || len(sevs) > len(v.([]any)[0].(string))/8) {
 			t.Fatalf("settle reply: epoch %d, %d events", sbv.Epoch, len(sevs))
 		}
 		if p.err != nil {
@@ -130,7 +133,7 @@ func TestPackedReplyStrict(t *testing.T) {
 	event := func(epoch any) string {
 		return packRecord(1, 1, 0, 2, 3, epoch, 1, 500, "p", 0, "", "")
 	}
-	good := packRecord(1, 1, event(7), breakerRec(2, 9, 1000, "", "op", "why"), windowRec(1, 5, 1), 100, 200, "h")
+	good := []any{packRecord(1, 1, event(7), 100, 200, "h"), breakerRec(2, 9, 1000, "", "op", "why"), windowRec(1, 5, 1)}
 	p := &parser{op: "settle"}
 	r := settleReply.parse(p, good)
 	bv := breakerAt(p, r.breaker, r.window, gate.BreakerPolicy{Window: 10 * time.Second}, 1500)
@@ -140,14 +143,15 @@ func TestPackedReplyStrict(t *testing.T) {
 		len(evs) != 1 || evs[0].Epoch != 7 || evs[0].PermitID != "p" || evs[0].Source != "s" {
 		t.Fatalf("good reply: %+v %+v %+v %v", r, bv, evs, p.err)
 	}
+	sr := good[0].(string)
 	for _, c := range []struct {
 		name  string
 		reply any
 		want  string
 	}{
-		{"short", good[:len(good)-1], "SETTLE_R.handoff: a string of 1 bytes, 0 left"},
-		{"cut in a number", good[:3], "SETTLE_R.released: short: 3 bytes left, want a number of 8"},
-		{"past its end", good + "x", "SETTLE_R: 1 bytes past its end"},
+		{"short", sr[:len(sr)-1], "SETTLE_R.handoff: a string of 1 bytes, 0 left"},
+		{"cut in a number", sr[:3], "SETTLE_R.released: short: 3 bytes left, want a number of 8"},
+		{"past its end", sr + "x", "SETTLE_R: 1 bytes past its end"},
 		{"a string too long", packRecord(1, 1) + "\xff\xff\xff\x7f", "SETTLE_R.events: a string of 2147483647 bytes, 0 left"},
 		{"a fraction", packRecord(1.5), "SETTLE_R.released: 1.5 is not an integer within int64"},
 		{"beyond int64", packRecord(math.Inf(1)), "SETTLE_R.released: +Inf is not an integer within int64"},
@@ -155,7 +159,7 @@ func TestPackedReplyStrict(t *testing.T) {
 		{"a table", []any{int64(1)}, "want a string, got []interface {}"},
 	} {
 		p := &parser{op: "settle"}
-		settleReply.parse(p, c.reply)
+		settleReply.parse(p, []any{c.reply, "", ""})
 		if p.err == nil || !strings.Contains(p.err.Error(), c.want) {
 			t.Errorf("%s: error %v, want one with %q", c.name, p.err, c.want)
 		}

@@ -1,7 +1,7 @@
 -- settle.lua: gate.Backend.Settle (gate.SourceState.Settle, then progress).
 --
 -- keys: SCOPE_KEYS, SRC_KEYS, the source's LINE_KEYS.   argv: one (opArg:
--- SETTLE, HANDOFF).   Reply SETTLE_R.
+-- SETTLE, HANDOFF).   Reply: SETTLE_R, the breaker's record, its window.
 -- Its argument is argv[ao + 1], from position p0 (as admit's), its keys are
 -- found with map (as admit's).
 -- twin: gate.(*SourceState).Settle
@@ -56,7 +56,8 @@ local function settle(keys, argv, ao, map, p0)
   end
   local r = SETTLE_R.T -- every field set (see L.T in lib.lua)
   r.released, r.effect, r.events, r.progress, r.now = rel, effect, events, progress, now
-  r.breaker, r.window = b_stored(b), b.win
   r.handoff = handoff
-  return pack(SETTLE_R, r)
+  -- The breaker and its window as elements of their own (layout.go's
+  -- settleReply): packed into the record they would be copied again.
+  return { pack(SETTLE_R, r), b_stored(b), b.win }
 end
