@@ -188,7 +188,7 @@ local function call_restore()
     for k, v in pairs(c.saved) do
       b[k] = v
     end
-    b.win, b.wold, b.lease_f, b.lease_v = c.saved_win, c.saved_wold, nil, nil
+    b.win, b.wold, b.lease_f, b.lease_v = c.saved_win, c.saved_wold, false, false
   end
 end
 
@@ -218,8 +218,8 @@ local function b_cached(key, window, lease)
     b.wold = win
     b.win = win or WIN.ZERO
   end
-  b.lease_of = field and c.f[field] or nil
-  b.lease_f, b.lease_v = nil, nil
+  b.lease_of = field and c.f[field] or false
+  b.lease_f, b.lease_v = false, false
   return b
 end
 
@@ -255,7 +255,7 @@ end
 
 -- b_load reads the breaker: with window (a script that will count), its
 -- window too, and with lease a permit's lease field, in the same HMGET; the
--- lease's value is b.lease_of (nil when the permit holds none). Within a
+-- lease's value is b.lease_of (false when the permit holds none). Within a
 -- batch, the first load of a hash makes its cache (b_first, b_cached).
 local function b_load(key, window, lease)
   if CALL and not CALL.h[key] and CALL.pre[key] then
@@ -279,7 +279,7 @@ local function b_load(key, window, lease)
   local b = BREC.read(v[1] or nil)
   b.key = key
   b.raw = v[1]
-  b.lease_of = v[2] or nil
+  b.lease_of = v[2] or false
   if window then
     b.wold = v[3]
     b.win = v[3] or WIN.ZERO
@@ -330,14 +330,14 @@ local function b_changed(b, set)
 end
 
 -- b_save writes back what changed, with the lease q_take queued (the field
--- b.lease_f, its value b.lease_v; nil when none), in one HSET. A CLOSED breaker without an override gets the idle
+-- b.lease_f, its value b.lease_v; false when none), in one HSET. A CLOSED breaker without an override gets the idle
 -- TTL (garbage collection of abandoned sources), set again once an eighth
 -- of it has passed (b.expire_at; without now, every time); an OPEN or
 -- HALF_OPEN one, or one an operator set, is PERSISTed: its state must never
 -- expire into a fresh CLOSED breaker.
 local function b_save(b, idle_ttl, now)
   local lf, lv = b.lease_f, b.lease_v
-  b.lease_f, b.lease_v = nil, nil
+  b.lease_f, b.lease_v = false, false
   local ttl = 0 -- 1: PEXPIRE, -1: PERSIST
   if b.state == CLOSED and b.override == NO_OVERRIDE then
     if not now or b.expire_at == 0 or now - b.expire_at >= idle_ttl / 8 then
@@ -945,7 +945,7 @@ local function q_release(q, b, permit, actual, now)
   -- on the data (a broken key) keeps its lease, and its slot, for the
   -- give-back to free, instead of a slot held without a lease.
   local m = nil
-  if actual >= 0 and (lease == nil or #lease > 8) then
+  if actual >= 0 and (not lease or #lease > 8) then
     m = redis.call('HGET', q.data, 'i' .. permit)
   end
   if m then
@@ -953,7 +953,7 @@ local function q_release(q, b, permit, actual, now)
     actual = tadd(0, actual)
     redis.call('HSET', q.data, 't' .. m, I(actual), 'sum', I(tadd(q_sum(q), actual - old)))
   end
-  local held = lease ~= nil and h_del(q.state, LEASE .. permit)
+  local held = lease and h_del(q.state, LEASE .. permit)
   if held and b.held > 0 then
     b.held = b.held - 1
   end
