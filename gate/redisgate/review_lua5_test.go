@@ -1,0 +1,145 @@
+package redisgate_test
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/polygate/polygate/gate"
+	"github.com/polygate/polygate/gate/gatetest"
+	"github.com/polygate/polygate/gate/redisgate"
+	"github.com/polygate/polygate/internal/redistest"
+)
+
+// opArgHook rewrites the one argument (opArg) of every admit called alone:
+// cut keeps its first blocks only, as a caller that lies about them would.
+type opArgHook struct{ keep int }
+
+func (h *opArgHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *opArgHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *opArgHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		a := cmd.Args()
+		if len(a) >= 4 && strings.EqualFold(fmt.Sprint(a[0]), "fcall") && strings.HasSuffix(fmt.Sprint(a[1]), "_admit") {
+			nkeys, _ := a[2].(int)
+			arg := a[3+nkeys].([]byte)
+			nb := int(binary.LittleEndian.Uint32(arg)) / 4
+			var blocks [][]byte
+			for k := range nb {
+				from := binary.LittleEndian.Uint32(arg[4*k:])
+				to := uint32(len(arg))
+				if k+1 < nb {
+					to = binary.LittleEndian.Uint32(arg[4*k+4:])
+				}
+				blocks = append(blocks, arg[from:to])
+			}
+			blocks = blocks[:h.keep]
+			var out []byte
+			at := 4 * len(blocks)
+			for _, b := range blocks {
+				out = binary.LittleEndian.AppendUint32(out, uint32(at))
+				at += len(b)
+			}
+			for _, b := range blocks {
+				out = append(out, b...)
+			}
+			a[3+nkeys] = out
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestReviewOpArgMissingBlocksRefused: an admit's one argument that lacks
+// the blocks its ADMIT head promises (one candidate: ADMIT, CAND, WAITER,
+// PLACE; here only ADMIT and CAND) must be refused by admit.lua, as a
+// missing argv element was before opArg, not read from whatever bytes sit
+// where the position table would go on.
+func TestReviewOpArgMissingBlocksRefused(t *testing.T) {
+	ctx := testCtx(t)
+	c := redistest.Start(t).Client(t)
+	b := newBackend(t, c, redisgate.Options{}) // production: the server's TIME (now 0 in ADMIT)
+	src := gatetest.Src("s")
+	req := gate.AdmitRequest{Scope: "oparg", PermitID: "p", Candidates: []gate.Candidate{{Source: src, Ceiling: 10}}}
+	if _, err := b.Admit(ctx, req); err != nil { // marks the scope
+		t.Fatal(err)
+	}
+	c.AddHook(&opArgHook{keep: 2})
+	req.PermitID = "q"
+	a, err := b.Admit(ctx, req)
+	if err == nil {
+		t.Fatalf("an admit without its WAITER and PLACE blocks: %+v, no error (admit.lua read them from the bytes past the position table)", a)
+	}
+	t.Logf("refused: %v", err)
+}
+
+// TestReviewOpArgShortRefused (holds): an admit's one argument cut to its
+// ADMIT block alone is refused: its CAND is read past the argument's end.
+func TestReviewOpArgShortRefused(t *testing.T) {
+	ctx := testCtx(t)
+	c := redistest.Start(t).Client(t)
+	b := newBackend(t, c, redisgate.Options{})
+	src := gatetest.Src("s")
+	req := gate.AdmitRequest{Scope: "oparg", PermitID: "p", Candidates: []gate.Candidate{{Source: src, Ceiling: 10}}}
+	if _, err := b.Admit(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	c.AddHook(&opArgHook{keep: 1})
+	req.PermitID = "q"
+	if a, err := b.Admit(ctx, req); err == nil {
+		t.Fatalf("an admit of its ADMIT block alone: %+v, no error", a)
+	} else if !strings.Contains(err.Error(), "too short") {
+		t.Errorf("error %v, want struct.unpack's data string too short", err)
+	}
+}
+
+// brec packs a stored breaker record (lib.lua's BREC: the numbers as
+// little-endian doubles, the strings as a 4-byte length and their bytes).
+func brec(vals ...any) string {
+	var b []byte
+	for _, v := range vals {
+		switch v := v.(type) {
+		case int64:
+			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(float64(v)))
+		case string:
+			b = binary.LittleEndian.AppendUint32(b, uint32(len(v)))
+			b = append(b, v...)
+		}
+	}
+	return string(b)
+}
+
+// TestReviewCorruptStoredStateRefused: a stored record whose state is no
+// State (here OPEN + 256) must make Peek fail with an error naming the
+// field, not give a view: Go now reads the record itself (storedBreaker),
+// and gate.State(v) keeps the low byte, so the view says OPEN (refusing,
+// retry in an hour) while Lua, which compares the number, finds it neither
+// OPEN nor HALF_OPEN and its verdict in the same reply admits.
+func TestReviewCorruptStoredStateRefused(t *testing.T) {
+	ctx := testCtx(t)
+	c := redistest.Start(t).Client(t)
+	b := newBackend(t, c, redisgate.Options{})
+	src := gatetest.Src("s")
+	const scope = "corrupt"
+	a := admit(t, ctx, b, scope, "p", src)
+	settle(t, ctx, b, scope, src, a.Permit, gate.VerdictSuccess)
+	now := serverTime(t, ctx, c)
+	rec := brec(int64(gate.Open)+256, int64(3), int64(1), now, now+3600_000, int64(0), int64(0), int64(1000),
+		int64(0), int64(0), int64(gate.OpenCauseFailures), int64(0), int64(0), int64(0), "", "", "")
+	must(c.HSet(ctx, b.SourceKey(scope, "s", ""), redisgate.StateField, rec).Result())(t)
+	v, err := b.Peek(ctx, gate.PeekRequest{Scope: scope, Sources: []*gate.Source{src}})
+	if err == nil {
+		sv := v.Sources[0]
+		t.Fatalf("a stored state of %d read without error: view state %v reason %v retry %v; verdict (Lua) %v",
+			int64(gate.Open)+256, sv.Breaker.State, sv.Breaker.Reason, sv.Breaker.RetryAfter, sv.Verdict.Reason)
+	}
+	if !strings.Contains(err.Error(), "state") {
+		t.Errorf("error %v does not name the field", err)
+	}
+}
