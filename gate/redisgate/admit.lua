@@ -58,7 +58,9 @@ end
 local function admit(keys, argv, ao, map, p0)
   local args = op_arg(argv, ao)
   p0 = p0 or 1
-  local h, cpos = ADMIT.into_at(args, op_block(args, p0, 1), ADMIT.T) -- the CANDs follow, at cpos
+  local at = op_block(args, p0, 1)
+  local h, cpos = ADMIT.into_at(args, at, ADMIT.T) -- the CANDs follow, at cpos
+  op_check(at, p0, 2 * h.n + 2) -- ADMIT, the CANDs, WAITER, the PLACEs
   local s = op_scope(keys, map)
   local marked = h.seen ~= '*'
   local marker, progress = scope_read(s, marked)

@@ -446,21 +446,23 @@ var stateRecord = record{id: "BREC", field: "b", fields: recFields(storedBreaker
 
 // storedBreaker reads a stateRecord, as lib.lua's b_save writes it, into a
 // gate.Breaker (its window aside: storedWindow); held, lease_min and
-// expire_at are the quota's and the hash's, not the breaker's. Replies that
+// expire_at are the quota's and the hash's, not the breaker's. An enum or a
+// count out of its range is refused (a corrupt record), not wrapped into
+// another value that Go's view and Lua's decisions would read apart. Replies that
 // show a breaker carry its record and its window, and Go makes the view
 // from them with gate.(*Breaker).View (breakerAt): no Lua twin of View.
 var storedBreaker = packedReply("BREC", []ret[gate.Breaker]{
-	{"state", getInt(func(b *gate.Breaker, v int64) { b.State = gate.State(v) })},
+	inRange("state", 0, int64(gate.HalfOpen), func(b *gate.Breaker, v int64) { b.State = gate.State(v) }),
 	{"epoch", getUint(func(b *gate.Breaker, v uint64) { b.Epoch = v })},
-	{"reopens", getInt(func(b *gate.Breaker, v int64) { b.Reopens = int(v) })},
+	inRange("reopens", 0, math.MaxInt, func(b *gate.Breaker, v int64) { b.Reopens = int(v) }),
 	{"opened_at", getInt(func(b *gate.Breaker, v int64) { b.OpenedAt = v })},
 	{"open_until", getInt(func(b *gate.Breaker, v int64) { b.OpenUntil = v })},
 	{"probe_until", getInt(func(b *gate.Breaker, v int64) { b.ProbeUntil = v })},
-	{"consecutive", getInt(func(b *gate.Breaker, v int64) { b.Consecutive = int(v) })},
+	inRange("consecutive", 0, math.MaxInt, func(b *gate.Breaker, v int64) { b.Consecutive = int(v) }),
 	{"width", getInt(func(b *gate.Breaker, v int64) { b.Width = v })},
-	{"override", getInt(func(b *gate.Breaker, v int64) { b.Override = gate.Override(v) })},
+	inRange("override", 0, int64(gate.Disabled), func(b *gate.Breaker, v int64) { b.Override = gate.Override(v) }),
 	{"override_at", getInt(func(b *gate.Breaker, v int64) { b.OverrideAt = v })},
-	{"open_cause", getInt(func(b *gate.Breaker, v int64) { b.Cause = gate.OpenCause(v) })},
+	inRange("open_cause", 0, int64(gate.OpenCauseForced), func(b *gate.Breaker, v int64) { b.Cause = gate.OpenCause(v) }),
 	{"held", aside[gate.Breaker]()},
 	{"lease_min", aside[gate.Breaker]()},
 	{"expire_at", aside[gate.Breaker]()},
@@ -478,6 +480,19 @@ var storedWindow = packedReply("WIN", []ret[gate.Bucket]{
 	{"calls", getInt(func(b *gate.Bucket, v int64) { b.Calls = v })},
 	{"fails", getInt(func(b *gate.Bucket, v int64) { b.Fails = v })},
 })
+
+// inRange is a number field of the stored breaker (storedBreaker) that
+// must lie in [lo, hi]; one outside fails p, naming the field.
+func inRange(name string, lo, hi int64, set func(*gate.Breaker, int64)) ret[gate.Breaker] {
+	return ret[gate.Breaker]{name, getter[gate.Breaker]{read: func(p *parser, v any, b *gate.Breaker) {
+		x := p.int(v)
+		if p.err == nil && (x < lo || x > hi) {
+			p.fail("BREC.%s: %d, want %d to %d", name, x, lo, hi)
+			return
+		}
+		set(b, x)
+	}}}
+}
 
 // aside is a number field of a stored record that its reader skips.
 func aside[T any]() getter[T] {

@@ -128,6 +128,16 @@ local function op_block(s, p0, k)
   return p0 + struct.unpack('<I4', s, p0 + 4 * (k - 1))
 end
 
+-- op_check raises unless an op's argument holds the n blocks its head
+-- names: the first block's position (at, from p0) is the size of the
+-- position table, 4 bytes per block. (A position past the argument's end
+-- raises where a block is read there.)
+local function op_check(at, p0, n)
+  if at - p0 ~= 4 * n then
+    error('redisgate: an op argument of ' .. I((at - p0) / 4) .. ' blocks, want ' .. I(n))
+  end
+end
+
 -- block is the base of the i-th block (from 1) of layout L after a head of
 -- layout H: read(L, argv, block(H, L, i)).
 local function block(H, L, i)

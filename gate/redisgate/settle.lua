@@ -9,7 +9,10 @@ local function settle(keys, argv, ao, map, p0)
   local args = op_arg(argv, ao)
   -- a is the policy and the outcome (b_settle's p and o) at once; HANDOFF
   -- follows it at hb.
-  local a, hb = SETTLE.into_at(args, op_block(args, p0 or 1, 1), SETTLE.T)
+  p0 = p0 or 1
+  local at = op_block(args, p0, 1)
+  op_check(at, p0, 2) -- SETTLE, HANDOFF
+  local a, hb = SETTLE.into_at(args, at, SETTLE.T)
   a.probe = a.probe == 1
   local now = now_ms(a.now)
   local s = op_scope(keys, map)

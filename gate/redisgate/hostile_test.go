@@ -56,12 +56,12 @@ func (h *opArgHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// TestReviewOpArgMissingBlocksRefused: an admit's one argument that lacks
+// TestOpArgMissingBlocksRefused: an admit's one argument that lacks
 // the blocks its ADMIT head promises (one candidate: ADMIT, CAND, WAITER,
 // PLACE; here only ADMIT and CAND) must be refused by admit.lua, as a
 // missing argv element was before opArg, not read from whatever bytes sit
 // where the position table would go on.
-func TestReviewOpArgMissingBlocksRefused(t *testing.T) {
+func TestOpArgMissingBlocksRefused(t *testing.T) {
 	ctx := testCtx(t)
 	c := redistest.Start(t).Client(t)
 	b := newBackend(t, c, redisgate.Options{}) // production: the server's TIME (now 0 in ADMIT)
@@ -76,12 +76,14 @@ func TestReviewOpArgMissingBlocksRefused(t *testing.T) {
 	if err == nil {
 		t.Fatalf("an admit without its WAITER and PLACE blocks: %+v, no error (admit.lua read them from the bytes past the position table)", a)
 	}
-	t.Logf("refused: %v", err)
+	if !strings.Contains(err.Error(), "an op argument of 2 blocks, want 4") {
+		t.Errorf("error %v, want one naming the blocks it has and wants", err)
+	}
 }
 
-// TestReviewOpArgShortRefused (holds): an admit's one argument cut to its
-// ADMIT block alone is refused: its CAND is read past the argument's end.
-func TestReviewOpArgShortRefused(t *testing.T) {
+// TestOpArgShortRefused: an admit's one argument cut to its
+// ADMIT block alone is refused, naming the blocks it has and wants.
+func TestOpArgShortRefused(t *testing.T) {
 	ctx := testCtx(t)
 	c := redistest.Start(t).Client(t)
 	b := newBackend(t, c, redisgate.Options{})
@@ -94,8 +96,8 @@ func TestReviewOpArgShortRefused(t *testing.T) {
 	req.PermitID = "q"
 	if a, err := b.Admit(ctx, req); err == nil {
 		t.Fatalf("an admit of its ADMIT block alone: %+v, no error", a)
-	} else if !strings.Contains(err.Error(), "too short") {
-		t.Errorf("error %v, want struct.unpack's data string too short", err)
+	} else if !strings.Contains(err.Error(), "an op argument of 1 blocks, want 4") {
+		t.Errorf("error %v, want one naming the blocks it has and wants", err)
 	}
 }
 
@@ -115,13 +117,13 @@ func brec(vals ...any) string {
 	return string(b)
 }
 
-// TestReviewCorruptStoredStateRefused: a stored record whose state is no
+// TestCorruptStoredStateRefused: a stored record whose state is no
 // State (here OPEN + 256) must make Peek fail with an error naming the
 // field, not give a view: Go now reads the record itself (storedBreaker),
 // and gate.State(v) keeps the low byte, so the view says OPEN (refusing,
 // retry in an hour) while Lua, which compares the number, finds it neither
 // OPEN nor HALF_OPEN and its verdict in the same reply admits.
-func TestReviewCorruptStoredStateRefused(t *testing.T) {
+func TestCorruptStoredStateRefused(t *testing.T) {
 	ctx := testCtx(t)
 	c := redistest.Start(t).Client(t)
 	b := newBackend(t, c, redisgate.Options{})
