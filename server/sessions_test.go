@@ -1,6 +1,8 @@
 package server
 
 import (
+	"maps"
+	"math/rand/v2"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -58,4 +60,74 @@ func TestEndedCallsAfterAClockJump(t *testing.T) {
 			t.Fatalf("idle live call after the jump: %d live, want it expired", n)
 		}
 	})
+}
+
+// The sweep reads only the calls no RPC is in, in the order they went idle:
+// it forgets exactly the live calls a scan of every live call would (idle,
+// and idle for calls.idle_timeout), over random opens, RPCs, ends, reloads
+// of the timeout and steps of the clock.
+func TestSweepForgetsWhatAFullScanWould(t *testing.T) {
+	for seed := range uint64(50) {
+		synctest.Test(t, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 1))
+			s := newSessions(1000, 10*time.Second)
+			var all []*session
+			for step := range 400 {
+				switch op := rng.IntN(10); {
+				case op < 2:
+					sess, err := s.open("scope", 0, 0)
+					if err != nil {
+						t.Fatal(err)
+					}
+					all = append(all, sess)
+				case op < 4 && len(all) > 0: // an RPC of a call ends
+					if sess := all[rng.IntN(len(all))]; sess.busy > 0 {
+						if rng.IntN(4) == 0 {
+							sess.call.EndRemoved() // its last
+						}
+						s.release(sess)
+					}
+				case op < 6 && len(all) > 0: // an RPC of a call starts
+					if sess := all[rng.IntN(len(all))]; !sess.call.Ended() {
+						s.acquire(sess.call.ID, "scope") // a forgotten call's is refused
+					}
+				case op < 7:
+					s.configure(1000, time.Duration(1+rng.IntN(20))*time.Second)
+				case op < 9:
+					time.Sleep(time.Duration(rng.IntN(3000)) * time.Millisecond)
+				default:
+					want := map[string]bool{}
+					now := time.Now()
+					for id, sess := range s.live {
+						if sess.busy == 0 && now.Sub(sess.touched) >= s.idle {
+							want[id] = true
+						}
+					}
+					got := map[string]bool{}
+					for _, c := range s.sweep() {
+						got[c.ID] = true
+					}
+					if !maps.Equal(got, want) {
+						t.Fatalf("seed %d step %d: sweep forgot %v, a full scan %v", seed, step, got, want)
+					}
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkSweepWhileCallsAreHeld: a sweep with 10 000 live calls each in an
+// RPC (held in OnNoRunnable) and none idle.
+func BenchmarkSweepWhileCallsAreHeld(b *testing.B) {
+	s := newSessions(20000, time.Minute)
+	for range 10000 {
+		if _, err := s.open("scope", 0, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for b.Loop() {
+		if dropped := s.sweep(); len(dropped) != 0 {
+			b.Fatalf("dropped %d", len(dropped))
+		}
+	}
 }
