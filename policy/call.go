@@ -77,7 +77,15 @@ type answers struct {
 // written: most calls never fail, and a call held waiting, never granted,
 // should cost little (240 bytes).
 func NewCall(id, scope string, tokens int64, deadline, now time.Time) *Call {
-	return &Call{ID: id, Scope: scope, Tokens: tokens, Deadline: deadline, Started: now}
+	c := new(Call)
+	c.Init(id, scope, tokens, deadline, now)
+	return c
+}
+
+// Init makes c, a zero Call, what NewCall returns, for a caller that
+// allocates the call inside a value of its own.
+func (c *Call) Init(id, scope string, tokens int64, deadline, now time.Time) {
+	c.ID, c.Scope, c.Tokens, c.Deadline, c.Started = id, scope, tokens, deadline, now
 }
 
 // stalledFor is the call's non-productive time so far.

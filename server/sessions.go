@@ -108,11 +108,12 @@ func (s *sessions) open(scope string, tokens int64, deadline time.Duration) (*se
 		until = now.Add(deadline)
 	}
 	// The session and its call are one allocation (they live and die
-	// together): the call as policy.NewCall makes it.
+	// together).
 	both := &struct {
 		session
 		call policy.Call
-	}{session: session{busy: 1, touched: now}, call: policy.Call{ID: id, Scope: scope, Tokens: tokens, Deadline: until, Started: now}}
+	}{session: session{busy: 1, touched: now}}
+	both.call.Init(id, scope, tokens, until, now)
 	sess := &both.session
 	sess.call = &both.call
 	s.mu.Lock()
