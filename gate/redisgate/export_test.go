@@ -3,6 +3,9 @@ package redisgate
 import (
 	"encoding/binary"
 	"math"
+	"time"
+
+	"github.com/polygate/polygate/gate"
 )
 
 // SourceKey is the key of a source's state hash (suffix "") or of its
@@ -88,3 +91,14 @@ func SetMaxQueuedOps(t interface{ Cleanup(func()) }, n int) {
 	maxQueuedOps = n
 	t.Cleanup(func() { maxQueuedOps = old })
 }
+
+// TicksToWork is RunGiveBacks's ticksToWork.
+func (b *Backend) TicksToWork(tick, recordTicks uint64) uint64 {
+	return b.ticksToWork(tick, recordTicks)
+}
+
+// Hear takes e as another replica's announcement on scope.
+func (b *Backend) Hear(scope string, e gate.Event) { b.memory.see(scope, []gate.Event{e}, time.Now()) }
+
+// LoseAdmit queues req's give-back, as an Admit whose reply was lost does.
+func (b *Backend) LoseAdmit(req gate.AdmitRequest) { b.lostAdmit(req) }

@@ -178,24 +178,62 @@ func (b *Backend) DeferSettle(req gate.SettleRequest) {
 // whose reply was lost is given back within interval plus that timeout of
 // Redis's return. At its ticks it also checks whether Redis lost a scope's
 // state and re-asserts what this Backend knows (see reassert.go).
+//
+// It wakes only at the ticks with work (ticksToWork): every interval while
+// a give-back is queued or a scope is unmarked, otherwise at the next
+// record check. An idle sidecar with the default 50 ms poll_interval wakes
+// 4 times a second, not 20, and each wake-up of a Go process costs more
+// than the nothing the loop did (the scheduler, sysmon).
 func (b *Backend) RunGiveBacks(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	var tick uint64
 	recordTicks := max(1, uint64(recordCheckPeriod/every))
+	var tick uint64
+	step, set := uint64(1), time.Now()
+	t := time.NewTimer(every)
+	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			tick++
+			tick += step
 			if err := b.reassert(ctx, tick, recordTicks); err != nil && ctx.Err() == nil && !errors.Is(err, gate.ErrUnavailable) {
 				b.orphans.log.Error("redis state check failed", "err", err)
 			}
+			b.retryOrphans(ctx, every)
 		case <-b.orphans.kick:
+			b.retryOrphans(ctx, every)
+			if step == 1 {
+				continue // the timer keeps its pace
+			}
+			// Queued while the loop slept: count the ticks slept so far
+			// (short of the one it slept for, whose work is still to do) and
+			// come back at the next (a confirmation is due an interval on).
+			tick += min(uint64(time.Since(set)/every), step-1)
 		}
-		b.retryOrphans(ctx, every)
+		step, set = b.ticksToWork(tick, recordTicks), time.Now()
+		t.Reset(time.Duration(step) * every)
 	}
+}
+
+// ticksToWork is how many ticks after tick the next one with work for
+// RunGiveBacks is: 1 while a give-back is queued or a scope is unmarked (or
+// its re-assert pending), which reassert handles at every tick; otherwise
+// the next tick at which scopes with records are checked (a record, an
+// OPEN breaker seen here, may be added meanwhile), or every scope, if
+// sooner.
+func (b *Backend) ticksToWork(tick, recordTicks uint64) uint64 {
+	if b.orphans.queued.Load() > 0 {
+		return 1
+	}
+	b.memory.mu.Lock()
+	defer b.memory.mu.Unlock()
+	for _, sm := range b.memory.scopes {
+		if sm.marker == "" || sm.loss.Pending {
+			return 1
+		}
+	}
+	next := recordTicks - tick%recordTicks
+	return min(next, lossCheckEvery-tick%lossCheckEvery)
 }
 
 // back moves the orphans of scope to the end of the queue, in their order.

@@ -241,3 +241,50 @@ func commandCalls(t *testing.T, c redis.UniversalClient, cmd string) int64 {
 	}
 	return 0
 }
+
+// The give-back loop wakes only at the ticks with work: while nothing is
+// queued and every scope it knows is marked, at the next record check (or
+// loss check, if sooner); at every tick while a scope is unmarked (heard of
+// from another replica, not looked at yet) or a give-back is queued.
+func TestGiveBackLoopSleepsUntilTicksWithWork(t *testing.T) {
+	ctx := testCtx(t)
+	srv := redistest.Start(t)
+	b := newBackend(t, srv.Client(t), redisgate.Options{Timeout: time.Second})
+	idle := []struct{ tick, recordTicks, want uint64 }{
+		{0, 5, 5}, {3, 5, 2}, {5, 5, 5}, // the record checks: every 5th tick
+		{18, 8, 2}, // the loss check (every 20th) comes first
+		{7, 1, 1},  // ticks further apart than the record check: every tick
+	}
+	check := func(when string, want func(tick, recordTicks uint64) uint64) {
+		t.Helper()
+		for _, c := range idle {
+			if got := b.TicksToWork(c.tick, c.recordTicks); got != want(c.tick, c.recordTicks) {
+				t.Errorf("%s: ticksToWork(%d, %d) = %d, want %d", when, c.tick, c.recordTicks, got, want(c.tick, c.recordTicks))
+			}
+		}
+	}
+	wantIdle := func(tick, recordTicks uint64) uint64 {
+		for _, c := range idle {
+			if c.tick == tick && c.recordTicks == recordTicks {
+				return c.want
+			}
+		}
+		panic("no case")
+	}
+	everyTick := func(uint64, uint64) uint64 { return 1 }
+	check("no scope", wantIdle)
+
+	ops := gatetest.Src("ops")
+	b.Hear("s", gate.Event{Kind: gate.EventTransition, Source: "ops", From: gate.Closed, To: gate.Open})
+	check("a scope heard of, unmarked", everyTick)
+	must(b.Admit(ctx, gate.AdmitRequest{Scope: "s", PermitID: "p1", Tokens: 1, Candidates: []gate.Candidate{{Source: ops, Ceiling: 1}}}))(t)
+	check("the scope marked by an admit", wantIdle)
+
+	b.LoseAdmit(gate.AdmitRequest{Scope: "s", PermitID: "p2", Tokens: 1, Candidates: []gate.Candidate{{Source: ops, Ceiling: 1}}})
+	check("a give-back queued", everyTick)
+	run, stop := context.WithCancel(ctx)
+	defer stop()
+	go b.RunGiveBacks(run, 5*time.Millisecond)
+	waitQueue(t, ctx, b)
+	check("the give-back done", wantIdle)
+}
