@@ -186,8 +186,9 @@ func (b *Backend) DeferSettle(req gate.SettleRequest) {
 // than the nothing the loop did (the scheduler, sysmon).
 func (b *Backend) RunGiveBacks(ctx context.Context, every time.Duration) {
 	recordTicks := max(1, uint64(recordCheckPeriod/every))
-	var tick uint64
-	step, set := uint64(1), time.Now()
+	var tick uint64   // the ticks so far
+	at := time.Now()  // when tick was
+	step := uint64(1) // the ticks the timer is set for, from at
 	t := time.NewTimer(every)
 	defer t.Stop()
 	for {
@@ -195,7 +196,7 @@ func (b *Backend) RunGiveBacks(ctx context.Context, every time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			tick += step
+			tick, at = tick+step, time.Now()
 			if err := b.reassert(ctx, tick, recordTicks); err != nil && ctx.Err() == nil && !errors.Is(err, gate.ErrUnavailable) {
 				b.orphans.log.Error("redis state check failed", "err", err)
 			}
@@ -206,12 +207,13 @@ func (b *Backend) RunGiveBacks(ctx context.Context, every time.Duration) {
 				continue // the timer keeps its pace
 			}
 			// Queued while the loop slept: count the ticks slept so far
-			// (short of the one it slept for, whose work is still to do) and
-			// come back at the next (a confirmation is due an interval on).
-			tick += min(uint64(time.Since(set)/every), step-1)
+			// (short of the one it slept for, whose work is still to do), and
+			// set the timer again from the last of them.
+			n := min(uint64(time.Since(at)/every), step-1)
+			tick, at = tick+n, at.Add(time.Duration(n)*every)
 		}
-		step, set = b.ticksToWork(tick, recordTicks), time.Now()
-		t.Reset(time.Duration(step) * every)
+		step = b.ticksToWork(tick, recordTicks)
+		t.Reset(time.Until(at.Add(time.Duration(step) * every)))
 	}
 }
 
