@@ -55,6 +55,7 @@ type orphans struct {
 	confirmed atomic.Uint64
 	overflow  atomic.Uint64
 	kick      chan struct{}
+	wake      alarm // rung when a settle is queued: RunGiveBacks ticks again
 }
 
 func newOrphans(max int, log *slog.Logger) *orphans {
@@ -64,7 +65,7 @@ func newOrphans(max int, log *slog.Logger) *orphans {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &orphans{max: max, log: log, keys: map[orphanKey]*orphan{}, kick: make(chan struct{}, 1)}
+	return &orphans{max: max, log: log, keys: map[orphanKey]*orphan{}, kick: make(chan struct{}, 1), wake: make(alarm, 1)}
 }
 
 // add queues req (needing confirms confirmations) unless the same permit of
@@ -86,6 +87,18 @@ func (q *orphans) add(req gate.SettleRequest, confirms int) {
 	q.items = append(q.items, o)
 	q.keys[k] = o
 	q.queued.Store(int64(len(q.items)))
+	q.wake.ring()
+}
+
+// alarm wakes a loop that sleeps until it has work, to look again (one
+// ring is kept while the loop is busy).
+type alarm chan struct{}
+
+func (a alarm) ring() {
+	select {
+	case a <- struct{}{}:
+	default:
+	}
 }
 
 // due returns the orphans whose next attempt may run at now.
@@ -181,9 +194,11 @@ func (b *Backend) DeferSettle(req gate.SettleRequest) {
 //
 // It wakes only at the ticks with work (ticksToWork): every interval while
 // a give-back is queued or a scope is unmarked, otherwise at the next
-// record check. An idle sidecar with the default 50 ms poll_interval wakes
-// 4 times a second, not 20, and each wake-up of a Go process costs more
-// than the nothing the loop did (the scheduler, sysmon).
+// record check; queueing a give-back and finding a scope to mark or
+// re-assert wake it to look again (orphans.wake). An idle sidecar with the
+// default 50 ms poll_interval wakes 4 times a second, not 20, and each
+// wake-up of a Go process costs more than the nothing the loop did (the
+// scheduler, sysmon).
 func (b *Backend) RunGiveBacks(ctx context.Context, every time.Duration) {
 	recordTicks := max(1, uint64(recordCheckPeriod/every))
 	var tick uint64   // the ticks so far
@@ -206,15 +221,24 @@ func (b *Backend) RunGiveBacks(ctx context.Context, every time.Duration) {
 			if step == 1 {
 				continue // the timer keeps its pace
 			}
-			// Queued while the loop slept: count the ticks slept so far
-			// (short of the one it slept for, whose work is still to do), and
-			// set the timer again from the last of them.
-			n := min(uint64(time.Since(at)/every), step-1)
-			tick, at = tick+n, at.Add(time.Duration(n)*every)
+			tick, at = slept(tick, at, step, every)
+		case <-b.orphans.wake: // a settle queued, a scope to mark or re-assert
+			if step == 1 {
+				continue
+			}
+			tick, at = slept(tick, at, step, every)
 		}
 		step = b.ticksToWork(tick, recordTicks)
 		t.Reset(time.Until(at.Add(time.Duration(step) * every)))
 	}
+}
+
+// slept counts the ticks a sleep of step ticks from at has lasted, short
+// of the one it slept for (whose work is still to do): the tick and its
+// time that the timer is set again from.
+func slept(tick uint64, at time.Time, step uint64, every time.Duration) (uint64, time.Time) {
+	n := min(uint64(time.Since(at)/every), step-1)
+	return tick + n, at.Add(time.Duration(n) * every)
 }
 
 // ticksToWork is how many ticks after tick the next one with work for

@@ -92,6 +92,9 @@ type memory struct {
 	losses atomic.Uint64
 	// restoring admits one restore at a time (see Backend.restore).
 	restoring chan struct{}
+	// wake is rung when a scope is to be marked or re-asserted
+	// (RunGiveBacks's ticksToWork): the Backend's orphans.wake.
+	wake alarm
 }
 
 type scopeMemory struct {
@@ -112,6 +115,7 @@ func (m *memory) scope(name string) *scopeMemory {
 	if sm == nil && len(m.scopes) < maxRemembered {
 		sm = &scopeMemory{sources: map[string]*remembered{}}
 		m.scopes[name] = sm
+		m.wake.ring() // unmarked
 	}
 	return sm
 }
@@ -140,6 +144,7 @@ func (m *memory) suspect(scope string) {
 	defer m.mu.Unlock()
 	if sm := m.scopes[scope]; sm != nil && sm.marker != "" {
 		sm.loss.Pending = true
+		m.wake.ring()
 	}
 }
 

@@ -88,8 +88,10 @@ func New(client redis.UniversalClient, o Options) (*Backend, error) {
 	if o.Timeout < 0 {
 		return nil, fmt.Errorf("redisgate: timeout %v: must not be negative", o.Timeout)
 	}
-	return &Backend{client: client, prefix: o.Prefix, idleTTL: o.IdleTTL.Milliseconds(), clock: o.Clock,
-		timeout: o.Timeout, orphans: newOrphans(o.GiveBackQueue, o.Log), onLoss: o.OnStateLoss, replica: newReplica()}, nil
+	b := &Backend{client: client, prefix: o.Prefix, idleTTL: o.IdleTTL.Milliseconds(), clock: o.Clock,
+		timeout: o.Timeout, orphans: newOrphans(o.GiveBackQueue, o.Log), onLoss: o.OnStateLoss, replica: newReplica()}
+	b.memory.wake = b.orphans.wake
+	return b, nil
 }
 
 // scopeEscaper keeps braces out of the hash tag (and stays injective).
