@@ -288,3 +288,50 @@ func TestGiveBackLoopSleepsUntilTicksWithWork(t *testing.T) {
 	waitQueue(t, ctx, b)
 	check("the give-back done", wantIdle)
 }
+
+// markerDown fails the pipelined GET of one scope's marker, as a Redis
+// Cluster node that does not answer fails the calls of its slots.
+type markerDown struct{ key string }
+
+func (h markerDown) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h markerDown) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h markerDown) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			if c.Name() == "get" && len(c.Args()) > 1 && c.Args()[1] == h.key {
+				down := errors.New("markerDown: i/o timeout")
+				c.SetErr(down)
+				err = down // a node's failure, not the others' redis.Nil, is what Exec answers
+			}
+		}
+		return err
+	}
+}
+
+// A background check whose marker reads fail for one scope (its Cluster
+// node down) still finds the other scopes' losses and re-asserts them: a
+// scope with an override that Redis lost gets it back while the other
+// scope's marker cannot be read.
+func TestBackgroundCheckGoesOnWhereMarkersAnswer(t *testing.T) {
+	ctx := testCtx(t)
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	b := newBackend(t, c, redisgate.Options{Timeout: time.Second})
+	ops := gatetest.Src("ops")
+	for _, scope := range []string{"down", "up"} {
+		must(b.Override(ctx, gate.OverrideRequest{Scope: scope, Source: ops, Action: gate.ActionForceOpen, Actor: "alice", Why: "INC-42"}))(t)
+		must(b.Admit(ctx, gate.AdmitRequest{Scope: scope, PermitID: "p-" + scope, Tokens: 1, Candidates: []gate.Candidate{{Source: ops, Ceiling: 1}}}))(t)
+	}
+	c.AddHook(markerDown{key: "polygate:{down}:marker"})
+	if err := c.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	run, stop := context.WithCancel(ctx)
+	defer stop()
+	go b.RunGiveBacks(run, 5*time.Millisecond)
+	eventually(t, ctx, "the override of the scope whose marker answers re-asserted", func() bool {
+		snap := must(b.Peek(ctx, gate.PeekRequest{Scope: "up", Sources: []*gate.Source{ops}}))(t)
+		return snap.Sources[0].Breaker.Override == gate.ForcedOpen
+	})
+}

@@ -1,6 +1,7 @@
 package redisgate
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -237,12 +238,16 @@ func (b *Backend) reassert(ctx context.Context, tick, recordTicks uint64) error 
 		}
 	}
 	b.memory.mu.Unlock()
+	var checkErr error
 	if len(check) > 0 {
 		changed, err := b.markersChanged(ctx, check, seen)
-		if err != nil {
+		if err != nil && len(changed) == 0 {
 			return err
 		}
-		due = append(due, changed...)
+		// Some markers were not read (their node did not answer: a Redis
+		// Cluster node down): the scopes found lost elsewhere are re-asserted
+		// all the same, first.
+		due, checkErr = append(changed, due...), err
 	}
 	for _, scope := range due {
 		rctx, cancel := b.bound(ctx)
@@ -252,12 +257,14 @@ func (b *Backend) reassert(ctx context.Context, tick, recordTicks uint64) error 
 			return err
 		}
 	}
-	return nil
+	return checkErr
 }
 
 // markersChanged reads the markers of scopes in one pipelined round trip
 // and returns the scopes whose marker is not the one seen (missing or
-// another).
+// another). A marker that could not be read (in a Redis Cluster, its
+// node did not answer) says nothing of its scope: the others' are still
+// returned, with the error.
 func (b *Backend) markersChanged(ctx context.Context, scopes, seen []string) ([]string, error) {
 	const op = "marker check"
 	rctx, cancel := b.bound(ctx)
@@ -267,15 +274,26 @@ func (b *Backend) markersChanged(ctx context.Context, scopes, seen []string) ([]
 	for i, scope := range scopes {
 		gets[i] = pipe.Get(rctx, b.tag(scope)+":"+restoreKeys.suffixes[0])
 	}
-	if _, err := pipe.Exec(rctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, b.wrap(ctx, op, err)
-	}
-	b.orphans.poke()
+	_, _ = pipe.Exec(rctx) // each GET has its own result (go-redis sets a failed call's on each)
 	var changed []string
+	var err error
+	answered := false
 	for i, g := range gets {
-		if v, err := g.Result(); err != nil || v != seen[i] {
+		v, gerr := g.Result()
+		if gerr != nil && !errors.Is(gerr, redis.Nil) {
+			err = cmp.Or(err, gerr)
+			continue
+		}
+		answered = true
+		if gerr != nil || v != seen[i] {
 			changed = append(changed, scopes[i])
 		}
+	}
+	if answered {
+		b.orphans.poke()
+	}
+	if err != nil {
+		return changed, b.wrap(ctx, op, err)
 	}
 	return changed, nil
 }
