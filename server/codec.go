@@ -38,6 +38,11 @@ type codec struct{ encoding.CodecV2 }
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	err := c.CodecV2.Unmarshal(data, v)
 	if err == nil {
+		if m, ok := v.(protov2.Message); ok && len(m.ProtoReflect().GetUnknown()) > 0 {
+			// A request's own field of the mark's number is unknown to the
+			// API and ignored as any other: it must not read as the mark.
+			m.ProtoReflect().SetUnknown(withoutField(m.ProtoReflect().GetUnknown(), undecodableField))
+		}
 		return nil
 	}
 	m, ok := v.(protov2.Message)
@@ -78,6 +83,24 @@ func invalidUTF8Field(b []byte, d protoreflect.MessageDescriptor) string {
 		b = b[n:]
 	}
 	return "request"
+}
+
+// withoutField is raw (unknown fields, which decoded) without those of
+// number num.
+func withoutField(raw protoreflect.RawFields, num protowire.Number) protoreflect.RawFields {
+	var out protoreflect.RawFields
+	for len(raw) > 0 {
+		n, typ, tn := protowire.ConsumeTag(raw)
+		vn := protowire.ConsumeFieldValue(n, typ, raw[max(tn, 0):])
+		if tn < 0 || vn < 0 {
+			return out // cannot happen: they decoded
+		}
+		if n != num {
+			out = append(out, raw[:tn+vn]...)
+		}
+		raw = raw[tn+vn:]
+	}
+	return out
 }
 
 // undecodable reports the field a request marked by the codec could not

@@ -402,6 +402,28 @@ func TestUndecodableRequestsAreInvalid(t *testing.T) {
 	}
 }
 
+// A request that carries, among its unknown fields, one of the number the
+// codec marks undecodable requests with (the fuzzer's find) decodes, and its
+// unknown fields are ignored as any others: it is not refused as
+// undecodable, with no field named.
+func TestUnknownFieldOfTheMarksNumberIsIgnored(t *testing.T) {
+	h := start(t, harnessOpts{})
+	before := undecodableRequests.Load()
+	req := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "other")
+	req = protowire.AppendString(protowire.AppendTag(req, undecodableField, protowire.BytesType), "")
+	var resp admissionv1.PickResponse
+	if err := h.conn.Invoke(h.ctx, admissionv1.AdmissionService_Pick_FullMethodName, rawRequest(req), &resp,
+		grpc.ForceCodecV2(rawCodec{encoding.GetCodecV2(encproto.Name)})); err != nil {
+		t.Fatalf("Pick with an unknown field %d: %v", undecodableField, err)
+	}
+	if resp.GetGrant() == nil {
+		t.Fatalf("Pick with an unknown field %d: %v, want a grant", undecodableField, &resp)
+	}
+	if got := undecodableRequests.Load() - before; got != 0 {
+		t.Fatalf("counted %d undecodable requests, want 0", got)
+	}
+}
+
 // limits.max_streams_per_connection bounds one connection's concurrent
 // RPCs: with one WatchEvents stream open, a Pick on the same connection
 // waits for a free stream (and runs once the watch ends).
