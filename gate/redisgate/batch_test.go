@@ -22,17 +22,12 @@ import (
 // or one alone: it records how many ops each carries, can hold the next one until released (so that the ops that
 // arrive meanwhile gather for the one after), and can make them time out.
 type batchHook struct {
+	redistest.PassThrough
 	mu      sync.Mutex
 	sizes   []int
 	hold    chan struct{} // set: the next batch call waits until it is closed
 	held    chan struct{} // closed once that call waits
 	timeout bool          // batch calls wait for their deadline and fail
-}
-
-func (h *batchHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *batchHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 func (h *batchHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {

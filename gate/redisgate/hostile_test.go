@@ -18,12 +18,11 @@ import (
 
 // opArgHook rewrites the one argument (opArg) of every admit called alone:
 // cut keeps its first blocks only, as a caller that lies about them would.
-type opArgHook struct{ keep int }
-
-func (h *opArgHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *opArgHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+type opArgHook struct {
+	redistest.PassThrough
+	keep int
 }
+
 func (h *opArgHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		a := cmd.Args()

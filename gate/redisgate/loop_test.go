@@ -18,6 +18,7 @@ import (
 
 // cmdTimes records the (bubble) time of each command the client sends.
 type cmdTimes struct {
+	redistest.PassThrough
 	mu    sync.Mutex
 	start time.Time
 	at    []time.Duration
@@ -25,7 +26,6 @@ type cmdTimes struct {
 	stall time.Duration // the next pipeline (a marker check) waits this long first
 }
 
-func (r *cmdTimes) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (r *cmdTimes) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		r.add(cmd)

@@ -291,10 +291,11 @@ func TestGiveBackLoopSleepsUntilTicksWithWork(t *testing.T) {
 
 // markerDown fails the pipelined GET of one scope's marker, as a Redis
 // Cluster node that does not answer fails the calls of its slots.
-type markerDown struct{ key string }
+type markerDown struct {
+	redistest.PassThrough
+	key string
+}
 
-func (h markerDown) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (h markerDown) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
 func (h markerDown) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		err := next(ctx, cmds)

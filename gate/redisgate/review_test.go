@@ -72,12 +72,9 @@ func TestGiveBackOfLostProbeEndsTheProbe(t *testing.T) {
 // replyHook makes the replies of admit calls that ran in Redis unreadable
 // (a byte past the packed record's end): a reply the Backend cannot parse,
 // from a script that did run.
-type replyHook struct{ garble atomic.Bool }
-
-func (h *replyHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *replyHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+type replyHook struct {
+	redistest.PassThrough
+	garble atomic.Bool
 }
 
 func (h *replyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
@@ -129,12 +126,9 @@ func TestUnreadableAdmitReplyIsGivenBack(t *testing.T) {
 // failHook fails, without sending it, every call that names a key of the
 // source "lone" while fail is set: a call that fails at once, so that the
 // ops gathered behind it go out as a batch straight away.
-type failHook struct{ fail atomic.Bool }
-
-func (h *failHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *failHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+type failHook struct {
+	redistest.PassThrough
+	fail atomic.Bool
 }
 
 func (h *failHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
@@ -282,12 +276,9 @@ func TestBatchManySources(t *testing.T) {
 
 // loseHook runs every call that names a key of the source "lost" and then
 // loses its reply, while lose is set (a timeout after the script ran).
-type loseHook struct{ lose atomic.Bool }
-
-func (h *loseHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *loseHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+type loseHook struct {
+	redistest.PassThrough
+	lose atomic.Bool
 }
 
 func (h *loseHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
@@ -435,15 +426,10 @@ func TestRestartEmptyUnderBatchedLoad(t *testing.T) {
 // chaosHook, while on, fails a random share of admit and settle calls
 // before sending them and loses the reply of another share after they ran.
 type chaosHook struct {
+	redistest.PassThrough
 	on   atomic.Bool
 	mu   sync.Mutex
 	rand *rand.Rand
-}
-
-func (h *chaosHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *chaosHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 func (h *chaosHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {

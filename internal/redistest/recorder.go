@@ -13,12 +13,10 @@ import (
 // (pipelined ones included), for tests that count round trips or read a
 // script's arguments: client.AddHook(rec).
 type Recorder struct {
+	PassThrough
 	mu   sync.Mutex
 	cmds [][]any
 }
-
-// DialHook implements redis.Hook.
-func (r *Recorder) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 // ProcessHook implements redis.Hook.
 func (r *Recorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
