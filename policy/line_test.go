@@ -266,6 +266,25 @@ func TestLostJoinLeavesNoPlace(t *testing.T) {
 	}
 }
 
+// park picks for c, which must be refused, and holds it in OnNoRunnable on a
+// goroutine of its own (in a synctest bubble): its decision arrives on the
+// channel, nothing if OnNoRunnable fails.
+func park(t *testing.T, s *policy.Scope, c *policy.Call) <-chan policy.Decision {
+	t.Helper()
+	if p := pick(t, s, c); p.NoRunnable == nil {
+		t.Fatalf("%+v, want a refusal", p)
+	}
+	out := make(chan policy.Decision, 1)
+	go func() {
+		d, err := s.OnNoRunnable(ctx(t), c)
+		if err == nil {
+			out <- d
+		}
+	}()
+	synctest.Wait()
+	return out
+}
+
 // A head the poller woke that does not come for the slot within the line's
 // lease (its client died between two RPCs) is set aside, so that the line
 // behind it moves: here the RPM frees up without any release to hand off.
@@ -276,23 +295,9 @@ backpressure: {poll_interval: 1s, stall_window: 600s}
 sources: [{name: only, rpm: 1}]
 `)
 		grant(t, s, newCall(s)) // the minute's one request
-		park := func(c *policy.Call) <-chan policy.Decision {
-			if p := pick(t, s, c); p.NoRunnable == nil {
-				t.Fatalf("%+v, want a refusal", p)
-			}
-			out := make(chan policy.Decision, 1)
-			go func() {
-				d, err := s.OnNoRunnable(ctx(t), c)
-				if err == nil {
-					out <- d
-				}
-			}()
-			synctest.Wait()
-			return out
-		}
-		a := park(newCall(s))
+		a := park(t, s, newCall(s))
 		time.Sleep(time.Second)
-		b := park(newCall(s))
+		b := park(t, s, newCall(s))
 		time.Sleep(time.Minute) // the RPM is free again: the poller wakes a, the head
 		synctest.Wait()
 		if d := <-a; !d.Woken {

@@ -74,18 +74,7 @@ sources: [{name: only, rpm: 1}]
 			t.Fatalf("cancel of the call whose join was lost: ended %v, %v", ended, err)
 		}
 
-		c := newCall(s)
-		if p := pick(t, s, c); p.NoRunnable == nil {
-			t.Fatalf("%+v, want a refusal", p)
-		}
-		out := make(chan policy.Decision, 1)
-		go func() {
-			d, err := s.OnNoRunnable(ctx(t), c)
-			if err == nil {
-				out <- d
-			}
-		}()
-		synctest.Wait()
+		out := park(t, s, newCall(s))
 		time.Sleep(time.Minute) // the RPM is free again
 		synctest.Wait()
 		time.Sleep(5 * time.Second) // a lease and a poll, as for a woken head that never asks
