@@ -157,6 +157,12 @@ func TestBadValues(t *testing.T) {
 		{"rpm", "scopes: {chat: {sources: [{name: a, rpm: -5}]}}", "scopes.chat.sources.a.rpm", "at least 0"},
 		{"tpm", "scopes: {chat: {sources: [{name: a, tpm: -5}]}}", "scopes.chat.sources.a.tpm", "at least 0"},
 		{"timeout", "scopes: {chat: {sources: [{name: a, timeout: 0s}]}}", "scopes.chat.sources.a.timeout", "at least 1ms"},
+		// A lease is timeout + lease_grace: unbounded, the two overflowed into
+		// a negative lease that freed every slot at once.
+		{"timeout above a year", "scopes: {chat: {sources: [{name: a, timeout: 2000000h}]}}", "scopes.chat.sources.a.timeout", "at most 8760h0m0s"},
+		{"lease_grace above a year", "scopes: {chat: {lease_grace: 2000000h, sources: [{name: a}]}}", "scopes.chat.lease_grace", "at most 8760h0m0s"},
+		{"cooldown above a year", "scopes: {chat: {breaker: {cooldown: 8761h, max_cooldown: 9000h}, sources: [{name: a}]}}", "scopes.chat.breaker.cooldown", "at most 8760h0m0s"},
+		{"idle_timeout above a year", "calls: {idle_timeout: 8761h}", "calls.idle_timeout", "at most 8760h0m0s"},
 		{"no scopes", "scopes: {}", "scopes", "at least one scope"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -38,7 +38,8 @@ func FuzzParse(f *testing.F) {
 			}
 			for _, s := range sc.Sources {
 				if len(s.Name) > config.MaxName || s.Weight < 1 || s.MaxConcurrency < 1 || s.RPM < 0 || s.TPM < 0 ||
-					s.Breaker.MaxCooldown < s.Breaker.Cooldown || s.Breaker.FailRate <= 0 || s.Breaker.FailRate > 1 {
+					s.Breaker.MaxCooldown < s.Breaker.Cooldown || s.Breaker.FailRate <= 0 || s.Breaker.FailRate > 1 ||
+					s.Lease(sc.LeaseGrace) <= 0 || s.Breaker.ProbeTTL <= 0 {
 					t.Fatalf("source %q of %q: %+v", s.Name, name, s)
 				}
 			}

@@ -205,6 +205,12 @@ const (
 // longer names in requests before looking them up.
 const MaxName = 63
 
+// MaxDuration bounds every duration key, as a call's deadline is bounded: far
+// above any useful setting, and low enough that the durations derived from
+// them (a lease is timeout + lease_grace, probe_ttl up to twice the slowest
+// timeout) can never overflow into a negative duration.
+const MaxDuration = 365 * 24 * time.Hour
+
 var nameRE = regexp.MustCompile(fmt.Sprintf(`^[a-z0-9][a-z0-9_-]{0,%d}$`, MaxName-1))
 
 var nameAllowed = fmt.Sprintf("a name is 1 to %d lowercase letters, digits, '_' or '-', starting with a letter or digit", MaxName)
@@ -238,13 +244,16 @@ func (c *checker) between(key string, value, least, most int64) {
 	}
 }
 
-// duration checks a duration is a whole number of milliseconds of at least least.
+// duration checks a duration is a whole number of milliseconds from least to
+// MaxDuration.
 func (c *checker) duration(key string, d, least time.Duration) {
 	switch {
 	case d%time.Millisecond != 0:
 		c.fail(key, d, "durations are whole milliseconds (a Go duration with a unit, e.g. 60s or 250ms)")
 	case d < least:
 		c.fail(key, d, fmt.Sprintf("must be at least %v", least))
+	case d > MaxDuration:
+		c.fail(key, d, fmt.Sprintf("must be at most %v (365 days)", MaxDuration))
 	}
 }
 
