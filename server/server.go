@@ -213,27 +213,43 @@ func (s *Server) Sweep() {
 	s.waits.flush(time.Now())
 	dropped := s.calls.sweep()
 	s.abandon(dropped, AbandonExpired)
+	// Each expiry may ask the backend (a give-back, leaving a line): they
+	// run together, so that a backend that does not answer holds the sweep
+	// one of its timeouts, not one per call (a shared backend batches them).
+	var expiring sync.WaitGroup
+	slots := make(chan struct{}, maxExpiriesAtOnce)
 	for _, c := range dropped {
-		st := c.Stats(time.Now())
-		if st.Holding == nil {
-			if sc, _, err := s.scopeOrRemoved(c.Scope); err == nil {
-				sc.Forget(c) // out of the line, if it waited there
-			}
-			s.log.Info("call expired idle", "scope", c.Scope, "call", c.ID, "attempts", st.Attempts)
-			continue
-		}
-		// Nobody will report the permit: give it back now rather than at
-		// the end of its lease (a probe would otherwise block its breaker).
-		sc, _, err := s.scopeOrRemoved(c.Scope)
-		if err == nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			err = sc.Release(ctx, c)
-			cancel()
-		}
-		s.log.Warn("call expired while holding a permit; the permit is given back",
-			"scope", c.Scope, "call", c.ID, "permit", st.Holding.ID, "source", st.Holding.Source, "release_err", err)
+		slots <- struct{}{}
+		expiring.Go(func() {
+			defer func() { <-slots }()
+			s.expire(c)
+		})
 	}
+	expiring.Wait()
 }
+
+// expire lets go of a call the sweep forgot: out of the lines it waited in;
+// a permit it holds, which nobody will report, is given back now rather than
+// at the end of its lease (a probe would otherwise block its breaker).
+func (s *Server) expire(c *policy.Call) {
+	st := c.Stats(time.Now())
+	sc, _, err := s.scopeOrRemoved(c.Scope)
+	if st.Holding == nil {
+		if err == nil {
+			sc.Forget(c)
+		}
+		s.log.Info("call expired idle", "scope", c.Scope, "call", c.ID, "attempts", st.Attempts)
+		return
+	}
+	if err == nil {
+		err = sc.Release(context.Background(), c) // the backend bounds it
+	}
+	s.log.Warn("call expired while holding a permit; the permit is given back",
+		"scope", c.Scope, "call", c.ID, "permit", st.Holding.ID, "source", st.Holding.Source, "release_err", err)
+}
+
+// maxExpiriesAtOnce bounds the expiries one sweep runs together.
+const maxExpiriesAtOnce = 64
 
 // Pick implements admissionv1.AdmissionServiceServer.
 func (s *Server) Pick(ctx context.Context, req *admissionv1.PickRequest) (*admissionv1.PickResponse, error) {

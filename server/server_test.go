@@ -287,6 +287,40 @@ func TestIdleCallsExpire(t *testing.T) {
 	})
 }
 
+// stalledSettles is a backend whose settles fail after its timeout, as on
+// a Redis that stopped answering (a give-back's context has no deadline: the
+// backend bounds it).
+type stalledSettles struct{ gate.Backend }
+
+const stalledTimeout = 500 * time.Millisecond
+
+func (stalledSettles) Settle(context.Context, gate.SettleRequest) (gate.Settlement, error) {
+	time.Sleep(stalledTimeout)
+	return gate.Settlement{}, context.DeadlineExceeded
+}
+
+// Calls forgotten together give their permits back together: against a
+// backend that does not answer, one sweep waits one give-back's timeout, not
+// one per call (the sweep also writes the "calls waiting" lines and forgets
+// the next idle calls, which must not wait minutes behind a dead backend).
+func TestIdleCallsGiveBackTogether(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, harnessOpts{backend: stalledSettles{inmem.New(time.Now)}})
+		for range 3 {
+			h.pick(t, &admissionv1.PickRequest{Scope: "other"}) // holds a permit, never reported
+		}
+		time.Sleep(time.Minute)
+		began := time.Now()
+		h.srv.Sweep()
+		if took := time.Since(began); took != stalledTimeout {
+			t.Fatalf("a sweep forgetting 3 permit holders took %v against a backend that does not answer; want one backend timeout, %v", took, stalledTimeout)
+		}
+		if n := h.srv.calls.liveIn("other"); n != 0 {
+			t.Fatalf("%d calls live after the sweep, want 0", n)
+		}
+	})
+}
+
 // A call forgotten while it holds a permit gives the permit back at once,
 // not at the end of its lease.
 func TestIdleCallGivesItsPermitBack(t *testing.T) {
