@@ -27,11 +27,7 @@ var lineKeys = keyBlock{"LINE_KEYS", []string{"line", "line_w", "line_s"}, nil}
 
 // appendLineKeys appends source's line keys.
 func appendLineKeys(keys []string, tag, source string) []string {
-	base := tag + ":src:" + source + ":"
-	for _, s := range lineKeys.suffixes {
-		keys = append(keys, base+s)
-	}
-	return keys
+	return appendKeys(keys, tag+":src:"+source+":", lineKeys.suffixes)
 }
 
 // newReplica names this Backend among the replicas that share a line.

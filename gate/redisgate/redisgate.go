@@ -109,17 +109,34 @@ const channelSuffix = ":events"
 // appendSourceKeys appends the source's keys (sourceKeys) after the
 // scope's tag.
 func appendSourceKeys(keys []string, tag, source string) []string {
-	base := tag + ":src:" + source + ":"
-	for _, s := range sourceKeys.suffixes {
-		keys = append(keys, base+s)
-	}
-	return keys
+	return appendKeys(keys, tag+":src:"+source+":", sourceKeys.suffixes)
 }
 
 // appendScopeKeys appends the scope's own keys (scopeKeys) after its tag.
 func appendScopeKeys(keys []string, tag string) []string {
-	for _, s := range scopeKeys.suffixes {
-		keys = append(keys, tag+":"+s)
+	return appendKeys(keys, tag+":", scopeKeys.suffixes)
+}
+
+// appendKeys appends base followed by each suffix, the keys made as one
+// string and sliced (one allocation per block of keys, not one per key: an
+// admit's keys are garbage once it is sent, and 10 000 held calls' Picks
+// make a heap that many GC cycles wide, docs/performance.md).
+func appendKeys(keys []string, base string, suffixes []string) []string {
+	n := len(base) * len(suffixes)
+	for _, s := range suffixes {
+		n += len(s)
+	}
+	var b strings.Builder
+	b.Grow(n)
+	for _, s := range suffixes {
+		b.WriteString(base)
+		b.WriteString(s)
+	}
+	all, at := b.String(), 0
+	for _, s := range suffixes {
+		end := at + len(base) + len(s)
+		keys = append(keys, all[at:end])
+		at = end
 	}
 	return keys
 }
@@ -215,11 +232,11 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 // admit runs admit.lua once, in the scope's next batch, within rctx.
 func (b *Backend) admit(ctx, rctx context.Context, req *gate.AdmitRequest) (any, error) {
 	n := len(req.Candidates)
-	keys := make([]string, 0, len(scopeKeys.suffixes)+len(sourceKeys.suffixes)*n)
+	keys := make([]string, 0, len(scopeKeys.suffixes)+(len(sourceKeys.suffixes)+len(lineKeys.suffixes))*n)
 	tag := b.tag(req.Scope)
 	keys = appendScopeKeys(keys, tag)
 	c := &call[gate.AdmitRequest]{b, req, tag}
-	args := admitArgs.pack(make([]any, 0, admitArgs.width()+candArgs.width()*n), c)
+	args := admitArgs.pack(make([]any, 0, admitArgs.width()+(candArgs.width()+placeArgs.width())*n+waiterArgs.width()), c)
 	for i := range req.Candidates {
 		c := &req.Candidates[i]
 		keys = appendSourceKeys(keys, tag, c.Source.Name)
@@ -257,9 +274,9 @@ func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Settlement, error) {
 	const op = "settle"
 	tag := b.tag(req.Scope)
-	keys := make([]string, 0, len(scopeKeys.suffixes)+len(sourceKeys.suffixes))
+	keys := make([]string, 0, len(scopeKeys.suffixes)+len(sourceKeys.suffixes)+len(lineKeys.suffixes))
 	keys = appendLineKeys(appendSourceKeys(appendScopeKeys(keys, tag), tag, req.Source.Name), tag, req.Source.Name)
-	args := settleArgs.pack(make([]any, 0, settleArgs.width()), &call[gate.SettleRequest]{b, &req, tag})
+	args := settleArgs.pack(make([]any, 0, settleArgs.width()+handoffArgs.width()), &call[gate.SettleRequest]{b, &req, tag})
 	args = handoffArgs.pack(args, &handoffArg{b, req.Line})
 	rctx, cancel := b.bound(ctx)
 	defer cancel()
@@ -289,10 +306,10 @@ func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot, error) {
 	const op = "peek"
 	n := len(req.Sources)
-	keys := make([]string, 0, len(scopeKeys.suffixes)+len(sourceKeys.suffixes)*n)
+	keys := make([]string, 0, len(scopeKeys.suffixes)+(len(sourceKeys.suffixes)+len(lineKeys.suffixes))*n)
 	tag := b.tag(req.Scope)
 	keys = appendScopeKeys(keys, tag)
-	args := peekArgs.pack(make([]any, 0, peekArgs.width()+peekSourceArgs.width()*n), &call[gate.PeekRequest]{b, &req, tag})
+	args := peekArgs.pack(make([]any, 0, peekArgs.width()+(peekSourceArgs.width()+joinArgs.width())*n+lineReadArgs.width()+waiterArgs.width()), &call[gate.PeekRequest]{b, &req, tag})
 	for i, s := range req.Sources {
 		if s == nil {
 			return gate.Snapshot{}, fmt.Errorf("redisgate: %s: source %d is nil", op, i)
