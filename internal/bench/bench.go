@@ -312,15 +312,20 @@ func (r *Report) Print(w io.Writer) {
 	_ = tw.Flush()
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "target\tstacks KB/call\theap in use KB/call\theap objects KB/call\tfree heap kept KB/call\tGCs meanwhile\theap goal MB\tgoroutines/call\tGOGC\t")
+	fmt.Fprintln(tw, "target\tstacks KB/call\theap in use KB/call\theap objects KB/call\tfree heap kept KB/call\tGCs meanwhile\theap goal MB\tgoroutines/call\tGOGC\tallocated KB/call\tallocs/call\t")
 	for _, h := range r.held {
 		if h.mem == nil {
-			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\t-\t-\t\n", h.target)
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n", h.target)
 			continue
 		}
 		kb := func(v float64) float64 { return v / float64(h.calls) / 1024 }
-		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%d\t%.0f\t%.2f\t%.0f\t\n", h.target, kb(h.mem.stacks), kb(h.mem.heapInuse),
-			kb(h.mem.heapAlloc), kb(h.mem.heapKept), h.mem.gcs, h.memAfter.heapGoal/(1<<20), h.mem.goroutines/float64(h.calls), h.memAfter.gogc)
+		allocated, nallocs := "-", "-"
+		if a := h.allocated; a != nil {
+			allocated, nallocs = fmt.Sprintf("%.1f", kb(a.bytes)), fmt.Sprintf("%.0f", a.objects/float64(h.calls))
+		}
+		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%d\t%.0f\t%.2f\t%.0f\t%s\t%s\t\n", h.target, kb(h.mem.stacks), kb(h.mem.heapInuse),
+			kb(h.mem.heapAlloc), kb(h.mem.heapKept), h.mem.gcs, h.memAfter.heapGoal/(1<<20), h.mem.goroutines/float64(h.calls), h.memAfter.gogc,
+			allocated, nallocs)
 	}
 	_ = tw.Flush()
 	for _, h := range r.held {

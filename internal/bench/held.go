@@ -42,6 +42,10 @@ type held struct {
 	// span as rssDelta, memAfter its state at the end (nil: the target has
 	// no /metrics, or it could not be read).
 	mem, memAfter *goMem
+	// allocated is what the target allocated over the same span: the
+	// garbage of taking the calls in as well as what it keeps (nil as mem).
+	// Unlike RSS it does not depend on where the GC cycles fell.
+	allocated *allocs
 }
 
 // rssPerCall is the target's RSS growth per held call, in KB.
@@ -125,6 +129,16 @@ func (c *client) hold(ctx context.Context, p *process, how holding, n int, settl
 		}
 		return &m
 	}
+	readAlloc := func() *allocs {
+		if metrics == "" {
+			return nil
+		}
+		a, err := readAllocs(ctx, metrics)
+		if err != nil {
+			return nil
+		}
+		return &a
+	}
 	h := held{calls: n, window: window}
 	logs0 := countLines(logPath, "call waiting", "calls waiting")
 	if how.arm != nil {
@@ -133,6 +147,7 @@ func (c *client) hold(ctx context.Context, p *process, how holding, n int, settl
 		}
 	}
 	mem0 := readMem()
+	alloc0 := readAlloc()
 	rss0, err := procRSS(pid)
 	if err != nil {
 		return h, err
@@ -191,6 +206,9 @@ func (c *client) hold(ctx context.Context, p *process, how holding, n int, settl
 	if mem1 := readMem(); mem0 != nil && mem1 != nil {
 		d := mem1.minus(*mem0)
 		h.mem, h.memAfter = &d, mem1
+	}
+	if alloc1 := readAlloc(); alloc0 != nil && alloc1 != nil {
+		h.allocated = &allocs{objects: alloc1.objects - alloc0.objects, bytes: alloc1.bytes - alloc0.bytes}
 	}
 	t0 := time.Now()
 	if err := how.release(ctx); err != nil {
