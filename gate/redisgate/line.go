@@ -77,6 +77,10 @@ var placeArgs = args[string]{"PLACE", []arg[string]{
 	str("place", func(p *string) any { return *p }),
 }}
 
+// noPlace is the place block of a candidate whose line the call is not in,
+// packed once (opArg copies the blocks; none is written after packing).
+var noPlace = placeArgs.pack(nil, new(string))[0]
+
 // joinArg is whether a peek's waiter joins one source's line, and its place
 // there; the waiter block is followed by one per source.
 type joinArg struct {

@@ -252,6 +252,10 @@ func (b *Backend) admit(ctx, rctx context.Context, req *gate.AdmitRequest) (any,
 		if req.Line != nil {
 			place = req.Line.Places[name]
 		}
+		if place == "" {
+			args = append(args, noPlace) // a newcomer's, most Picks'
+			continue
+		}
 		args = placeArgs.pack(args, &place)
 	}
 	return b.do(ctx, rctx, tag, &batchOp{kind: opAdmit, name: "admit", keys: keys, args: opArg(args), srcs: srcs, admit: req})
