@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"runtime/metrics"
 	"runtime/pprof"
 	"strconv"
@@ -93,6 +94,15 @@ func probe(prefix string, n int) {
 	runtime.GC()
 	runtime.GC()
 	collected := readProbe()
+	if os.Getenv("HELD_PROBE_DUMP") != "" {
+		// Every live object with its address, before the probe allocates
+		// anything more: scripts/heldprobe/frag reads the free slots of each
+		// size class's spans from it.
+		if d, err := os.Create(prefix + ".dump"); err == nil {
+			debug.WriteHeapDump(d.Fd())
+			d.Close()
+		}
+	}
 	f, err := os.Create(prefix + ".txt")
 	if err != nil {
 		return
