@@ -86,15 +86,18 @@ type unaryChain struct {
 	auth func(context.Context) (context.Context, error)
 }
 
-// intercept logs the RPC and turns its error into a status.
+// intercept logs the RPC and turns its error into a status. It keeps the
+// method's name, not info, across the call: a call held in OnNoRunnable
+// would keep info as long as it is held.
 func (ch *unaryChain) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if !strings.HasPrefix(info.FullMethod, admissionPrefix) {
+	method := info.FullMethod
+	if !strings.HasPrefix(method, admissionPrefix) {
 		return handler(ctx, req)
 	}
 	start := time.Now()
 	resp, err := ch.admit(ctx, req, handler)
 	err = toStatus(ctx, ch.log, err)
-	logFinished(ctx, ch.log, info.FullMethod, "unary", start, err)
+	logFinished(ctx, ch.log, method, "unary", start, err)
 	return resp, err
 }
 
