@@ -66,7 +66,8 @@ type Options struct {
 // Backend is a gate.Backend that delegates to a shared one and follows
 // Options.Mode while that one is unavailable.
 //
-// In Local mode the local backend knows nothing of the shared state: a
+// In Local mode the local backend knows of the shared state only what a
+// Recorder remembers of its breakers (OPEN ones and overrides): a
 // permit the shared backend granted and that is settled while degraded is
 // reported stale (and handed to the shared backend to settle later, see
 // Settle). Permits the local backend granted still hold their slots when
@@ -192,6 +193,15 @@ func withCopy[T any](p *T, change func(*T)) *T {
 	return &c
 }
 
+// Recorder is a shared backend that remembers the OPEN breakers and the
+// overrides it saw (redisgate's records of them): at each change to
+// degraded in Local mode, the local backend's breakers become what they
+// say, and every other one CLOSED, so that a source forced open or OPEN in
+// the shared backend stays so while it is away.
+type Recorder interface {
+	Records() []gate.Record
+}
+
 // Deferrer is a shared backend that can keep a settle until it answers.
 type Deferrer interface {
 	DeferSettle(req gate.SettleRequest)
@@ -275,6 +285,10 @@ func (b *Backend) set(degraded bool, cause error) {
 	}
 	if degraded {
 		b.nextPing.Store(b.o.Now().UnixNano() + int64(b.o.PingEvery))
+		if r, ok := b.shared.(Recorder); ok && b.o.Mode == Local {
+			// Before any call is served locally.
+			b.local.Adopt(r.Records())
+		}
 	}
 	b.degraded.Store(degraded)
 	b.changes.Add(1)

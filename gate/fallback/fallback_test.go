@@ -351,3 +351,113 @@ func TestLocalLinesForgetAnEarlierOutage(t *testing.T) {
 		t.Fatalf("the next outage's first call: %+v, %v; want granted (the earlier outage's waiter is gone)", a, err)
 	}
 }
+
+// degrade stops Redis and calls until the fallback has switched to local.
+func (f *fixture) degrade(src *gate.Source) {
+	f.t.Helper()
+	f.srv.Stop()
+	f.poll("the local mode", func() bool {
+		f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}})
+		return f.b.Degraded()
+	})
+}
+
+// TestLocalKeepsAForcedOpenSource: an operator forced a source open in
+// Redis (a leaked key, a provider to keep away from); Redis is lost. The
+// local gate must keep refusing the source, as Redis would: on main it
+// knows nothing of the override and grants every caller the source the
+// operator closed (the cooldown memo stores nothing for a forced open,
+// whose retry_after is 0, so nothing above the gate catches it either).
+func TestLocalKeepsAForcedOpenSource(t *testing.T) {
+	f := newFixture(t, fallback.Local, 1)
+	src := gatetest.Src("s")
+	if _, err := f.b.Override(f.ctx, gate.OverrideRequest{Scope: "fb", Source: src, Action: gate.ActionForceOpen, Actor: "ops", Why: "leaked key"}); err != nil {
+		t.Fatal(err)
+	}
+	if a, err := f.admit("r0", src); err != nil || a.Granted || a.Rejections[0].Reason != gate.ReasonForcedOpen {
+		t.Fatalf("forced open on Redis: %+v %v, want forced_open", a, err)
+	}
+	f.degrade(src)
+	a, err := f.admit("l0", src)
+	if err != nil || a.Granted || len(a.Rejections) != 1 || a.Rejections[0].Reason != gate.ReasonForcedOpen {
+		t.Fatalf("local admission of a source forced open in Redis: %+v %v, want refused forced_open", a, err)
+	}
+	v, err := f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}})
+	if err != nil || v.Sources[0].Breaker.Override != gate.ForcedOpen || v.Sources[0].Breaker.Actor != "ops" || v.Sources[0].Breaker.Why != "leaked key" {
+		t.Fatalf("local view of the forced-open source: %+v %v, want forced_open by ops (leaked key)", v, err)
+	}
+}
+
+// TestLocalKeepsAnOpenBreaker: a source OPEN in Redis (its cooldown still
+// running) is OPEN in the local gate too, with the cooldown left, and turns
+// HALF_OPEN there after it: one probe, not every caller. On main the local
+// breaker starts CLOSED and grants every caller at once.
+func TestLocalKeepsAnOpenBreaker(t *testing.T) {
+	f := newFixture(t, fallback.Local, 1)
+	src := gatetest.Src("s", func(s *gate.Source) {
+		s.Breaker.FailThreshold = 1
+		s.Breaker.Cooldown, s.Breaker.MaxCooldown = 30*time.Second, time.Minute
+	})
+	a, err := f.admit("r0", src)
+	if err != nil || !a.Granted {
+		t.Fatalf("healthy admission: %+v %v", a, err)
+	}
+	st, err := f.b.Settle(f.ctx, gate.SettleRequest{Scope: "fb", Source: src, PermitID: "r0", Epoch: a.Permit.Epoch, Verdict: gate.VerdictFailure, ActualTokens: -1})
+	if err != nil || st.Breaker.State != gate.Open {
+		t.Fatalf("failure on Redis: %+v %v, want OPEN", st, err)
+	}
+	f.degrade(src)
+	a, err = f.admit("l0", src)
+	if err != nil || a.Granted || a.Rejections[0].Reason != gate.ReasonCircuitOpen {
+		t.Fatalf("local admission of a source OPEN in Redis: %+v %v, want circuit_open", a, err)
+	}
+	if left := a.Rejections[0].RetryAfter; left <= 0 || left > src.Breaker.Cooldown {
+		t.Fatalf("local retry_after %v, want the cooldown left (0, %v]", left, src.Breaker.Cooldown)
+	}
+	f.clock.Advance(src.Breaker.Cooldown)
+	if a, err := f.admit("l1", src); err != nil || !a.Granted || !a.Permit.Probe {
+		t.Fatalf("first local admission after the cooldown: %+v %v, want the probe", a, err)
+	}
+	if a, err := f.admit("l2", src); err != nil || a.Granted || a.Rejections[0].Reason != gate.ReasonProbeInFlight {
+		t.Fatalf("second local admission after the cooldown: %+v %v, want probe_in_flight", a, err)
+	}
+}
+
+// TestLocalStartsEachOutageFromRedis: the local gate of a second outage
+// starts from what this replica knows of Redis then, not from the first
+// outage's local state: an override cleared on Redis in between is not
+// forced open locally again, and a source forced closed in between is.
+func TestLocalStartsEachOutageFromRedis(t *testing.T) {
+	f := newFixture(t, fallback.Local, 1)
+	a, b := gatetest.Src("a"), gatetest.Src("b")
+	override := func(src *gate.Source, action gate.Action) {
+		t.Helper()
+		if _, err := f.b.Override(f.ctx, gate.OverrideRequest{Scope: "fb", Source: src, Action: action, Actor: "ops", Why: "test"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	back := func() {
+		t.Helper()
+		f.srv.Start()
+		f.poll("Redis to be used again", func() bool {
+			f.clock.Advance(time.Second)
+			f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{a}})
+			return !f.b.Degraded()
+		})
+	}
+	override(a, gate.ActionForceOpen)
+	f.degrade(a)
+	if got, err := f.admit("l0", a); err != nil || got.Granted {
+		t.Fatalf("first outage, a forced open: %+v %v, want refused", got, err)
+	}
+	back() // empty: the replica re-asserts its records
+	override(a, gate.ActionClear)
+	override(b, gate.ActionForceOpen)
+	f.degrade(a)
+	if got, err := f.admit("l1", a); err != nil || !got.Granted {
+		t.Fatalf("second outage, a cleared since: %+v %v, want granted", got, err)
+	}
+	if got, err := f.admit("l2", b); err != nil || got.Granted || got.Rejections[0].Reason != gate.ReasonForcedOpen {
+		t.Fatalf("second outage, b forced open since: %+v %v, want forced_open", got, err)
+	}
+}

@@ -222,3 +222,45 @@ func (b *Backend) Override(ctx context.Context, req gate.OverrideRequest) (out g
 	}
 	return gate.OverrideResult{View: st.View(req.Source, now), Events: named(events, req.Source.Name)}, nil
 }
+
+// Adopt makes each breaker the one recs describe (gate.Record.Breaker), and
+// every other breaker CLOSED without override, at a later epoch than its
+// own, keeping quotas, lines and progress: fallback's local gate starts
+// each outage of the shared backend from what this replica last saw of its
+// breakers, not from what the local gate itself saw in an earlier outage.
+func (b *Backend) Adopt(recs []gate.Record) {
+	by := make(map[string]map[string]gate.Record)
+	for _, r := range recs {
+		if by[r.Scope] == nil {
+			by[r.Scope] = make(map[string]gate.Record)
+		}
+		by[r.Scope][r.Source] = r
+	}
+	b.mu.Lock()
+	names := make([]string, 0, len(b.scopes)+len(by))
+	for name := range b.scopes {
+		names = append(names, name)
+	}
+	for name := range by {
+		if _, ok := b.scopes[name]; !ok {
+			names = append(names, name)
+		}
+	}
+	b.mu.Unlock()
+	for _, name := range names {
+		s, now := b.lock(name)
+		for src, st := range s.sources {
+			if _, ok := by[name][src]; !ok && st.Breaker != (gate.Breaker{}) {
+				st.Breaker = gate.Breaker{Epoch: st.Breaker.Epoch + 1}
+			}
+		}
+		for src, r := range by[name] {
+			st := s.source(src)
+			nb := r.Breaker(now)
+			nb.Epoch = max(nb.Epoch, st.Breaker.Epoch+1)
+			st.Breaker = nb
+		}
+		var none []gate.Event
+		b.unlock(context.Background(), s, &none)
+	}
+}

@@ -376,3 +376,27 @@ func (b *Backend) restore(ctx, rctx context.Context, scope string) error {
 	}
 	return nil
 }
+
+// Records is every record this Backend keeps (the last OPEN and override it
+// saw of each source), as of now: what a degraded on_unavailable: local
+// gate starts from. A record of an OPEN whose cooldown has elapsed is
+// included (the breaker is HALF_OPEN, or closed by a probe not heard of).
+func (b *Backend) Records() []gate.Record {
+	now := time.Now()
+	b.memory.mu.Lock()
+	defer b.memory.mu.Unlock()
+	var out []gate.Record
+	for scope, sm := range b.memory.scopes {
+		for name, r := range sm.sources {
+			rec := gate.Record{Scope: scope, Source: name, Reopens: r.reopens, Epoch: r.epoch, Cause: r.cause,
+				Override: r.override, Actor: r.actor, Why: r.why, OverrideAgo: now.Sub(r.overrideAt)}
+			if !r.openUntil.IsZero() {
+				rec.Open, rec.OpenLeft, rec.OpenedAgo = true, r.openUntil.Sub(now), now.Sub(r.openedAt)
+			}
+			if rec.Open || rec.Override != gate.NoOverride {
+				out = append(out, rec)
+			}
+		}
+	}
+	return out
+}

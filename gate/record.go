@@ -1,0 +1,42 @@
+package gate
+
+import "time"
+
+// Record is what a replica last saw of a shared backend's breaker: the last
+// OPEN (until it closed) and the override. Times are durations back from
+// (or ahead of) the moment the record was read, so that a backend with
+// another clock can take it over: a degraded on_unavailable: local gate
+// starts each outage from the records of the shared backend.
+type Record struct {
+	Scope, Source string
+	// Open: the breaker was last seen OPEN, OpenedAgo ago, with OpenLeft of
+	// its cooldown left (0 or less: elapsed, the breaker reads HALF_OPEN).
+	Open      bool
+	OpenLeft  time.Duration
+	OpenedAgo time.Duration
+	Reopens   int
+	Epoch     uint64
+	Cause     OpenCause
+	// Override is the operator's setting, set OverrideAgo ago.
+	Override    Override
+	Actor, Why  string
+	OverrideAgo time.Duration
+}
+
+// Breaker is the breaker r describes at now (ms): OPEN with its cooldown
+// left, or CLOSED, and the override; no window counts, no probe out.
+func (r Record) Breaker(now int64) Breaker {
+	b := Breaker{Epoch: r.Epoch, Override: r.Override}
+	if r.Override != NoOverride {
+		b.Actor, b.Why, b.OverrideAt = r.Actor, r.Why, now-r.OverrideAgo.Milliseconds()
+	}
+	if r.Open {
+		b.State, b.Reopens, b.Cause = Open, max(r.Reopens, 1), r.Cause
+		b.OpenedAt = now - r.OpenedAgo.Milliseconds()
+		b.OpenUntil = now + (r.OpenLeft + time.Millisecond - 1).Milliseconds() // rounded up: never early
+		if b.Cause == OpenCauseNone {
+			b.Cause = OpenCauseFailures
+		}
+	}
+	return b
+}
