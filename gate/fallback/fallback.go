@@ -73,14 +73,18 @@ type Options struct {
 // Settle). Permits the local backend granted still hold their slots when
 // the shared backend is back, which it does not know of: until they are
 // settled (locally) or their leases end, its Admits and Peeks of their
-// sources leave them room (see lent). Override is never served locally:
-// an operator's action that would vanish when the shared backend comes
-// back fails instead.
+// sources leave them room (see lent). The reverse holds too: permits the
+// shared backend granted this replica still hold their slots when it goes
+// away, which the local backend does not know of; until they are settled
+// or their leases end, local Admits and Peeks of their sources leave them
+// room (see out). Override is never served locally: an operator's action
+// that would vanish when the shared backend comes back fails instead.
 type Backend struct {
 	shared Shared
 	local  *inmem.Backend
 	o      Options
 	lent   lent
+	out    out
 
 	degraded atomic.Bool
 	changes  atomic.Uint64 // counts changes of mode
@@ -119,9 +123,16 @@ func (b *Backend) Check(ctx context.Context) error {
 // Admit implements gate.Backend.
 func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admission, error) {
 	return call(b, ctx,
-		func() (gate.Admission, error) { return b.shared.Admit(ctx, b.leaveRoom(ctx, req)) },
 		func() (gate.Admission, error) {
-			a, err := b.local.Admit(ctx, b.share(b.localAdmit(req)))
+			a, err := b.shared.Admit(ctx, b.leaveRoom(ctx, req))
+			if err == nil && a.Granted && b.o.Mode == Local {
+				now := b.o.Now()
+				b.out.add(req.Scope, a.Permit.Source, a.Permit.ID, now.Add(a.Permit.Lease).UnixNano(), now.UnixNano())
+			}
+			return a, err
+		},
+		func() (gate.Admission, error) {
+			a, err := b.local.Admit(ctx, b.leaveOut(b.share(b.localAdmit(req))))
 			if err == nil && a.Granted {
 				b.lent.add(req.Scope, a.Permit.Source)
 			}
@@ -134,6 +145,9 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 // that can defer settles (a Deferrer) is handed it too, to settle when it
 // answers again, so that its slot does not stay held until its lease ends.
 func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (gate.Settlement, error) {
+	if req.Source != nil {
+		b.out.remove(req.Scope, req.Source.Name, req.PermitID) // its holder is done
+	}
 	return call(b, ctx,
 		func() (gate.Settlement, error) {
 			if req.Source != nil && b.lent.has(req.Scope, req.Source.Name) {
@@ -211,7 +225,7 @@ type Deferrer interface {
 func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot, error) {
 	return call(b, ctx,
 		func() (gate.Snapshot, error) { return b.shared.Peek(ctx, b.leaveRoomPeek(ctx, req)) },
-		func() (gate.Snapshot, error) { return b.local.Peek(ctx, b.sharePeek(b.localPeek(req))) })
+		func() (gate.Snapshot, error) { return b.local.Peek(ctx, b.leaveOutPeek(b.sharePeek(b.localPeek(req)))) })
 }
 
 // Leave implements gate.Backend.
@@ -455,6 +469,161 @@ func (b *Backend) leaveRoom(ctx context.Context, req gate.AdmitRequest) gate.Adm
 func (b *Backend) leaveRoomPeek(ctx context.Context, req gate.PeekRequest) gate.PeekRequest {
 	if left := b.roomLeft(ctx, req.Scope, req.Sources); left != nil {
 		req.Sources = left
+	}
+	return req
+}
+
+// out is the permits the shared backend granted this replica (in Local
+// mode) that are neither settled nor past their leases, by scope and
+// source: their holders still use the upstream's slots, so the local
+// backend leaves them room while the shared one is away. It costs one
+// atomic load per Settle while empty.
+type out struct {
+	n  atomic.Int64 // len(of)
+	mu sync.Mutex
+	by map[lentKey]*outSource
+	of map[string]lentKey // permit → its source
+}
+
+type outSource struct {
+	ends map[string]int64 // permit → end of its lease (UnixNano)
+	// prune is the size at which ends is next rid of its ended leases, so
+	// that permits whose holders never report cost amortized O(1) each.
+	prune int
+}
+
+func (o *out) add(scope, source, id string, end int64, now int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.by == nil {
+		o.by, o.of = map[lentKey]*outSource{}, map[string]lentKey{}
+	}
+	k := lentKey{scope, source}
+	s := o.by[k]
+	if s == nil {
+		s = &outSource{ends: map[string]int64{}, prune: 16}
+		o.by[k] = s
+	}
+	if len(s.ends) >= s.prune {
+		o.expire(k, s, now)
+		s.prune = max(16, 2*len(s.ends))
+		o.by[k] = s // expire may have dropped it when empty
+	}
+	s.ends[id] = end
+	o.of[id] = k
+	o.n.Store(int64(len(o.of)))
+}
+
+func (o *out) remove(scope, source, id string) {
+	if o.n.Load() == 0 {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	k, ok := o.of[id]
+	if !ok || k != (lentKey{scope, source}) {
+		return
+	}
+	delete(o.of, id)
+	if s := o.by[k]; s != nil {
+		delete(s.ends, id)
+		if len(s.ends) == 0 {
+			delete(o.by, k)
+		}
+	}
+	o.n.Store(int64(len(o.of)))
+}
+
+// count is the permits of the source still out at now (UnixNano).
+func (o *out) count(scope, source string, now int64) int {
+	if o.n.Load() == 0 {
+		return 0
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	k := lentKey{scope, source}
+	s := o.by[k]
+	if s == nil {
+		return 0
+	}
+	o.expire(k, s, now)
+	return len(s.ends)
+}
+
+// expire forgets the permits of s whose leases ended by now. The caller
+// holds o.mu.
+func (o *out) expire(k lentKey, s *outSource, now int64) {
+	for id, end := range s.ends {
+		if end <= now {
+			delete(s.ends, id)
+			delete(o.of, id)
+		}
+	}
+	if len(s.ends) == 0 {
+		delete(o.by, k)
+	}
+	o.n.Store(int64(len(o.of)))
+}
+
+// lessOut is c with n fewer slots and n less ceiling (n permits the
+// shared backend granted hold them); a ceiling of 0 makes the source full,
+// so that a Peek (where 0 means no pacer) and an Admit agree.
+func lessOut(c gate.Candidate, n int) gate.Candidate {
+	src := *c.Source
+	src.Limits.MaxConcurrency = max(0, src.Limits.MaxConcurrency-n)
+	c.Ceiling = max(0, c.Ceiling-n)
+	if c.Ceiling == 0 {
+		src.Limits.MaxConcurrency = 0
+	}
+	c.Source = &src
+	return c
+}
+
+// leaveOut is req (already the local share) with room left for the shared
+// backend's permits still out.
+func (b *Backend) leaveOut(req gate.AdmitRequest) gate.AdmitRequest {
+	if b.out.n.Load() == 0 {
+		return req
+	}
+	now := b.o.Now().UnixNano()
+	var cands []gate.Candidate
+	for i, c := range req.Candidates {
+		if n := b.out.count(req.Scope, c.Source.Name, now); n > 0 {
+			if cands == nil {
+				cands = slices.Clone(req.Candidates)
+			}
+			cands[i] = lessOut(c, n)
+		}
+	}
+	if cands != nil {
+		req.Candidates = cands
+	}
+	return req
+}
+
+// leaveOutPeek is leaveOut for a Peek, so that its verdicts are Admit's.
+func (b *Backend) leaveOutPeek(req gate.PeekRequest) gate.PeekRequest {
+	if b.out.n.Load() == 0 {
+		return req
+	}
+	now := b.o.Now().UnixNano()
+	var srcs []*gate.Source
+	var ceilings []int
+	for i, src := range req.Sources {
+		if n := b.out.count(req.Scope, src.Name, now); n > 0 {
+			if srcs == nil {
+				srcs = slices.Clone(req.Sources)
+				ceilings = make([]int, len(req.Sources))
+				for j := range req.Sources {
+					ceilings[j] = req.Candidate(j).Ceiling
+				}
+			}
+			c := lessOut(req.Candidate(i), n)
+			srcs[i], ceilings[i] = c.Source, c.Ceiling
+		}
+	}
+	if srcs != nil {
+		req.Sources, req.Ceilings = srcs, ceilings
 	}
 	return req
 }

@@ -117,11 +117,16 @@ func TestLocal(t *testing.T) {
 	f := newFixture(t, fallback.Local, 3)
 	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 8 })
 
-	if a, err := f.admit("r1", src); err != nil || !a.Granted || f.b.Degraded() {
+	a, err := f.admit("r1", src)
+	if err != nil || !a.Granted || f.b.Degraded() {
 		t.Fatalf("healthy: %+v %v degraded=%v", a, err, f.b.Degraded())
 	}
 	if got := f.sent.Names(); len(got) == 0 {
 		t.Fatal("a healthy call sent nothing to Redis")
+	}
+	// Settled, else it holds one of the local slots (TestLocalLeavesRoomForRedisPermits).
+	if _, err := f.b.Settle(f.ctx, gate.SettleRequest{Scope: "fb", Source: src, PermitID: "r1", Epoch: a.Permit.Epoch, ActualTokens: -1}); err != nil {
+		t.Fatal(err)
 	}
 
 	f.srv.Stop()
@@ -216,9 +221,11 @@ func TestLocalPermitsKeepTheirSlots(t *testing.T) {
 		}
 		return a.Permit, a.Granted
 	}
-	if _, ok := granted("r0"); !ok { // Redis has the scope
+	r0, ok := granted("r0") // Redis has the scope
+	if !ok {
 		t.Fatal("healthy admission refused")
 	}
+	settle(r0) // else it holds one of the local slots (TestLocalLeavesRoomForRedisPermits)
 	f.srv.Stop()
 	f.poll("the local mode", func() bool {
 		f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}})
@@ -459,5 +466,53 @@ func TestLocalStartsEachOutageFromRedis(t *testing.T) {
 	}
 	if got, err := f.admit("l2", b); err != nil || got.Granted || got.Rejections[0].Reason != gate.ReasonForcedOpen {
 		t.Fatalf("second outage, b forced open since: %+v %v, want forced_open", got, err)
+	}
+}
+
+// TestLocalLeavesRoomForRedisPermits: permits Redis granted this replica
+// before it went away still hold their upstream slots (their callers are
+// running), which the local gate does not know of: until they are settled
+// or their leases end, it admits their sources with that many fewer slots,
+// so the switch never makes more holders than max_concurrency (the mirror
+// of TestLocalPermitsKeepTheirSlots). On main the local gate grants a full
+// max_concurrency on top of them: 4 holders on max_concurrency 2.
+func TestLocalLeavesRoomForRedisPermits(t *testing.T) {
+	f := newFixture(t, fallback.Local, 1)
+	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 2; s.Limits.Lease = 10 * time.Second })
+	var held []gate.Permit
+	for _, id := range []string{"r0", "r1"} {
+		a, err := f.admit(id, src)
+		if err != nil || !a.Granted {
+			t.Fatalf("healthy admission %s: %+v %v", id, a, err)
+		}
+		held = append(held, a.Permit)
+	}
+	f.degrade(src)
+	if a, err := f.admit("l0", src); err != nil || a.Granted || a.Rejections[0].Reason != gate.ReasonRateLimited {
+		t.Fatalf("local admission with two Redis permits out on max_concurrency 2: %+v %v, want rate_limited", a, err)
+	}
+	if v, err := f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}}); err != nil || v.Sources[0].Verdict.Reason != gate.ReasonRateLimited {
+		t.Fatalf("local Peek with two Redis permits out: %+v %v, want rate_limited", v, err)
+	}
+	// A Redis permit settled while Redis is away frees its slot locally.
+	p := held[0]
+	if _, err := f.b.Settle(f.ctx, gate.SettleRequest{Scope: "fb", Source: src, PermitID: p.ID, Epoch: p.Epoch, Verdict: gate.VerdictSuccess, ActualTokens: -1}); err != nil {
+		t.Fatal(err)
+	}
+	f.clock.Advance(src.Limits.Lease / 2)
+	if a, err := f.admit("l1", src); err != nil || !a.Granted {
+		t.Fatalf("local admission after a Redis permit was settled: %+v %v, want granted", a, err)
+	}
+	if a, err := f.admit("l2", src); err != nil || a.Granted {
+		t.Fatalf("a third holder (r1, l1 hold both slots): %+v %v, want refused", a, err)
+	}
+	// A Redis permit whose holder never reports holds its slot until its
+	// lease ends, and no longer (l1's runs half a lease longer).
+	f.clock.Advance(src.Limits.Lease / 2)
+	if a, err := f.admit("l3", src); err != nil || !a.Granted {
+		t.Fatalf("local admission after r1's lease ended: %+v %v, want granted", a, err)
+	}
+	if a, err := f.admit("l4", src); err != nil || a.Granted {
+		t.Fatalf("a third holder (l1, l3 hold both slots): %+v %v, want refused", a, err)
 	}
 }
