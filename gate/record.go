@@ -21,16 +21,26 @@ type Record struct {
 	Override    Override
 	Actor, Why  string
 	OverrideAgo time.Duration
+	// Probe, when set, is the permit that holds the breaker's HALF_OPEN
+	// probe (of epoch Epoch) for ProbeLeft more: the breaker is HALF_OPEN
+	// with it out, whatever Open says, so that its outcome is not stale.
+	Probe     string
+	ProbeLeft time.Duration
 }
 
-// Breaker is the breaker r describes at now (ms): OPEN with its cooldown
-// left, or CLOSED, and the override; no window counts, no probe out.
+// Breaker is the breaker r describes at now (ms): HALF_OPEN with its probe
+// out, OPEN with its cooldown left, or CLOSED, and the override; no window
+// counts.
 func (r Record) Breaker(now int64) Breaker {
 	b := Breaker{Epoch: r.Epoch, Override: r.Override}
 	if r.Override != NoOverride {
 		b.Actor, b.Why, b.OverrideAt = r.Actor, r.Why, now-r.OverrideAgo.Milliseconds()
 	}
-	if r.Open {
+	switch {
+	case r.Probe != "":
+		b.State, b.Reopens, b.Probe = HalfOpen, max(r.Reopens, 1), r.Probe
+		b.ProbeUntil = now + (r.ProbeLeft + time.Millisecond - 1).Milliseconds()
+	case r.Open:
 		b.State, b.Reopens, b.Cause = Open, max(r.Reopens, 1), r.Cause
 		b.OpenedAt = now - r.OpenedAgo.Milliseconds()
 		b.OpenUntil = now + (r.OpenLeft + time.Millisecond - 1).Milliseconds() // rounded up: never early

@@ -126,8 +126,7 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 		func() (gate.Admission, error) {
 			a, err := b.shared.Admit(ctx, b.leaveRoom(ctx, req))
 			if err == nil && a.Granted && b.o.Mode == Local {
-				now := b.o.Now()
-				b.out.add(req.Scope, a.Permit.Source, a.Permit.ID, now.Add(a.Permit.Lease).UnixNano(), now.UnixNano())
+				b.out.add(req, a.Permit, b.o.Now())
 			}
 			return a, err
 		},
@@ -299,9 +298,9 @@ func (b *Backend) set(degraded bool, cause error) {
 	}
 	if degraded {
 		b.nextPing.Store(b.o.Now().UnixNano() + int64(b.o.PingEvery))
-		if r, ok := b.shared.(Recorder); ok && b.o.Mode == Local {
+		if b.o.Mode == Local {
 			// Before any call is served locally.
-			b.local.Adopt(r.Records())
+			b.local.Adopt(b.records())
 		}
 	}
 	b.degraded.Store(degraded)
@@ -487,12 +486,20 @@ type out struct {
 
 type outSource struct {
 	ends map[string]int64 // permit → end of its lease (UnixNano)
+	// probe is the permit of ends that holds the breaker's HALF_OPEN
+	// probe ("" none), of epoch, until probeEnd (UnixNano).
+	probe    string
+	epoch    uint64
+	probeEnd int64
 	// prune is the size at which ends is next rid of its ended leases, so
 	// that permits whose holders never report cost amortized O(1) each.
 	prune int
 }
 
-func (o *out) add(scope, source, id string, end int64, now int64) {
+// add keeps p, which the shared backend granted for req at now.
+func (o *out) add(req gate.AdmitRequest, p gate.Permit, now time.Time) {
+	scope, source, id := req.Scope, p.Source, p.ID
+	end := now.Add(p.Lease).UnixNano()
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.by == nil {
@@ -505,12 +512,19 @@ func (o *out) add(scope, source, id string, end int64, now int64) {
 		o.by[k] = s
 	}
 	if len(s.ends) >= s.prune {
-		o.expire(k, s, now)
+		o.expire(k, s, now.UnixNano())
 		s.prune = max(16, 2*len(s.ends))
 		o.by[k] = s // expire may have dropped it when empty
 	}
 	s.ends[id] = end
 	o.of[id] = k
+	if p.Probe {
+		for _, c := range req.Candidates {
+			if c.Source.Name == source {
+				s.probe, s.epoch, s.probeEnd = id, p.Epoch, now.Add(c.Source.Breaker.ProbeTTL).UnixNano()
+			}
+		}
+	}
 	o.n.Store(int64(len(o.of)))
 }
 
@@ -527,6 +541,9 @@ func (o *out) remove(scope, source, id string) {
 	delete(o.of, id)
 	if s := o.by[k]; s != nil {
 		delete(s.ends, id)
+		if s.probe == id {
+			s.probe = ""
+		}
 		if len(s.ends) == 0 {
 			delete(o.by, k)
 		}
@@ -558,6 +575,9 @@ func (o *out) expire(k lentKey, s *outSource, now int64) {
 			delete(s.ends, id)
 			delete(o.of, id)
 		}
+	}
+	if _, ok := s.ends[s.probe]; !ok || s.probeEnd <= now {
+		s.probe = ""
 	}
 	if len(s.ends) == 0 {
 		delete(o.by, k)
@@ -626,4 +646,30 @@ func (b *Backend) leaveOutPeek(req gate.PeekRequest) gate.PeekRequest {
 		req.Sources, req.Ceilings = srcs, ceilings
 	}
 	return req
+}
+
+// records is what the local backend starts an outage from: the shared
+// backend's records (a Recorder's), and the HALF_OPEN probes the shared
+// backend granted this replica that are still out, so that their outcomes
+// decide the local breakers.
+func (b *Backend) records() []gate.Record {
+	var recs []gate.Record
+	if r, ok := b.shared.(Recorder); ok {
+		recs = r.Records()
+	}
+	now := b.o.Now().UnixNano()
+	b.out.mu.Lock()
+	defer b.out.mu.Unlock()
+	for k, s := range b.out.by {
+		if s.probe == "" || s.probeEnd <= now {
+			continue
+		}
+		i := slices.IndexFunc(recs, func(r gate.Record) bool { return r.Scope == k.scope && r.Source == k.source })
+		if i < 0 {
+			recs = append(recs, gate.Record{Scope: k.scope, Source: k.source})
+			i = len(recs) - 1
+		}
+		recs[i].Probe, recs[i].Epoch, recs[i].ProbeLeft = s.probe, s.epoch, time.Duration(s.probeEnd-now)
+	}
+	return recs
 }

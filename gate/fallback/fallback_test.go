@@ -516,3 +516,49 @@ func TestLocalLeavesRoomForRedisPermits(t *testing.T) {
 		t.Fatalf("a third holder (l1, l3 hold both slots): %+v %v, want refused", a, err)
 	}
 }
+
+// TestLocalKeepsTheProbeOut: this replica holds Redis's HALF_OPEN probe of
+// a source when Redis is lost. The local gate keeps that probe out (other
+// callers are refused probe_in_flight, as on Redis), and the probe's
+// outcome, reported while Redis is away, decides the local breaker: a
+// success closes it. On main the local breaker is CLOSED and grants every
+// caller the source whose recovery is still being tested.
+func TestLocalKeepsTheProbeOut(t *testing.T) {
+	for _, tc := range []struct {
+		verdict gate.Verdict
+		after   gate.Reason // a local admission after the probe's outcome
+	}{
+		{gate.VerdictSuccess, gate.ReasonNone},
+		{gate.VerdictFailure, gate.ReasonCircuitOpen},
+	} {
+		t.Run(tc.verdict.String(), func(t *testing.T) {
+			f := newFixture(t, fallback.Local, 1)
+			src := gatetest.Src("s", func(s *gate.Source) { s.Breaker.FailThreshold = 1 })
+			a, err := f.admit("r0", src)
+			if err != nil || !a.Granted {
+				t.Fatalf("healthy admission: %+v %v", a, err)
+			}
+			if st, err := f.b.Settle(f.ctx, gate.SettleRequest{Scope: "fb", Source: src, PermitID: "r0", Epoch: a.Permit.Epoch, Verdict: gate.VerdictFailure, ActualTokens: -1}); err != nil || st.Breaker.State != gate.Open {
+				t.Fatalf("failure on Redis: %+v %v, want OPEN", st, err)
+			}
+			f.clock.Advance(src.Breaker.Cooldown)
+			probe, err := f.admit("r1", src)
+			if err != nil || !probe.Granted || !probe.Permit.Probe {
+				t.Fatalf("admission after the cooldown: %+v %v, want the probe", probe, err)
+			}
+			f.degrade(src)
+			if a, err := f.admit("l0", src); err != nil || a.Granted || a.Rejections[0].Reason != gate.ReasonProbeInFlight {
+				t.Fatalf("local admission while Redis's probe is out: %+v %v, want probe_in_flight", a, err)
+			}
+			p := probe.Permit
+			st, err := f.b.Settle(f.ctx, gate.SettleRequest{Scope: "fb", Source: src, PermitID: p.ID, Epoch: p.Epoch, Probe: true, Verdict: tc.verdict, ActualTokens: -1})
+			if err != nil || st.Effect != gate.EffectApplied {
+				t.Fatalf("the probe's outcome while Redis is away: %+v %v, want applied", st, err)
+			}
+			a, err = f.admit("l1", src)
+			if err != nil || (tc.after == gate.ReasonNone) != a.Granted || (!a.Granted && a.Rejections[0].Reason != tc.after) {
+				t.Fatalf("local admission after the probe's %v: %+v %v, want %v", tc.verdict, a, err, tc.after)
+			}
+		})
+	}
+}

@@ -225,7 +225,8 @@ func (b *Backend) Override(ctx context.Context, req gate.OverrideRequest) (out g
 
 // Adopt makes each breaker the one recs describe (gate.Record.Breaker), and
 // every other breaker CLOSED without override, at a later epoch than its
-// own, keeping quotas, lines and progress: fallback's local gate starts
+// own (but a probe out keeps its epoch), keeping quotas, lines and
+// progress: fallback's local gate starts
 // each outage of the shared backend from what this replica last saw of its
 // breakers, not from what the local gate itself saw in an earlier outage.
 func (b *Backend) Adopt(recs []gate.Record) {
@@ -257,7 +258,9 @@ func (b *Backend) Adopt(recs []gate.Record) {
 		for src, r := range by[name] {
 			st := s.source(src)
 			nb := r.Breaker(now)
-			nb.Epoch = max(nb.Epoch, st.Breaker.Epoch+1)
+			if r.Probe == "" { // a probe's outcome is fenced by its own epoch
+				nb.Epoch = max(nb.Epoch, st.Breaker.Epoch+1)
+			}
 			st.Breaker = nb
 		}
 		var none []gate.Event
