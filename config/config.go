@@ -161,8 +161,10 @@ type FieldError struct {
 	Allowed string
 }
 
+// Error names the key and shows the value, cut to maxShown bytes (a hostile
+// value is not echoed whole into the log of a rejected reload).
 func (e *FieldError) Error() string {
-	return fmt.Sprintf("%s: %s is not allowed; %s", e.Key, show(e.Value), e.Allowed)
+	return fmt.Sprintf("%s: %s is not allowed; %s", cut(e.Key, maxLine), shown(e.Value), e.Allowed)
 }
 
 func show(v any) string {

@@ -55,7 +55,7 @@ func ParseFlags(args []string, environ []string, stderr io.Writer) (Options, err
 		return o, err
 	}
 	if fs.NArg() > 0 {
-		return o, fmt.Errorf("unexpected arguments %q: polygate takes flags only", fs.Args())
+		return o, fmt.Errorf("unexpected arguments %s: polygate takes flags only", shown(fs.Args()))
 	}
 	o.flags = map[string]string{}
 	fs.Visit(func(f *flag.Flag) {
@@ -130,12 +130,12 @@ func load(k *koanf.Koanf, flags map[string]string, environ []string) (*Config, e
 	var errs []error
 	for key, value := range ek.All() {
 		if err := set(k, key, value); err != nil {
-			errs = append(errs, fmt.Errorf("%s%s: %w", EnvPrefix, strings.ToUpper(strings.ReplaceAll(key, ".", "__")), err))
+			errs = append(errs, fmt.Errorf("%s: %w", cut(EnvPrefix+strings.ToUpper(strings.ReplaceAll(key, ".", "__")), maxLine), err))
 		}
 	}
 	for key, value := range flags {
 		if err := set(k, key, value); err != nil {
-			errs = append(errs, fmt.Errorf("flag for %s: %w", key, err))
+			errs = append(errs, fmt.Errorf("flag for %s: %w", cut(key, maxLine), err))
 		}
 	}
 	if len(errs) > 0 {
@@ -151,7 +151,7 @@ func load(k *koanf.Koanf, flags map[string]string, environ []string) (*Config, e
 		ErrorUnused:      true,
 		TagName:          "koanf",
 	}}); err != nil {
-		return nil, fmt.Errorf("config: %w", err)
+		return nil, fmt.Errorf("config: %w", cutLines(err))
 	}
 	return resolve(&f)
 }
@@ -182,7 +182,7 @@ func set(k *koanf.Koanf, key string, value any) error {
 		list[i] = item
 		return k.Set(listKey, list)
 	}
-	return fmt.Errorf("scope %q has no source named %q to override", parts[1], parts[3])
+	return fmt.Errorf("scope %s has no source named %s to override", shown(parts[1]), shown(parts[3]))
 }
 
 var durationType = reflect.TypeOf(time.Duration(0))
@@ -197,7 +197,7 @@ func durationHook(from, to reflect.Type, data any) (any, error) {
 	case reflect.String:
 		d, err := time.ParseDuration(data.(string))
 		if err != nil {
-			return nil, fmt.Errorf("%q is not a duration; write a Go duration with a unit, e.g. 60s or 250ms", data)
+			return nil, fmt.Errorf("%s is not a duration; write a Go duration with a unit, e.g. 60s or 250ms", shown(data))
 		}
 		return d, nil
 	case reflect.Int, reflect.Int64, reflect.Int32, reflect.Float64, reflect.Float32, reflect.Uint, reflect.Uint64:

@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"reflect"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -103,12 +104,45 @@ func shown(v any) string {
 	if l, ok := v.([]string); ok {
 		s = fmt.Sprintf("%q", l)
 	}
-	if len(s) > maxShown {
-		n := maxShown
-		for n > 0 && !utf8.RuneStart(s[n]) {
-			n--
-		}
-		s = s[:n] + fmt.Sprintf("… (%d bytes)", len(s))
-	}
-	return s
+	return cut(s, maxShown)
 }
+
+// maxLine bounds a line of an error that quotes a key or a decoder's
+// message, which names keys and may quote a value.
+const maxLine = 512
+
+// cut is s cut to at most n bytes on a rune boundary, saying how long it was.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	l := len(s)
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + fmt.Sprintf("… (%d bytes)", l)
+}
+
+// cutLines is err with each line of its message cut to maxLine bytes; it
+// still wraps err.
+func cutLines(err error) error {
+	lines := strings.Split(err.Error(), "\n")
+	changed := false
+	for i, l := range lines {
+		if len(l) > maxLine {
+			lines[i], changed = cut(l, maxLine), true
+		}
+	}
+	if !changed {
+		return err
+	}
+	return &cutError{msg: strings.Join(lines, "\n"), err: err}
+}
+
+type cutError struct {
+	msg string
+	err error
+}
+
+func (e *cutError) Error() string { return e.msg }
+func (e *cutError) Unwrap() error { return e.err }

@@ -1,0 +1,51 @@
+package config_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/polygate/polygate/config"
+)
+
+// TestErrorsShowValuesBounded: a configuration error names the key and
+// shows the value, but a hostile value (a 100 KB string from the file, the
+// environment or a flag) is cut, so that a rejected reload's log line stays
+// small. On main each of these errors echoed the whole value.
+func TestErrorsShowValuesBounded(t *testing.T) {
+	long := strings.Repeat("A", 100_000)
+	const ok = "scopes:\n  s:\n    sources: [{name: a}]\n"
+	for _, tc := range []struct {
+		name, yaml string
+		env        []string
+		key        string // the error names it
+	}{
+		{"enum", "scopes:\n  s:\n    circuit_open: " + long + "\n    sources: [{name: a}]\n", nil, "scopes.s.circuit_open"},
+		{"source name", "scopes:\n  s:\n    sources: [{name: " + long + "}]\n", nil, "scopes.s.sources[0].name"},
+		{"address", "listen: " + long + "\n" + ok, nil, "listen"},
+		{"redis address", "backend: {kind: redis, redis: {addrs: [" + long + "]}}\n" + ok, nil, "backend.redis.addrs[0]"},
+		{"duration", "scopes:\n  s:\n    backoff: {base: " + long + "}\n    sources: [{name: a}]\n", nil, "backoff.base"},
+		{"number", "scopes:\n  s:\n    max_attempts: " + long + "\n    sources: [{name: a}]\n", nil, "max_attempts"},
+		{"environment value", ok, []string{"POLYGATE_SCOPES__S__CIRCUIT_OPEN=" + long}, "scopes.s.circuit_open"},
+		{"environment key", ok, []string{"POLYGATE_" + long + "=1"}, "invalid keys"},
+		{"environment source", ok, []string{"POLYGATE_SCOPES__S__SOURCES__" + long + "__RPM=1"}, "POLYGATE_SCOPES__S__SOURCES__"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := config.Parse([]byte(tc.yaml), tc.env)
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			msg := err.Error()
+			if !strings.Contains(msg, tc.key) {
+				t.Errorf("error does not name %s: %.300s", tc.key, msg)
+			}
+			if len(msg) > 1024 {
+				t.Errorf("error of %d bytes for a value of %d: %.300s…", len(msg), len(long), msg)
+			}
+			var fe *config.FieldError
+			if errors.As(err, &fe) && fe.Value == nil {
+				t.Errorf("FieldError without its value")
+			}
+		})
+	}
+}
