@@ -144,9 +144,9 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 // that can defer settles (a Deferrer) is handed it too, to settle when it
 // answers again, so that its slot does not stay held until its lease ends.
 func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (gate.Settlement, error) {
-	if req.Source != nil {
-		b.out.remove(req.Scope, req.Source.Name, req.PermitID) // its holder is done
-	}
+	// Its holder is done: a permit of the shared backend that the local
+	// backend left room for frees that room.
+	wasOut := req.Source != nil && b.out.remove(req.Scope, req.Source.Name, req.PermitID)
 	return call(b, ctx,
 		func() (gate.Settlement, error) {
 			if req.Source != nil && b.lent.has(req.Scope, req.Source.Name) {
@@ -162,7 +162,9 @@ func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 			if d, ok := b.shared.(Deferrer); ok {
 				d.DeferSettle(req)
 			}
-			return b.local.Settle(ctx, b.localSettle(req))
+			st, err := b.local.Settle(ctx, b.localSettle(req))
+			st.Released = st.Released || wasOut // wakes the callers that waited for its room
+			return st, err
 		})
 }
 
@@ -528,15 +530,16 @@ func (o *out) add(req gate.AdmitRequest, p gate.Permit, now time.Time) {
 	o.n.Store(int64(len(o.of)))
 }
 
-func (o *out) remove(scope, source, id string) {
+// remove forgets a permit and reports whether it was kept.
+func (o *out) remove(scope, source, id string) bool {
 	if o.n.Load() == 0 {
-		return
+		return false
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	k, ok := o.of[id]
 	if !ok || k != (lentKey{scope, source}) {
-		return
+		return false
 	}
 	delete(o.of, id)
 	if s := o.by[k]; s != nil {
@@ -549,6 +552,7 @@ func (o *out) remove(scope, source, id string) {
 		}
 	}
 	o.n.Store(int64(len(o.of)))
+	return true
 }
 
 // count is the permits of the source still out at now (UnixNano).

@@ -494,10 +494,11 @@ func TestLocalLeavesRoomForRedisPermits(t *testing.T) {
 	if v, err := f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}}); err != nil || v.Sources[0].Verdict.Reason != gate.ReasonRateLimited {
 		t.Fatalf("local Peek with two Redis permits out: %+v %v, want rate_limited", v, err)
 	}
-	// A Redis permit settled while Redis is away frees its slot locally.
+	// A Redis permit settled while Redis is away frees its slot locally,
+	// and says so (Released wakes the callers waiting for it).
 	p := held[0]
-	if _, err := f.b.Settle(f.ctx, gate.SettleRequest{Scope: "fb", Source: src, PermitID: p.ID, Epoch: p.Epoch, Verdict: gate.VerdictSuccess, ActualTokens: -1}); err != nil {
-		t.Fatal(err)
+	if st, err := f.b.Settle(f.ctx, gate.SettleRequest{Scope: "fb", Source: src, PermitID: p.ID, Epoch: p.Epoch, Verdict: gate.VerdictSuccess, ActualTokens: -1}); err != nil || !st.Released {
+		t.Fatalf("settling a Redis permit while Redis is away: %+v %v, want released", st, err)
 	}
 	f.clock.Advance(src.Limits.Lease / 2)
 	if a, err := f.admit("l1", src); err != nil || !a.Granted {
