@@ -563,3 +563,79 @@ func TestLocalKeepsTheProbeOut(t *testing.T) {
 		})
 	}
 }
+
+// TestFlappingRedisLeaksNothing: Redis stalls and comes back again and
+// again (SIGSTOP, SIGCONT) while callers take and settle permits, each
+// switch to local and back with permits out on both sides. Holders never
+// exceed max_concurrency, and once Redis stays and its give-backs are done,
+// no slot is held by nobody, in Redis or in the local gate.
+func TestFlappingRedisLeaksNothing(t *testing.T) {
+	f := newFixture(t, fallback.Local, 1)
+	const max = 3
+	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = max; s.Limits.Lease = time.Hour })
+	ctx, stop := context.WithCancel(f.ctx)
+	loop := make(chan struct{})
+	go func() { defer close(loop); f.shared.RunGiveBacks(ctx, 5*time.Millisecond) }()
+	defer func() { stop(); <-loop }()
+
+	var mu sync.Mutex
+	holders := 0
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	for w := range 6 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				id := fmt.Sprintf("w%d-%d", w, i)
+				a, err := f.admit(id, src)
+				if err != nil || !a.Granted {
+					continue
+				}
+				mu.Lock()
+				holders++
+				if holders > max {
+					t.Errorf("%d holders on max_concurrency %d (degraded=%v)", holders, max, f.b.Degraded())
+				}
+				mu.Unlock()
+				// The attempt: a read of the backend, while others admit.
+				f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}})
+				mu.Lock()
+				holders-- // before the settle frees the slot: counts no holder twice
+				mu.Unlock()
+				for {
+					_, err := f.b.Settle(f.ctx, gate.SettleRequest{Scope: "fb", Source: src, PermitID: id, Epoch: a.Permit.Epoch, Probe: a.Permit.Probe, Verdict: gate.VerdictSuccess, ActualTokens: -1})
+					if err == nil {
+						break
+					}
+				}
+			}
+		})
+	}
+	for range 6 {
+		f.srv.Pause()
+		f.poll("the local mode", func() bool { return f.b.Degraded() })
+		f.srv.Resume()
+		f.poll("Redis to be used again", func() bool {
+			f.clock.Advance(fallback.DefaultPingEvery)
+			return !f.b.Degraded()
+		})
+	}
+	close(done)
+	wg.Wait()
+	f.poll("the give-backs to be done", func() bool {
+		f.clock.Advance(fallback.DefaultPingEvery)
+		f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}})
+		return !f.b.Degraded() && f.shared.GiveBacks().Queued == 0
+	})
+	v, err := f.shared.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}})
+	if err != nil || v.Sources[0].Quota.InFlight != 0 {
+		t.Fatalf("Redis after the flapping, every permit settled: %+v %v, want no slot held", v, err)
+	}
+	if a, err := f.admit("last", src); err != nil || !a.Granted {
+		t.Fatalf("an admission after the flapping: %+v %v", a, err)
+	}
+}
