@@ -356,7 +356,11 @@ func part(v int64, n int) int64 {
 	if v <= 0 {
 		return v
 	}
-	return max(1, (v+int64(n)-1)/int64(n))
+	q := v / int64(n)
+	if v%int64(n) != 0 {
+		q++ // rounded up without v+n-1, which wraps near the top of int64
+	}
+	return max(1, q)
 }
 
 // lent marks the sources, by scope, of which the local backend granted

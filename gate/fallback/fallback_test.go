@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"sync"
@@ -637,5 +638,43 @@ func TestFlappingRedisLeaksNothing(t *testing.T) {
 	}
 	if a, err := f.admit("last", src); err != nil || !a.Granted {
 		t.Fatalf("an admission after the flapping: %+v %v", a, err)
+	}
+}
+
+// down is a shared backend that never answers.
+type down struct{}
+
+func (down) Admit(context.Context, gate.AdmitRequest) (gate.Admission, error) {
+	return gate.Admission{}, gate.ErrUnavailable
+}
+func (down) Settle(context.Context, gate.SettleRequest) (gate.Settlement, error) {
+	return gate.Settlement{}, gate.ErrUnavailable
+}
+func (down) Peek(context.Context, gate.PeekRequest) (gate.Snapshot, error) {
+	return gate.Snapshot{}, gate.ErrUnavailable
+}
+func (down) Override(context.Context, gate.OverrideRequest) (gate.OverrideResult, error) {
+	return gate.OverrideResult{}, gate.ErrUnavailable
+}
+func (down) Leave(context.Context, gate.LeaveRequest) error { return gate.ErrUnavailable }
+func (down) Ping(context.Context) error                     { return gate.ErrUnavailable }
+
+// TestShareOfHugeLimitsSaturates: a limit near the top of its type (an
+// rpm of 2^63-1 meant as "no real limit") divided among replicas is about
+// half of it, not 1: on main the rounding up (v+n-1)/n wrapped negative and
+// the local gate gave each replica 1 request a minute and 1 slot.
+func TestShareOfHugeLimitsSaturates(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b := fallback.New(down{}, fallback.Options{Mode: fallback.Local, Replicas: 2})
+	src := gatetest.Src("s", func(s *gate.Source) {
+		s.Limits.MaxConcurrency, s.Limits.RPM, s.Limits.TPM = math.MaxInt, math.MaxInt64, math.MaxInt64
+	})
+	for i := range 3 {
+		a, err := b.Admit(ctx, gate.AdmitRequest{Scope: "s", PermitID: fmt.Sprint("p", i), Tokens: 1000,
+			Candidates: []gate.Candidate{{Source: src, Ceiling: src.Limits.MaxConcurrency}}})
+		if err != nil || !a.Granted {
+			t.Fatalf("local admission %d with limits of 2^63-1 over 2 replicas: %+v %v, want granted", i, a, err)
+		}
 	}
 }
