@@ -49,3 +49,28 @@ func TestErrorsShowValuesBounded(t *testing.T) {
 		})
 	}
 }
+
+// TestMaxConcurrencyIsBounded: max_concurrency is at most 2^53 (exact in
+// Lua's doubles and in the pacer's float64 ceiling). On main 2^63-1,
+// written to mean "no real limit", was accepted and the pacer's ceiling,
+// float64(2^63-1) converted back to int, wrapped to its floor of 1: the
+// source served one attempt at a time.
+func TestMaxConcurrencyIsBounded(t *testing.T) {
+	for _, tc := range []struct {
+		value string
+		ok    bool
+	}{
+		{"9007199254740992", true}, // 2^53
+		{"9007199254740993", false},
+		{"9223372036854775807", false},
+	} {
+		_, err := config.Parse([]byte("scopes:\n  s:\n    sources: [{name: a, max_concurrency: "+tc.value+"}]\n"), nil)
+		var fe *config.FieldError
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("max_concurrency %s: %v, want accepted", tc.value, err)
+		case !tc.ok && (!errors.As(err, &fe) || fe.Key != "scopes.s.sources.a.max_concurrency"):
+			t.Errorf("max_concurrency %s: %v, want refused naming scopes.s.sources.a.max_concurrency", tc.value, err)
+		}
+	}
+}

@@ -153,7 +153,7 @@ func TestBadValues(t *testing.T) {
 		{"duplicate source", "scopes: {chat: {sources: [{name: a}, {name: a}]}}", "scopes.chat.sources[1].name", "unique"},
 		{"priority", "scopes: {chat: {sources: [{name: a, priority: -1}]}}", "scopes.chat.sources.a.priority", "at least 0"},
 		{"weight", "scopes: {chat: {sources: [{name: a, weight: 0}]}}", "scopes.chat.sources.a.weight", "at least 1"},
-		{"max_concurrency", "scopes: {chat: {sources: [{name: a, max_concurrency: 0}]}}", "scopes.chat.sources.a.max_concurrency", "at least 1"},
+		{"max_concurrency", "scopes: {chat: {sources: [{name: a, max_concurrency: 0}]}}", "scopes.chat.sources.a.max_concurrency", "from 1 to 9007199254740992"},
 		{"rpm", "scopes: {chat: {sources: [{name: a, rpm: -5}]}}", "scopes.chat.sources.a.rpm", "at least 0"},
 		{"tpm", "scopes: {chat: {sources: [{name: a, tpm: -5}]}}", "scopes.chat.sources.a.tpm", "at least 0"},
 		{"timeout", "scopes: {chat: {sources: [{name: a, timeout: 0s}]}}", "scopes.chat.sources.a.timeout", "at least 1ms"},

@@ -201,6 +201,11 @@ const (
 	MaxTenants      = 1024
 )
 
+// MaxConcurrency bounds a source's max_concurrency: 2^53, exact in Lua's
+// doubles and in the pacer's float64 ceiling (2^63-1 came back from it as
+// an int of 1).
+const MaxConcurrency = 1 << 53
+
 // MaxName is the longest scope or source name, in bytes; the sidecar refuses
 // longer names in requests before looking them up.
 const MaxName = 63
@@ -604,7 +609,7 @@ func resolveScope(c *checker, name string, f *fileScope) *Scope {
 		seen[src.Name] = true
 		c.atLeast(skey+".priority", int64(src.Priority), 0)
 		c.atLeast(skey+".weight", int64(src.Weight), 1)
-		c.atLeast(skey+".max_concurrency", int64(src.MaxConcurrency), 1)
+		c.between(skey+".max_concurrency", int64(src.MaxConcurrency), 1, MaxConcurrency)
 		c.atLeast(skey+".rpm", src.RPM, 0)
 		c.atLeast(skey+".tpm", src.TPM, 0)
 		c.duration(skey+".timeout", src.Timeout, time.Millisecond)
