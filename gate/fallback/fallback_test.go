@@ -678,3 +678,38 @@ func TestShareOfHugeLimitsSaturates(t *testing.T) {
 		}
 	}
 }
+
+// TestLocalKeepsAnOpenOfAnEarlierOutage: Redis flaps while the upstream is
+// down. The local gate of one outage opens the breaker; Redis comes back
+// for a moment (and learns nothing of it); the next outage's local gate
+// still refuses the source for the rest of that cooldown, rather than
+// starting CLOSED and failing fail_threshold attempts again.
+func TestLocalKeepsAnOpenOfAnEarlierOutage(t *testing.T) {
+	f := newFixture(t, fallback.Local, 1)
+	src := gatetest.Src("s", func(s *gate.Source) {
+		s.Breaker.FailThreshold = 1
+		s.Breaker.Cooldown, s.Breaker.MaxCooldown = time.Minute, time.Minute
+	})
+	f.degrade(src)
+	a, err := f.admit("l0", src)
+	if err != nil || !a.Granted {
+		t.Fatalf("local admission: %+v %v", a, err)
+	}
+	if st, err := f.b.Settle(f.ctx, gate.SettleRequest{Scope: "fb", Source: src, PermitID: "l0", Epoch: a.Permit.Epoch, Verdict: gate.VerdictFailure, ActualTokens: -1}); err != nil || st.Breaker.State != gate.Open {
+		t.Fatalf("a local failure: %+v %v, want the local breaker OPEN", st, err)
+	}
+	f.srv.Start()
+	f.poll("Redis to be used again", func() bool {
+		f.clock.Advance(time.Second)
+		f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}})
+		return !f.b.Degraded()
+	})
+	f.degrade(src)
+	if a, err := f.admit("l1", src); err != nil || a.Granted || a.Rejections[0].Reason != gate.ReasonCircuitOpen {
+		t.Fatalf("the next outage, within the local cooldown: %+v %v, want circuit_open", a, err)
+	}
+	f.clock.Advance(src.Breaker.Cooldown)
+	if a, err := f.admit("l2", src); err != nil || !a.Granted || !a.Permit.Probe {
+		t.Fatalf("after the cooldown: %+v %v, want the probe", a, err)
+	}
+}

@@ -226,9 +226,11 @@ func (b *Backend) Override(ctx context.Context, req gate.OverrideRequest) (out g
 // Adopt makes each breaker the one recs describe (gate.Record.Breaker), and
 // every other breaker CLOSED without override, at a later epoch than its
 // own (but a probe out keeps its epoch), keeping quotas, lines and
-// progress: fallback's local gate starts
-// each outage of the shared backend from what this replica last saw of its
-// breakers, not from what the local gate itself saw in an earlier outage.
+// progress; an OPEN whose cooldown is still running stays OPEN (unless a
+// record's probe is out), at the later of the two ends. fallback's local
+// gate starts each outage of the shared backend from what this replica
+// last saw of its breakers, and from what an earlier outage's local gate
+// still knows of a failing source, not from its overrides or probes.
 func (b *Backend) Adopt(recs []gate.Record) {
 	by := make(map[string]map[string]gate.Record)
 	for _, r := range recs {
@@ -252,7 +254,7 @@ func (b *Backend) Adopt(recs []gate.Record) {
 		s, now := b.lock(name)
 		for src, st := range s.sources {
 			if _, ok := by[name][src]; !ok && st.Breaker != (gate.Breaker{}) {
-				st.Breaker = gate.Breaker{Epoch: st.Breaker.Epoch + 1}
+				st.Breaker = stillOpen(st.Breaker, gate.Breaker{Epoch: st.Breaker.Epoch + 1}, now)
 			}
 		}
 		for src, r := range by[name] {
@@ -260,10 +262,22 @@ func (b *Backend) Adopt(recs []gate.Record) {
 			nb := r.Breaker(now)
 			if r.Probe == "" { // a probe's outcome is fenced by its own epoch
 				nb.Epoch = max(nb.Epoch, st.Breaker.Epoch+1)
+				nb = stillOpen(st.Breaker, nb, now)
 			}
 			st.Breaker = nb
 		}
 		var none []gate.Event
 		b.unlock(context.Background(), s, &none)
 	}
+}
+
+// stillOpen is nb, OPEN until old's end when old is OPEN with its cooldown
+// still running at now and nb is not OPEN as long.
+func stillOpen(old, nb gate.Breaker, now int64) gate.Breaker {
+	if old.State != gate.Open || now >= old.OpenUntil || (nb.State == gate.Open && nb.OpenUntil >= old.OpenUntil) {
+		return nb
+	}
+	nb.State, nb.OpenedAt, nb.OpenUntil, nb.Cause = gate.Open, old.OpenedAt, old.OpenUntil, old.Cause
+	nb.Reopens = max(nb.Reopens, old.Reopens)
+	return nb
 }
