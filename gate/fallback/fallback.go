@@ -209,10 +209,11 @@ func withCopy[T any](p *T, change func(*T)) *T {
 }
 
 // Recorder is a shared backend that remembers the OPEN breakers and the
-// overrides it saw (redisgate's records of them): at each change to
-// degraded in Local mode, the local backend's breakers become what they
-// say, and every other one CLOSED, so that a source forced open or OPEN in
-// the shared backend stays so while it is away.
+// overrides it saw (redisgate's records of them). At each change to
+// degraded in Local mode the local backend adopts them, with the probes
+// of the shared backend this replica holds (see records and
+// inmem.Backend.Adopt), so that a source forced open, OPEN or being probed
+// in the shared backend stays so while it is away.
 type Recorder interface {
 	Records() []gate.Record
 }
