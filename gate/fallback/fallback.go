@@ -430,53 +430,22 @@ func (b *Backend) room(ctx context.Context, scope string, srcs []*gate.Source) [
 	return out
 }
 
-// less is src with n fewer slots (n permits the shared backend does not
-// know of hold them).
-func less(src *gate.Source, n int) *gate.Source {
-	s := *src
-	s.Limits.MaxConcurrency = max(0, s.Limits.MaxConcurrency-n)
-	return &s
-}
-
-// roomLeft is srcs with the slots of the local backend's permits still out
-// taken from their limits; nil when none is out.
-func (b *Backend) roomLeft(ctx context.Context, scope string, srcs []*gate.Source) []*gate.Source {
-	n := b.room(ctx, scope, srcs)
-	if n == nil {
-		return nil
-	}
-	left := slices.Clone(srcs)
-	for i := range left {
-		if n[i] > 0 {
-			left[i] = less(left[i], n[i])
-		}
-	}
-	return left
-}
-
-// leaveRoom is req with roomLeft's limits on its candidates.
+// leaveRoom is req with the slots of the local backend's permits still out
+// taken from its candidates' limits and ceilings.
 func (b *Backend) leaveRoom(ctx context.Context, req gate.AdmitRequest) gate.AdmitRequest {
+	if b.lent.n.Load() == 0 {
+		return req
+	}
 	srcs := make([]*gate.Source, len(req.Candidates))
 	for i, c := range req.Candidates {
 		srcs[i] = c.Source
 	}
-	left := b.roomLeft(ctx, req.Scope, srcs)
-	if left == nil {
-		return req
-	}
-	req.Candidates = slices.Clone(req.Candidates)
-	for i := range req.Candidates {
-		req.Candidates[i].Source = left[i]
-	}
-	return req
+	return lessAdmit(req, b.room(ctx, req.Scope, srcs))
 }
 
 // leaveRoomPeek is leaveRoom for a Peek, so that its verdicts are Admit's.
 func (b *Backend) leaveRoomPeek(ctx context.Context, req gate.PeekRequest) gate.PeekRequest {
-	if left := b.roomLeft(ctx, req.Scope, req.Sources); left != nil {
-		req.Sources = left
-	}
-	return req
+	return lessPeek(req, b.room(ctx, req.Scope, req.Sources))
 }
 
 // out is the permits the shared backend granted this replica (in Local
@@ -594,10 +563,10 @@ func (o *out) expire(k lentKey, s *outSource, now int64) {
 	o.n.Store(int64(len(o.of)))
 }
 
-// lessOut is c with n fewer slots and n less ceiling (n permits the
-// shared backend granted hold them); a ceiling of 0 makes the source full,
-// so that a Peek (where 0 means no pacer) and an Admit agree.
-func lessOut(c gate.Candidate, n int) gate.Candidate {
+// less is c with n fewer slots and n less ceiling (n permits the other
+// backend granted hold them); a ceiling of 0 makes the source full, so
+// that a Peek (where 0 means no pacer) and an Admit agree.
+func less(c gate.Candidate, n int) gate.Candidate {
 	src := *c.Source
 	src.Limits.MaxConcurrency = max(0, src.Limits.MaxConcurrency-n)
 	c.Ceiling = max(0, c.Ceiling-n)
@@ -608,53 +577,72 @@ func lessOut(c gate.Candidate, n int) gate.Candidate {
 	return c
 }
 
+// lessAdmit is req with less(c, n[i]) for each candidate i (req when n is nil).
+func lessAdmit(req gate.AdmitRequest, n []int) gate.AdmitRequest {
+	if n == nil {
+		return req
+	}
+	req.Candidates = slices.Clone(req.Candidates)
+	for i, c := range req.Candidates {
+		if n[i] > 0 {
+			req.Candidates[i] = less(c, n[i])
+		}
+	}
+	return req
+}
+
+// lessPeek is lessAdmit for a Peek, so that its verdicts are Admit's.
+func lessPeek(req gate.PeekRequest, n []int) gate.PeekRequest {
+	if n == nil {
+		return req
+	}
+	srcs, ceilings := slices.Clone(req.Sources), make([]int, len(req.Sources))
+	for i := range req.Sources {
+		c := req.Candidate(i)
+		if n[i] > 0 {
+			c = less(c, n[i])
+		}
+		srcs[i], ceilings[i] = c.Source, c.Ceiling
+	}
+	req.Sources, req.Ceilings = srcs, ceilings
+	return req
+}
+
+// outOf is the shared backend's permits still out of each of srcs (nil
+// when none is).
+func (b *Backend) outOf(scope string, srcs []*gate.Source) []int {
+	if b.out.n.Load() == 0 {
+		return nil
+	}
+	now := b.o.Now().UnixNano()
+	var n []int
+	for i, src := range srcs {
+		if k := b.out.count(scope, src.Name, now); k > 0 {
+			if n == nil {
+				n = make([]int, len(srcs))
+			}
+			n[i] = k
+		}
+	}
+	return n
+}
+
 // leaveOut is req (already the local share) with room left for the shared
 // backend's permits still out.
 func (b *Backend) leaveOut(req gate.AdmitRequest) gate.AdmitRequest {
 	if b.out.n.Load() == 0 {
 		return req
 	}
-	now := b.o.Now().UnixNano()
-	var cands []gate.Candidate
+	srcs := make([]*gate.Source, len(req.Candidates))
 	for i, c := range req.Candidates {
-		if n := b.out.count(req.Scope, c.Source.Name, now); n > 0 {
-			if cands == nil {
-				cands = slices.Clone(req.Candidates)
-			}
-			cands[i] = lessOut(c, n)
-		}
+		srcs[i] = c.Source
 	}
-	if cands != nil {
-		req.Candidates = cands
-	}
-	return req
+	return lessAdmit(req, b.outOf(req.Scope, srcs))
 }
 
 // leaveOutPeek is leaveOut for a Peek, so that its verdicts are Admit's.
 func (b *Backend) leaveOutPeek(req gate.PeekRequest) gate.PeekRequest {
-	if b.out.n.Load() == 0 {
-		return req
-	}
-	now := b.o.Now().UnixNano()
-	var srcs []*gate.Source
-	var ceilings []int
-	for i, src := range req.Sources {
-		if n := b.out.count(req.Scope, src.Name, now); n > 0 {
-			if srcs == nil {
-				srcs = slices.Clone(req.Sources)
-				ceilings = make([]int, len(req.Sources))
-				for j := range req.Sources {
-					ceilings[j] = req.Candidate(j).Ceiling
-				}
-			}
-			c := lessOut(req.Candidate(i), n)
-			srcs[i], ceilings[i] = c.Source, c.Ceiling
-		}
-	}
-	if srcs != nil {
-		req.Sources, req.Ceilings = srcs, ceilings
-	}
-	return req
+	return lessPeek(req, b.outOf(req.Scope, req.Sources))
 }
 
 // records is what the local backend starts an outage from: the shared

@@ -713,3 +713,41 @@ func TestLocalKeepsAnOpenOfAnEarlierOutage(t *testing.T) {
 		t.Fatalf("after the cooldown: %+v %v, want the probe", a, err)
 	}
 }
+
+// TestHandBackKeepsThePacerCeiling: a replica's pacer ceiling bounds the
+// holders of a source, and after the hand-back the local permits still out
+// are holders Redis does not know of: with one out and a ceiling of 2 of 4,
+// Redis grants one more, not two (on main the local permits were taken from
+// max_concurrency only, and Redis granted up to the ceiling on top of them).
+func TestHandBackKeepsThePacerCeiling(t *testing.T) {
+	f := newFixture(t, fallback.Local, 1)
+	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 4; s.Limits.Lease = 10 * time.Second })
+	paced := func(id string) gate.Admission {
+		t.Helper()
+		a, err := f.b.Admit(f.ctx, gate.AdmitRequest{Scope: "fb", PermitID: id, Candidates: []gate.Candidate{{Source: src, Ceiling: 2}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	f.degrade(src)
+	if a := paced("l0"); !a.Granted {
+		t.Fatalf("local admission: %+v", a)
+	}
+	f.srv.Start()
+	f.poll("Redis to be used again", func() bool {
+		f.clock.Advance(time.Second)
+		f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}})
+		return !f.b.Degraded()
+	})
+	if a := paced("r1"); !a.Granted {
+		t.Fatalf("Redis admission with one local permit out under ceiling 2: %+v, want granted", a)
+	}
+	if a := paced("r2"); a.Granted || a.Rejections[0].Reason != gate.ReasonAdaptivePaced && a.Rejections[0].Reason != gate.ReasonRateLimited {
+		t.Fatalf("a third holder under ceiling 2: %+v, want refused", a)
+	}
+	v, err := f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}, Ceilings: []int{2}})
+	if err != nil || v.Sources[0].Verdict.Reason == gate.ReasonNone {
+		t.Fatalf("Peek under ceiling 2 with two holders: %+v %v, want refused as Admit does", v, err)
+	}
+}
