@@ -751,3 +751,40 @@ func TestHandBackKeepsThePacerCeiling(t *testing.T) {
 		t.Fatalf("Peek under ceiling 2 with two holders: %+v %v, want refused as Admit does", v, err)
 	}
 }
+
+// TestLocalKeepsItsProbeAcrossAFlap: the local gate of one outage hands
+// its probe out; Redis comes back for a moment and goes again. The next
+// outage's local gate keeps that probe out (others are refused
+// probe_in_flight) and its outcome still decides the breaker, rather than
+// starting CLOSED and admitting everyone to a source being tested.
+func TestLocalKeepsItsProbeAcrossAFlap(t *testing.T) {
+	f := newFixture(t, fallback.Local, 1)
+	src := gatetest.Src("s", func(s *gate.Source) { s.Breaker.FailThreshold = 1 })
+	f.degrade(src)
+	a, err := f.admit("l0", src)
+	if err != nil || !a.Granted {
+		t.Fatalf("local admission: %+v %v", a, err)
+	}
+	if st, err := f.b.Settle(f.ctx, gate.SettleRequest{Scope: "fb", Source: src, PermitID: "l0", Epoch: a.Permit.Epoch, Verdict: gate.VerdictFailure, ActualTokens: -1}); err != nil || st.Breaker.State != gate.Open {
+		t.Fatalf("a local failure: %+v %v, want OPEN", st, err)
+	}
+	f.clock.Advance(src.Breaker.Cooldown)
+	probe, err := f.admit("l1", src)
+	if err != nil || !probe.Granted || !probe.Permit.Probe {
+		t.Fatalf("local admission after the cooldown: %+v %v, want the probe", probe, err)
+	}
+	f.srv.Start()
+	f.poll("Redis to be used again", func() bool {
+		f.clock.Advance(100 * time.Millisecond)
+		f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}})
+		return !f.b.Degraded()
+	})
+	f.degrade(src)
+	if a, err := f.admit("l2", src); err != nil || a.Granted || a.Rejections[0].Reason != gate.ReasonProbeInFlight {
+		t.Fatalf("the next outage with the local probe out: %+v %v, want probe_in_flight", a, err)
+	}
+	p := probe.Permit
+	if st, err := f.b.Settle(f.ctx, gate.SettleRequest{Scope: "fb", Source: src, PermitID: p.ID, Epoch: p.Epoch, Probe: true, Verdict: gate.VerdictSuccess, ActualTokens: -1}); err != nil || st.Effect != gate.EffectApplied || st.Breaker.State != gate.Closed {
+		t.Fatalf("the probe's success: %+v %v, want applied, CLOSED", st, err)
+	}
+}

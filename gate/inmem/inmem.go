@@ -272,12 +272,17 @@ func (b *Backend) Adopt(recs []gate.Record) {
 }
 
 // stillOpen is nb, OPEN until old's end when old is OPEN with its cooldown
-// still running at now and nb is not OPEN as long.
+// still running at now and nb is not OPEN as long, or HALF_OPEN with old's
+// probe (at old's epoch, which fences its outcome) when that is still out
+// and nb is not OPEN.
 func stillOpen(old, nb gate.Breaker, now int64) gate.Breaker {
-	if old.State != gate.Open || now >= old.OpenUntil || (nb.State == gate.Open && nb.OpenUntil >= old.OpenUntil) {
-		return nb
+	switch {
+	case old.State == gate.Open && now < old.OpenUntil && (nb.State != gate.Open || nb.OpenUntil < old.OpenUntil):
+		nb.State, nb.OpenedAt, nb.OpenUntil, nb.Cause = gate.Open, old.OpenedAt, old.OpenUntil, old.Cause
+		nb.Reopens = max(nb.Reopens, old.Reopens)
+	case old.State == gate.HalfOpen && old.Probe != "" && now < old.ProbeUntil && nb.State != gate.Open:
+		nb.State, nb.Probe, nb.ProbeUntil, nb.Epoch = gate.HalfOpen, old.Probe, old.ProbeUntil, old.Epoch
+		nb.Reopens, nb.OpenedAt, nb.OpenUntil = max(nb.Reopens, old.Reopens), old.OpenedAt, old.OpenUntil
 	}
-	nb.State, nb.OpenedAt, nb.OpenUntil, nb.Cause = gate.Open, old.OpenedAt, old.OpenUntil, old.Cause
-	nb.Reopens = max(nb.Reopens, old.Reopens)
 	return nb
 }
