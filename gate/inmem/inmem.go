@@ -226,11 +226,11 @@ func (b *Backend) Override(ctx context.Context, req gate.OverrideRequest) (out g
 // Adopt makes each breaker the one recs describe (gate.Record.Breaker), and
 // every other breaker CLOSED without override, at a later epoch than its
 // own (but a probe out keeps its epoch), keeping quotas, lines and
-// progress; an OPEN whose cooldown is still running stays OPEN (unless a
-// record's probe is out), at the later of the two ends. fallback's local
-// gate starts each outage of the shared backend from what this replica
-// last saw of its breakers, and from what an earlier outage's local gate
-// still knows of a failing source, not from its overrides or probes.
+// progress; an OPEN whose cooldown is still running and a probe still out
+// stay (see stillOpen). fallback's local gate starts each outage of the
+// shared backend from what this replica last saw of its breakers, and from
+// what an earlier outage's local gate still knows of a failing source, not
+// from its overrides.
 func (b *Backend) Adopt(recs []gate.Record) {
 	by := make(map[string]map[string]gate.Record)
 	for _, r := range recs {
