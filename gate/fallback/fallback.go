@@ -488,9 +488,8 @@ func (o *out) add(req gate.AdmitRequest, p gate.Permit, now time.Time) {
 		o.by[k] = s
 	}
 	if len(s.ends) >= s.prune {
-		o.expire(k, s, now.UnixNano())
+		o.expire(s, now.UnixNano())
 		s.prune = max(16, 2*len(s.ends))
-		o.by[k] = s // expire may have dropped it when empty
 	}
 	s.ends[id] = end
 	o.of[id] = k
@@ -516,13 +515,10 @@ func (o *out) remove(scope, source, id string) bool {
 		return false
 	}
 	delete(o.of, id)
-	if s := o.by[k]; s != nil {
+	if s := o.by[k]; s != nil { // kept when empty: the next grant reuses it
 		delete(s.ends, id)
 		if s.probe == id {
 			s.probe = ""
-		}
-		if len(s.ends) == 0 {
-			delete(o.by, k)
 		}
 	}
 	o.n.Store(int64(len(o.of)))
@@ -541,13 +537,13 @@ func (o *out) count(scope, source string, now int64) int {
 	if s == nil {
 		return 0
 	}
-	o.expire(k, s, now)
+	o.expire(s, now)
 	return len(s.ends)
 }
 
 // expire forgets the permits of s whose leases ended by now. The caller
 // holds o.mu.
-func (o *out) expire(k lentKey, s *outSource, now int64) {
+func (o *out) expire(s *outSource, now int64) {
 	for id, end := range s.ends {
 		if end <= now {
 			delete(s.ends, id)
@@ -556,9 +552,6 @@ func (o *out) expire(k lentKey, s *outSource, now int64) {
 	}
 	if _, ok := s.ends[s.probe]; !ok || s.probeEnd <= now {
 		s.probe = ""
-	}
-	if len(s.ends) == 0 {
-		delete(o.by, k)
 	}
 	o.n.Store(int64(len(o.of)))
 }
