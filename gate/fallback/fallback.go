@@ -120,23 +120,56 @@ func (b *Backend) Check(ctx context.Context) error {
 	return err
 }
 
-// Admit implements gate.Backend.
+// Admit implements gate.Backend. A permit granted by one side while the
+// mode changed (a decision in flight at the switch) may not have been
+// counted by the other side's decisions since: it is given back where it
+// was granted and the Admit is asked again, once, so that the switch
+// never makes more holders than the limits (see lent and out).
 func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admission, error) {
-	return call(b, ctx,
-		func() (gate.Admission, error) {
-			a, err := b.shared.Admit(ctx, b.leaveRoom(ctx, req))
-			if err == nil && a.Granted && b.o.Mode == Local {
-				b.out.add(req, a.Permit, b.o.Now())
-			}
+	for try := 0; ; try++ {
+		var racedShared, racedLocal bool
+		a, err := call(b, ctx,
+			func() (gate.Admission, error) {
+				seen := b.changes.Load()
+				a, err := b.shared.Admit(ctx, b.leaveRoom(ctx, req))
+				if err == nil && a.Granted && b.o.Mode == Local {
+					b.out.add(req, a.Permit, b.o.Now())
+					racedShared = b.changes.Load() != seen
+				}
+				return a, err
+			},
+			func() (gate.Admission, error) {
+				seen := b.changes.Load()
+				a, err := b.local.Admit(ctx, b.leaveOut(b.share(b.localAdmit(req))))
+				if err == nil && a.Granted {
+					b.lent.add(req.Scope, a.Permit.Source)
+					racedLocal = b.changes.Load() != seen
+				}
+				return a, err
+			})
+		if try > 0 || !(racedShared || racedLocal) {
 			return a, err
-		},
-		func() (gate.Admission, error) {
-			a, err := b.local.Admit(ctx, b.leaveOut(b.share(b.localAdmit(req))))
-			if err == nil && a.Granted {
-				b.lent.add(req.Scope, a.Permit.Source)
-			}
-			return a, err
-		})
+		}
+		give := gate.SettleRequest{Scope: req.Scope, Source: grantedSource(req, a.Permit), PermitID: a.Permit.ID,
+			Epoch: a.Permit.Epoch, Probe: a.Permit.Probe, Verdict: gate.VerdictNone, ActualTokens: 0}
+		// The same permit id again: the one given back no longer holds a
+		// slot where it was granted, and the other side never had it.
+		if racedLocal {
+			_, _ = b.local.Settle(ctx, b.localSettle(give))
+		} else {
+			_, _ = b.Settle(ctx, give) // to Redis, or deferred for it
+		}
+	}
+}
+
+// grantedSource is the candidate of req that p is of.
+func grantedSource(req gate.AdmitRequest, p gate.Permit) *gate.Source {
+	for _, c := range req.Candidates {
+		if c.Source.Name == p.Source {
+			return c.Source
+		}
+	}
+	return &gate.Source{Name: p.Source}
 }
 
 // Settle implements gate.Backend. A settle served locally may be of a
@@ -306,8 +339,10 @@ func (b *Backend) set(degraded bool, cause error) {
 			b.local.Adopt(b.records())
 		}
 	}
-	b.degraded.Store(degraded)
+	// changes before degraded: a decision that sees the new mode is one
+	// that Admit's check of changes may have raced with (see Admit).
 	b.changes.Add(1)
+	b.degraded.Store(degraded)
 	if b.o.OnChange != nil {
 		b.o.OnChange(degraded, cause)
 	}
