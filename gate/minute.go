@@ -1,5 +1,10 @@
 package gate
 
+import (
+	"cmp"
+	"slices"
+)
+
 // Charge is one admission counted in a quota's sliding minute: when it was
 // admitted (Unix ms) and the tokens it is charged.
 type Charge struct {
@@ -29,5 +34,37 @@ func (q *Quota) RestoreMinute(charges []Charge, now int64) {
 		}
 		q.log = append(q.log, logEntry{at: c.At, tokens: c.Tokens})
 		q.tokens += c.Tokens
+	}
+}
+
+// AddMinute counts charges (admissions made elsewhere: a shared backend's,
+// for a local gate that takes over) in the minute along with the quota's
+// own, in time order: they use RPM and TPM until they leave the minute, and
+// hold no slot. Charges already out of the minute at now are skipped.
+func (q *Quota) AddMinute(charges []Charge, now int64) {
+	q.expire(now)
+	charges = slices.SortedStableFunc(slices.Values(charges), func(a, b Charge) int { return cmp.Compare(a.At, b.At) })
+	live := q.log[q.head:]
+	merged := make([]logEntry, 0, len(live)+len(charges))
+	i := 0
+	for _, c := range charges {
+		if c.At+Minute <= now {
+			continue
+		}
+		for i < len(live) && live[i].at <= c.At {
+			merged = append(merged, live[i])
+			i++
+		}
+		t := addTokens(0, c.Tokens)
+		merged = append(merged, logEntry{at: c.At, tokens: t})
+		q.tokens = addTokens(q.tokens, t)
+	}
+	merged = append(merged, live[i:]...)
+	q.base += int64(q.head)
+	q.log, q.head = merged, 0
+	for pos, e := range q.log {
+		if e.permit != "" {
+			q.index[e.permit] = q.base + int64(pos)
+		}
 	}
 }

@@ -26,6 +26,10 @@ type Record struct {
 	// with it out, whatever Open says, so that its outcome is not stale.
 	Probe     string
 	ProbeLeft time.Duration
+	// Minute is the admissions the shared backend made for this replica
+	// over the last minute, At on the clock of the backend that takes the
+	// record: they count in its RPM and TPM until they leave the minute.
+	Minute []Charge
 }
 
 // Breaker is the breaker r describes at now (ms): HALF_OPEN with its probe

@@ -505,7 +505,14 @@ type outSource struct {
 	// prune is the size at which ends is next rid of its ended leases, so
 	// that permits whose holders never report cost amortized O(1) each.
 	prune int
+	// minute is the admissions of the last minute (local clock, ms), of a
+	// source with an RPM or TPM, for the local backend to count at the
+	// switch; at most maxMinute, the oldest dropped first.
+	minute []gate.Charge
 }
+
+// maxMinute bounds the admissions of one source kept for the switch.
+const maxMinute = 1 << 16
 
 // add keeps p, which the shared backend granted for req at now.
 func (o *out) add(req gate.AdmitRequest, p gate.Permit, now time.Time) {
@@ -528,12 +535,17 @@ func (o *out) add(req gate.AdmitRequest, p gate.Permit, now time.Time) {
 	}
 	s.ends[id] = end
 	o.of[id] = k
+	src := grantedSource(req, p)
 	if p.Probe {
-		for _, c := range req.Candidates {
-			if c.Source.Name == source {
-				s.probe, s.epoch, s.probeEnd = id, p.Epoch, now.Add(c.Source.Breaker.ProbeTTL).UnixNano()
-			}
+		s.probe, s.epoch, s.probeEnd = id, p.Epoch, now.Add(src.Breaker.ProbeTTL).UnixNano()
+	}
+	if src.Limits.RPM > 0 || src.Limits.TPM > 0 {
+		ms := now.UnixMilli()
+		i := 0
+		for i < len(s.minute) && (s.minute[i].At+gate.Minute <= ms || len(s.minute)-i >= maxMinute) {
+			i++
 		}
+		s.minute = append(s.minute[i:], gate.Charge{At: ms, Tokens: p.Tokens})
 	}
 	o.n.Store(int64(len(o.of)))
 }
@@ -674,9 +686,10 @@ func (b *Backend) leaveOutPeek(req gate.PeekRequest) gate.PeekRequest {
 }
 
 // records is what the local backend starts an outage from: the shared
-// backend's records (a Recorder's), and the HALF_OPEN probes the shared
+// backend's records (a Recorder's), the HALF_OPEN probes the shared
 // backend granted this replica that are still out, so that their outcomes
-// decide the local breakers.
+// decide the local breakers, and the admissions it made for this replica
+// over the last minute, so that RPM and TPM hold across the switch.
 func (b *Backend) records() []gate.Record {
 	var recs []gate.Record
 	if r, ok := b.shared.(Recorder); ok {
@@ -686,7 +699,8 @@ func (b *Backend) records() []gate.Record {
 	b.out.mu.Lock()
 	defer b.out.mu.Unlock()
 	for k, s := range b.out.by {
-		if s.probe == "" || s.probeEnd <= now {
+		probe := s.probe != "" && s.probeEnd > now
+		if !probe && len(s.minute) == 0 {
 			continue
 		}
 		i := slices.IndexFunc(recs, func(r gate.Record) bool { return r.Scope == k.scope && r.Source == k.source })
@@ -694,7 +708,11 @@ func (b *Backend) records() []gate.Record {
 			recs = append(recs, gate.Record{Scope: k.scope, Source: k.source})
 			i = len(recs) - 1
 		}
-		recs[i].Probe, recs[i].Epoch, recs[i].ProbeLeft = s.probe, s.epoch, time.Duration(s.probeEnd-now)
+		if probe {
+			recs[i].Probe, recs[i].Epoch, recs[i].ProbeLeft = s.probe, s.epoch, time.Duration(s.probeEnd-now)
+		}
+		// Handed over: the next switch counts only what Redis admits since.
+		recs[i].Minute, s.minute = s.minute, nil
 	}
 	return recs
 }

@@ -788,3 +788,47 @@ func TestLocalKeepsItsProbeAcrossAFlap(t *testing.T) {
 		t.Fatalf("the probe's success: %+v %v, want applied, CLOSED", st, err)
 	}
 }
+
+// TestLocalCountsTheMinuteOnRedis: the requests and tokens Redis admitted
+// for this replica in the last minute count in the local gate's minute at
+// the switch, so that a source's rpm and tpm hold across it: with rpm 4,
+// 3 admitted on Redis leave 1 to the local gate, until they leave the
+// minute. On main the local minute started empty: 4 more at once.
+func TestLocalCountsTheMinuteOnRedis(t *testing.T) {
+	f := newFixture(t, fallback.Local, 1)
+	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.RPM, s.Limits.TPM = 4, 1000 })
+	admit := func(id string, tokens int64) gate.Admission {
+		t.Helper()
+		a, err := f.b.Admit(f.ctx, gate.AdmitRequest{Scope: "fb", PermitID: id, Tokens: tokens, Candidates: []gate.Candidate{{Source: src, Ceiling: src.Limits.MaxConcurrency}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Granted {
+			if _, err := f.b.Settle(f.ctx, gate.SettleRequest{Scope: "fb", Source: src, PermitID: id, Epoch: a.Permit.Epoch, Verdict: gate.VerdictSuccess, ActualTokens: -1}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return a
+	}
+	for i := range 3 {
+		if a := admit(fmt.Sprint("r", i), 100); !a.Granted {
+			t.Fatalf("Redis admission %d: %+v", i, a)
+		}
+	}
+	f.clock.Advance(10 * time.Second)
+	f.degrade(src)
+	if a := admit("l0", 100); !a.Granted {
+		t.Fatalf("the fourth request of the minute, local: %+v, want granted", a)
+	}
+	a := admit("l1", 100)
+	if a.Granted || a.Rejections[0].Reason != gate.ReasonRateLimited {
+		t.Fatalf("the fifth request of the minute (rpm 4), local: %+v, want rate_limited", a)
+	}
+	if left := a.Rejections[0].RetryAfter; left != 50*time.Second {
+		t.Fatalf("retry_after %v, want 50s: when the first Redis admission leaves the minute", left)
+	}
+	f.clock.Advance(50 * time.Second)
+	if a := admit("l2", 100); !a.Granted {
+		t.Fatalf("after the Redis admissions left the minute: %+v, want granted", a)
+	}
+}

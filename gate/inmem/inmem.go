@@ -230,7 +230,7 @@ func (b *Backend) Override(ctx context.Context, req gate.OverrideRequest) (out g
 // stay (see stillOpen). fallback's local gate starts each outage of the
 // shared backend from what this replica last saw of its breakers, and from
 // what an earlier outage's local gate still knows of a failing source, not
-// from its overrides.
+// from its overrides. A record's Minute counts in its source's RPM and TPM.
 func (b *Backend) Adopt(recs []gate.Record) {
 	by := make(map[string]map[string]gate.Record)
 	for _, r := range recs {
@@ -265,6 +265,9 @@ func (b *Backend) Adopt(recs []gate.Record) {
 				nb = stillOpen(st.Breaker, nb, now)
 			}
 			st.Breaker = nb
+			if len(r.Minute) > 0 {
+				st.Quota.AddMinute(r.Minute, now)
+			}
 		}
 		var none []gate.Event
 		b.unlock(context.Background(), s, &none)
