@@ -3,6 +3,7 @@ package fallback
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -497,6 +498,9 @@ type out struct {
 
 type outSource struct {
 	ends map[string]int64 // permit → end of its lease (UnixNano)
+	// soonest is at most the earliest of ends: expire looks through them
+	// only once it has passed (as gate.Quota does).
+	soonest int64
 	// probe is the permit of ends that holds the breaker's HALF_OPEN
 	// probe ("" none), of epoch, until probeEnd (UnixNano).
 	probe    string
@@ -532,6 +536,9 @@ func (o *out) add(req gate.AdmitRequest, p gate.Permit, now time.Time) {
 	if len(s.ends) >= s.prune {
 		o.expire(s, now.UnixNano())
 		s.prune = max(16, 2*len(s.ends))
+	}
+	if len(s.ends) == 0 || end < s.soonest {
+		s.soonest = end
 	}
 	s.ends[id] = end
 	o.of[id] = k
@@ -591,10 +598,15 @@ func (o *out) count(scope, source string, now int64) int {
 // expire forgets the permits of s whose leases ended by now. The caller
 // holds o.mu.
 func (o *out) expire(s *outSource, now int64) {
-	for id, end := range s.ends {
-		if end <= now {
-			delete(s.ends, id)
-			delete(o.of, id)
+	if len(s.ends) > 0 && now >= s.soonest {
+		s.soonest = math.MaxInt64
+		for id, end := range s.ends {
+			if end <= now {
+				delete(s.ends, id)
+				delete(o.of, id)
+			} else {
+				s.soonest = min(s.soonest, end)
+			}
 		}
 	}
 	if _, ok := s.ends[s.probe]; !ok || s.probeEnd <= now {
