@@ -2,6 +2,8 @@ package config_test
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -72,5 +74,29 @@ func TestMaxConcurrencyIsBounded(t *testing.T) {
 		case !tc.ok && (!errors.As(err, &fe) || fe.Key != "scopes.s.sources.a.max_concurrency"):
 			t.Errorf("max_concurrency %s: %v, want refused naming scopes.s.sources.a.max_concurrency", tc.value, err)
 		}
+	}
+}
+
+// TestConfigFileIsBounded: the configuration file is read up to
+// config.MaxFileBytes (a Kubernetes ConfigMap holds at most 1 MiB); a
+// larger one (--config pointed at a log by mistake) is refused with its
+// path, not read whole into memory at every reload.
+func TestConfigFileIsBounded(t *testing.T) {
+	dir := t.TempDir()
+	ok := filepath.Join(dir, "ok.yaml")
+	body := "scopes:\n  s:\n    sources: [{name: a}]\n"
+	if err := os.WriteFile(ok, []byte(body+strings.Repeat("#", config.MaxFileBytes-len(body)-1)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := config.Load(config.Options{File: ok}, nil); err != nil {
+		t.Fatalf("a file of config.MaxFileBytes: %v", err)
+	}
+	big := filepath.Join(dir, "big.yaml")
+	if err := os.WriteFile(big, []byte(body+strings.Repeat("#", config.MaxFileBytes-len(body))+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := config.Load(config.Options{File: big}, nil)
+	if err == nil || !strings.Contains(err.Error(), big) || !strings.Contains(err.Error(), "bytes") {
+		t.Fatalf("a file one byte over config.MaxFileBytes: %v, want refused naming it and the limit", err)
 	}
 }

@@ -13,7 +13,6 @@ import (
 	"github.com/go-viper/mapstructure/v2"
 	"github.com/knadh/koanf/parsers/yaml"
 	"github.com/knadh/koanf/providers/env/v2"
-	"github.com/knadh/koanf/providers/file"
 	"github.com/knadh/koanf/providers/rawbytes"
 	"github.com/knadh/koanf/v2"
 )
@@ -80,6 +79,10 @@ func lookup(environ []string, name string) string {
 	return ""
 }
 
+// MaxFileBytes bounds the configuration file (a Kubernetes ConfigMap holds
+// at most 1 MiB): a larger one is refused, not read whole at every reload.
+const MaxFileBytes = 4 << 20
+
 // Load builds the configuration from, in increasing precedence, the YAML file
 // (or the embedded demo), POLYGATE_ environment variables (__ between levels;
 // a source is addressed by its name: POLYGATE_SCOPES__CHAT__SOURCES__PRIMARY__RPM)
@@ -90,7 +93,10 @@ func Load(o Options, environ []string) (*Config, error) {
 	if o.File == "" {
 		err = k.Load(rawbytes.Provider(demo), yaml.Parser())
 	} else {
-		err = k.Load(file.Provider(o.File), yaml.Parser())
+		var data []byte
+		if data, err = readBounded(o.File, MaxFileBytes); err == nil {
+			err = k.Load(rawbytes.Provider(data), yaml.Parser())
+		}
 	}
 	if err != nil {
 		name := o.File
