@@ -3,12 +3,15 @@ package sidecar
 import (
 	"bytes"
 	"context"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+
+	"github.com/polygate/polygate/config"
 )
 
 // reloadDebounce is how long the configuration file must stay quiet after a
@@ -35,7 +38,7 @@ func watchConfig(ctx context.Context, log *slog.Logger, file string, changed cha
 		log.Warn("configuration file watch off; SIGHUP still reloads", "config", file, "dir", dir, "err", err)
 		return
 	}
-	last, _ := os.ReadFile(file)
+	last, _ := readConfig(file)
 	quiet := time.NewTimer(0)
 	<-quiet.C
 	for {
@@ -58,7 +61,7 @@ func watchConfig(ctx context.Context, log *slog.Logger, file string, changed cha
 			}
 			quiet.Reset(reloadDebounce)
 		case <-quiet.C:
-			now, err := os.ReadFile(file)
+			now, err := readConfig(file)
 			if err != nil || bytes.Equal(now, last) {
 				// Gone for a moment (renamed over) or unchanged: a later
 				// event brings the new content.
@@ -71,4 +74,16 @@ func watchConfig(ctx context.Context, log *slog.Logger, file string, changed cha
 			}
 		}
 	}
+}
+
+// readConfig is the file's content, at most config.MaxFileBytes + 1 bytes:
+// enough to tell a change, and a larger file is refused by the reload it
+// brings, not read whole at every change.
+func readConfig(file string) ([]byte, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, config.MaxFileBytes+1))
 }
