@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -98,5 +99,32 @@ func TestConfigFileIsBounded(t *testing.T) {
 	_, err := config.Load(config.Options{File: big}, nil)
 	if err == nil || !strings.Contains(err.Error(), big) || !strings.Contains(err.Error(), "bytes") {
 		t.Fatalf("a file one byte over config.MaxFileBytes: %v, want refused naming it and the limit", err)
+	}
+}
+
+// TestManyErrorsAreCounted: a file with thousands of problems reports the
+// first config.MaxErrors of them and how many more there are, not a log
+// line of megabytes.
+func TestManyErrorsAreCounted(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("scopes:\n  s:\n    sources:\n")
+	const n = 5000
+	for i := range n {
+		fmt.Fprintf(&b, "      - {name: s%d, weight: 0}\n", i)
+	}
+	_, err := config.Parse([]byte(b.String()), nil)
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	msg := err.Error()
+	if got := strings.Count(msg, ".weight:"); got != config.MaxErrors {
+		t.Errorf("%d problems shown, want config.MaxErrors = %d", got, config.MaxErrors)
+	}
+	if want := fmt.Sprintf("and %d more", n-config.MaxErrors); !strings.Contains(msg, want) {
+		t.Errorf("error does not say %q: …%s", want, msg[max(0, len(msg)-200):])
+	}
+	var fe *config.FieldError
+	if !errors.As(err, &fe) {
+		t.Error("the shown problems are no longer FieldErrors")
 	}
 }

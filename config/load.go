@@ -2,7 +2,6 @@ package config
 
 import (
 	_ "embed"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -145,7 +144,7 @@ func load(k *koanf.Koanf, flags map[string]string, environ []string) (*Config, e
 		}
 	}
 	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
+		return nil, joinAtMost(errs)
 	}
 
 	var f fileConfig

@@ -223,6 +223,20 @@ var nameAllowed = fmt.Sprintf("a name is 1 to %d lowercase letters, digits, '_' 
 // ValidName reports whether name is a valid scope, source or tenant name.
 func ValidName(name string) bool { return nameRE.MatchString(name) }
 
+// MaxErrors bounds the problems one error reports; the rest are counted.
+const MaxErrors = 50
+
+// joinAtMost joins the first MaxErrors of errs and says how many more there
+// are, so that a file of thousands of problems is not a log line of
+// megabytes.
+func joinAtMost(errs []error) error {
+	if len(errs) <= MaxErrors {
+		return errors.Join(errs...)
+	}
+	shown := append(errs[:MaxErrors:MaxErrors], fmt.Errorf("and %d more problems", len(errs)-MaxErrors))
+	return errors.Join(shown...)
+}
+
 // checker collects every problem of a configuration, so that one start
 // reports all of them.
 type checker struct{ errs []error }
@@ -518,7 +532,7 @@ func resolve(f *fileConfig) (*Config, error) {
 			"must be longer than the longest permit lease (%s: timeout + lease_grace = %v), or a call would be forgotten during its own attempt", longestKey, longest))
 	}
 	if len(c.errs) > 0 {
-		return nil, errors.Join(c.errs...)
+		return nil, joinAtMost(c.errs)
 	}
 	return cfg, nil
 }
