@@ -128,3 +128,23 @@ func TestManyErrorsAreCounted(t *testing.T) {
 		t.Error("the shown problems are no longer FieldErrors")
 	}
 }
+
+// TestManyDecodeErrorsAreCounted: the decoder's message (unknown keys,
+// wrong types) is cut to config.MaxErrors lines too.
+func TestManyDecodeErrorsAreCounted(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("scopes:\n  s:\n    sources:\n")
+	for i := range 2000 {
+		fmt.Fprintf(&b, "      - {name: s%d, weight: many}\n", i)
+	}
+	_, err := config.Parse([]byte(b.String()), nil)
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	if lines := strings.Count(err.Error(), "\n"); lines > config.MaxErrors+1 {
+		t.Errorf("an error of %d lines, want at most config.MaxErrors + 1 = %d", lines, config.MaxErrors+1)
+	}
+	if !strings.Contains(err.Error(), "weight") || !strings.Contains(err.Error(), "more lines") {
+		t.Errorf("error %.300s…, want the key named and the rest counted", err)
+	}
+}

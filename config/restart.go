@@ -123,11 +123,14 @@ func cut(s string, n int) string {
 	return s[:n] + fmt.Sprintf("… (%d bytes)", l)
 }
 
-// cutLines is err with each line of its message cut to maxLine bytes; it
-// still wraps err.
+// cutLines is err with each line of its message cut to maxLine bytes, and
+// at most MaxErrors lines (the rest counted); it still wraps err.
 func cutLines(err error) error {
 	lines := strings.Split(err.Error(), "\n")
 	changed := false
+	if len(lines) > MaxErrors {
+		lines, changed = append(lines[:MaxErrors:MaxErrors], fmt.Sprintf("and %d more lines", len(lines)-MaxErrors)), true
+	}
 	for i, l := range lines {
 		if len(l) > maxLine {
 			lines[i], changed = cut(l, maxLine), true
