@@ -197,7 +197,7 @@ func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 				d.DeferSettle(req)
 			}
 			st, err := b.local.Settle(ctx, b.localSettle(req))
-			st.Released = st.Released || wasOut // wakes the callers that waited for its room
+			st.Released = st.Released || wasOut // wakes callers held for its room (those in a line: the poller)
 			return st, err
 		})
 }
