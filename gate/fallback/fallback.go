@@ -88,6 +88,7 @@ type Backend struct {
 	out    out
 
 	degraded atomic.Bool
+	kept     atomic.Int64  // see Kept
 	changes  atomic.Uint64 // counts changes of mode
 	nextPing atomic.Int64  // UnixNano of the next allowed check
 	mu       sync.Mutex    // serializes changes of mode and their OnChange
@@ -111,6 +112,11 @@ func New(shared Shared, o Options) *Backend {
 
 // Degraded reports whether the shared backend is currently held unavailable.
 func (b *Backend) Degraded() bool { return b.degraded.Load() }
+
+// Kept is how many of the local backend's breakers the last change to
+// degraded (in Local mode) left OPEN, HALF_OPEN or overridden, from what the
+// replica knew of the shared ones: OnChange may log it.
+func (b *Backend) Kept() int { return int(b.kept.Load()) }
 
 // Check asks the shared backend whether it answers, and records the answer
 // as any call would: a change of mode is reported through OnChange.
@@ -337,7 +343,7 @@ func (b *Backend) set(degraded bool, cause error) {
 		b.nextPing.Store(b.o.Now().UnixNano() + int64(b.o.PingEvery))
 		if b.o.Mode == Local {
 			// Before any call is served locally.
-			b.local.Adopt(b.records())
+			b.kept.Store(int64(b.local.Adopt(b.records())))
 		}
 	}
 	// changes before degraded: a decision that sees the new mode is one

@@ -386,6 +386,9 @@ func TestLocalKeepsAForcedOpenSource(t *testing.T) {
 		t.Fatalf("forced open on Redis: %+v %v, want forced_open", a, err)
 	}
 	f.degrade(src)
+	if n := f.b.Kept(); n != 1 {
+		t.Fatalf("Kept() = %d breakers kept at the switch, want 1 (the forced open one)", n)
+	}
 	a, err := f.admit("l0", src)
 	if err != nil || a.Granted || len(a.Rejections) != 1 || a.Rejections[0].Reason != gate.ReasonForcedOpen {
 		t.Fatalf("local admission of a source forced open in Redis: %+v %v, want refused forced_open", a, err)

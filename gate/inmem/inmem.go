@@ -231,7 +231,8 @@ func (b *Backend) Override(ctx context.Context, req gate.OverrideRequest) (out g
 // shared backend from what this replica last saw of its breakers, and from
 // what an earlier outage's local gate still knows of a failing source, not
 // from its overrides. A record's Minute counts in its source's RPM and TPM.
-func (b *Backend) Adopt(recs []gate.Record) {
+// It returns how many breakers it left other than CLOSED without override.
+func (b *Backend) Adopt(recs []gate.Record) (kept int) {
 	by := make(map[string]map[string]gate.Record)
 	for _, r := range recs {
 		if by[r.Scope] == nil {
@@ -269,9 +270,15 @@ func (b *Backend) Adopt(recs []gate.Record) {
 				st.Quota.AddMinute(r.Minute, now)
 			}
 		}
+		for _, st := range s.sources {
+			if st.Breaker.State != gate.Closed || st.Breaker.Override != gate.NoOverride {
+				kept++
+			}
+		}
 		var none []gate.Event
 		b.unlock(context.Background(), s, &none)
 	}
+	return kept
 }
 
 // stillOpen is nb, OPEN until old's end when old is OPEN with its cooldown

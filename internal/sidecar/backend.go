@@ -97,12 +97,17 @@ func openRedis(r config.Redis, every time.Duration, log *slog.Logger, onChange f
 	if r.OnUnavailable == "local" {
 		mode = fallback.Local
 	}
-	fb := fallback.New(shared, fallback.Options{
+	var fb *fallback.Backend
+	fb = fallback.New(shared, fallback.Options{
 		Mode: mode, Replicas: r.Replicas,
 		OnChange: func(degraded bool, cause error) {
-			if degraded {
+			switch {
+			case degraded && mode == fallback.Local:
+				log.Error("redis backend unavailable", "on_unavailable", r.OnUnavailable, "replicas", r.Replicas, "err", cause,
+					"local_breakers_kept", fb.Kept()) // OPEN, HALF_OPEN or overridden, as last seen on Redis
+			case degraded:
 				log.Error("redis backend unavailable", "on_unavailable", r.OnUnavailable, "replicas", r.Replicas, "err", cause)
-			} else {
+			default:
 				log.Info("redis backend available again", "on_unavailable", r.OnUnavailable)
 			}
 			onChange(degraded, cause)
