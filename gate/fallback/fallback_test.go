@@ -691,7 +691,9 @@ func TestLocalKeepsAnOpenOfAnEarlierOutage(t *testing.T) {
 	f := newFixture(t, fallback.Local, 1)
 	src := gatetest.Src("s", func(s *gate.Source) {
 		s.Breaker.FailThreshold = 1
-		s.Breaker.Cooldown, s.Breaker.MaxCooldown = time.Minute, time.Minute
+		// Long enough that the clock steps of the recovery below (one a
+		// PingEvery, while Redis restarts) do not end it.
+		s.Breaker.Cooldown, s.Breaker.MaxCooldown = time.Hour, time.Hour
 	})
 	f.degrade(src)
 	a, err := f.admit("l0", src)
@@ -762,7 +764,12 @@ func TestHandBackKeepsThePacerCeiling(t *testing.T) {
 // starting CLOSED and admitting everyone to a source being tested.
 func TestLocalKeepsItsProbeAcrossAFlap(t *testing.T) {
 	f := newFixture(t, fallback.Local, 1)
-	src := gatetest.Src("s", func(s *gate.Source) { s.Breaker.FailThreshold = 1 })
+	src := gatetest.Src("s", func(s *gate.Source) {
+		s.Breaker.FailThreshold = 1
+		// Long enough that the clock steps of the recovery below (while
+		// Redis restarts) do not end the probe's lease.
+		s.Breaker.ProbeTTL = time.Hour
+	})
 	f.degrade(src)
 	a, err := f.admit("l0", src)
 	if err != nil || !a.Granted {
@@ -778,7 +785,7 @@ func TestLocalKeepsItsProbeAcrossAFlap(t *testing.T) {
 	}
 	f.srv.Start()
 	f.poll("Redis to be used again", func() bool {
-		f.clock.Advance(100 * time.Millisecond)
+		f.clock.Advance(time.Second)
 		f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}})
 		return !f.b.Degraded()
 	})
