@@ -264,10 +264,30 @@ type Deferrer interface {
 }
 
 // Peek implements gate.Backend.
+// Its in_flight counts the other side's permits still out that its
+// verdicts leave room for, so that a refusal is explained by what it shows.
 func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot, error) {
 	return call(b, ctx,
-		func() (gate.Snapshot, error) { return b.shared.Peek(ctx, b.leaveRoomPeek(ctx, req)) },
-		func() (gate.Snapshot, error) { return b.local.Peek(ctx, b.leaveOutPeek(b.sharePeek(b.localPeek(req)))) })
+		func() (gate.Snapshot, error) {
+			n := b.room(ctx, req.Scope, req.Sources)
+			snap, err := b.shared.Peek(ctx, lessPeek(req, n))
+			return addInFlight(snap, n), err
+		},
+		func() (gate.Snapshot, error) {
+			n := b.outOf(req.Scope, req.Sources)
+			snap, err := b.local.Peek(ctx, lessPeek(b.sharePeek(b.localPeek(req)), n))
+			return addInFlight(snap, n), err
+		})
+}
+
+// addInFlight is snap with n[i] more in flight on source i (n may be nil).
+func addInFlight(snap gate.Snapshot, n []int) gate.Snapshot {
+	for i := range snap.Sources {
+		if i < len(n) {
+			snap.Sources[i].Quota.InFlight += n[i]
+		}
+	}
+	return snap
 }
 
 // Leave implements gate.Backend.
@@ -485,11 +505,6 @@ func (b *Backend) leaveRoom(ctx context.Context, req gate.AdmitRequest) gate.Adm
 	return lessAdmit(req, b.room(ctx, req.Scope, srcs))
 }
 
-// leaveRoomPeek is leaveRoom for a Peek, so that its verdicts are Admit's.
-func (b *Backend) leaveRoomPeek(ctx context.Context, req gate.PeekRequest) gate.PeekRequest {
-	return lessPeek(req, b.room(ctx, req.Scope, req.Sources))
-}
-
 // out is the permits the shared backend granted this replica (in Local
 // mode) that are neither settled nor past their leases, by scope and
 // source: their holders still use the upstream's slots, so the local
@@ -696,11 +711,6 @@ func (b *Backend) leaveOut(req gate.AdmitRequest) gate.AdmitRequest {
 		srcs[i] = c.Source
 	}
 	return lessAdmit(req, b.outOf(req.Scope, srcs))
-}
-
-// leaveOutPeek is leaveOut for a Peek, so that its verdicts are Admit's.
-func (b *Backend) leaveOutPeek(req gate.PeekRequest) gate.PeekRequest {
-	return lessPeek(req, b.outOf(req.Scope, req.Sources))
 }
 
 // records is what the local backend starts an outage from: the shared

@@ -251,8 +251,8 @@ func TestLocalPermitsKeepTheirSlots(t *testing.T) {
 	if _, ok := granted("r1"); ok {
 		t.Fatal("Redis granted a third holder on max_concurrency 2 while two local permits are out")
 	}
-	if v, err := f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}}); err != nil || v.Sources[0].Verdict.Reason != gate.ReasonRateLimited {
-		t.Fatalf("Peek with two local permits out: %+v %v, want rate_limited", v, err)
+	if v, err := f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}}); err != nil || v.Sources[0].Verdict.Reason != gate.ReasonRateLimited || v.Sources[0].Quota.InFlight != 2 {
+		t.Fatalf("Peek with two local permits out: %+v %v, want rate_limited with both in flight", v, err)
 	}
 	// A local permit settled after the return frees its slot.
 	if st := settle(local[0]); !st.Released {
@@ -495,8 +495,8 @@ func TestLocalLeavesRoomForRedisPermits(t *testing.T) {
 	if a, err := f.admit("l0", src); err != nil || a.Granted || a.Rejections[0].Reason != gate.ReasonRateLimited {
 		t.Fatalf("local admission with two Redis permits out on max_concurrency 2: %+v %v, want rate_limited", a, err)
 	}
-	if v, err := f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}}); err != nil || v.Sources[0].Verdict.Reason != gate.ReasonRateLimited {
-		t.Fatalf("local Peek with two Redis permits out: %+v %v, want rate_limited", v, err)
+	if v, err := f.b.Peek(f.ctx, gate.PeekRequest{Scope: "fb", Sources: []*gate.Source{src}}); err != nil || v.Sources[0].Verdict.Reason != gate.ReasonRateLimited || v.Sources[0].Quota.InFlight != 2 {
+		t.Fatalf("local Peek with two Redis permits out: %+v %v, want rate_limited with both in flight", v, err)
 	}
 	// A Redis permit settled while Redis is away frees its slot locally,
 	// and says so (Released wakes the callers waiting for it).
