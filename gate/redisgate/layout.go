@@ -429,7 +429,8 @@ type recField struct {
 	name string
 	str  bool
 	// aside: not the breaker's (a lease count, the TTL's mark), which
-	// storedBreaker skips and L.same does not compare.
+	// storedBreaker skips; lib.lua's b_keep copies them on every save
+	// (L.copy_aside), the others only when the breaker changed (bdirty).
 	aside bool
 }
 
@@ -553,8 +554,8 @@ func (r record) format() string {
 
 // write defines the record's Lua table: ID, FIELD, FMT, read(s) (nil: the
 // zero record), pack(t), copy(t, d) (t's fields of the record into d,
-// which allocates nothing) and same(t, d) (whether t and d agree on every
-// field but those aside); for a table record, see writeRows.
+// which allocates nothing) and copy_aside(t, d) (its fields aside alone);
+// for a table record, see writeRows.
 func (r record) write(b *strings.Builder) {
 	if r.n > 0 {
 		r.writeRows(b)
@@ -577,16 +578,15 @@ func (r record) write(b *strings.Builder) {
 	fmt.Fprintf(b, "%s.read = function(s)\n  if not s then\n    return {%s}\n  end\n", r.id, strings.Join(zero, ", "))
 	fmt.Fprintf(b, "  local %s = struct.unpack(%s.FMT, s)\n  return {%s}\nend\n", strings.Join(vars, ", "), r.id, strings.Join(named, ", "))
 	fmt.Fprintf(b, "%s.pack = function(t)\n  return struct.pack(%s.FMT, %s)\nend\n", r.id, r.id, strings.Join(packed, ", "))
-	fmt.Fprintf(b, "%s.copy = function(t, d)\n", r.id)
-	var same []string
+	var all, aside strings.Builder
 	for _, f := range r.fields {
-		fmt.Fprintf(b, "  d.%s = t.%s\n", f.name, f.name)
-		if !f.aside {
-			same = append(same, fmt.Sprintf("t.%s == d.%s", f.name, f.name))
+		fmt.Fprintf(&all, "  d.%s = t.%s\n", f.name, f.name)
+		if f.aside {
+			fmt.Fprintf(&aside, "  d.%s = t.%s\n", f.name, f.name)
 		}
 	}
-	b.WriteString("end\n")
-	fmt.Fprintf(b, "%s.same = function(t, d)\n  return %s\nend\n", r.id, strings.Join(same, " and "))
+	fmt.Fprintf(b, "%s.copy = function(t, d)\n%send\n", r.id, all.String())
+	fmt.Fprintf(b, "%s.copy_aside = function(t, d)\n%send\n", r.id, aside.String())
 }
 
 // writeRows defines a table record's Lua table: ID, FIELD, ROW (a row's

@@ -184,9 +184,21 @@ end
 -- batch that raises leaves the breakers as they were saved (call_restore),
 -- as a call of its own that raises leaves what it wrote: the changes it
 -- made to the table after its last save are not written back.
+-- The copy is into the same table each time (no garbage), and of the
+-- breaker's own fields only when they may have changed since the last
+-- (b.bdirty, which every function that sets one of them sets: b_enter,
+-- b_reset_round, b_record, b_open, b_settle, b_apply, restore.lua); the
+-- fields aside (the lease counts, the TTL's mark), which most ops change,
+-- every time. A copy of the whole record per save was ~5 k instructions,
+-- a tenth of a settle's (docs/performance.md).
 local function b_keep(c)
   local b = c.b
-  BREC.copy(b, c.saved) -- into the same table each time: no garbage
+  if b.bdirty then
+    BREC.copy(b, c.saved)
+    b.bdirty, c.vdirty = false, true
+  else
+    BREC.copy_aside(b, c.saved)
+  end
   c.saved_win, c.saved_wold = b.win, b.wold
 end
 
@@ -199,6 +211,7 @@ local function call_restore()
       b[k] = v
     end
     b.win, b.wold, b.lease_f, b.lease_v = c.saved_win, c.saved_wold, false, false
+    b.bdirty, c.vdirty = false, true
   end
 end
 
@@ -251,11 +264,15 @@ local function b_first(key, pre)
   local b = BREC.read(v[1] or nil)
   b.key = key
   b.raw = v[1]
+  b.bdirty = true -- (for the first b_keep)
   if pre.window == 1 then
     b.wold = v[2]
     b.win = v[2] or WIN.ZERO
   end
-  local c = { b = b, f = {}, dirty = {}, ttl = 0, idle_ttl = 0, saved = BREC.read(nil), saved_win = false, saved_wold = false }
+  local c = {
+    b = b, f = {}, dirty = {}, ttl = 0, idle_ttl = 0, saved = BREC.read(nil), saved_win = false, saved_wold = false,
+    vrec = false, vdirty = true,
+  }
   for i = pre.from, pre.to do
     c.f[argv[i]] = v[at + i - pre.from + 1]
   end
@@ -289,13 +306,17 @@ local function b_load(key, window, lease)
   local b = BREC.read(v[1] or nil)
   b.key = key
   b.raw = v[1]
+  b.bdirty = true -- (for the first b_keep, in a batch)
   b.lease_of = v[2] or false
   if window then
     b.wold = v[3]
     b.win = v[3] or WIN.ZERO
   end
   if CALL then
-    local c = { b = b, f = {}, dirty = {}, ttl = 0, idle_ttl = 0, saved = BREC.read(nil), saved_win = false, saved_wold = false }
+    local c = {
+      b = b, f = {}, dirty = {}, ttl = 0, idle_ttl = 0, saved = BREC.read(nil), saved_win = false, saved_wold = false,
+      vrec = false, vdirty = true,
+    }
     if lease then
       c.f[LEASE .. lease] = v[2]
     end
@@ -483,6 +504,7 @@ local function b_enter(b, p, permit, now)
   if b.override ~= NO_OVERRIDE or b.state == CLOSED then
     return true, false, b.epoch, R_NONE, 0, NO_EVENTS
   end
+  b.bdirty = true
   local events = {}
   if b.state == OPEN then
     b.state = HALF_OPEN
@@ -504,6 +526,7 @@ end
 
 -- twin: gate.(*Breaker).resetRound
 local function b_reset_round(b)
+  b.bdirty = true
   b.probe, b.probe_until = '', 0
   b.consecutive = 0
   b_clear_buckets(b)
@@ -519,7 +542,7 @@ local function b_record(b, p, now, fail)
   local w = bucket_width(p)
   if b.width ~= w then
     b_clear_buckets(b)
-    b.width = w
+    b.width, b.bdirty = w, true
   end
   b_buckets(b)
   local idx = idiv(now, w)
@@ -576,7 +599,7 @@ end
 -- twin: gate.(*Breaker).open
 local function b_open(b, p, now, floor, cause)
   local from = b.state
-  b_reset_round(b)
+  b_reset_round(b) -- (b.bdirty)
   b.reopens = b.reopens + 1
   b.state = OPEN
   b.opened_at = now
@@ -602,7 +625,7 @@ end
 local function b_settle(b, p, o, now)
   if b.override == DISABLED then
     if o.probe and b.probe == o.permit and o.epoch == b.epoch then
-      b.probe, b.probe_until = '', 0
+      b.probe, b.probe_until, b.bdirty = '', 0, true
     end
     return F_IGNORED, NO_EVENTS
   end
@@ -612,7 +635,7 @@ local function b_settle(b, p, o, now)
   local floor = o.floor
   if o.probe then
     if o.verdict == V_SUCCESS then
-      b_reset_round(b)
+      b_reset_round(b) -- (b.bdirty)
       b.reopens = 0
       b.state = CLOSED
       return F_APPLIED, { b_event(b, E_TRANSITION, HALF_OPEN, C_PROBE_SUCCEEDED) }
@@ -623,7 +646,7 @@ local function b_settle(b, p, o, now)
       end
       return F_APPLIED, { b_open(b, p, now, floor, cause) }
     end
-    b.probe, b.probe_until = '', 0
+    b.probe, b.probe_until, b.bdirty = '', 0, true
     local e = b_event(b, E_PROBE_RELEASED, HALF_OPEN, C_NONE)
     e.permit = o.permit
     return F_NO_VERDICT, { e }
@@ -631,11 +654,13 @@ local function b_settle(b, p, o, now)
   if b.state == CLOSED then
     if o.verdict == V_SUCCESS then
       b_record(b, p, now, false)
-      b.consecutive = 0
+      if b.consecutive ~= 0 then
+        b.consecutive, b.bdirty = 0, true
+      end
       return F_APPLIED, NO_EVENTS
     elseif o.verdict == V_FAILURE then
       b_record(b, p, now, true)
-      b.consecutive = b.consecutive + 1
+      b.consecutive, b.bdirty = b.consecutive + 1, true
       if b.consecutive >= p.fail_threshold then
         return F_APPLIED, { b_open(b, p, now, floor, C_CONSECUTIVE_FAILURES) }
       end
@@ -654,7 +679,7 @@ local function b_settle(b, p, o, now)
     if o.verdict == V_FORCE_OPEN then
       local untl = gmax(now + cooldown_ms(p.cooldown, p.max_cooldown, b.reopens), now + floor)
       if untl > b.open_until then
-        b.open_until = untl
+        b.open_until, b.bdirty = untl, true
         b.open_cause = OC_SOURCE_DEAD
         local e = b_event(b, E_TRANSITION, OPEN, C_SOURCE_DEAD)
         e.cooldown = untl - now
@@ -671,18 +696,17 @@ end
 -- gate.(*Breaker).View itself (layout.go's breakerAt). Outside a batch
 -- that is b.raw, which b_save's b_changed keeps ('' for a record missing
 -- and unchanged: the zero breaker). Within one, the record packed the last
--- time the breaker's fields changed (c.vrec, packed when BREC.same finds
--- them changed since: c.vsaw): its lease counts and TTL mark, which Go
--- does not read, may be those of an earlier op.
+-- time the breaker's fields changed (c.vrec, packed again when b_keep or
+-- call_restore marked them changed since, c.vdirty, or they changed after
+-- the last b_keep, b.bdirty): its lease counts and TTL mark, which Go does
+-- not read, may be those of an earlier op.
 local function b_stored(b)
   local c = CALL and CALL.h[b.key]
   if not c then
     return b.raw or ''
   end
-  if not c.vrec or not BREC.same(b, c.vsaw) then
-    c.vrec = BREC.pack(b)
-    c.vsaw = c.vsaw or {}
-    BREC.copy(b, c.vsaw)
+  if not c.vrec or c.vdirty or b.bdirty then
+    c.vrec, c.vdirty = BREC.pack(b), false
   end
   return c.vrec
 end
@@ -690,6 +714,7 @@ end
 -- twin: gate.(*Breaker).Apply
 -- nil for an unknown action.
 local function b_apply(b, action, actor, why, now)
+  b.bdirty = true
   local events = {}
   if action == A_FORCE_OPEN then
     b.override = FORCED_OPEN

@@ -32,6 +32,7 @@ local function restore(keys, argv)
     local b = b_load(read(BRK_KEYS, keys, block(RESTORE_KEYS, BRK_KEYS, i)).brk)
     local wrote = false
     if r.open_left > 0 and b.state == CLOSED and b.reopens == 0 then
+      b.bdirty = true -- (see b_keep)
       b.state = OPEN
       b.reopens = r.reopens
       b.epoch = gmax(b.epoch, r.epoch)
@@ -41,6 +42,7 @@ local function restore(keys, argv)
       wrote = true
     end
     if r.override ~= NO_OVERRIDE and b.override == NO_OVERRIDE then
+      b.bdirty = true
       b.override = r.override
       b.actor = r.actor
       b.why = r.why
