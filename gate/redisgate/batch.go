@@ -119,6 +119,13 @@ type batchQueue struct{ ops []*batchOp }
 // A caller whose rctx ends first leaves its op to the batch (gone), which
 // settles what it owes (deliver).
 func (b *Backend) do(ctx, rctx context.Context, tag string, o *batchOp) (any, error) {
+	if o.kind == opAdmit && rctx.Err() != nil {
+		// Ended before it was queued: never sent, nothing owed (a settle
+		// is sent anyway, as below). Not queued at all, since a batch
+		// that answered before the wait below looked could otherwise hand
+		// the caller a grant instead of its context's end.
+		return nil, b.gaveUp(ctx, rctx, o.name)
+	}
 	o.done = make(chan batchResult, 1)
 	c := &b.batches
 	c.mu.Lock()
@@ -167,11 +174,17 @@ func (b *Backend) do(ctx, rctx context.Context, tag string, o *batchOp) (any, er
 		// lost); deliver's queuing later finds it there.
 		b.owe(o)
 	}
+	return nil, b.gaveUp(ctx, rctx, o.name)
+}
+
+// gaveUp is the error of a caller that stopped waiting: its context's end
+// (ctx's own if it ended: rctx, its child, may not be cancelled yet).
+func (b *Backend) gaveUp(ctx, rctx context.Context, name string) error {
 	err := rctx.Err()
 	if ctx.Err() != nil {
-		err = ctx.Err() // (rctx, its child, may not be cancelled yet)
+		err = ctx.Err()
 	}
-	return nil, b.wrap(ctx, o.name, err)
+	return b.wrap(ctx, name, err)
 }
 
 // drain sends the scope's batches, one at a time, until none is waiting.
