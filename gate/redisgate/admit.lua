@@ -106,9 +106,11 @@ local function admit(keys, argv, ao, map, p0)
     if reason == R_NONE then
       local allowed, entry_probe, entry_epoch, evs
       allowed, entry_probe, entry_epoch, reason, wait, evs = b_enter(b, c, h.permit, now)
-      for _, e in ipairs(evs) do
-        events = events .. ev_reply(i, e)
-        announce(h.channel, h.scope, c.name, e)
+      if evs ~= NO_EVENTS then
+        for _, e in ipairs(evs) do
+          events = events .. ev_reply(i, e)
+          announce(h.channel, h.scope, c.name, e)
+        end
       end
       if allowed then
         q_take(q, b, c, h.permit, h.tokens, now)
@@ -165,5 +167,5 @@ local function admit(keys, argv, ao, map, p0)
   local r = ADMIT_R.T -- every field set (see L.T in lib.lua)
   r.granted, r.probe, r.epoch, r.rejections, r.events = granted, probe, epoch, rejections, events
   r.progress, r.now, r.line = progress, now, places
-  return pack(ADMIT_R, r)
+  return ADMIT_R.pack(r)
 end

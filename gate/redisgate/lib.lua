@@ -29,6 +29,9 @@ local CALL = nil
 -- now_ms is the time of the decision: the server's TIME, or the time a test
 -- clock passed in (0 in production; see the package documentation).
 local function now_ms(arg)
+  if arg == 0 and CALL and CALL.now then
+    return CALL.now -- a batch's op, in production
+  end
   local n = tonumber(arg)
   if n ~= nil and n ~= 0 then
     return n

@@ -37,9 +37,11 @@ local function settle(keys, argv, ao, map, p0)
   end
   b_save(b, a.idle_ttl, now)
   local events = ''
-  for _, e in ipairs(evs) do
-    events = events .. ev_reply(1, e)
-    announce(a.channel, a.scope, a.source, e)
+  if evs ~= NO_EVENTS then
+    for _, e in ipairs(evs) do
+      events = events .. ev_reply(1, e)
+      announce(a.channel, a.scope, a.source, e)
+    end
   end
   local progress = now
   if a.progress == 1 then
@@ -62,5 +64,5 @@ local function settle(keys, argv, ao, map, p0)
   r.handoff = handoff
   -- The breaker and its window as elements of their own (layout.go's
   -- settleReply): packed into the record they would be copied again.
-  return { pack(SETTLE_R, r), b_stored(b), b.win }
+  return { SETTLE_R.pack(r), b_stored(b), b.win }
 end
