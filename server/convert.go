@@ -14,7 +14,16 @@ import (
 	"github.com/polygate/polygate/policy"
 )
 
-func dur(d time.Duration) *durationpb.Duration { return durationpb.New(d) }
+// dur is d as a message; zero durations, the most common in answers (a
+// closed breaker's waits), share one (shared, as below).
+func dur(d time.Duration) *durationpb.Duration {
+	if d == 0 {
+		return zeroDur
+	}
+	return durationpb.New(d)
+}
+
+var zeroDur = durationpb.New(0)
 
 // A Grant's lease and timeout are, grant after grant, the same few
 // durations; each of these keeps the last one it made, and grants share it
@@ -168,8 +177,9 @@ func recordResponse(r policy.Recorded) *admissionv1.RecordOutcomeResponse {
 }
 
 // sourceState converts a backend's view of a source; local is what this
-// sidecar knows besides (nil when only the backend's view is at hand).
-func sourceState(v gate.SourceView, local *policy.SourceState, cfg *config.Scope) *admissionv1.SourceState {
+// sidecar knows besides (nil when only the backend's view is at hand), confs
+// the configuration's messages made already.
+func sourceState(v gate.SourceView, local *policy.SourceState, cfg *config.Scope, confs sourceConfigs) *admissionv1.SourceState {
 	b := v.Breaker
 	out := &admissionv1.SourceState{
 		Name: v.Source, State: states[b.State], Reason: reasons[b.Reason], RetryAfter: dur(b.RetryAfter),
@@ -185,9 +195,34 @@ func sourceState(v gate.SourceView, local *policy.SourceState, cfg *config.Scope
 		out.FailedRecently = local.FailedRecently
 	}
 	if src := cfg.Source(v.Source); src != nil {
-		out.Config = sourceConfig(src, cfg.LeaseGrace)
+		out.Config = confs.of(src, cfg.LeaseGrace)
 	}
 	return out
+}
+
+// sourceConfigs are the SourceConfig messages of one configuration's
+// sources, made when it is applied and shared by every answer that shows
+// one (as above), instead of a message and eight durations per source and
+// answer.
+type sourceConfigs map[*config.Source]*admissionv1.SourceConfig
+
+func newSourceConfigs(cfg *config.Config) sourceConfigs {
+	m := make(sourceConfigs)
+	for _, sc := range cfg.Scopes {
+		for i := range sc.Sources {
+			m[&sc.Sources[i]] = sourceConfig(&sc.Sources[i], sc.LeaseGrace)
+		}
+	}
+	return m
+}
+
+// of is src's message: made already when src is of the configuration m was
+// made of, else (a removed scope's, or one read across a reload) made now.
+func (m sourceConfigs) of(src *config.Source, grace time.Duration) *admissionv1.SourceConfig {
+	if c, ok := m[src]; ok {
+		return c
+	}
+	return sourceConfig(src, grace)
 }
 
 // DescribeConfig is cfg's scopes as ListScopes would show them before any
@@ -269,13 +304,13 @@ func stateLoss(l StateLoss) *admissionv1.StateLoss {
 	return out
 }
 
-func scopeDescription(d policy.Description, live int, backend string) *admissionv1.ScopeDescription {
+func scopeDescription(d policy.Description, live int, backend string, confs sourceConfigs) *admissionv1.ScopeDescription {
 	out := &admissionv1.ScopeDescription{Config: scopeConfig(d.Config), LiveCalls: int32(live), Backend: backend}
 	if d.ProgressAge != gate.Never {
 		out.ProgressAge = dur(d.ProgressAge)
 	}
 	for i := range d.Sources {
-		st := sourceState(d.Sources[i].View, &d.Sources[i], d.Config)
+		st := sourceState(d.Sources[i].View, &d.Sources[i], d.Config, confs)
 		st.Line = sourceLine(d.Sources[i].Line)
 		out.Sources = append(out.Sources, st)
 	}

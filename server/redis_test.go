@@ -1,6 +1,7 @@
 package server
 
 import (
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -169,3 +170,57 @@ func TestDescribeShowsStateLoss(t *testing.T) {
 		t.Fatalf("state_loss after a FLUSHALL: %v, want one loss found after %v, 1 breaker re-asserted, none pending", l, before)
 	}
 }
+
+// BenchmarkRetryAfter measures the RetryAfter handler alone (no transport,
+// no interceptor: polygate's own work per RPC) on the memory and on the Redis
+// backend, one caller at a time and 64 at once (reads shared), on a scope of
+// one source as polybench's, and on one of eight sources:
+//
+//	go test -run '^$' -bench RetryAfter -benchmem ./server/
+func BenchmarkRetryAfter(b *testing.B) {
+	r := redistest.Start(b)
+	client := redis.NewClient(&redis.Options{Addr: r.Addr})
+	b.Cleanup(func() { client.Close() })
+	rb, err := redisgate.New(client, redisgate.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, backend := range []struct {
+		name string
+		opts harnessOpts
+	}{{"memory", harnessOpts{}}, {"redis", harnessOpts{backend: rb}}} {
+		b.Run(backend.name, func(b *testing.B) {
+			backend.opts.yaml = retryAfterBenchConfig
+			h := start(b, backend.opts)
+			for _, scope := range []string{"one", "eight"} {
+				req := &admissionv1.RetryAfterRequest{Scope: scope}
+				call := func(b *testing.B) {
+					if _, err := h.srv.RetryAfter(h.ctx, req); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.Run("sources="+scope+"/serial", func(b *testing.B) {
+					for b.Loop() {
+						call(b)
+					}
+				})
+				b.Run("sources="+scope+"/parallel=64", func(b *testing.B) {
+					b.SetParallelism(max(64/runtime.GOMAXPROCS(0), 1))
+					b.RunParallel(func(pb *testing.PB) {
+						for pb.Next() {
+							call(b)
+						}
+					})
+				})
+			}
+		})
+	}
+}
+
+const retryAfterBenchConfig = `
+scopes:
+  one:
+    sources: [{name: only, max_concurrency: 1000, timeout: 60s}]
+  eight:
+    sources: [{name: s1}, {name: s2}, {name: s3}, {name: s4}, {name: s5}, {name: s6}, {name: s7}, {name: s8}]
+`

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/polygate/polygate/config"
@@ -32,6 +33,8 @@ type Server struct {
 	// removed are scopes a reload removed, kept while calls of theirs may
 	// still report (or cancel) the permits they hold: see Apply.
 	removed map[string]*policy.Scope
+	// confs are the served configuration's source messages (Apply).
+	confs atomic.Pointer[sourceConfigs]
 }
 
 // Options tunes a Server; zero values take a backend named "memory". The
@@ -81,6 +84,8 @@ func New(cfg *config.Config, backend gate.Backend, log *slog.Logger, o Options) 
 // once none of its calls is live (Sweep), or when it is added again.
 func (s *Server) Apply(cfg *config.Config) {
 	s.calls.configure(cfg.Calls.MaxLive, cfg.Calls.IdleTimeout)
+	confs := newSourceConfigs(cfg)
+	s.confs.Store(&confs)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	next := make(map[string]*policy.Scope, len(cfg.Scopes))
@@ -385,10 +390,10 @@ func (s *Server) RetryAfter(ctx context.Context, req *admissionv1.RetryAfterRequ
 	if err != nil {
 		return nil, err
 	}
-	resp := &admissionv1.RetryAfterResponse{RetryAfter: dur(least)}
-	cfg := sc.Config()
-	for _, v := range views {
-		resp.Sources = append(resp.Sources, sourceState(v, nil, cfg))
+	resp := &admissionv1.RetryAfterResponse{RetryAfter: dur(least), Sources: make([]*admissionv1.SourceState, len(views))}
+	cfg, confs := sc.Config(), *s.confs.Load()
+	for i, v := range views {
+		resp.Sources[i] = sourceState(v, nil, cfg, confs)
 	}
 	return resp, nil
 }
@@ -411,7 +416,7 @@ func (s *Server) describe(ctx context.Context, sc *policy.Scope) (*admissionv1.S
 	if err != nil {
 		return nil, err
 	}
-	out := scopeDescription(d, s.calls.liveIn(sc.Name()), s.backendName())
+	out := scopeDescription(d, s.calls.liveIn(sc.Name()), s.backendName(), *s.confs.Load())
 	if s.stateLoss != nil {
 		out.StateLoss = stateLoss(s.stateLoss(sc.Name()))
 	}
@@ -445,7 +450,7 @@ func (s *Server) OverrideBreaker(ctx context.Context, req *admissionv1.OverrideB
 	if err != nil {
 		return nil, err
 	}
-	return &admissionv1.OverrideBreakerResponse{Source: sourceState(v, nil, sc.Config())}, nil
+	return &admissionv1.OverrideBreakerResponse{Source: sourceState(v, nil, sc.Config(), *s.confs.Load())}, nil
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -104,3 +104,80 @@ scopes:
 		t.Error(e)
 	}
 }
+
+// RetryAfter's and DescribeScope's source configurations are made once per
+// applied configuration and shared: each answer shows the configuration
+// served when it was asked, its timeout and lease from the same one, while
+// reloads flip it; after the last reload, every answer shows that one.
+func TestSharedSourceConfigsFollowReloads(t *testing.T) {
+	yaml := func(timeout string) string {
+		return fmt.Sprintf(`
+scopes:
+  one:
+    lease_grace: 1s
+    sources: [{name: a, timeout: %s}, {name: b, timeout: %s}]
+`, timeout, timeout)
+	}
+	h := start(t, harnessOpts{yaml: yaml("5s")})
+	var parsed []*config.Config
+	for _, y := range []string{yaml("5s"), yaml("11s")} {
+		cfg, err := config.Parse([]byte(y), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		parsed = append(parsed, cfg)
+	}
+	check := func(srcs []*admissionv1.SourceState, want map[int64]bool) error {
+		if len(srcs) != 2 {
+			return fmt.Errorf("%d sources, want 2", len(srcs))
+		}
+		for _, s := range srcs {
+			timeout, lease := s.GetConfig().GetTimeout().AsDuration(), s.GetConfig().GetLease().AsDuration()
+			if !want[int64(timeout.Seconds())] || lease != timeout+1e9 {
+				return fmt.Errorf("source %s: timeout %v, lease %v", s.GetName(), timeout, lease)
+			}
+		}
+		return nil
+	}
+	either := map[int64]bool{5: true, 11: true}
+	stop := make(chan struct{})
+	var bg sync.WaitGroup
+	bg.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			h.srv.Apply(parsed[i%2])
+		}
+	})
+	for range 200 {
+		r, err := h.client.RetryAfter(h.ctx, &admissionv1.RetryAfterRequest{Scope: "one"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := check(r.GetSources(), either); err != nil {
+			t.Fatalf("RetryAfter during reloads: %v", err)
+		}
+	}
+	close(stop)
+	bg.Wait()
+	for i, want := range []int64{5, 11} {
+		h.srv.Apply(parsed[i])
+		r, err := h.client.RetryAfter(h.ctx, &admissionv1.RetryAfterRequest{Scope: "one"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := check(r.GetSources(), map[int64]bool{want: true}); err != nil {
+			t.Fatalf("RetryAfter after reloading %ds: %v", want, err)
+		}
+		d, err := h.client.DescribeScope(h.ctx, &admissionv1.DescribeScopeRequest{Scope: "one"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := check(d.GetScope().GetSources(), map[int64]bool{want: true}); err != nil {
+			t.Fatalf("DescribeScope after reloading %ds: %v", want, err)
+		}
+	}
+}
