@@ -24,25 +24,27 @@ import (
 // A read runs on the goroutine of the caller that starts it, unless that
 // caller asks for it apart: OnNoRunnable's caller then parks for minutes, and
 // a backend's deep call (go-redis) would have grown its stack to 16 KB
-// (docs/performance.md, "What a held call costs"). A read apart runs on a
-// goroutine of its own. Reads that gathered behind a read run on a goroutine
-// of their own too, one after the other, so no caller serves others' reads
-// after its own.
+// (docs/performance.md, "What a held call costs"). A read run inline is its
+// caller's alone (others gather behind it), so it runs under the caller's ctx
+// and costs no allocation. A read apart runs on a goroutine of its own.
+// Reads that gathered behind a read run on a goroutine of their own too, one
+// after the other, so no caller serves others' reads after its own.
 type reads struct {
 	// do reads every current source of the scope for an attempt of tokens.
 	do func(ctx context.Context, tokens int64) ([]*source, gate.Snapshot, error)
 
 	mu   sync.Mutex
-	keys map[int64]*readKey // by token count; absent while none is asked for
+	keys map[int64]readKey // by token count; absent while none is asked for
 }
 
 // readKey is the reads of one token count.
 type readKey struct {
-	running *read // in flight
-	next    *read // gathering callers; starts when running ends
+	running bool  // a read is in flight
+	next    *read // gathering callers; starts when the running read ends
 }
 
-// read is one Peek and the callers it answers.
+// read is one Peek shared by the callers it answers (a gathered read, or a
+// read apart).
 type read struct {
 	ctx  context.Context
 	done chan struct{}
@@ -52,39 +54,50 @@ type read struct {
 }
 
 func newReads(do func(ctx context.Context, tokens int64) ([]*source, gate.Snapshot, error)) *reads {
-	return &reads{do: do, keys: make(map[int64]*readKey)}
+	return &reads{do: do, keys: make(map[int64]readKey)}
+}
+
+func newRead(ctx context.Context) *read {
+	return &read{ctx: context.WithoutCancel(ctx), done: make(chan struct{})}
 }
 
 // peek reads every source of the scope for an attempt of tokens, sharing the
 // read with the callers that ask at the same time, and returns the sources
 // read with the snapshot. apart: a read this caller starts runs on another
-// goroutine. The read runs without ctx's cancellation (others may share it;
-// the backend bounds its own calls); a caller that does not run it stops
+// goroutine. A shared read runs without ctx's cancellation (others may share
+// it; the backend bounds its own calls); a caller that does not run it stops
 // waiting for it when ctx ends.
 func (r *reads) peek(ctx context.Context, tokens int64, apart bool) ([]*source, gate.Snapshot, error) {
 	r.mu.Lock()
 	k := r.keys[tokens]
-	if k == nil {
-		k = &readKey{}
-		r.keys[tokens] = k
-	}
-	rd, start := k.next, false
-	if rd == nil {
-		rd = &read{ctx: context.WithoutCancel(ctx), done: make(chan struct{})}
-		if k.running == nil {
-			k.running, start = rd, true
-		} else {
-			k.next = rd
+	if !k.running {
+		r.keys[tokens] = readKey{running: true}
+		r.mu.Unlock()
+		if apart {
+			rd := newRead(ctx)
+			go r.run(tokens, rd)
+			return wait(ctx, rd)
 		}
+		srcs, snap, err := r.do(ctx, tokens)
+		if next := r.ended(tokens); next != nil {
+			go r.run(tokens, next)
+		}
+		if err != nil && ctx.Err() != nil {
+			err = ctx.Err() // as a caller gone while waiting is answered
+		}
+		return srcs, snap, err
+	}
+	rd := k.next
+	if rd == nil {
+		rd = newRead(ctx)
+		r.keys[tokens] = readKey{running: true, next: rd}
 	}
 	r.mu.Unlock()
-	switch {
-	case start && apart:
-		go r.run(tokens, k, rd, false)
-	case start:
-		r.run(tokens, k, rd, true)
-		return rd.srcs, rd.snap, rd.err
-	}
+	return wait(ctx, rd)
+}
+
+// wait is rd's answer, or ctx's error if ctx ends first.
+func wait(ctx context.Context, rd *read) ([]*source, gate.Snapshot, error) {
 	select {
 	case <-rd.done:
 		return rd.srcs, rd.snap, rd.err
@@ -93,22 +106,26 @@ func (r *reads) peek(ctx context.Context, tokens int64, apart bool) ([]*source, 
 	}
 }
 
-// run does rd, then the reads that gathered behind it, until none is asked;
-// inline (on a caller's goroutine), it hands those to a goroutine of their own.
-func (r *reads) run(tokens int64, k *readKey, rd *read, inline bool) {
+// run does rd, then the reads that gathered behind it, until none is asked.
+func (r *reads) run(tokens int64, rd *read) {
 	for rd != nil {
 		rd.srcs, rd.snap, rd.err = r.do(rd.ctx, tokens)
 		rd.ctx = nil
 		close(rd.done)
-		r.mu.Lock()
-		rd, k.running, k.next = k.next, k.next, nil
-		if rd == nil {
-			delete(r.keys, tokens)
-		}
-		r.mu.Unlock()
-		if rd != nil && inline {
-			go r.run(tokens, k, rd, false)
-			return
-		}
+		rd = r.ended(tokens)
 	}
+}
+
+// ended notes that the running read of tokens ended, and returns the read
+// gathered behind it, now running, if any.
+func (r *reads) ended(tokens int64) *read {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	next := r.keys[tokens].next
+	if next == nil {
+		delete(r.keys, tokens)
+	} else {
+		r.keys[tokens] = readKey{running: true}
+	}
+	return next
 }

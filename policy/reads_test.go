@@ -3,6 +3,7 @@ package policy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -133,6 +134,40 @@ func TestReadsCallerGoneAndErrors(t *testing.T) {
 					t.Errorf("a caller sharing a failed read: %v", err)
 				}
 			})
+		}
+		wg.Wait()
+	})
+}
+
+// A read run inline is its caller's alone: it runs under the caller's
+// context, so a caller that gives up during it is answered at once with its
+// context's error (not the backend's), and the callers gathered behind it get
+// a read of their own, not cut short by it.
+func TestReadsInlineRunsUnderTheCallersContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		t0 := time.Now()
+		var reads int
+		r := newReads(func(ctx context.Context, _ int64) ([]*source, gate.Snapshot, error) {
+			reads++
+			select {
+			case <-time.After(time.Second):
+				return nil, gate.Snapshot{ProgressAge: time.Duration(reads)}, nil
+			case <-ctx.Done():
+				return nil, gate.Snapshot{}, fmt.Errorf("backend: %w", ctx.Err())
+			}
+		})
+		gone, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			time.Sleep(50 * time.Millisecond) // during the first caller's read
+			_, snap, err := r.peek(context.Background(), 0, false)
+			if err != nil || snap.ProgressAge != 2 || time.Since(t0) != 1100*time.Millisecond {
+				t.Errorf("the caller gathered behind: read %d, %v at %v, want read 2 at 1.1s", snap.ProgressAge, err, time.Since(t0))
+			}
+		})
+		if _, _, err := r.peek(gone, 0, false); err != context.DeadlineExceeded || time.Since(t0) != 100*time.Millisecond {
+			t.Fatalf("the caller gone during its own read: %v at %v, want %v at 100ms", err, time.Since(t0), context.DeadlineExceeded)
 		}
 		wg.Wait()
 	})
