@@ -142,7 +142,10 @@ type ret[T any] struct {
 // or, if str, a string (a 4-byte length and its bytes); a nested record or
 // list is a string too.
 type getter[T any] struct {
-	read  func(*parser, any, *T)
+	read func(*parser, any, *T)
+	// num, for a number field, reads a packed record's number as it is, not
+	// boxed in an interface (an allocation for most values).
+	num   func(*parser, int64, *T)
 	str   bool
 	aside bool // a stored record's field that is not read (see recField)
 }
@@ -228,7 +231,12 @@ func (l reply[T]) unpackInto(p *parser, s string, out *T) string {
 				p.fail("%s.%s: %v is not an integer within int64", l.id, f.name, x)
 				break
 			}
-			v, s = int64(x), s[8:]
+			s = s[8:]
+			if f.get.num != nil {
+				f.get.num(p, int64(x), out)
+				continue
+			}
+			v = int64(x)
 		}
 		f.get.read(p, v, out)
 	}
@@ -485,19 +493,18 @@ var storedWindow = packedReply("WIN", []ret[gate.Bucket]{
 // inRange is a number field of the stored breaker (storedBreaker) that
 // must lie in [lo, hi]; one outside fails p, naming the field.
 func inRange(name string, lo, hi int64, set func(*gate.Breaker, int64)) ret[gate.Breaker] {
-	return ret[gate.Breaker]{name, getter[gate.Breaker]{read: func(p *parser, v any, b *gate.Breaker) {
-		x := p.int(v)
+	return ret[gate.Breaker]{name, number(func(p *parser, x int64, b *gate.Breaker) {
 		if p.err == nil && (x < lo || x > hi) {
 			p.fail("BREC.%s: %d, want %d to %d", name, x, lo, hi)
 			return
 		}
 		set(b, x)
-	}}}
+	})}
 }
 
 // aside is a number field of a stored record that its reader skips.
 func aside[T any]() getter[T] {
-	return getter[T]{read: func(*parser, any, *T) {}, aside: true}
+	return getter[T]{read: func(*parser, any, *T) {}, num: func(*parser, int64, *T) {}, aside: true}
 }
 
 // recFields are the fields of a stored record read by r.
@@ -514,9 +521,9 @@ func recFields[T any](r reply[T]) []recField {
 // and its window (windowRecord, every row; "" for none), by gate's own
 // code, with the policy the script was given.
 func breakerAt(p *parser, rec, win any, policy gate.BreakerPolicy, now int64) gate.BreakerView {
-	var b gate.Breaker
-	if s := p.str(rec); s != "" {
-		b = storedBreaker.parse(p, s)
+	b := new(gate.Breaker) // the records are read into it in place: one allocation, not one per row
+	if p.str(rec) != "" {
+		storedBreaker.into(p, rec, b)
 	}
 	s, rows := p.str(win), 0
 	for ; s != "" && p.err == nil; rows++ {
@@ -524,7 +531,7 @@ func breakerAt(p *parser, rec, win any, policy gate.BreakerPolicy, now int64) ga
 			p.fail("WIN: more than %d rows", gate.WindowBuckets)
 			break
 		}
-		b.Buckets[rows], s = storedWindow.unpack(p, s)
+		s = storedWindow.unpackInto(p, s, &b.Buckets[rows])
 	}
 	if rows != 0 && rows != gate.WindowBuckets {
 		p.fail("WIN: %d rows, want %d", rows, gate.WindowBuckets)
@@ -851,12 +858,18 @@ func concat[T any](parts ...[]arg[T]) []arg[T] {
 
 // ---------------------------------------------------------------- replies
 
+// number reads a number field with num: a packed record's as it is, an
+// array reply's element once checked to be an integer.
+func number[T any](num func(*parser, int64, *T)) getter[T] {
+	return getter[T]{read: func(p *parser, v any, t *T) { num(p, p.int(v), t) }, num: num}
+}
+
 func getInt[T any](set func(*T, int64)) getter[T] {
-	return getter[T]{read: func(p *parser, v any, t *T) { set(t, p.int(v)) }}
+	return number(func(_ *parser, v int64, t *T) { set(t, v) })
 }
 
 func getUint[T any](set func(*T, uint64)) getter[T] {
-	return getter[T]{read: func(p *parser, v any, t *T) { set(t, p.uint(v)) }}
+	return number(func(p *parser, v int64, t *T) { set(t, p.nonNegative(v)) })
 }
 
 func getStr[T any](set func(*T, string)) getter[T] {

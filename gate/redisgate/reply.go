@@ -44,8 +44,7 @@ func (p *parser) int(v any) int64 {
 	return i
 }
 
-func (p *parser) uint(v any) uint64 {
-	i := p.int(v)
+func (p *parser) nonNegative(i int64) uint64 {
 	if i < 0 {
 		p.fail("want a non-negative integer, got %d", i)
 		return 0
