@@ -1,10 +1,13 @@
 package server
 
 import (
+	"fmt"
 	"math"
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -180,6 +183,15 @@ func recordResponse(r policy.Recorded) *admissionv1.RecordOutcomeResponse {
 // sidecar knows besides (nil when only the backend's view is at hand), confs
 // the configuration's messages made already.
 func sourceState(v gate.SourceView, local *policy.SourceState, cfg *config.Scope, confs sourceConfigs) *admissionv1.SourceState {
+	out := viewState(v, local)
+	if src := cfg.Source(v.Source); src != nil {
+		out.Config = confs.of(src, cfg.LeaseGrace).msg
+	}
+	return out
+}
+
+// viewState is sourceState without the configuration.
+func viewState(v gate.SourceView, local *policy.SourceState) *admissionv1.SourceState {
 	b := v.Breaker
 	out := &admissionv1.SourceState{
 		Name: v.Source, State: states[b.State], Reason: reasons[b.Reason], RetryAfter: dur(b.RetryAfter),
@@ -194,9 +206,6 @@ func sourceState(v gate.SourceView, local *policy.SourceState, cfg *config.Scope
 		out.CooldownMemo = dur(local.Memo)
 		out.FailedRecently = local.FailedRecently
 	}
-	if src := cfg.Source(v.Source); src != nil {
-		out.Config = confs.of(src, cfg.LeaseGrace)
-	}
 	return out
 }
 
@@ -204,25 +213,59 @@ func sourceState(v gate.SourceView, local *policy.SourceState, cfg *config.Scope
 // sources, made when it is applied and shared by every answer that shows
 // one (as above), instead of a message and eight durations per source and
 // answer.
-type sourceConfigs map[*config.Source]*admissionv1.SourceConfig
+type sourceConfigs map[*config.Source]sourceConfigMsg
+
+// sourceConfigMsg is a source's configuration as a message, and as the
+// SourceState field that carries it, encoded.
+type sourceConfigMsg struct {
+	msg   *admissionv1.SourceConfig
+	field []byte
+}
 
 func newSourceConfigs(cfg *config.Config) sourceConfigs {
 	m := make(sourceConfigs)
 	for _, sc := range cfg.Scopes {
 		for i := range sc.Sources {
-			m[&sc.Sources[i]] = sourceConfig(&sc.Sources[i], sc.LeaseGrace)
+			m[&sc.Sources[i]] = newSourceConfigMsg(sourceConfig(&sc.Sources[i], sc.LeaseGrace))
 		}
 	}
 	return m
 }
 
-// of is src's message: made already when src is of the configuration m was
-// made of, else (a removed scope's, or one read across a reload) made now.
-func (m sourceConfigs) of(src *config.Source, grace time.Duration) *admissionv1.SourceConfig {
+// configField is SourceState's field number of its configuration.
+var configField = (&admissionv1.SourceState{}).ProtoReflect().Descriptor().Fields().ByName("config").Number()
+
+func newSourceConfigMsg(c *admissionv1.SourceConfig) sourceConfigMsg {
+	b, err := proto.Marshal(c)
+	if err != nil {
+		panic(fmt.Sprintf("server: a source's configuration does not encode: %v", err)) // cannot happen: it holds numbers and valid strings
+	}
+	return sourceConfigMsg{msg: c, field: protowire.AppendBytes(protowire.AppendTag(nil, configField, protowire.BytesType), b)}
+}
+
+// of is src's configuration: made already when src is of the configuration
+// m was made of, else (a removed scope's, or one read across a reload) made
+// now.
+func (m sourceConfigs) of(src *config.Source, grace time.Duration) sourceConfigMsg {
 	if c, ok := m[src]; ok {
 		return c
 	}
-	return sourceConfig(src, grace)
+	return newSourceConfigMsg(sourceConfig(src, grace))
+}
+
+// encodedSourceState is sourceState for an answer that is only sent (a
+// RetryAfter's): its configuration goes as the bytes encoded when the
+// configuration was applied, set as the message's unknown fields, which the
+// marshaling copies as they are; a client decodes them as the config field
+// (field order does not matter on the wire). Encoding the message each time
+// was a third of the answer's marshaling (1.3 µs of 2.1 µs for one source).
+// In this process, the message reads as having no config.
+func encodedSourceState(v gate.SourceView, cfg *config.Scope, confs sourceConfigs) *admissionv1.SourceState {
+	out := viewState(v, nil)
+	if src := cfg.Source(v.Source); src != nil {
+		out.ProtoReflect().SetUnknown(confs.of(src, cfg.LeaseGrace).field)
+	}
+	return out
 }
 
 // DescribeConfig is cfg's scopes as ListScopes would show them before any

@@ -393,7 +393,7 @@ func (s *Server) RetryAfter(ctx context.Context, req *admissionv1.RetryAfterRequ
 	resp := &admissionv1.RetryAfterResponse{RetryAfter: dur(least), Sources: make([]*admissionv1.SourceState, len(views))}
 	cfg, confs := sc.Config(), *s.confs.Load()
 	for i, v := range views {
-		resp.Sources[i] = sourceState(v, nil, cfg, confs)
+		resp.Sources[i] = encodedSourceState(v, cfg, confs)
 	}
 	return resp, nil
 }

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"testing"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/polygate/polygate/config"
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 )
@@ -178,6 +180,13 @@ scopes:
 		}
 		if err := check(d.GetScope().GetSources(), map[int64]bool{want: true}); err != nil {
 			t.Fatalf("DescribeScope after reloading %ds: %v", want, err)
+		}
+		// RetryAfter sends its configurations encoded already: the client
+		// decodes the same message, as a field, not as unknown bytes.
+		for i, s := range r.GetSources() {
+			if got, want := s.GetConfig(), d.GetScope().GetSources()[i].GetConfig(); !proto.Equal(got, want) || len(s.ProtoReflect().GetUnknown()) != 0 {
+				t.Fatalf("RetryAfter's configuration of %s: %v (unknown bytes %x), want DescribeScope's %v", s.GetName(), got, s.ProtoReflect().GetUnknown(), want)
+			}
 		}
 	}
 }
