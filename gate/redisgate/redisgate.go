@@ -322,19 +322,25 @@ func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot
 		c := req.Candidate(i)
 		args = peekSourceArgs.pack(args, &c)
 	}
-	args = lineReadArgs.pack(args, &lineRead{b, req.Line})
 	var join *gate.Waiter
-	if req.Line != nil {
+	if req.Line == nil {
+		args = append(args, absentLineRead)
+	} else {
+		args = lineReadArgs.pack(args, &lineRead{b, req.Line})
 		join = req.Line.Join
 	}
-	args = waiterArgs.pack(args, &lineArg{b, join})
+	if join == nil {
+		args = append(args, absentWaiter)
+	} else {
+		args = waiterArgs.pack(args, &lineArg{b, join})
+	}
 	for _, s := range req.Sources {
 		keys = appendLineKeys(keys, tag, s.Name)
-		var j joinArg
 		if join != nil && slices.Contains(req.Line.Joins, s.Name) {
-			j = joinArg{on: true, place: join.Places[s.Name]}
+			args = joinArgs.pack(args, &joinArg{on: true, place: join.Places[s.Name]})
+		} else {
+			args = append(args, absentJoin)
 		}
-		args = joinArgs.pack(args, &j)
 	}
 	v, err := b.run(ctx, op, peekScript, keys, args)
 	if err != nil {
@@ -359,6 +365,15 @@ func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot
 	}
 	return out, nil
 }
+
+// A peek without a line (RetryAfter's, OnNoRunnable's shared reads) sends
+// the same absent line, waiter and join blocks every time: packed once, as
+// arguments (a block boxed once).
+var (
+	absentLineRead = lineReadArgs.pack(nil, &lineRead{})[0]
+	absentWaiter   = waiterArgs.pack(nil, &lineArg{})[0]
+	absentJoin     = joinArgs.pack(nil, &joinArg{})[0]
+)
 
 // Override implements gate.Backend.
 func (b *Backend) Override(ctx context.Context, req gate.OverrideRequest) (gate.OverrideResult, error) {
