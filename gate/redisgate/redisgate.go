@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -66,6 +67,10 @@ type Backend struct {
 	batches batcher
 	onLoss  func(scope string, restored int)
 	replica string // this Backend among those sharing a line
+	// peeks are the keys of each scope's peek (peekKeys), by scope; npeeks
+	// counts them.
+	peeks  sync.Map
+	npeeks atomic.Int64
 }
 
 var _ gate.Backend = (*Backend)(nil)
@@ -310,15 +315,15 @@ func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot, error) {
 	const op = "peek"
 	n := len(req.Sources)
-	keys := make([]string, 0, len(scopeKeys.suffixes)+(len(sourceKeys.suffixes)+len(lineKeys.suffixes))*n)
-	tag := b.tag(req.Scope)
-	keys = appendScopeKeys(keys, tag)
-	args := peekArgs.pack(make([]any, 0, peekArgs.width()+(peekSourceArgs.width()+joinArgs.width())*n+lineReadArgs.width()+waiterArgs.width()), &call[gate.PeekRequest]{b, &req, tag})
 	for i, s := range req.Sources {
 		if s == nil {
 			return gate.Snapshot{}, fmt.Errorf("redisgate: %s: source %d is nil", op, i)
 		}
-		keys = appendSourceKeys(keys, tag, s.Name)
+	}
+	pk := b.peekKeysOf(req.Scope, req.Sources)
+	tag, keys := pk.tag, pk.keys
+	args := peekArgs.pack(make([]any, 0, peekArgs.width()+(peekSourceArgs.width()+joinArgs.width())*n+lineReadArgs.width()+waiterArgs.width()), &call[gate.PeekRequest]{b, &req, tag})
+	for i := range req.Sources {
 		c := req.Candidate(i)
 		args = peekSourceArgs.pack(args, &c)
 	}
@@ -335,7 +340,6 @@ func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot
 		args = waiterArgs.pack(args, &lineArg{b, join})
 	}
 	for _, s := range req.Sources {
-		keys = appendLineKeys(keys, tag, s.Name)
 		if join != nil && slices.Contains(req.Line.Joins, s.Name) {
 			args = joinArgs.pack(args, &joinArg{on: true, place: join.Places[s.Name]})
 		} else {
@@ -364,6 +368,45 @@ func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot
 		return gate.Snapshot{}, p.err
 	}
 	return out, nil
+}
+
+// peekKeys are a peek's keys (the scope's, each source's, then each
+// source's line's) and the scope's tag: the same strings read after read,
+// made once per scope and list of sources instead of per read.
+type peekKeys struct {
+	tag   string
+	names []string
+	keys  []string
+}
+
+// maxPeekKeys bounds the scopes whose peek keys are kept (scopes come from
+// the configuration); past it, a peek of another scope makes its keys anew.
+const maxPeekKeys = 4096
+
+// peekKeysOf is the keys of a peek of srcs (none nil) in scope: those kept
+// when they are of the same sources, else made (and kept).
+func (b *Backend) peekKeysOf(scope string, srcs []*gate.Source) *peekKeys {
+	if v, ok := b.peeks.Load(scope); ok {
+		if pk := v.(*peekKeys); slices.EqualFunc(pk.names, srcs, func(n string, s *gate.Source) bool { return n == s.Name }) {
+			return pk
+		}
+	}
+	pk := &peekKeys{tag: b.tag(scope), names: make([]string, len(srcs)),
+		keys: make([]string, 0, len(scopeKeys.suffixes)+(len(sourceKeys.suffixes)+len(lineKeys.suffixes))*len(srcs))}
+	pk.keys = appendScopeKeys(pk.keys, pk.tag)
+	for i, s := range srcs {
+		pk.names[i] = s.Name
+		pk.keys = appendSourceKeys(pk.keys, pk.tag, s.Name)
+	}
+	for _, s := range srcs {
+		pk.keys = appendLineKeys(pk.keys, pk.tag, s.Name)
+	}
+	if b.npeeks.Load() < maxPeekKeys {
+		if _, loaded := b.peeks.Swap(scope, pk); !loaded {
+			b.npeeks.Add(1)
+		}
+	}
+	return pk
 }
 
 // A peek without a line (RetryAfter's, OnNoRunnable's shared reads) sends

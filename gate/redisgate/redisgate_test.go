@@ -177,3 +177,32 @@ func TestTestClockIsSent(t *testing.T) {
 		t.Fatalf("now_ms sent %v, want %v", got, want)
 	}
 }
+
+// A peek's keys are kept per scope and list of sources: peeks of other
+// lists of the same scope (a reload) and of other scopes read their own
+// sources, never the kept ones. Only b is forced open, in scope s; each view
+// must say which of its sources that is.
+func TestPeekKeysFollowTheSources(t *testing.T) {
+	ctx := testCtx(t)
+	b := newBackend(t, redistest.Start(t).Client(t), redisgate.Options{})
+	a, bb, c := gatetest.Src("a"), gatetest.Src("b"), gatetest.Src("c")
+	must(b.Override(ctx, gate.OverrideRequest{Scope: "s", Source: bb, Action: gate.ActionForceOpen, Actor: "x", Why: "y"}))(t)
+	for _, p := range []struct {
+		scope string
+		srcs  []*gate.Source
+	}{
+		{"s", []*gate.Source{a}}, {"s", []*gate.Source{a, bb}}, {"s", []*gate.Source{a, bb}}, {"s", []*gate.Source{bb}},
+		{"s", []*gate.Source{c, bb, a}}, {"t", []*gate.Source{c, bb, a}}, {"s", []*gate.Source{a}}, {"t", []*gate.Source{bb}},
+	} {
+		snap := must(b.Peek(ctx, gate.PeekRequest{Scope: p.scope, Sources: p.srcs}))(t)
+		if len(snap.Sources) != len(p.srcs) {
+			t.Fatalf("peek of %s %d sources: %d views", p.scope, len(p.srcs), len(snap.Sources))
+		}
+		for i, v := range snap.Sources {
+			forced := p.scope == "s" && p.srcs[i] == bb
+			if v.Source != p.srcs[i].Name || (v.Breaker.Override == gate.ForcedOpen) != forced {
+				t.Fatalf("peek of %s, source %d: %s with override %v, want %s forced open %v", p.scope, i, v.Source, v.Breaker.Override, p.srcs[i].Name, forced)
+			}
+		}
+	}
+}
