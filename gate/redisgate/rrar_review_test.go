@@ -50,8 +50,8 @@ func TestReviewCallerDeadlineIsNotUnavailable(t *testing.T) {
 		_, err := b.Peek(gone, req)
 		wg.Wait()
 		cancel()
-		if errors.Is(err, gate.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("round %d: a peek whose caller's deadline passed while Redis held it: %v, want the caller's deadline, not unavailable", round, err)
+		if err != nil && (errors.Is(err, gate.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded)) {
+			t.Fatalf("round %d: a peek whose caller's deadline passed while Redis held it: %v, want the caller's deadline (or the answer, when Redis beat the socket's timer), not unavailable", round, err)
 		}
 	}
 }
