@@ -10,6 +10,10 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/polygate/polygate/config"
 
 	"github.com/polygate/polygate/gate/fallback"
 	"github.com/polygate/polygate/gate/redisgate"
@@ -145,5 +149,113 @@ func TestReviewRetryAfterCallerGoneIsNotRedisDown(t *testing.T) {
 		if fb.Degraded() || changes.Load() != 0 {
 			t.Fatalf("round %d: the sidecar's Redis backend went degraded (%d changes, cause %v) because a RetryAfter's caller gave up", round, changes.Load(), cause.Load())
 		}
+	}
+}
+
+// Review (rrar): the shared SourceConfig messages, the zero duration and
+// RetryAfter's pre-encoded configuration bytes under everything at once:
+// RetryAfter (gRPC and in process, naming sources), DescribeScope (gRPC,
+// and in process rendered with protojson as the status page does),
+// OverrideBreaker, and reloads that flip the configuration. Under -race;
+// every RetryAfter decodes to DescribeScope's configuration of one of the
+// two configurations, never both config forms, never a torn one.
+func TestReviewSharedConfigsUnderEverything(t *testing.T) {
+	yaml := func(timeout string, attr string) string {
+		return `
+scopes:
+  one:
+    lease_grace: 1s
+    sources: [{name: a, timeout: ` + timeout + `, attributes: {m: ` + attr + `}}, {name: b, timeout: ` + timeout + `}]
+`
+	}
+	r := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: r.Addr})
+	t.Cleanup(func() { client.Close() })
+	rb, err := redisgate.New(client, redisgate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, backend := range []struct {
+		name string
+		b    harnessOpts
+	}{{"memory", harnessOpts{}}, {"redis", harnessOpts{backend: rb}}} {
+		t.Run(backend.name, func(t *testing.T) {
+			o := backend.b
+			o.yaml = yaml("5s", "x")
+			h := start(t, o)
+			var parsed []*config.Config
+			for _, y := range []string{yaml("5s", "x"), yaml("11s", "yy")} {
+				cfg, err := config.Parse([]byte(y), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				parsed = append(parsed, cfg)
+			}
+			want := map[string]bool{}
+			for _, c := range parsed {
+				for i := range c.Scopes["one"].Sources {
+					b, _ := proto.Marshal(sourceConfig(&c.Scopes["one"].Sources[i], c.Scopes["one"].LeaseGrace))
+					want[string(b)] = true
+				}
+			}
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			loop := func(f func(i int)) {
+				wg.Go(func() {
+					for i := 0; ; i++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						f(i)
+					}
+				})
+			}
+			loop(func(i int) { h.srv.Apply(parsed[i%2]) })
+			loop(func(i int) {
+				action := []admissionv1.OverrideAction{admissionv1.OverrideAction_OVERRIDE_ACTION_FORCE_OPEN, admissionv1.OverrideAction_OVERRIDE_ACTION_CLEAR}[i%2]
+				if _, err := h.client.OverrideBreaker(h.ctx, &admissionv1.OverrideBreakerRequest{Scope: "one", Source: "a", Action: action, Actor: "t", Reason: "r"}); err != nil {
+					t.Errorf("OverrideBreaker: %v", err)
+				}
+			})
+			loop(func(int) {
+				d, err := h.srv.DescribeScope(h.ctx, &admissionv1.DescribeScopeRequest{Scope: "one"})
+				if err != nil {
+					t.Errorf("DescribeScope: %v", err)
+					return
+				}
+				if _, err := protojson.Marshal(d); err != nil {
+					t.Error(err)
+				}
+				if _, err := h.client.DescribeScope(h.ctx, &admissionv1.DescribeScopeRequest{Scope: "one"}); err != nil {
+					t.Errorf("DescribeScope: %v", err)
+				}
+			})
+			loop(func(int) {
+				resp, err := h.srv.RetryAfter(h.ctx, &admissionv1.RetryAfterRequest{Scope: "one", Sources: []string{"b"}})
+				if err != nil {
+					t.Errorf("RetryAfter: %v", err)
+					return
+				}
+				if _, err := proto.Marshal(resp); err != nil {
+					t.Error(err)
+				}
+			})
+			for range 150 {
+				resp, err := h.client.RetryAfter(h.ctx, &admissionv1.RetryAfterRequest{Scope: "one"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, s := range resp.GetSources() {
+					b, _ := proto.Marshal(s.GetConfig())
+					if !want[string(b)] || len(s.ProtoReflect().GetUnknown()) != 0 {
+						t.Fatalf("RetryAfter's configuration of %s: %v (unknown %x), not one of the configurations'", s.GetName(), s.GetConfig(), s.ProtoReflect().GetUnknown())
+					}
+				}
+			}
+			close(stop)
+			wg.Wait()
+		})
 	}
 }
