@@ -25,8 +25,11 @@ import (
 // caller asks for it apart: OnNoRunnable's caller then parks for minutes, and
 // a backend's deep call (go-redis) would have grown its stack to 16 KB
 // (docs/performance.md, "What a held call costs"). A read run inline is its
-// caller's alone (others gather behind it), so it runs under the caller's ctx
-// and costs no allocation. A read apart runs on a goroutine of its own.
+// caller's alone (others gather behind it), so it needs no shared record; it
+// runs without the caller's cancellation all the same: a read cut short
+// costs a Redis connection (go-redis closes it), and a caller's deadline
+// reaching the socket could read as Redis unavailable. A read apart runs on
+// a goroutine of its own.
 // Reads that gathered behind a read run on a goroutine of their own too, one
 // after the other, so no caller serves others' reads after its own.
 type reads struct {
@@ -64,8 +67,8 @@ func newRead(ctx context.Context) *read {
 // peek reads every source of the scope for an attempt of tokens, sharing the
 // read with the callers that ask at the same time, and returns the sources
 // read with the snapshot. apart: a read this caller starts runs on another
-// goroutine. A shared read runs without ctx's cancellation (others may share
-// it; the backend bounds its own calls); a caller that does not run it stops
+// goroutine. A read runs without ctx's cancellation (others may share it;
+// the backend bounds its own calls); a caller that does not run it stops
 // waiting for it when ctx ends.
 func (r *reads) peek(ctx context.Context, tokens int64, apart bool) ([]*source, gate.Snapshot, error) {
 	r.mu.Lock()
@@ -78,14 +81,7 @@ func (r *reads) peek(ctx context.Context, tokens int64, apart bool) ([]*source, 
 			go r.run(tokens, rd)
 			return wait(ctx, rd)
 		}
-		srcs, snap, err := r.do(ctx, tokens)
-		if next := r.ended(tokens); next != nil {
-			go r.run(tokens, next)
-		}
-		if err != nil && ctx.Err() != nil {
-			err = ctx.Err() // as a caller gone while waiting is answered
-		}
-		return srcs, snap, err
+		return r.inline(ctx, tokens)
 	}
 	rd := k.next
 	if rd == nil {
@@ -94,6 +90,19 @@ func (r *reads) peek(ctx context.Context, tokens int64, apart bool) ([]*source, 
 	}
 	r.mu.Unlock()
 	return wait(ctx, rd)
+}
+
+// inline runs a read on its caller's goroutine, then hands the read gathered
+// behind it, if any, to a goroutine of its own; also when the backend panics
+// (the caller's recovery answers it), so that later callers are not left
+// waiting for a read that never ends.
+func (r *reads) inline(ctx context.Context, tokens int64) ([]*source, gate.Snapshot, error) {
+	defer func() {
+		if next := r.ended(tokens); next != nil {
+			go r.run(tokens, next)
+		}
+	}()
+	return r.do(context.WithoutCancel(ctx), tokens)
 }
 
 // wait is rd's answer, or ctx's error if ctx ends first.
