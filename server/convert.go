@@ -240,7 +240,8 @@ func newSourceConfigMsg(c *admissionv1.SourceConfig) sourceConfigMsg {
 	if err != nil {
 		panic(fmt.Sprintf("server: a source's configuration does not encode: %v", err)) // cannot happen: it holds numbers and valid strings
 	}
-	return sourceConfigMsg{msg: c, field: protowire.AppendBytes(protowire.AppendTag(nil, configField, protowire.BytesType), b)}
+	f := protowire.AppendBytes(protowire.AppendTag(nil, configField, protowire.BytesType), b)
+	return sourceConfigMsg{msg: c, field: f[:len(f):len(f)]} // shared: no spare capacity to append into
 }
 
 // of is src's configuration: made already when src is of the configuration

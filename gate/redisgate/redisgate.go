@@ -68,9 +68,10 @@ type Backend struct {
 	onLoss  func(scope string, restored int)
 	replica string // this Backend among those sharing a line
 	// peeks are the keys of each scope's peek (peekKeys), by scope; npeeks
-	// counts them.
+	// counts them; peekMu orders their changes (a peek of new keys).
 	peeks  sync.Map
 	npeeks atomic.Int64
+	peekMu sync.Mutex
 }
 
 var _ gate.Backend = (*Backend)(nil)
@@ -380,7 +381,7 @@ type peekKeys struct {
 }
 
 // maxPeekKeys bounds the scopes whose peek keys are kept (scopes come from
-// the configuration); past it, a peek of another scope makes its keys anew.
+// the configuration); a new scope past it clears them all.
 const maxPeekKeys = 4096
 
 // peekKeysOf is the keys of a peek of srcs (none nil) in scope: those kept
@@ -401,10 +402,14 @@ func (b *Backend) peekKeysOf(scope string, srcs []*gate.Source) *peekKeys {
 	for _, s := range srcs {
 		pk.keys = appendLineKeys(pk.keys, pk.tag, s.Name)
 	}
-	if b.npeeks.Load() < maxPeekKeys {
-		if _, loaded := b.peeks.Swap(scope, pk); !loaded {
-			b.npeeks.Add(1)
-		}
+	b.peekMu.Lock()
+	defer b.peekMu.Unlock()
+	if _, kept := b.peeks.Load(scope); !kept && b.npeeks.Load() >= maxPeekKeys {
+		b.peeks.Clear() // past the bound (reloads that renamed scopes): start over
+		b.npeeks.Store(0)
+	}
+	if _, loaded := b.peeks.Swap(scope, pk); !loaded {
+		b.npeeks.Add(1)
 	}
 	return pk
 }
@@ -550,12 +555,19 @@ func noFunction(err error) bool {
 // passes through; Redis that cannot be reached or cannot serve now wraps
 // gate.ErrUnavailable; anything else (a script error) is a bug and does not.
 func (b *Backend) wrap(ctx context.Context, op string, err error) error {
+	cerr := ctx.Err()
+	if d, ok := ctx.Deadline(); cerr == nil && ok && !time.Now().Before(d) {
+		// The caller's deadline, put on the socket by the client, fired
+		// before the context's own timer cancelled it: the caller's end,
+		// not Redis's.
+		cerr = context.DeadlineExceeded
+	}
 	switch {
-	case ctx.Err() != nil:
-		if errors.Is(err, ctx.Err()) {
+	case cerr != nil:
+		if errors.Is(err, cerr) {
 			return fmt.Errorf("redisgate: %s: %w", op, err)
 		}
-		return fmt.Errorf("redisgate: %s: %w (%v)", op, ctx.Err(), err)
+		return fmt.Errorf("redisgate: %s: %w (%v)", op, cerr, err)
 	case unavailable(err):
 		return fmt.Errorf("redisgate: %s: %w: %w", op, gate.ErrUnavailable, err)
 	}
