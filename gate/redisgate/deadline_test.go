@@ -15,7 +15,7 @@ import (
 	"github.com/polygate/polygate/internal/redistest"
 )
 
-// Review (rrar): wrap's contract is that the caller's context ending passes
+// Wrap's contract is that the caller's context ending passes
 // through and only the Backend's own deadline means unavailable. When the
 // caller's deadline is the earliest one, the client (ContextTimeoutEnabled,
 // as the sidecar sets it) puts it on the socket, and the socket's timeout
@@ -23,9 +23,8 @@ import (
 // ctx.Err() == nil and answers gate.ErrUnavailable for a caller that merely
 // ran out of time (fallback then goes degraded). Each round holds a peek on
 // Redis (CLIENT PAUSE WRITE) past the caller's deadline, then releases it.
-// Pre-existing on main (DescribeScope's peek runs under the caller's
-// context); wt-rra puts RetryAfter's inline read there too.
-func TestReviewCallerDeadlineIsNotUnavailable(t *testing.T) {
+// DescribeScope's peek runs under the caller's context.
+func TestCallerDeadlineIsNotUnavailable(t *testing.T) {
 	ctx := testCtx(t)
 	r := redistest.Start(t)
 	client := redis.NewClient(&redis.Options{Addr: r.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})

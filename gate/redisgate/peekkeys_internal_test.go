@@ -7,13 +7,12 @@ import (
 	"github.com/polygate/polygate/gate"
 )
 
-// Review (rrar): the peek keys kept per scope stop following reloads once
-// maxPeekKeys scopes were ever kept: nothing is evicted (a removed scope's
-// keys stay for good), and a kept scope whose sources changed is not
-// replaced (Swap only runs below the bound), so each of its peeks makes its
-// keys anew, for as long as the process lives. Scopes come from the
-// configuration, so the bound is reached by reloads that rename scopes.
-func TestReviewPeekKeysFollowReloadsPastTheBound(t *testing.T) {
+// The peek keys kept per scope follow reloads past maxPeekKeys scopes: a
+// kept scope whose sources changed is replaced, and a new scope past the
+// bound clears them (once, they neither followed a changed scope nor let go
+// of a removed one past the bound). Scopes come from the configuration, so
+// the bound is reached by reloads that rename scopes.
+func TestPeekKeysFollowReloadsPastTheBound(t *testing.T) {
 	b := &Backend{}
 	one := []*gate.Source{{Name: "a"}}
 	for i := range maxPeekKeys {

@@ -35,7 +35,7 @@ func (d *dialCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 	return next
 }
 
-// Review (rrar): a RetryAfter whose caller gives up while its read is on
+// a RetryAfter whose caller gives up while its read is on
 // Redis must not cost the sidecar its Redis connection. Admits and settles
 // run under the Backend's own timeout, never a caller's (redisgate's batch.go),
 // and shared reads run without the caller's cancellation; a read run inline
@@ -48,7 +48,7 @@ func (d *dialCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 // Redis holds the read (heldRead: CLIENT PAUSE WRITE holds an FCALL of a
 // function without no-writes, as peek is, but not CLIENT UNPAUSE) until the
 // caller's deadline has passed: the read is on the wire when it gives up.
-func TestReviewRetryAfterCallerGoneKeepsRedisConnection(t *testing.T) {
+func TestRetryAfterCallerGoneKeepsRedisConnection(t *testing.T) {
 	r := redistest.Start(t)
 	dials := &dialCounter{}
 	// As internal/sidecar's openRedis: deadlines reach the socket.
@@ -103,19 +103,19 @@ func heldRead(t *testing.T, ctx context.Context, admin *redis.Client, deadline t
 	return call(gone)
 }
 
-// Review (rrar): a caller's own deadline must not read as Redis being down.
+// A caller's own deadline must not read as Redis being down.
 // The sidecar wraps redisgate in fallback; an error wrapping
 // gate.ErrUnavailable makes it degraded: the log says "redis backend
 // unavailable", the polygate.backend health NOT_SERVING (the admission
 // service's too under fail_closed), and under local every decision of the
 // sidecar is served by the local backend until a check a PingEvery later.
-// With the read run under the caller's context, the socket's deadline (the
-// caller's) fires as the context's timer does, and redisgate.wrap, seeing
-// ctx.Err() still nil, sorts the timeout as Redis unavailable; so does
-// reads.peek's own ctx.Err() check after it. Any application client can
-// then flip the sidecar by asking RetryAfter with a deadline shorter than a
-// Redis read. (main: the read runs without the caller's cancellation.)
-func TestReviewRetryAfterCallerGoneIsNotRedisDown(t *testing.T) {
+// A read run under the caller's context put the caller's deadline on the
+// socket, which can fire before the context's timer: redisgate.wrap, seeing
+// ctx.Err() still nil, sorted the timeout as Redis unavailable, so any
+// application client could flip the sidecar by asking RetryAfter with a
+// deadline shorter than a Redis read. Reads run without the caller's
+// cancellation, and wrap sorts a passed deadline as the caller's.
+func TestRetryAfterCallerGoneIsNotRedisDown(t *testing.T) {
 	r := redistest.Start(t)
 	client := redis.NewClient(&redis.Options{Addr: r.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { client.Close() })
@@ -152,14 +152,14 @@ func TestReviewRetryAfterCallerGoneIsNotRedisDown(t *testing.T) {
 	}
 }
 
-// Review (rrar): the shared SourceConfig messages, the zero duration and
+// The shared SourceConfig messages, the zero duration and
 // RetryAfter's pre-encoded configuration bytes under everything at once:
 // RetryAfter (gRPC and in process, naming sources), DescribeScope (gRPC,
 // and in process rendered with protojson as the status page does),
 // OverrideBreaker, and reloads that flip the configuration. Under -race;
 // every RetryAfter decodes to DescribeScope's configuration of one of the
 // two configurations, never both config forms, never a torn one.
-func TestReviewSharedConfigsUnderEverything(t *testing.T) {
+func TestSharedConfigsUnderEverything(t *testing.T) {
 	yaml := func(timeout string, attr string) string {
 		return `
 scopes:
