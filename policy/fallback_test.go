@@ -10,27 +10,10 @@ import (
 	"github.com/polygate/polygate/config"
 	"github.com/polygate/polygate/gate"
 	"github.com/polygate/polygate/gate/fallback"
+	"github.com/polygate/polygate/gate/gatetest"
 	"github.com/polygate/polygate/gate/inmem"
 	"github.com/polygate/polygate/policy"
 )
-
-// down is a shared backend that never answers.
-type down struct{}
-
-func (down) Admit(context.Context, gate.AdmitRequest) (gate.Admission, error) {
-	return gate.Admission{}, gate.ErrUnavailable
-}
-func (down) Settle(context.Context, gate.SettleRequest) (gate.Settlement, error) {
-	return gate.Settlement{}, gate.ErrUnavailable
-}
-func (down) Peek(context.Context, gate.PeekRequest) (gate.Snapshot, error) {
-	return gate.Snapshot{}, gate.ErrUnavailable
-}
-func (down) Override(context.Context, gate.OverrideRequest) (gate.OverrideResult, error) {
-	return gate.OverrideResult{}, gate.ErrUnavailable
-}
-func (down) Leave(context.Context, gate.LeaveRequest) error { return gate.ErrUnavailable }
-func (down) Ping(context.Context) error                     { return gate.ErrUnavailable }
 
 // With on_unavailable: local and two replicas, the local gate admits against
 // the replica's share (max_concurrency 2 → 1). A caller refused for that
@@ -48,7 +31,7 @@ scopes:
 		if err != nil {
 			t.Fatal(err)
 		}
-		b := fallback.New(down{}, fallback.Options{Mode: fallback.Local, Replicas: 2})
+		b := fallback.New(gatetest.Down{}, fallback.Options{Mode: fallback.Local, Replicas: 2})
 		s := policy.NewScope(cfg.Scopes["s"], b, policy.Options{Rand: half})
 		defer s.Close()
 

@@ -644,24 +644,6 @@ func TestFlappingRedisLeaksNothing(t *testing.T) {
 	}
 }
 
-// down is a shared backend that never answers.
-type down struct{}
-
-func (down) Admit(context.Context, gate.AdmitRequest) (gate.Admission, error) {
-	return gate.Admission{}, gate.ErrUnavailable
-}
-func (down) Settle(context.Context, gate.SettleRequest) (gate.Settlement, error) {
-	return gate.Settlement{}, gate.ErrUnavailable
-}
-func (down) Peek(context.Context, gate.PeekRequest) (gate.Snapshot, error) {
-	return gate.Snapshot{}, gate.ErrUnavailable
-}
-func (down) Override(context.Context, gate.OverrideRequest) (gate.OverrideResult, error) {
-	return gate.OverrideResult{}, gate.ErrUnavailable
-}
-func (down) Leave(context.Context, gate.LeaveRequest) error { return gate.ErrUnavailable }
-func (down) Ping(context.Context) error                     { return gate.ErrUnavailable }
-
 // TestShareOfHugeLimitsSaturates: a limit near the top of its type (an
 // rpm of 2^63-1 meant as "no real limit") divided among replicas is about
 // half of it, not 1: on main the rounding up (v+n-1)/n wrapped negative and
@@ -669,7 +651,7 @@ func (down) Ping(context.Context) error                     { return gate.ErrUna
 func TestShareOfHugeLimitsSaturates(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	b := fallback.New(down{}, fallback.Options{Mode: fallback.Local, Replicas: 2})
+	b := fallback.New(gatetest.Down{}, fallback.Options{Mode: fallback.Local, Replicas: 2})
 	src := gatetest.Src("s", func(s *gate.Source) {
 		s.Limits.MaxConcurrency, s.Limits.RPM, s.Limits.TPM = math.MaxInt, math.MaxInt64, math.MaxInt64
 	})
