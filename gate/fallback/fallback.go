@@ -89,7 +89,7 @@ type Backend struct {
 
 	degraded atomic.Bool
 	kept     atomic.Int64  // see Kept
-	changes  atomic.Uint64 // counts changes of mode
+	changes  atomic.Uint64 // counts changes of mode, twice each (odd while one is under way)
 	nextPing atomic.Int64  // UnixNano of the next allowed check
 	mu       sync.Mutex    // serializes changes of mode and their OnChange
 }
@@ -131,26 +131,28 @@ func (b *Backend) Check(ctx context.Context) error {
 // mode changed (a decision in flight at the switch) may not have been
 // counted by the other side's decisions since: it is given back where it
 // was granted and the Admit is asked again, once, so that the switch
-// never makes more holders than the limits (see lent and out).
+// never makes more holders than the limits (see lent and out). The count
+// of changes is read before call reads the mode, so that a change between
+// the two is seen; an odd count is a change under way (see set).
 func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admission, error) {
 	for try := 0; ; try++ {
 		var racedShared, racedLocal bool
+		seen := b.changes.Load()
+		raced := func() bool { return seen%2 == 1 || b.changes.Load() != seen }
 		a, err := call(b, ctx,
 			func() (gate.Admission, error) {
-				seen := b.changes.Load()
 				a, err := b.shared.Admit(ctx, b.leaveRoom(ctx, req))
 				if err == nil && a.Granted && b.o.Mode == Local {
 					b.out.add(req, a.Permit, b.o.Now())
-					racedShared = b.changes.Load() != seen
+					racedShared = raced()
 				}
 				return a, err
 			},
 			func() (gate.Admission, error) {
-				seen := b.changes.Load()
 				a, err := b.local.Admit(ctx, b.leaveOut(b.share(b.localAdmit(req))))
 				if err == nil && a.Granted {
 					b.lent.add(req.Scope, a.Permit.Source)
-					racedLocal = b.changes.Load() != seen
+					racedLocal = raced()
 				}
 				return a, err
 			})
@@ -213,7 +215,7 @@ func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 // gone through the shared backend since, are then not kept alive by this
 // one's reads, and leave the local lines with their lease.
 func (b *Backend) localReplica() string {
-	return "local-" + strconv.FormatUint(b.changes.Load(), 10)
+	return "local-" + strconv.FormatUint((b.changes.Load()+1)/2, 10) // the change under way's number while it is under way
 }
 
 func (b *Backend) localAdmit(req gate.AdmitRequest) gate.AdmitRequest {
@@ -366,10 +368,12 @@ func (b *Backend) set(degraded bool, cause error) {
 			b.kept.Store(int64(b.local.Adopt(b.records())))
 		}
 	}
-	// changes before degraded: a decision that sees the new mode is one
-	// that Admit's check of changes may have raced with (see Admit).
+	// The count of changes goes up before and after the mode (odd while it
+	// changes), so that a decision whose read of the count and of the mode
+	// straddle the change is seen by Admit's check.
 	b.changes.Add(1)
 	b.degraded.Store(degraded)
+	b.changes.Add(1)
 	if b.o.OnChange != nil {
 		b.o.OnChange(degraded, cause)
 	}
