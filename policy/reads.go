@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"fmt"
 	"sync"
 
 	"github.com/polygate/polygate/gate"
@@ -118,12 +119,30 @@ func wait(ctx context.Context, rd *read) ([]*source, gate.Snapshot, error) {
 // run does rd, then the reads that gathered behind it, until none is asked.
 func (r *reads) run(tokens int64, rd *read) {
 	for rd != nil {
-		rd.srcs, rd.snap, rd.err = r.do(rd.ctx, tokens)
+		rd.srcs, rd.snap, rd.err = r.guarded(rd.ctx, tokens)
 		rd.ctx = nil
 		close(rd.done)
 		rd = r.ended(tokens)
 	}
 }
+
+// guarded is do on a goroutine no caller's recovery covers: a backend that
+// panics fails the read, whose callers get the error, not the process.
+func (r *reads) guarded(ctx context.Context, tokens int64) (srcs []*source, snap gate.Snapshot, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			msg := fmt.Sprint(p)
+			if len(msg) > maxPanicText {
+				msg = msg[:maxPanicText] + "…"
+			}
+			err = fmt.Errorf("policy: reading the scope panicked: %s", msg)
+		}
+	}()
+	return r.do(ctx, tokens)
+}
+
+// maxPanicText bounds what a read's error says of a panic.
+const maxPanicText = 200
 
 // ended notes that the running read of tokens ended, and returns the read
 // gathered behind it, now running, if any.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -144,6 +145,30 @@ func TestReadsCallerGoneAndErrors(t *testing.T) {
 // main's reads were: a read cut short would cost a Redis connection), and
 // the callers gathered behind it get the read after it. A backend that
 // panics in an inline read ends that read: the next caller reads anew.
+// A read that runs on a goroutine of its own (OnNoRunnable's, and those
+// gathered behind another) fails when the backend panics, and the callers
+// sharing it get the error: no caller's recovery covers that goroutine, and a
+// panic there ended the process.
+func TestReadsApartSurviveABackendPanic(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		long := strings.Repeat("x", 10_000)
+		r := newReads(func(context.Context, int64) ([]*source, gate.Snapshot, error) {
+			time.Sleep(time.Second) // so that a second caller gathers behind
+			panic(long)
+		})
+		var wg sync.WaitGroup
+		for range 3 {
+			wg.Go(func() {
+				_, _, err := r.peek(context.Background(), 0, true)
+				if err == nil || !strings.Contains(err.Error(), "panicked") || len(err.Error()) > 2*maxPanicText {
+					t.Errorf("a read whose backend panicked: %.300v, want an error naming the panic, bounded", err)
+				}
+			})
+		}
+		wg.Wait()
+	})
+}
+
 func TestReadsInlineRunsWithoutTheCallersCancellation(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		t0 := time.Now()
