@@ -14,6 +14,16 @@ import (
 	"github.com/polygate/polygate/internal/redistest"
 )
 
+// redisBackend is a Redis backend on a redis-server of its own.
+func redisBackend(tb testing.TB) *redisgate.Backend {
+	tb.Helper()
+	b, err := redisgate.New(redistest.Start(tb).Client(tb), redisgate.Options{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return b
+}
+
 // Each RPC of the sidecar costs exactly one Redis round trip (once the
 // scripts are cached): Pick one Admit walk, RecordOutcome one Settle,
 // OnNoRunnable one Peek, DescribeScope and RetryAfter one Peek.
@@ -85,13 +95,7 @@ func TestOneRedisRoundTripPerRPC(t *testing.T) {
 //
 //	go test -run '^$' -bench RoundPair -benchmem ./server/
 func BenchmarkRoundPair(b *testing.B) {
-	r := redistest.Start(b)
-	client := redis.NewClient(&redis.Options{Addr: r.Addr})
-	b.Cleanup(func() { client.Close() })
-	rb, err := redisgate.New(client, redisgate.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
+	rb := redisBackend(b)
 	for _, backend := range []struct {
 		name string
 		opts harnessOpts
@@ -136,8 +140,7 @@ scopes:
 // for a restart without persistence): how many times this replica found it,
 // when, how many breakers it re-asserted; nothing before.
 func TestDescribeShowsStateLoss(t *testing.T) {
-	r := redistest.Start(t)
-	client := r.Client(t)
+	client := redistest.Start(t).Client(t)
 	b, err := redisgate.New(client, redisgate.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -179,13 +182,7 @@ func TestDescribeShowsStateLoss(t *testing.T) {
 //
 //	go test -run '^$' -bench RetryAfter -benchmem ./server/
 func BenchmarkRetryAfter(b *testing.B) {
-	r := redistest.Start(b)
-	client := redis.NewClient(&redis.Options{Addr: r.Addr})
-	b.Cleanup(func() { client.Close() })
-	rb, err := redisgate.New(client, redisgate.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
+	rb := redisBackend(b)
 	for _, backend := range []struct {
 		name string
 		opts harnessOpts

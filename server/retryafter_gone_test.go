@@ -168,13 +168,7 @@ scopes:
     sources: [{name: a, timeout: ` + timeout + `, attributes: {m: ` + attr + `}}, {name: b, timeout: ` + timeout + `}]
 `
 	}
-	r := redistest.Start(t)
-	client := redis.NewClient(&redis.Options{Addr: r.Addr})
-	t.Cleanup(func() { client.Close() })
-	rb, err := redisgate.New(client, redisgate.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rb := redisBackend(t)
 	for _, backend := range []struct {
 		name string
 		b    harnessOpts
