@@ -4,7 +4,8 @@
 --
 -- keys: SCOPE_KEYS, then SRC_KEYS per candidate, then LINE_KEYS per candidate.
 -- argv: one (opArg): the blocks ADMIT, then CAND per candidate (n of them),
--- then WAITER, then PLACE per candidate.
+-- then WAITER, then PLACE per candidate; then, in a call of its own, the
+-- CONF argument (CONF_H, then SRC_CONF per candidate: see op_conf).
 -- Reply ADMIT_R: rejections are REJ records, events EV records, the line's
 -- places PLACE_R records, one per candidate, or none when the waiter has no
 -- place (each list their concatenation).
@@ -54,9 +55,14 @@ end
 -- twin: gate.(*SourceState).Admit
 -- Its argument is argv[ao + 1] (ao 0 in a call of its own), from position
 -- p0 (1 in a call of its own; in a batch, after its BATCH_OP block); its
--- keys are found with map (see op_src).
-local function admit(keys, argv, ao, map, p0)
+-- keys are found with map (see op_src), its sources' SRC_CONF blocks with
+-- cmap (see op_conf).
+local function admit(keys, argv, ao, map, p0, cmap)
   local args = op_arg(argv, ao)
+  if not map then
+    conf_open(op_arg(argv, ao + 1), false)
+  end
+  local sc = CONF_H.T
   p0 = p0 or 1
   local at = op_block(args, p0, 1)
   local h, cpos = ADMIT.into_at(args, at, ADMIT.T) -- the CANDs follow, at cpos
@@ -80,8 +86,9 @@ local function admit(keys, argv, ao, map, p0)
   local granted, probe, epoch = 0, 0, 0
   local rejections, events = '', ''
   for i = 1, h.n do
-    local c
-    c, cpos = CAND.into_at(args, cpos, CAND.T)
+    local ceiling
+    ceiling, cpos = struct.unpack(CAND.FMT, args, cpos)
+    local c = op_conf(cmap, i)
     local q = op_src(keys, map, i)
     local passed = true
     if waits then
@@ -101,7 +108,7 @@ local function admit(keys, argv, ao, map, p0)
     local reason, wait, b = R_QUEUED, 0, nil
     if passed then
       b = b_load(q.state, false, h.permit)
-      reason, wait = q_check(q, b, c, c.ceiling, h.tokens, now)
+      reason, wait = q_check(q, b, c, ceiling, h.tokens, now)
     end
     if reason == R_NONE then
       local allowed, entry_probe, entry_epoch, evs
@@ -109,12 +116,12 @@ local function admit(keys, argv, ao, map, p0)
       if evs ~= NO_EVENTS then
         for _, e in ipairs(evs) do
           events = events .. ev_reply(i, e)
-          announce(h.channel, h.scope, c.name, e)
+          announce(sc.channel, sc.scope, c.name, e)
         end
       end
       if allowed then
         q_take(q, b, c, h.permit, h.tokens, now)
-        b_save(b, h.idle_ttl, now)
+        b_save(b, sc.idle_ttl, now)
         granted, epoch = i, entry_epoch
         if entry_probe then
           probe = 1

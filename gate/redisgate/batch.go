@@ -69,10 +69,15 @@ type batchOp struct {
 	// keys and args are a call of its own's; srcs names the sources whose
 	// keys it takes, in order (a batch passes each source's keys once, and
 	// kmap, written by runBatch, says where they are: batchOpArgs).
-	keys   []string
-	args   []any
-	srcs   []string
-	kmap   string
+	keys []string
+	args []any
+	srcs []string
+	kmap string
+	// conf is the op's CONF argument's blocks (confArgs: the scope's, then
+	// a SRC_CONF per source, in srcs' order); a batch sends each distinct
+	// block once, and cmap, written by runBatch, says which is the op's.
+	conf   [][]byte
+	cmap   string
 	admit  *gate.AdmitRequest  // an admit's request, for lostAdmit
 	settle *gate.SettleRequest // a settle's, for the give-back queue
 	done   chan batchResult    // one reply, buffered
@@ -223,7 +228,7 @@ func (b *Backend) runBatch(tag string, ops []*batchOp, nk int) {
 		// An op alone calls its own function, which costs Redis less Lua
 		// work than a batch of one; its errors are its own either way.
 		o := ops[0]
-		v, err := b.call(ctx, o.script(), o.keys, o.args)
+		v, err := b.call(ctx, o.script(), o.keys, append(o.args[:len(o.args):len(o.args)], confArg(o.conf)))
 		r := batchResult{v: v}
 		if err != nil {
 			r.v, r.err = nil, b.wrap(context.Background(), o.name, err)
@@ -258,8 +263,27 @@ func (b *Backend) runBatch(tag string, ops []*batchOp, nk int) {
 		}
 		o.kmap = string(m)
 	}
-	args := make([]any, 0, batchArgs.width()+batchPreArgs.width()*len(pre)+nl+len(ops))
+	// The ops' CONF blocks, each distinct one once: the scope's (the same
+	// for every op of the scope) and the sources' (fewer than 256, as the
+	// sources of the ops: see batchOpArgs).
+	conf := [][]byte{ops[0].conf[0]}
+	confIndex := map[string]byte{}
+	for _, o := range ops {
+		m := make([]byte, len(o.conf)-1)
+		for i, blk := range o.conf[1:] {
+			j, ok := confIndex[string(blk)]
+			if !ok {
+				conf = append(conf, blk)
+				j = byte(len(conf) - 1)
+				confIndex[string(blk)] = j
+			}
+			m[i] = j
+		}
+		o.cmap = string(m)
+	}
+	args := make([]any, 0, batchArgs.width()+1+batchPreArgs.width()*len(pre)+nl+len(ops))
 	args = batchArgs.pack(args, &batchCall{b, len(ops), len(pre)})
+	args = append(args, confArg(conf))
 	for i := range pre {
 		args = batchPreArgs.pack(args, &pre[i])
 		for _, f := range pre[i].leases {

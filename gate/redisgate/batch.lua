@@ -8,8 +8,9 @@
 -- ops touch), all written back once, at the end.
 --
 -- keys: SCOPE_KEYS, then BATCH_SRC per source of the batch.
--- argv: BATCH, then per source BATCH_PRE and its lease fields, then per op
--- one: its BATCH_OP block and then the op's own argument (opArg).
+-- argv: BATCH, the CONF argument (CONF_H and each distinct SRC_CONF of the
+-- ops, once: see op_conf), then per source BATCH_PRE and its lease fields,
+-- then per op one: its BATCH_OP block and then the op's own argument (opArg).
 -- Reply: an array with each op's reply (ADMIT_R, SETTLE_R) or its error: an
 -- op that raises an error answers with it and does not stop the others (what
 -- it wrote before the error stays, as in a call of its own: its Redis
@@ -20,7 +21,8 @@ local BATCH_FNS = { [OP_ADMIT] = admit, [OP_SETTLE] = settle }
 local function batch_run(keys, argv)
   local h = read(BATCH, argv, 0)
   now_ms(h.now)
-  local ao = BATCH.WIDTH
+  conf_open(op_arg(argv, BATCH.WIDTH), true, 255) -- (a cmap byte numbers them)
+  local ao = BATCH.WIDTH + 1
   -- What the ops will read of each source's state hash (b_first): its
   -- BATCH_PRE block, then its lease fields, argv[p.from .. p.to].
   for j = 1, h.srcs do
@@ -36,7 +38,7 @@ local function batch_run(keys, argv)
     local fn = BATCH_FNS[o.kind]
     local ok, r
     if fn then
-      ok, r = pcall(fn, keys, argv, ao, o.map, p0) -- its argument read in place, from p0
+      ok, r = pcall(fn, keys, argv, ao, o.map, p0, o.cmap) -- its argument read in place, from p0
     else
       ok, r = false, 'unknown op kind ' .. tostring(o.kind)
     end
@@ -59,7 +61,7 @@ local function batch(keys, argv)
   CALL = { got = {}, put = {}, h = {}, src = {}, pre = {}, argv = argv }
   local ok, out = pcall(batch_run, keys, argv)
   local flushed, err = pcall(call_flush) -- what ran is written, as in calls of their own
-  CALL = nil
+  CALL, CONF_S, CONF_SRC = nil, nil, nil
   if not ok then
     error(out)
   elseif not flushed then

@@ -100,6 +100,107 @@ func TestOpArgShortRefused(t *testing.T) {
 	}
 }
 
+// confHook rewrites the CONF argument of every call of the function whose
+// name ends in fn: cut keeps the scope's block (CONF_H: idle_ttl, channel,
+// scope) and keep bytes after it, as a caller that lies about the sources'
+// configurations would. A call of its own has it last; a batch second.
+type confHook struct {
+	redistest.PassThrough
+	fn   string
+	keep int
+}
+
+func (h *confHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		a := cmd.Args()
+		if len(a) >= 5 && strings.EqualFold(fmt.Sprint(a[0]), "fcall") && strings.HasSuffix(fmt.Sprint(a[1]), h.fn) {
+			at := len(a) - 1
+			if h.fn == "_batch" {
+				nkeys, _ := a[2].(int)
+				at = 3 + nkeys + 1
+			}
+			conf := a[at].([]byte)
+			head := 8 // idle_ttl, then two strings
+			for range 2 {
+				head += 4 + int(binary.LittleEndian.Uint32(conf[head:]))
+			}
+			a[at] = conf[:min(len(conf), head+h.keep)]
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestConfMissingSourceRefused: an admit called alone whose CONF argument
+// lacks its candidate's SRC_CONF block, or holds a short one, is refused
+// with a bounded error (the block it names and how many there are, or
+// struct's "data string too short"), never decided with numbers read from
+// past the argument's end; nothing is granted.
+func TestConfMissingSourceRefused(t *testing.T) {
+	ctx := testCtx(t)
+	c := redistest.Start(t).Client(t)
+	b := newBackend(t, c, redisgate.Options{})
+	src := gatetest.Src("s")
+	req := gate.AdmitRequest{Scope: "conf", PermitID: "p", Candidates: []gate.Candidate{{Source: src, Ceiling: 10}}}
+	if _, err := b.Admit(ctx, req); err != nil { // marks the scope
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		keep int
+		want string
+	}{
+		{0, "an op names source configuration 1 of 0"},
+		{20, "data string too short"},
+	} {
+		h := &confHook{fn: "_admit", keep: tc.keep}
+		c.AddHook(h)
+		req.PermitID = fmt.Sprint("q", tc.keep)
+		a, err := b.Admit(ctx, req)
+		if err == nil {
+			t.Fatalf("keep %d: an admit without its source's configuration: %+v, no error", tc.keep, a)
+		}
+		if !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("keep %d: error %v, want one saying %q", tc.keep, err, tc.want)
+		}
+		h.fn = "-" // (a hook cannot be removed: this one stops matching)
+	}
+	v, err := b.Peek(ctx, gate.PeekRequest{Scope: "conf", Sources: []*gate.Source{src}})
+	if err != nil || v.Sources[0].Quota.InFlight != 1 {
+		t.Fatalf("after the refused admits: %+v %v, want the first admit's one lease alone", v, err)
+	}
+}
+
+// TestBatchConfIndexRefused: a batch whose CONF argument lacks the
+// SRC_CONF blocks its ops name (their cmap's numbers out of its range)
+// answers each op with a bounded error naming the number, and grants
+// nothing.
+func TestBatchConfIndexRefused(t *testing.T) {
+	ctx := testCtx(t)
+	const scope = "batch-conf"
+	b, h, c := batchFixture(t, redisgate.Options{}, scope)
+	c.AddHook(&confHook{fn: "_batch"})
+	s1, s2 := gatetest.Src("s1"), gatetest.Src("s2")
+	var errs [2]error
+	release, wait := gather(t, b, h, scope, 2,
+		func() { _, errs[0] = b.Admit(ctx, admitReq(scope, "p1", s1)) },
+		func() { _, errs[1] = b.Admit(ctx, admitReq(scope, "p2", s2, s1)) },
+	)
+	release()
+	wait()
+	for i, err := range errs {
+		// (s1's is the batch's first, s2's, admit 2's first candidate, its second)
+		if want := fmt.Sprintf("an op names source configuration %d of 0", i+1); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("admit %d: %v, want the missing configuration named", i+1, err)
+		}
+	}
+	if sizes := h.takeSizes(); len(sizes) != 2 || sizes[1] != 2 {
+		t.Fatalf("batch sizes %v, want [1 2]", sizes)
+	}
+	v, err := b.Peek(ctx, gate.PeekRequest{Scope: scope, Sources: []*gate.Source{s1, s2}})
+	if err != nil || v.Sources[0].Quota.InFlight != 0 || v.Sources[1].Quota.InFlight != 0 {
+		t.Fatalf("after the refused batch: %+v %v, want no lease", v, err)
+	}
+}
+
 // brec packs a stored breaker record (lib.lua's BREC: the numbers as
 // little-endian doubles, the strings as a 4-byte length and their bytes).
 func brec(vals ...any) string {

@@ -88,6 +88,11 @@ func opArg(blocks []any) []any {
 	return []any{out}
 }
 
+// confArg is a CONF argument (confArgs): its blocks one after another.
+func confArg(blocks [][]byte) []byte {
+	return slices.Concat(blocks...)
+}
+
 // float is a number field's value as Lua will see it. Integers beyond 2^53
 // round, as they would in Lua; the script saturates what it adds up.
 func float(v any) float64 {
@@ -335,7 +340,8 @@ func (l luaLayout) write(b *strings.Builder) {
 // block argv[base + 1] into a table of named fields (into(argv, base, t):
 // into t's, such as T, a table of the layout's own), pack(t) packs t's
 // named fields into one string, for a block whose first field is on,
-// on(argv, base) says whether it is 1, and for a block of one field,
+// on(argv, base) says whether it is 1, read_next(s, pos) is read_at and
+// the position after the block, and for a block of one field,
 // one(argv, base) is its value. Each has a twin that reads the block at
 // position pos of the string s instead (read_at(s, pos), into_at(s, pos,
 // t), which also returns the position after the block, on_at, one_at), for
@@ -353,6 +359,8 @@ func (l luaLayout) writeBin(b *strings.Builder) {
 		packed = append(packed, "t."+n)
 	}
 	fmt.Fprintf(b, "%s.read_at = function(s, pos)\n  local %s = struct.unpack(%s.FMT, s, pos)\n  return {%s}\nend\n",
+		l.id, strings.Join(vars, ", "), l.id, strings.Join(named, ", "))
+	fmt.Fprintf(b, "%s.read_next = function(s, pos)\n  local %s, next = struct.unpack(%s.FMT, s, pos)\n  return {%s}, next\nend\n",
 		l.id, strings.Join(vars, ", "), l.id, strings.Join(named, ", "))
 	fmt.Fprintf(b, "%s.read = function(argv, base)\n  return %s.read_at(argv[base + 1], 1)\nend\n", l.id, l.id)
 	var into []string
@@ -681,46 +689,69 @@ type call[R any] struct {
 	tag string // the scope's, computed once per call
 }
 
-// admitArgs head the admit call; n candidates (candArgs) follow.
+// admitArgs head the admit call; n candidates (candArgs) follow. What the
+// ops of a call share (the scope, the sources' limits and policies) is in
+// its CONF argument (confArgs), not in each op.
 var admitArgs = args[call[gate.AdmitRequest]]{"ADMIT", []arg[call[gate.AdmitRequest]]{
 	num("now", func(c *call[gate.AdmitRequest]) any { return c.b.nowArg() }),
-	num("idle_ttl", func(c *call[gate.AdmitRequest]) any { return c.b.idleTTL }),
-	str("channel", func(c *call[gate.AdmitRequest]) any { return c.tag + channelSuffix }),
-	str("scope", func(c *call[gate.AdmitRequest]) any { return c.req.Scope }),
 	str("permit", func(c *call[gate.AdmitRequest]) any { return c.req.PermitID }),
 	num("tokens", func(c *call[gate.AdmitRequest]) any { return c.req.Tokens }),
 	num("n", func(c *call[gate.AdmitRequest]) any { return len(c.req.Candidates) }),
 	str("seen", func(c *call[gate.AdmitRequest]) any { return c.b.memory.marker(c.req.Scope) }), // see admit.lua's unmarked
 }}
 
-// candArgs is one candidate of the admit call.
-var candArgs = args[gate.Candidate]{"CAND", concat(
-	[]arg[gate.Candidate]{
-		str("name", func(c *gate.Candidate) any { return c.Source.Name }),
-		num("ceiling", func(c *gate.Candidate) any { return c.Ceiling }),
+// candArgs is one candidate of the admit call: what is the request's own;
+// its source's limits and policy are a SRC_CONF block of the call's CONF
+// argument (srcConfArgs).
+var candArgs = args[gate.Candidate]{"CAND", []arg[gate.Candidate]{
+	num("ceiling", func(c *gate.Candidate) any { return c.Ceiling }),
+}}
+
+// settleArgs is the settle call's own (its source's policy is the SRC_CONF
+// block of the call's CONF argument, as a candidate's).
+var settleArgs = args[call[gate.SettleRequest]]{"SETTLE", []arg[call[gate.SettleRequest]]{
+	num("now", func(c *call[gate.SettleRequest]) any { return c.b.nowArg() }),
+	str("permit", func(c *call[gate.SettleRequest]) any { return c.req.PermitID }),
+	num("epoch", func(c *call[gate.SettleRequest]) any { return c.req.Epoch }),
+	num("probe", func(c *call[gate.SettleRequest]) any { return flag(c.req.Probe) }),
+	num("verdict", func(c *call[gate.SettleRequest]) any { return int(c.req.Verdict) }),
+	num("floor", func(c *call[gate.SettleRequest]) any { return c.req.Floor.Milliseconds() }),
+	num("actual", func(c *call[gate.SettleRequest]) any { return c.req.ActualTokens }), // < 0 keeps the estimate
+	num("progress", func(c *call[gate.SettleRequest]) any { return flag(c.req.Progress) }),
+}}
+
+// scopeConf is what every admit and settle of one scope shares: the
+// Backend's idle TTL, the scope's channel (from its tag) and name.
+type scopeConf struct {
+	b          *Backend
+	tag, scope string
+}
+
+// confArgs (CONF_H) heads the CONF argument of an admit's, a settle's or a batch's
+// call: what its ops share, sent once per call instead of in every op. A
+// SRC_CONF block (srcConfArgs) per distinct source configuration follows,
+// which an op names by its number (in a call of its own, its i-th source's
+// is the i-th; in a batch, its BATCH_OP block's cmap says). The blocks
+// follow one another (confArg), with no position table: a call of its own
+// reads them in order, a batch all of them at its start.
+var confArgs = args[scopeConf]{"CONF_H", []arg[scopeConf]{
+	num("idle_ttl", func(c *scopeConf) any { return c.b.idleTTL }),
+	str("channel", func(c *scopeConf) any { return c.tag + channelSuffix }),
+	str("scope", func(c *scopeConf) any { return c.scope }),
+}}
+
+// srcConfArgs is a source's name, limits and policy (a candidate's or a
+// settle's), read once per call by lib.lua's op_conf.
+var srcConfArgs = args[gate.Source]{"SRC_CONF", concat(
+	[]arg[gate.Source]{
+		str("name", func(s *gate.Source) any { return s.Name }),
 	},
-	embed(limitArgs, func(c *gate.Candidate) *gate.Limits { return &c.Source.Limits }),
-	embed(policyArgs, func(c *gate.Candidate) *gate.BreakerPolicy { return &c.Source.Breaker }),
+	embed(limitArgs, func(s *gate.Source) *gate.Limits { return &s.Limits }),
+	embed(policyArgs, func(s *gate.Source) *gate.BreakerPolicy { return &s.Breaker }),
 )}
 
-// settleArgs is the whole settle call.
-var settleArgs = args[call[gate.SettleRequest]]{"SETTLE", concat(
-	[]arg[call[gate.SettleRequest]]{
-		num("now", func(c *call[gate.SettleRequest]) any { return c.b.nowArg() }),
-		num("idle_ttl", func(c *call[gate.SettleRequest]) any { return c.b.idleTTL }),
-		str("channel", func(c *call[gate.SettleRequest]) any { return c.tag + channelSuffix }),
-		str("scope", func(c *call[gate.SettleRequest]) any { return c.req.Scope }),
-		str("source", func(c *call[gate.SettleRequest]) any { return c.req.Source.Name }),
-		str("permit", func(c *call[gate.SettleRequest]) any { return c.req.PermitID }),
-		num("epoch", func(c *call[gate.SettleRequest]) any { return c.req.Epoch }),
-		num("probe", func(c *call[gate.SettleRequest]) any { return flag(c.req.Probe) }),
-		num("verdict", func(c *call[gate.SettleRequest]) any { return int(c.req.Verdict) }),
-		num("floor", func(c *call[gate.SettleRequest]) any { return c.req.Floor.Milliseconds() }),
-		num("actual", func(c *call[gate.SettleRequest]) any { return c.req.ActualTokens }), // < 0 keeps the estimate
-		num("progress", func(c *call[gate.SettleRequest]) any { return flag(c.req.Progress) }),
-	},
-	embed(policyArgs, func(c *call[gate.SettleRequest]) *gate.BreakerPolicy { return &c.req.Source.Breaker }),
-)}
+// block packs v's block alone.
+func (l args[T]) block(v *T) []byte { return l.pack(nil, v)[0].([]byte) }
 
 // peekArgs head the peek call; n sources (peekSourceArgs) follow.
 var peekArgs = args[call[gate.PeekRequest]]{"PEEK", []arg[call[gate.PeekRequest]]{
@@ -749,7 +780,9 @@ var overrideArgs = args[call[gate.OverrideRequest]]{"OVERRIDE", []arg[call[gate.
 	str("why", func(c *call[gate.OverrideRequest]) any { return c.req.Why }),
 }}
 
-// batchCall heads a batch call (batch.go): n ops follow, each a
+// batchCall heads a batch call (batch.go): the batch's CONF argument
+// (confArgs: the scope's, and each distinct SRC_CONF block of its ops)
+// follows it, then the sources' batchPreArgs blocks, then n ops, each a
 // batchOpArgs block and then the op's own arguments (admitArgs' or
 // settleArgs' and what follows them).
 type batchCall struct {
@@ -788,11 +821,15 @@ var batchPreArgs = args[batchPre]{"BATCH_PRE", []arg[batchPre]{
 // opArg follows): its kind (opAdmit, opSettle) and map: where its keys
 // are, one byte per source of the op (in the order of its keys in a call
 // of its own), the number of that source among the batch's (batchSrcKeys,
-// from 1). A batch has at most maxBatchKeys / len(batchSrcKeys.suffixes)
-// sources, fewer than 256.
+// from 1), and cmap: the same for its SRC_CONF blocks, the number of each
+// among the blocks of the batch's CONF argument (from 1). A batch has at
+// most maxBatchKeys / len(batchSrcKeys.suffixes) sources, and as many
+// sources of its ops counted once per op (each brings those keys of its
+// own), fewer than 256.
 var batchOpArgs = args[batchOp]{"BATCH_OP", []arg[batchOp]{
 	num("kind", func(o *batchOp) any { return int(o.kind) }),
 	str("map", func(o *batchOp) any { return o.kmap }),
+	str("cmap", func(o *batchOp) any { return o.cmap }),
 }}
 
 // batchSrcKeys are a source's keys in a batch, each source once: its own
@@ -1058,7 +1095,7 @@ var announcement = newReply("ANN", []ret[announced]{
 func luaLayouts() []luaLayout {
 	return append([]luaLayout{
 		sourceKeys.lua(), scopeKeys.lua(),
-		limitArgs.lua(), policyArgs.lua(), admitArgs.lua(), candArgs.lua(), settleArgs.lua(), peekArgs.lua(),
+		limitArgs.lua(), policyArgs.lua(), admitArgs.lua(), candArgs.lua(), settleArgs.lua(), confArgs.lua(), srcConfArgs.lua(), peekArgs.lua(),
 		peekSourceArgs.lua(), overrideArgs.lua(),
 		quotaView.lua(), eventReply.lua(), rejection.lua(), admitReply.lua(), settleRecord.lua(),
 		peekReply.lua(), peekSource.lua(), overrideReply.lua(), announcement.lua(),

@@ -141,6 +141,64 @@ local function op_check(at, p0, n)
   end
 end
 
+-- The CONF argument of the call that runs (layout.go's confArgs): what
+-- its ops share, its blocks one after another, the scope's CONF_H and then
+-- SRC_CONF blocks. The scope's block is read into CONF_H.T. In a batch
+-- CONF_SRC holds every SRC_CONF block read, by number; in a call of its
+-- own (CONF_SRC nil) its op reads them in order, each into SRC_CONF.T, and
+-- CONF_S is the argument, CONF_I the number of the block read last and
+-- CONF_AT where the next starts. Set by conf_open at the start of every
+-- admit and settle called alone and of every batch; library-level locals,
+-- as CALL.
+local CONF_S, CONF_I, CONF_AT, CONF_SRC = nil, 0, 0, nil
+
+-- conf_open reads the call's CONF argument s: the scope's block, and in a
+-- batch (batch true) every SRC_CONF block, at most max (the ops' sources).
+local function conf_open(s, batch, max)
+  if type(s) ~= 'string' then
+    error('redisgate: no CONF argument')
+  end
+  local _, at = CONF_H.into_at(s, 1, CONF_H.T)
+  CONF_S, CONF_I, CONF_AT, CONF_SRC = s, 0, at, nil
+  if batch then
+    local src = {}
+    while at <= #s do
+      if #src == max then
+        error('redisgate: a CONF argument of more than ' .. I(max) .. ' source configurations')
+      end
+      src[#src + 1], at = SRC_CONF.read_next(s, at)
+    end
+    CONF_SRC = src
+  end
+end
+
+-- op_conf is the SRC_CONF block of an op's i-th source (from 1): in a
+-- batch the one its cmap names, read once per batch and shared by its ops
+-- (nothing writes into it); in a call of its own the i-th of the call's,
+-- in SRC_CONF.T, which the next op_conf refills: an op keeps it no longer
+-- than its source's turn (as CAND.T, see L.T) and asks for its sources in
+-- order.
+local function op_conf(cmap, i)
+  if cmap then
+    local t = CONF_SRC[string.byte(cmap, i) or 0]
+    if not t then
+      error('redisgate: an op names source configuration ' .. tostring(string.byte(cmap, i)) .. ' of ' .. I(#CONF_SRC))
+    end
+    return t
+  end
+  if i < CONF_I then
+    error('redisgate: source configuration ' .. I(i) .. ' asked for after ' .. I(CONF_I))
+  end
+  while CONF_I < i do
+    if CONF_AT > #CONF_S then
+      error('redisgate: an op names source configuration ' .. I(i) .. ' of ' .. I(CONF_I))
+    end
+    local _, at = SRC_CONF.into_at(CONF_S, CONF_AT, SRC_CONF.T)
+    CONF_I, CONF_AT = CONF_I + 1, at
+  end
+  return SRC_CONF.T
+end
+
 -- block is the base of the i-th block (from 1) of layout L after a head of
 -- layout H: read(L, argv, block(H, L, i)).
 local function block(H, L, i)

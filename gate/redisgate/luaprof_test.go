@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -63,10 +64,15 @@ func TestRecordForLuaProfile(t *testing.T) {
 	if err := cycle(); err != nil { // the scope's first admit, its re-assertion: recorded too
 		t.Fatal(err)
 	}
+	// POLYGATE_LUAPROF_CALLERS=1 records lone calls (the serial cell's).
+	callers := 64
+	if n, err := strconv.Atoi(os.Getenv("POLYGATE_LUAPROF_CALLERS")); err == nil && n > 0 && n <= 64 {
+		callers = n
+	}
 	var wg sync.WaitGroup
-	for range 64 {
+	for range callers {
 		wg.Go(func() {
-			for range 100 {
+			for range 6400 / callers {
 				if err := cycle(); err != nil {
 					t.Error(err)
 					return

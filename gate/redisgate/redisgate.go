@@ -243,10 +243,13 @@ func (b *Backend) admit(ctx, rctx context.Context, req *gate.AdmitRequest) (any,
 	keys = appendScopeKeys(keys, tag)
 	c := &call[gate.AdmitRequest]{b, req, tag}
 	args := admitArgs.pack(make([]any, 0, admitArgs.width()+(candArgs.width()+placeArgs.width())*n+waiterArgs.width()), c)
+	conf := make([][]byte, 0, 1+n)
+	conf = append(conf, confArgs.block(&scopeConf{b, tag, req.Scope}))
 	for i := range req.Candidates {
 		c := &req.Candidates[i]
 		keys = appendSourceKeys(keys, tag, c.Source.Name)
 		args = candArgs.pack(args, c)
+		conf = append(conf, srcConfArgs.block(c.Source))
 	}
 	args = waiterArgs.pack(args, &lineArg{b, req.Line})
 	srcs := make([]string, n)
@@ -264,7 +267,7 @@ func (b *Backend) admit(ctx, rctx context.Context, req *gate.AdmitRequest) (any,
 		}
 		args = placeArgs.pack(args, &place)
 	}
-	return b.do(ctx, rctx, tag, &batchOp{kind: opAdmit, name: "admit", keys: keys, args: opArg(args), srcs: srcs, admit: req})
+	return b.do(ctx, rctx, tag, &batchOp{kind: opAdmit, name: "admit", keys: keys, args: opArg(args), conf: conf, srcs: srcs, admit: req})
 }
 
 // unmarkedErr reports whether admit.lua refused to run because the
@@ -288,9 +291,10 @@ func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 	keys = appendLineKeys(appendSourceKeys(appendScopeKeys(keys, tag), tag, req.Source.Name), tag, req.Source.Name)
 	args := settleArgs.pack(make([]any, 0, settleArgs.width()+handoffArgs.width()), &call[gate.SettleRequest]{b, &req, tag})
 	args = handoffArgs.pack(args, &handoffArg{b, req.Line})
+	conf := [][]byte{confArgs.block(&scopeConf{b, tag, req.Scope}), srcConfArgs.block(req.Source)}
 	rctx, cancel := b.bound(ctx)
 	defer cancel()
-	v, err := b.do(ctx, rctx, tag, &batchOp{kind: opSettle, name: op, keys: keys, args: opArg(args), srcs: []string{req.Source.Name}, settle: &req})
+	v, err := b.do(ctx, rctx, tag, &batchOp{kind: opSettle, name: op, keys: keys, args: opArg(args), conf: conf, srcs: []string{req.Source.Name}, settle: &req})
 	if err != nil {
 		return gate.Settlement{}, err // queued for the give-back if it failed (batch.go)
 	}

@@ -1,14 +1,19 @@
 -- settle.lua: gate.Backend.Settle (gate.SourceState.Settle, then progress).
 --
 -- keys: SCOPE_KEYS, SRC_KEYS, the source's LINE_KEYS.   argv: one (opArg:
--- SETTLE, HANDOFF).   Reply: SETTLE_R, the breaker's record, its window.
+-- SETTLE, HANDOFF), then, in a call of its own, the CONF argument (CONF_H,
+-- SRC_CONF).   Reply: SETTLE_R, the breaker's record, its window.
 -- Its argument is argv[ao + 1], from position p0 (as admit's), its keys are
--- found with map (as admit's).
+-- found with map and its source's policy with cmap (as admit's).
 -- twin: gate.(*SourceState).Settle
-local function settle(keys, argv, ao, map, p0)
+local function settle(keys, argv, ao, map, p0, cmap)
   local args = op_arg(argv, ao)
-  -- a is the policy and the outcome (b_settle's p and o) at once; HANDOFF
-  -- follows it at hb.
+  if not map then
+    conf_open(op_arg(argv, ao + 1), false)
+  end
+  local sc = CONF_H.T
+  -- a is the outcome (b_settle's o), pc the source's name and policy (its
+  -- p); HANDOFF follows a at hb.
   p0 = p0 or 1
   local at = op_block(args, p0, 1)
   op_check(at, p0, 2) -- SETTLE, HANDOFF
@@ -17,6 +22,7 @@ local function settle(keys, argv, ao, map, p0)
   local now = now_ms(a.now)
   local s = op_scope(keys, map)
   local q = op_src(keys, map, 1)
+  local pc = op_conf(cmap, 1)
 
   local b = b_load(q.state, true, a.permit)
   local released = q_release(q, b, a.permit, a.actual, now)
@@ -31,21 +37,21 @@ local function settle(keys, argv, ao, map, p0)
   end
   local effect, evs
   if released or a.probe then
-    effect, evs = b_settle(b, a, a, now)
+    effect, evs = b_settle(b, pc, a, now)
   else
     effect, evs = b_stale(b, a)
   end
-  b_save(b, a.idle_ttl, now)
+  b_save(b, sc.idle_ttl, now)
   local events = ''
   if evs ~= NO_EVENTS then
     for _, e in ipairs(evs) do
       events = events .. ev_reply(1, e)
-      announce(a.channel, a.scope, a.source, e)
+      announce(sc.channel, sc.scope, pc.name, e)
     end
   end
   local progress = now
   if a.progress == 1 then
-    set_ms(s.progress, now, a.idle_ttl)
+    set_ms(s.progress, now, sc.idle_ttl)
   else
     progress = get_ms(s.progress)
   end
