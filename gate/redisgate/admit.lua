@@ -56,24 +56,29 @@ end
 -- Its argument is argv[ao + 1] (ao 0 in a call of its own), from position
 -- p0 (1 in a call of its own; in a batch, after its BATCH_OP block); its
 -- keys are found with map (see op_src), its sources' SRC_CONF blocks with
--- cmap (see op_conf).
-local function admit(keys, argv, ao, map, p0, cmap)
-  local args = op_arg(argv, ao)
+-- cmap (see op_conf); a batch passes the argument too (args). In a batch
+-- its sources' keys (bsrc), the scope's, the time and the sources'
+-- configurations are the batch's tables, looked up here rather than
+-- through op_src, op_scope, now_ms and op_conf (a Lua call each: the
+-- dispatch's cost per op, docs/performance.md); those remain for a call of
+-- its own and, for op_conf, for a cmap out of range (its error).
+local function admit(keys, argv, ao, map, p0, cmap, args)
+  args = args or op_arg(argv, ao)
   if not map then
     conf_open(op_arg(argv, ao + 1), false)
   end
-  local sc = CONF_H.T
+  local sc, bsrc = CONF_H.T, map and CALL.src
   p0 = p0 or 1
   local at = op_block(args, p0, 1)
   local h, cpos = ADMIT.into_at(args, at, ADMIT.T) -- the CANDs follow, at cpos
   op_check(at, p0, 2 * h.n + 2) -- ADMIT, the CANDs, WAITER, the PLACEs
-  local s = op_scope(keys, map)
+  local s = map and CALL.scope or op_scope(keys, map)
   local marked = h.seen ~= '*'
   local marker, progress = scope_read(s, marked)
   if marked and marker ~= h.seen then
     return redis.error_reply('UNMARKED the scope\'s marker changed: re-assert, then admit again')
   end
-  local now = now_ms(h.now)
+  local now = map and h.now == 0 and CALL.now or now_ms(h.now)
   local wpos = op_block(args, p0, h.n + 2)
   local waits = WAITER.on_at(args, wpos)
   -- With a waiter, walk[i] is what the walk found at candidate i: nil not
@@ -88,12 +93,12 @@ local function admit(keys, argv, ao, map, p0, cmap)
   for i = 1, h.n do
     local ceiling
     ceiling, cpos = struct.unpack(CAND.FMT, args, cpos)
-    local c = op_conf(cmap, i)
-    local q = op_src(keys, map, i)
+    local c = cmap and CONF_SRC[string.byte(cmap, i)] or op_conf(cmap, i)
+    local q = map and bsrc[string.byte(map, i)].q or op_src(keys, nil, i)
     local passed = true
     if waits then
       walk[i] = true
-      local k, p = op_line(keys, map, h.n, i), place_at(args, p0, h.n, i)
+      local k, p = map and bsrc[string.byte(map, i)].l or op_line(keys, nil, h.n, i), place_at(args, p0, h.n, i)
       if p == '' and l_empty(k) then
         walk[i] = false -- l_check's first test, before w is read
       else
@@ -147,7 +152,7 @@ local function admit(keys, argv, ao, map, p0, cmap)
     for i = 1, h.n do
       local p = walk[i] ~= false and place_at(args, p0, h.n, i)
       if p and (walk[i] ~= nil or p ~= '') then
-        local k = op_line(keys, map, h.n, i)
+        local k = map and bsrc[string.byte(map, i)].l or op_line(keys, nil, h.n, i)
         w = waiter_at(w, args, wpos, p)
         if granted ~= 0 and granted ~= i then
           local e = l_entry(k, w.waiter)

@@ -32,13 +32,15 @@ local function batch_run(keys, argv)
     CALL.pre[batch_src(keys, j).q.state] = p
     ao = ao + p.leases
   end
+  op_scope(keys, true) -- CALL.scope, which the ops look up
   local out = {}
   for i = 1, h.n do
-    local o, p0 = BATCH_OP.into_at(op_arg(argv, ao), 1, BATCH_OP.T)
+    local s = op_arg(argv, ao)
+    local o, p0 = BATCH_OP.into_at(s, 1, BATCH_OP.T)
     local fn = BATCH_FNS[o.kind]
     local ok, r
     if fn then
-      ok, r = pcall(fn, keys, argv, ao, o.map, p0, o.cmap) -- its argument read in place, from p0
+      ok, r = pcall(fn, keys, argv, ao, o.map, p0, o.cmap, s) -- its argument read in place, from p0
     else
       ok, r = false, 'unknown op kind ' .. tostring(o.kind)
     end

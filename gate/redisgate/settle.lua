@@ -6,12 +6,13 @@
 -- Its argument is argv[ao + 1], from position p0 (as admit's), its keys are
 -- found with map and its source's policy with cmap (as admit's).
 -- twin: gate.(*SourceState).Settle
-local function settle(keys, argv, ao, map, p0, cmap)
-  local args = op_arg(argv, ao)
+-- (In a batch, what admit looks up in the batch's tables, the same way.)
+local function settle(keys, argv, ao, map, p0, cmap, args)
+  args = args or op_arg(argv, ao)
   if not map then
     conf_open(op_arg(argv, ao + 1), false)
   end
-  local sc = CONF_H.T
+  local sc, bsrc = CONF_H.T, map and CALL.src
   -- a is the outcome (b_settle's o), pc the source's name and policy (its
   -- p); HANDOFF follows a at hb.
   p0 = p0 or 1
@@ -19,10 +20,10 @@ local function settle(keys, argv, ao, map, p0, cmap)
   op_check(at, p0, 2) -- SETTLE, HANDOFF
   local a, hb = SETTLE.into_at(args, at, SETTLE.T)
   a.probe = a.probe == 1
-  local now = now_ms(a.now)
-  local s = op_scope(keys, map)
-  local q = op_src(keys, map, 1)
-  local pc = op_conf(cmap, 1)
+  local now = map and a.now == 0 and CALL.now or now_ms(a.now)
+  local s = map and CALL.scope or op_scope(keys, map)
+  local q = map and bsrc[string.byte(map, 1)].q or op_src(keys, nil, 1)
+  local pc = cmap and CONF_SRC[string.byte(cmap, 1)] or op_conf(cmap, 1)
 
   local b = b_load(q.state, true, a.permit)
   local released = q_release(q, b, a.permit, a.actual, now)
@@ -59,7 +60,7 @@ local function settle(keys, argv, ao, map, p0, cmap)
   if released then
     rel = 1
     if HANDOFF.on_at(args, hb) then
-      local k = op_line(keys, map, 1, 1)
+      local k = map and bsrc[string.byte(map, 1)].l or op_line(keys, nil, 1, 1)
       if not l_empty(k) then -- (l_handoff's first test, before its block is read)
         handoff = l_handoff(k, HANDOFF.read_at(args, hb), now)
       end
