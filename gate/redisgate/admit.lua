@@ -92,7 +92,7 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
   local rejections, events = '', ''
   for i = 1, h.n do
     local ceiling
-    ceiling, cpos = struct.unpack(CAND.FMT, args, cpos)
+    ceiling, cpos = S_UNPACK(CAND.FMT, args, cpos)
     local c = cmap and CONF_SRC[string.byte(cmap, i)] or op_conf(cmap, i)
     local q = map and bsrc[string.byte(map, i)].q or op_src(keys, nil, i)
     local passed = true

@@ -358,27 +358,27 @@ func (l luaLayout) writeBin(b *strings.Builder) {
 		}
 		packed = append(packed, "t."+n)
 	}
-	fmt.Fprintf(b, "%s.read_at = function(s, pos)\n  local %s = struct.unpack(%s.FMT, s, pos)\n  return {%s}\nend\n",
-		l.id, strings.Join(vars, ", "), l.id, strings.Join(named, ", "))
-	fmt.Fprintf(b, "%s.read_next = function(s, pos)\n  local %s, next = struct.unpack(%s.FMT, s, pos)\n  return {%s}, next\nend\n",
-		l.id, strings.Join(vars, ", "), l.id, strings.Join(named, ", "))
+	fmt.Fprintf(b, "%s.read_at = function(s, pos)\n  local %s = S_UNPACK(%q, s, pos)\n  return {%s}\nend\n",
+		l.id, strings.Join(vars, ", "), l.format(), strings.Join(named, ", "))
+	fmt.Fprintf(b, "%s.read_next = function(s, pos)\n  local %s, next = S_UNPACK(%q, s, pos)\n  return {%s}, next\nend\n",
+		l.id, strings.Join(vars, ", "), l.format(), strings.Join(named, ", "))
 	fmt.Fprintf(b, "%s.read = function(argv, base)\n  return %s.read_at(argv[base + 1], 1)\nend\n", l.id, l.id)
 	var into []string
 	for _, n := range l.names {
 		into = append(into, "t."+n)
 	}
-	fmt.Fprintf(b, "%s.T = {}\n%s.into_at = function(s, pos, t)\n  local next\n  %s, next = struct.unpack(%s.FMT, s, pos)\n  return t, next\nend\n",
-		l.id, l.id, strings.Join(into, ", "), l.id)
+	fmt.Fprintf(b, "%s.T = {}\n%s.into_at = function(s, pos, t)\n  local next\n  %s, next = S_UNPACK(%q, s, pos)\n  return t, next\nend\n",
+		l.id, l.id, strings.Join(into, ", "), l.format())
 	fmt.Fprintf(b, "%s.into = function(argv, base, t)\n  return (%s.into_at(argv[base + 1], 1, t))\nend\n", l.id, l.id)
-	fmt.Fprintf(b, "%s.pack = function(t)\n  return struct.pack(%s.FMT, %s)\nend\n", l.id, l.id, strings.Join(packed, ", "))
+	fmt.Fprintf(b, "%s.pack = function(t)\n  return S_PACK(%q, %s)\nend\n", l.id, l.format(), strings.Join(packed, ", "))
 	if len(l.names) > 0 && l.names[0] == "on" && !slices.Contains(l.strs, "on") {
 		// A block that may be off: on(argv, base) reads its first field alone.
-		fmt.Fprintf(b, "%s.on_at = function(s, pos)\n  return struct.unpack('<d', s, pos) == 1\nend\n", l.id)
+		fmt.Fprintf(b, "%s.on_at = function(s, pos)\n  return S_UNPACK('<d', s, pos) == 1\nend\n", l.id)
 		fmt.Fprintf(b, "%s.on = function(argv, base)\n  return %s.on_at(argv[base + 1], 1)\nend\n", l.id, l.id)
 	}
 	if len(l.names) == 1 {
 		// A block of one field: one(argv, base) is that field, without a table.
-		fmt.Fprintf(b, "%s.one_at = function(s, pos)\n  return (struct.unpack(%s.FMT, s, pos))\nend\n", l.id, l.id)
+		fmt.Fprintf(b, "%s.one_at = function(s, pos)\n  return (S_UNPACK(%q, s, pos))\nend\n", l.id, l.format())
 		fmt.Fprintf(b, "%s.one = function(argv, base)\n  return %s.one_at(argv[base + 1], 1)\nend\n", l.id, l.id)
 	}
 }
@@ -591,8 +591,8 @@ func (r record) write(b *strings.Builder) {
 		packed = append(packed, "t."+f.name)
 	}
 	fmt.Fprintf(b, "%s.read = function(s)\n  if not s then\n    return {%s}\n  end\n", r.id, strings.Join(zero, ", "))
-	fmt.Fprintf(b, "  local %s = struct.unpack(%s.FMT, s)\n  return {%s}\nend\n", strings.Join(vars, ", "), r.id, strings.Join(named, ", "))
-	fmt.Fprintf(b, "%s.pack = function(t)\n  return struct.pack(%s.FMT, %s)\nend\n", r.id, r.id, strings.Join(packed, ", "))
+	fmt.Fprintf(b, "  local %s = S_UNPACK(%q, s)\n  return {%s}\nend\n", strings.Join(vars, ", "), r.format(), strings.Join(named, ", "))
+	fmt.Fprintf(b, "%s.pack = function(t)\n  return S_PACK(%q, %s)\nend\n", r.id, r.format(), strings.Join(packed, ", "))
 	var all, aside strings.Builder
 	for _, f := range r.fields {
 		fmt.Fprintf(&all, "  d.%s = t.%s\n", f.name, f.name)
@@ -624,10 +624,10 @@ func (r record) writeRows(b *strings.Builder) {
 	// (Lua 5.1 writes a zero byte as \0; it has no \x escapes.)
 	fmt.Fprintf(b, "local %s = {ID = %q, FIELD = %q, ROW = %q, ALL = %q, COLS = %d%s, ZERO = \"%s\"}\n", r.id, r.id, r.field,
 		row, "<"+strings.Repeat(row[1:], r.n), len(names), cols, strings.Repeat(`\0`, size*r.n))
-	fmt.Fprintf(b, "%s.all = function(s)\n  return {struct.unpack(%s.ALL, s)}\nend\n", r.id, r.id)
-	fmt.Fprintf(b, "%s.get = function(s, row)\n  return struct.unpack(%s.ROW, s, row * %d + 1)\nend\n", r.id, r.id, size)
-	fmt.Fprintf(b, "%s.put = function(s, row, %s)\n  return string.sub(s, 1, row * %d) .. struct.pack(%s.ROW, %s) .. string.sub(s, row * %d + %d)\nend\n",
-		r.id, strings.Join(names, ", "), size, r.id, strings.Join(names, ", "), size, size+1)
+	fmt.Fprintf(b, "%s.all = function(s)\n  return {S_UNPACK(%q, s)}\nend\n", r.id, "<"+strings.Repeat(row[1:], r.n))
+	fmt.Fprintf(b, "%s.get = function(s, row)\n  return S_UNPACK(%q, s, row * %d + 1)\nend\n", r.id, row, size)
+	fmt.Fprintf(b, "%s.put = function(s, row, %s)\n  return string.sub(s, 1, row * %d) .. S_PACK(%q, %s) .. string.sub(s, row * %d + %d)\nend\n",
+		r.id, strings.Join(names, ", "), size, row, strings.Join(names, ", "), size, size+1)
 }
 
 // decode reads a record of one row (n == 0) as Go values by field name:

@@ -128,7 +128,7 @@ end
 -- position p0 of s: the positions of its blocks, 4 bytes each, then the
 -- blocks, read with L.into_at(s, pos, t) and the like.
 local function op_block(s, p0, k)
-  return p0 + struct.unpack('<I4', s, p0 + 4 * (k - 1))
+  return p0 + S_UNPACK('<I4', s, p0 + 4 * (k - 1))
 end
 
 -- op_check raises unless an op's argument holds the n blocks its head
@@ -875,7 +875,7 @@ local function q_sweep(q, b, now)
   local held, min, gone = 0, 0, {}
   for i = 1, #all, 2 do
     if string.byte(all[i], 1) == LEASE_BYTE then
-      local e = struct.unpack('<d', all[i + 1])
+      local e = S_UNPACK('<d', all[i + 1])
       if e <= now then
         gone[#gone + 1] = all[i]
       else
@@ -1004,7 +1004,7 @@ end
 local function q_take(q, b, l, permit, tokens, now)
   local e = now + l.lease
   local logged = l.rpm > 0 or l.tpm > 0
-  local v = struct.pack('<d', e)
+  local v = S_PACK('<d', e)
   if logged then
     v = v .. LEASE_LOGGED
   end

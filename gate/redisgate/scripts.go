@@ -63,7 +63,7 @@ var (
 
 func newOp(name, body string, parts ...*op) *op {
 	o := &op{name: name, body: body, parts: parts}
-	o.eval = redis.NewScript(prelude() + libLua + o.text() + "\nreturn " + name + "(KEYS, ARGV, 0, nil)\n")
+	o.eval = redis.NewScript(prelude() + libLua + o.text() + "\n" + callStart + "return " + name + "(KEYS, ARGV, 0, nil)\n")
 	return o
 }
 
@@ -93,6 +93,12 @@ func init() {
 
 func functionName(version, op string) string { return "polygate_" + version + "_" + op }
 
+// callStart begins every call: struct's functions as the prelude's locals
+// S_UNPACK and S_PACK, which the layouts' functions call (an upvalue, where
+// struct.unpack is two table lookups per call). They are set at each call
+// because struct is missing while the library loads.
+const callStart = "S_UNPACK, S_PACK = struct.unpack, struct.pack\n"
+
 // library is the Redis Functions library of every operation.
 func library() string { return libraryText(libVersion) }
 
@@ -104,7 +110,7 @@ func libraryText(version string) string {
 	// earlier call that failed left.
 	for _, o := range ops {
 		b.WriteString(o.body)
-		fmt.Fprintf(&b, "\nredis.register_function(%q, function(keys, argv)\n  CALL = nil\n  return %s(keys, argv, 0, nil)\nend)\n", functionName(version, o.name), o.name)
+		fmt.Fprintf(&b, "\nredis.register_function(%q, function(keys, argv)\n  CALL = nil\n  %sreturn %s(keys, argv, 0, nil)\nend)\n", functionName(version, o.name), callStart, o.name)
 	}
 	return b.String()
 }
@@ -114,6 +120,7 @@ func libraryText(version string) string {
 func prelude() string {
 	var b strings.Builder
 	def := func(name string, v any) { fmt.Fprintf(&b, "local %s = %d\n", name, v) }
+	b.WriteString("local S_UNPACK, S_PACK = nil, nil -- struct's, set by callStart\n")
 	def("CLOSED", gate.Closed)
 	def("OPEN", gate.Open)
 	def("HALF_OPEN", gate.HalfOpen)
