@@ -73,14 +73,16 @@ type batchOp struct {
 	args []any
 	srcs []string
 	kmap string
-	// conf is the op's CONF argument's blocks (confArgs: the scope's, then
-	// a SRC_CONF per source, in srcs' order); a batch sends each distinct
-	// block once, and cmap, written by runBatch, says which is the op's.
-	conf   [][]byte
-	cmap   string
-	admit  *gate.AdmitRequest  // an admit's request, for lostAdmit
-	settle *gate.SettleRequest // a settle's, for the give-back queue
-	done   chan batchResult    // one reply, buffered
+	// conf is the op's CONF argument (confArgs: the scope's block, then a
+	// SRC_CONF per source, in srcs' order), confEnds where each block
+	// ends; a batch sends each distinct block once, and cmap, written by
+	// runBatch, says which is the op's.
+	conf     []byte
+	confEnds []int
+	cmap     string
+	admit    *gate.AdmitRequest  // an admit's request, for lostAdmit
+	settle   *gate.SettleRequest // a settle's, for the give-back queue
+	done     chan batchResult    // one reply, buffered
 	// sent: in a batch call; gone: its caller stopped waiting (under
 	// batcher.mu).
 	sent, gone bool
@@ -228,7 +230,7 @@ func (b *Backend) runBatch(tag string, ops []*batchOp, nk int) {
 		// An op alone calls its own function, which costs Redis less Lua
 		// work than a batch of one; its errors are its own either way.
 		o := ops[0]
-		v, err := b.call(ctx, o.script(), o.keys, append(o.args[:len(o.args):len(o.args)], confArg(o.conf)))
+		v, err := b.call(ctx, o.script(), o.keys, append(o.args[:len(o.args):len(o.args)], o.conf))
 		r := batchResult{v: v}
 		if err != nil {
 			r.v, r.err = nil, b.wrap(context.Background(), o.name, err)
@@ -266,15 +268,16 @@ func (b *Backend) runBatch(tag string, ops []*batchOp, nk int) {
 	// The ops' CONF blocks, each distinct one once: the scope's (the same
 	// for every op of the scope) and the sources' (fewer than 256, as the
 	// sources of the ops: see batchOpArgs).
-	conf := [][]byte{ops[0].conf[0]}
+	conf := slices.Clone(ops[0].conf[:ops[0].confEnds[0]])
 	confIndex := map[string]byte{}
 	for _, o := range ops {
-		m := make([]byte, len(o.conf)-1)
-		for i, blk := range o.conf[1:] {
+		m := make([]byte, len(o.confEnds)-1)
+		for i := range m {
+			blk := o.conf[o.confEnds[i]:o.confEnds[i+1]]
 			j, ok := confIndex[string(blk)]
 			if !ok {
-				conf = append(conf, blk)
-				j = byte(len(conf) - 1)
+				conf = append(conf, blk...)
+				j = byte(len(confIndex) + 1)
 				confIndex[string(blk)] = j
 			}
 			m[i] = j
@@ -283,7 +286,7 @@ func (b *Backend) runBatch(tag string, ops []*batchOp, nk int) {
 	}
 	args := make([]any, 0, batchArgs.width()+1+batchPreArgs.width()*len(pre)+nl+len(ops))
 	args = batchArgs.pack(args, &batchCall{b, len(ops), len(pre)})
-	args = append(args, confArg(conf))
+	args = append(args, conf)
 	for i := range pre {
 		args = batchPreArgs.pack(args, &pre[i])
 		for _, f := range pre[i].leases {

@@ -48,7 +48,11 @@ func (l args[T]) width() int { return 1 }
 
 // pack appends v's block.
 func (l args[T]) pack(out []any, v *T) []any {
-	b := make([]byte, 0, 8*len(l.fields))
+	return append(out, l.appendTo(make([]byte, 0, 8*len(l.fields)), v))
+}
+
+// appendTo appends v's block to b.
+func (l args[T]) appendTo(b []byte, v *T) []byte {
 	for _, f := range l.fields {
 		x := f.put(v)
 		if f.str {
@@ -62,7 +66,7 @@ func (l args[T]) pack(out []any, v *T) []any {
 		}
 		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(float(x)))
 	}
-	return append(out, b)
+	return b
 }
 
 // opArg is the one argument of an admit or a settle (in a batch, after its
@@ -86,11 +90,6 @@ func opArg(blocks []any) []any {
 		out = append(out, b.([]byte)...)
 	}
 	return []any{out}
-}
-
-// confArg is a CONF argument (confArgs): its blocks one after another.
-func confArg(blocks [][]byte) []byte {
-	return slices.Concat(blocks...)
 }
 
 // float is a number field's value as Lua will see it. Integers beyond 2^53
@@ -732,7 +731,7 @@ type scopeConf struct {
 // SRC_CONF block (srcConfArgs) per distinct source configuration follows,
 // which an op names by its number (in a call of its own, its i-th source's
 // is the i-th; in a batch, its BATCH_OP block's cmap says). The blocks
-// follow one another (confArg), with no position table: a call of its own
+// follow one another, with no position table: a call of its own
 // reads them in order, a batch all of them at its start.
 var confArgs = args[scopeConf]{"CONF_H", []arg[scopeConf]{
 	num("idle_ttl", func(c *scopeConf) any { return c.b.idleTTL }),
@@ -749,9 +748,6 @@ var srcConfArgs = args[gate.Source]{"SRC_CONF", concat(
 	embed(limitArgs, func(s *gate.Source) *gate.Limits { return &s.Limits }),
 	embed(policyArgs, func(s *gate.Source) *gate.BreakerPolicy { return &s.Breaker }),
 )}
-
-// block packs v's block alone.
-func (l args[T]) block(v *T) []byte { return l.pack(nil, v)[0].([]byte) }
 
 // peekArgs head the peek call; n sources (peekSourceArgs) follow.
 var peekArgs = args[call[gate.PeekRequest]]{"PEEK", []arg[call[gate.PeekRequest]]{

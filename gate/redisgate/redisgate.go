@@ -72,6 +72,33 @@ type Backend struct {
 	peeks  sync.Map
 	npeeks atomic.Int64
 	peekMu sync.Mutex
+	// confs are the scopes' CONF_H blocks (scopeConf), by scope; nconfs
+	// counts them.
+	confs  sync.Map
+	nconfs atomic.Int64
+}
+
+// maxScopeConfs bounds the scopes whose CONF_H block a Backend keeps;
+// another's is packed at each call. srcConfSize is about a SRC_CONF
+// block's size (a buffer's first capacity).
+const (
+	maxScopeConfs = 4096
+	srcConfSize   = 4 + 32 + 8*11
+)
+
+// scopeConf is the scope's CONF_H block (confArgs), packed once: the same
+// for every call of the scope. Never written: calls copy it.
+func (b *Backend) scopeConf(tag, scope string) []byte {
+	if v, ok := b.confs.Load(scope); ok {
+		return v.([]byte)
+	}
+	blk := confArgs.appendTo(nil, &scopeConf{b, tag, scope})
+	if b.nconfs.Load() < maxScopeConfs {
+		if _, had := b.confs.LoadOrStore(scope, blk); !had {
+			b.nconfs.Add(1)
+		}
+	}
+	return blk
 }
 
 var _ gate.Backend = (*Backend)(nil)
@@ -243,13 +270,15 @@ func (b *Backend) admit(ctx, rctx context.Context, req *gate.AdmitRequest) (any,
 	keys = appendScopeKeys(keys, tag)
 	c := &call[gate.AdmitRequest]{b, req, tag}
 	args := admitArgs.pack(make([]any, 0, admitArgs.width()+(candArgs.width()+placeArgs.width())*n+waiterArgs.width()), c)
-	conf := make([][]byte, 0, 1+n)
-	conf = append(conf, confArgs.block(&scopeConf{b, tag, req.Scope}))
+	head := b.scopeConf(tag, req.Scope)
+	conf, ends := append(make([]byte, 0, len(head)+srcConfSize*n), head...), make([]int, 1, 1+n)
+	ends[0] = len(head)
 	for i := range req.Candidates {
 		c := &req.Candidates[i]
 		keys = appendSourceKeys(keys, tag, c.Source.Name)
 		args = candArgs.pack(args, c)
-		conf = append(conf, srcConfArgs.block(c.Source))
+		conf = srcConfArgs.appendTo(conf, c.Source)
+		ends = append(ends, len(conf))
 	}
 	args = waiterArgs.pack(args, &lineArg{b, req.Line})
 	srcs := make([]string, n)
@@ -267,7 +296,7 @@ func (b *Backend) admit(ctx, rctx context.Context, req *gate.AdmitRequest) (any,
 		}
 		args = placeArgs.pack(args, &place)
 	}
-	return b.do(ctx, rctx, tag, &batchOp{kind: opAdmit, name: "admit", keys: keys, args: opArg(args), conf: conf, srcs: srcs, admit: req})
+	return b.do(ctx, rctx, tag, &batchOp{kind: opAdmit, name: "admit", keys: keys, args: opArg(args), conf: conf, confEnds: ends, srcs: srcs, admit: req})
 }
 
 // unmarkedErr reports whether admit.lua refused to run because the
@@ -291,10 +320,11 @@ func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 	keys = appendLineKeys(appendSourceKeys(appendScopeKeys(keys, tag), tag, req.Source.Name), tag, req.Source.Name)
 	args := settleArgs.pack(make([]any, 0, settleArgs.width()+handoffArgs.width()), &call[gate.SettleRequest]{b, &req, tag})
 	args = handoffArgs.pack(args, &handoffArg{b, req.Line})
-	conf := [][]byte{confArgs.block(&scopeConf{b, tag, req.Scope}), srcConfArgs.block(req.Source)}
+	head := b.scopeConf(tag, req.Scope)
+	conf := srcConfArgs.appendTo(append(make([]byte, 0, len(head)+srcConfSize), head...), req.Source)
 	rctx, cancel := b.bound(ctx)
 	defer cancel()
-	v, err := b.do(ctx, rctx, tag, &batchOp{kind: opSettle, name: op, keys: keys, args: opArg(args), conf: conf, srcs: []string{req.Source.Name}, settle: &req})
+	v, err := b.do(ctx, rctx, tag, &batchOp{kind: opSettle, name: op, keys: keys, args: opArg(args), conf: conf, confEnds: []int{len(head), len(conf)}, srcs: []string{req.Source.Name}, settle: &req})
 	if err != nil {
 		return gate.Settlement{}, err // queued for the give-back if it failed (batch.go)
 	}
