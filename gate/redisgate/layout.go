@@ -726,12 +726,12 @@ type scopeConf struct {
 	tag, scope string
 }
 
-// confArgs (CONF_H) heads the CONF argument of an admit's, a settle's or a batch's
-// call: what its ops share, sent once per call instead of in every op. A
-// SRC_CONF block (srcConfArgs) per distinct source configuration follows,
-// which an op names by its number (in a call of its own, its i-th source's
-// is the i-th; in a batch, its BATCH_OP block's cmap says). The blocks
-// follow one another, with no position table: a call of its own
+// confArgs (CONF_H) heads the CONF argument of an admit's, a settle's or a
+// batch's call: what its ops share, sent once per call instead of in every
+// op. A SRC_CONF block (srcConfArgs) per distinct source configuration
+// follows, which an op names by its number (in a call of its own, its i-th
+// source's is the i-th; in a batch, its BATCH_OP block's cmap says). The
+// blocks follow one another, with no position table: a call of its own
 // reads them in order, a batch all of them at its start.
 var confArgs = args[scopeConf]{"CONF_H", []arg[scopeConf]{
 	num("idle_ttl", func(c *scopeConf) any { return c.b.idleTTL }),

@@ -72,7 +72,7 @@ type Backend struct {
 	peeks  sync.Map
 	npeeks atomic.Int64
 	peekMu sync.Mutex
-	// confs are the scopes' CONF_H blocks (scopeConf), by scope; nconfs
+	// confs are the scopes' CONF_H blocks (scopeConfBlock), by scope; nconfs
 	// counts them.
 	confs  sync.Map
 	nconfs atomic.Int64
@@ -86,9 +86,9 @@ const (
 	srcConfSize   = 4 + 32 + 8*11
 )
 
-// scopeConf is the scope's CONF_H block (confArgs), packed once: the same
+// scopeConfBlock is the scope's CONF_H block (confArgs), packed once: the same
 // for every call of the scope. Never written: calls copy it.
-func (b *Backend) scopeConf(tag, scope string) []byte {
+func (b *Backend) scopeConfBlock(tag, scope string) []byte {
 	if v, ok := b.confs.Load(scope); ok {
 		return v.([]byte)
 	}
@@ -270,7 +270,7 @@ func (b *Backend) admit(ctx, rctx context.Context, req *gate.AdmitRequest) (any,
 	keys = appendScopeKeys(keys, tag)
 	c := &call[gate.AdmitRequest]{b, req, tag}
 	args := admitArgs.pack(make([]any, 0, admitArgs.width()+(candArgs.width()+placeArgs.width())*n+waiterArgs.width()), c)
-	head := b.scopeConf(tag, req.Scope)
+	head := b.scopeConfBlock(tag, req.Scope)
 	conf, ends := append(make([]byte, 0, len(head)+srcConfSize*n), head...), make([]int, 1, 1+n)
 	ends[0] = len(head)
 	for i := range req.Candidates {
@@ -320,7 +320,7 @@ func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 	keys = appendLineKeys(appendSourceKeys(appendScopeKeys(keys, tag), tag, req.Source.Name), tag, req.Source.Name)
 	args := settleArgs.pack(make([]any, 0, settleArgs.width()+handoffArgs.width()), &call[gate.SettleRequest]{b, &req, tag})
 	args = handoffArgs.pack(args, &handoffArg{b, req.Line})
-	head := b.scopeConf(tag, req.Scope)
+	head := b.scopeConfBlock(tag, req.Scope)
 	conf := srcConfArgs.appendTo(append(make([]byte, 0, len(head)+srcConfSize), head...), req.Source)
 	rctx, cancel := b.bound(ctx)
 	defer cancel()
