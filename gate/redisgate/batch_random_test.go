@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -76,7 +77,7 @@ func storedScope(t *testing.T, ctx context.Context, b *redisgate.Backend, c *red
 func TestBatchRandomSameAsSequential(t *testing.T) {
 	clock := gatetest.NewClock()
 	b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "warm-b")
-	randomSameAsSequential(t, b, h, c, clock)
+	randomSameAsSequential(t, b, h, c, clock, false)
 }
 
 // TestBatchRandomScripts: the same where Functions are refused (every op
@@ -101,10 +102,22 @@ func TestBatchRandomScripts(t *testing.T) {
 	release()
 	wait()
 	h.takeSizes()
-	randomSameAsSequential(t, b, h, c, clock)
+	randomSameAsSequential(t, b, h, c, clock, false)
 }
 
-func randomSameAsSequential(t *testing.T, b *redisgate.Backend, h *batchHook, c *redis.Client, clock *gatetest.Clock) {
+// TestBatchRandomReloads: as TestBatchRandomSameAsSequential, with each
+// op's sources in one of two configurations (a reload between ops queued
+// in one batch): every op is decided with its own source's limits and
+// policy, batched as one at a time.
+func TestBatchRandomReloads(t *testing.T) {
+	clock := gatetest.NewClock()
+	b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "warm-b")
+	randomSameAsSequential(t, b, h, c, clock, true)
+}
+
+// randomSameAsSequential runs the random batches; with variants, each
+// op's sources take one of two configurations, at random.
+func randomSameAsSequential(t *testing.T, b *redisgate.Backend, h *batchHook, c *redis.Client, clock *gatetest.Clock, variants bool) {
 	ctx := testCtx(t)
 	seeds := 40
 	if testing.Short() {
@@ -141,6 +154,40 @@ func randomSameAsSequential(t *testing.T, b *redisgate.Backend, h *batchHook, c 
 				s.Breaker.Cooldown = time.Second
 				s.Breaker.MaxCooldown = time.Second
 			})
+		}
+		// alt is each source's other configuration (with variants).
+		alt := map[string]*gate.Source{}
+		for _, n := range names {
+			if !variants {
+				break // (the other tests' seeds draw as before)
+			}
+			a := *srcs[n]
+			a.Limits.MaxConcurrency = 1 + rng.Intn(3)
+			a.Limits.RPM = []int64{0, 2, 1000}[rng.Intn(3)]
+			a.Limits.TPM = []int64{0, 30, 100}[rng.Intn(3)]
+			a.Limits.Lease = time.Duration(500+rng.Intn(2500)) * time.Millisecond
+			a.Breaker.FailThreshold = 1 + rng.Intn(3)
+			a.Breaker.MinCalls = 1 + rng.Intn(3)
+			a.Breaker.FailRate = []float64{0.2, 0.5, 1}[rng.Intn(3)]
+			a.Breaker.Cooldown = time.Duration(1+rng.Intn(3)) * time.Second
+			a.Breaker.MaxCooldown = 4 * time.Second
+			a.Breaker.Window = time.Duration(10+rng.Intn(50)) * time.Second
+			alt[n] = &a
+		}
+		// altOf[i] says which of op i's sources take their alt (a bit per
+		// source: a candidate's by its name's index, a settle's bit 0).
+		altOf := make([]int, 32)
+		if variants {
+			for i := range altOf {
+				altOf[i] = rng.Intn(8)
+			}
+		}
+		conf := func(i int, n string) *gate.Source {
+			k := slices.Index(names, n)
+			if altOf[i]>>k&1 == 1 {
+				return alt[n]
+			}
+			return srcs[n]
 		}
 		wlease := map[string]time.Duration{}
 		for i := range 4 {
@@ -337,7 +384,8 @@ func randomSameAsSequential(t *testing.T, b *redisgate.Backend, h *batchHook, c 
 					req := admitReq(scope, o.id)
 					req.Tokens = o.tokens
 					for _, n := range o.cands {
-						req.Candidates = append(req.Candidates, gate.Candidate{Source: srcs[n], Ceiling: srcs[n].Limits.MaxConcurrency})
+						src := conf(i, n)
+						req.Candidates = append(req.Candidates, gate.Candidate{Source: src, Ceiling: src.Limits.MaxConcurrency})
 					}
 					if o.waiter != "" {
 						w := waiter(o.waiter)
@@ -369,6 +417,7 @@ func randomSameAsSequential(t *testing.T, b *redisgate.Backend, h *batchHook, c 
 					} else {
 						p = gate.Permit{ID: ops[o.settleK].id}
 					}
+					src = conf(i, src.Name)
 					req := settleReq(scope, src, p, o.verdict)
 					req.Progress = o.verdict == gate.VerdictSuccess
 					req.ActualTokens = o.actual
@@ -419,7 +468,7 @@ func randomSameAsSequential(t *testing.T, b *redisgate.Backend, h *batchHook, c 
 			}
 		}
 		if bad {
-			t.Fatalf("seed %d: setup held %v joins %+v leaves %v open %v broken %q steps %v\nops:\n%s", seed, heldSrc, joins, leaves, openSome, broken, steps[:nOps], desc())
+			t.Fatalf("seed %d: setup held %v joins %+v leaves %v open %v broken %q steps %v alt %v\nops:\n%s", seed, heldSrc, joins, leaves, openSome, broken, steps[:nOps], altOf[:nOps], desc())
 		}
 	}
 }
