@@ -245,3 +245,53 @@ func TestCorruptStoredStateRefused(t *testing.T) {
 		t.Errorf("error %v does not name the field", err)
 	}
 }
+
+// TestConfSettleMissingSourceRefused (review rl6r): a settle called alone
+// whose CONF argument lacks its source's SRC_CONF block is refused with a
+// bounded error before it reads the source's state: its slot stays held
+// and a failure that would open the breaker opens nothing.
+func TestConfSettleMissingSourceRefused(t *testing.T) {
+	ctx := testCtx(t)
+	c := redistest.Start(t).Client(t)
+	b := newBackend(t, c, redisgate.Options{})
+	src := gatetest.Src("s", func(s *gate.Source) { s.Breaker.FailThreshold = 1 })
+	a := admit(t, ctx, b, "conf-s", "p", src)
+	h := &confHook{fn: "_settle"}
+	c.AddHook(h)
+	_, err := b.Settle(ctx, settleReq("conf-s", src, a.Permit, gate.VerdictFailure))
+	if err == nil || !strings.Contains(err.Error(), "an op names source configuration 1 of 0") {
+		t.Fatalf("a settle without its source's configuration: %v, want the missing configuration named", err)
+	}
+	h.fn = "-"
+	v := peek(t, ctx, b, "conf-s", src)
+	if v.Quota.InFlight != 1 || v.Breaker.State != gate.Closed {
+		t.Fatalf("after the refused settle: %+v, want its slot held and the breaker closed", v)
+	}
+}
+
+// TestBatchConfHeadShortRefused (review rl6r): a batch whose CONF argument
+// is shorter than its head (CONF_H) fails as a whole, as a batch whose head
+// is broken: every op answers an error, none is granted, none hangs.
+func TestBatchConfHeadShortRefused(t *testing.T) {
+	ctx := testCtx(t)
+	const scope = "batch-conf-h"
+	b, h, c := batchFixture(t, redisgate.Options{}, scope)
+	c.AddHook(&confHook{fn: "_batch", keep: -3})
+	s1, s2 := gatetest.Src("s1"), gatetest.Src("s2")
+	var errs [2]error
+	release, wait := gather(t, b, h, scope, 2,
+		func() { _, errs[0] = b.Admit(ctx, admitReq(scope, "p1", s1)) },
+		func() { _, errs[1] = b.Admit(ctx, admitReq(scope, "p2", s2, s1)) },
+	)
+	release()
+	wait()
+	for i, err := range errs {
+		if err == nil || !strings.Contains(err.Error(), "too short") {
+			t.Errorf("admit %d: %v, want struct's error for the short CONF argument", i+1, err)
+		}
+	}
+	v, err := b.Peek(ctx, gate.PeekRequest{Scope: scope, Sources: []*gate.Source{s1, s2}})
+	if err != nil || v.Sources[0].Quota.InFlight != 0 || v.Sources[1].Quota.InFlight != 0 {
+		t.Fatalf("after the refused batch: %+v %v, want no lease", v, err)
+	}
+}
