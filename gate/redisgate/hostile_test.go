@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -198,6 +199,51 @@ func TestBatchConfIndexRefused(t *testing.T) {
 	v, err := b.Peek(ctx, gate.PeekRequest{Scope: scope, Sources: []*gate.Source{s1, s2}})
 	if err != nil || v.Sources[0].Quota.InFlight != 0 || v.Sources[1].Quota.InFlight != 0 {
 		t.Fatalf("after the refused batch: %+v %v, want no lease", v, err)
+	}
+}
+
+// batchMapHook sets the first byte of the key map (BATCH_OP: kind, then
+// map) of the last op of every batch to 99, a source the batch lacks.
+type batchMapHook struct{ redistest.PassThrough }
+
+func (h *batchMapHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		a := cmd.Args()
+		if len(a) >= 4 && strings.EqualFold(fmt.Sprint(a[0]), "fcall") && strings.HasSuffix(fmt.Sprint(a[1]), "_batch") {
+			op := slices.Clone(a[len(a)-1].([]byte))
+			op[8+4] = 99
+			a[len(a)-1] = op
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestBatchMapOutOfRangeRefused: a batch op whose key map names a source
+// the batch does not have fails with a bounded error naming it, and its
+// batch-mate is decided as usual.
+func TestBatchMapOutOfRangeRefused(t *testing.T) {
+	ctx := testCtx(t)
+	const scope = "batch-map"
+	b, h, c := batchFixture(t, redisgate.Options{}, scope)
+	c.AddHook(&batchMapHook{})
+	s1, s2 := gatetest.Src("s1"), gatetest.Src("s2")
+	var errs [2]error
+	var first gate.Admission
+	release, wait := gather(t, b, h, scope, 2,
+		func() { first, errs[0] = b.Admit(ctx, admitReq(scope, "p1", s1)) },
+		func() { _, errs[1] = b.Admit(ctx, admitReq(scope, "p2", s2)) },
+	)
+	release()
+	wait()
+	if errs[0] != nil || !first.Granted {
+		t.Fatalf("the batch-mate: %+v %v, want granted", first, errs[0])
+	}
+	if errs[1] == nil || !strings.Contains(errs[1].Error(), "an op names batch source 99 of 2") {
+		t.Fatalf("the op with a map out of range: %v, want the source named", errs[1])
+	}
+	v, err := b.Peek(ctx, gate.PeekRequest{Scope: scope, Sources: []*gate.Source{s2}})
+	if err != nil || v.Sources[0].Quota.InFlight != 0 {
+		t.Fatalf("after the refused op: %+v %v, want no lease on s2", v, err)
 	}
 }
 

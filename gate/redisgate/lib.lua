@@ -1104,9 +1104,19 @@ local LINE_TTL = 4
 -- tables once per batch; an op's map is a string of one byte per source of
 -- the op, its number among the batch's (nil in a call of its own).
 
+-- NO_BATCH_SRC is the metatable of a batch's sources (CALL.src, by
+-- number): an op whose map names a source the batch does not have (a byte
+-- past its sources, or past the map's end) fails naming it. A lookup that
+-- finds its source never reaches it: nothing on the ops' path.
+local NO_BATCH_SRC = {
+  __index = function(src, j)
+    error('redisgate: an op names batch source ' .. tostring(j) .. ' of ' .. I(#src))
+  end,
+}
+
 -- batch_src is the j-th source of the batch: {q = SRC_KEYS, l = LINE_KEYS}.
 local function batch_src(keys, j)
-  local t = CALL.src[j]
+  local t = rawget(CALL.src, j)
   if not t then
     local base = block(SCOPE_KEYS, BATCH_SRC, j)
     t = { q = read(SRC_KEYS, keys, base), l = read(LINE_KEYS, keys, base + SRC_KEYS.WIDTH) }
