@@ -70,7 +70,7 @@ type batchOp struct {
 	// keys it takes, in order (a batch passes each source's keys once, and
 	// kmap, written by runBatch, says where they are: batchOpArgs).
 	keys []string
-	args []any
+	arg  opArg
 	srcs []string
 	kmap string
 	// conf is the op's CONF argument (confArgs: the scope's block, then a
@@ -80,15 +80,43 @@ type batchOp struct {
 	conf     []byte
 	confEnds []int
 	cmap     string
-	admit    *gate.AdmitRequest  // an admit's request, for lostAdmit
-	settle   *gate.SettleRequest // a settle's, for the give-back queue
-	done     chan batchResult    // one reply, buffered
+	// pk is what its blocks are written from (a local's address would
+	// escape through the layouts' functions: an allocation each).
+	pk     packing
+	admit  *gate.AdmitRequest  // an admit's request, for lostAdmit
+	settle *gate.SettleRequest // a settle's, for the give-back queue
+	done   chan batchResult    // one reply, buffered
 	// sent: in a batch call; gone: its caller stopped waiting (under
 	// batcher.mu).
 	sent, gone bool
 }
 
 // permit is the op's permit: the admit's or the settle's.
+// packing is what an op's blocks are written from.
+type packing struct {
+	admit   call[gate.AdmitRequest]
+	settle  call[gate.SettleRequest]
+	line    lineArg
+	handoff handoffArg
+	place   string
+	src     [1]string // a settle's srcs
+}
+
+// kmapRoom is a map's room: an op keeps room for its BATCH_OP block
+// (headRoom) with a map of as many sources as its own.
+var kmapRoom = string(make([]byte, 256))
+
+// headRoom is the size of o's BATCH_OP block in a batch (0 if it has too
+// many sources to go in one).
+func (o *batchOp) headRoom() int {
+	if len(o.srcs) >= len(kmapRoom) {
+		return 0
+	}
+	o.kmap, o.cmap = kmapRoom[:len(o.srcs)], kmapRoom[:len(o.srcs)] // a map and a cmap: one byte per source
+	defer func() { o.kmap, o.cmap = "", "" }()
+	return batchOpArgs.size(o)
+}
+
 func (o *batchOp) permit() string {
 	if o.kind == opAdmit {
 		return o.admit.PermitID
@@ -230,7 +258,7 @@ func (b *Backend) runBatch(tag string, ops []*batchOp, nk int) {
 		// An op alone calls its own function, which costs Redis less Lua
 		// work than a batch of one; its errors are its own either way.
 		o := ops[0]
-		v, err := b.call(ctx, o.script(), o.keys, append(o.args[:len(o.args):len(o.args)], o.conf))
+		v, err := b.call(ctx, o.script(), o.keys, []any{o.arg.bytes(), o.conf})
 		r := batchResult{v: v}
 		if err != nil {
 			r.v, r.err = nil, b.wrap(context.Background(), o.name, err)
@@ -294,9 +322,14 @@ func (b *Backend) runBatch(tag string, ops []*batchOp, nk int) {
 		}
 	}
 	for _, o := range ops {
-		// One argument per op: its BATCH_OP block, then its own (opArg).
-		head := batchOpArgs.pack(nil, o)[0].([]byte)
-		args = append(args, append(head, o.args[0].([]byte)...))
+		// One argument per op: its BATCH_OP block, then its own (opArg),
+		// written in the room the op left for it, else in a copy.
+		if h := batchOpArgs.size(o); h == o.arg.head {
+			batchOpArgs.appendTo(o.arg.buf[:0], o)
+			args = append(args, o.arg.buf)
+		} else {
+			args = append(args, append(batchOpArgs.appendTo(make([]byte, 0, h+len(o.arg.bytes())), o), o.arg.bytes()...))
+		}
 	}
 	v, err := b.call(ctx, batchScript, keys, args)
 	replies, ok := v.([]any)

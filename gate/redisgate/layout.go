@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
-	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -21,23 +20,34 @@ import (
 // of named fields into a reply array) use. Adding a field is one line in a
 // table below, plus the Lua line that uses or produces it by name.
 
-// arg is one field of an argument block: a string if str, else a number
-// (put returns an integer or a float64).
+// arg is one field of an argument block: a number (num) or, if str is
+// set, a string. Each is written straight into the block's bytes, not
+// boxed in an interface (an allocation for most values).
 type arg[T any] struct {
 	name string
-	str  bool
-	put  func(*T) any
+	num  func(*T) float64
+	str  func(*T) string
 }
 
-func num[T any](name string, put func(*T) any) arg[T] { return arg[T]{name: name, put: put} }
-func str[T any](name string, put func(*T) any) arg[T] {
-	return arg[T]{name: name, str: true, put: put}
+// numeric are the Go types of number fields.
+type numeric interface {
+	~int | ~int32 | ~int64 | ~uint32 | ~uint64 | ~float64
+}
+
+func num[T any, N numeric](name string, put func(*T) N) arg[T] {
+	return arg[T]{name: name, num: func(v *T) float64 { return float64(put(v)) }}
+}
+
+func str[T any](name string, put func(*T) string) arg[T] {
+	return arg[T]{name: name, str: put}
 }
 
 // args is an argument block of layout id (its Lua table's name). A block
 // is one argument: its fields in layout order, each number a little-endian
 // double and each string a 4-byte length and its bytes, which Lua reads
 // with one struct.unpack (no argument string per field, no tonumber).
+// Integers beyond 2^53 round, as they would in Lua; the script saturates
+// what it adds up.
 type args[T any] struct {
 	id     string
 	fields []arg[T]
@@ -46,27 +56,36 @@ type args[T any] struct {
 // width is how many arguments a block takes.
 func (l args[T]) width() int { return 1 }
 
-// pack appends v's block.
-func (l args[T]) pack(out []any, v *T) []any {
-	return append(out, l.appendTo(make([]byte, 0, 8*len(l.fields)), v))
+// size is the length of v's block in bytes.
+func (l args[T]) size(v *T) int {
+	n := 0
+	for _, f := range l.fields {
+		if f.str != nil {
+			n += 4 + len(f.str(v))
+			continue
+		}
+		n += 8
+	}
+	return n
 }
 
 // appendTo appends v's block to b.
 func (l args[T]) appendTo(b []byte, v *T) []byte {
 	for _, f := range l.fields {
-		x := f.put(v)
-		if f.str {
-			s, ok := x.(string)
-			if !ok {
-				s = fmt.Sprint(x) // a number (an absent block's 0) as its text, as go-redis writes an argument
-			}
+		if f.str != nil {
+			s := f.str(v)
 			b = binary.LittleEndian.AppendUint32(b, uint32(len(s)))
 			b = append(b, s...)
 			continue
 		}
-		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(float(x)))
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(f.num(v)))
 	}
 	return b
+}
+
+// pack appends v's block, an argument of its own, sized exactly.
+func (l args[T]) pack(out []any, v *T) []any {
+	return append(out, l.appendTo(make([]byte, 0, l.size(v)), v))
 }
 
 // opArg is the one argument of an admit or a settle (in a batch, after its
@@ -75,43 +94,31 @@ func (l args[T]) appendTo(b []byte, v *T) []byte {
 // (lib.lua's op_block reads a position). One argument per op, not one per
 // block: each argument is a string that Redis and then Lua make, about
 // 3 000 instructions of redis-server per argument (docs/performance.md).
-func opArg(blocks []any) []any {
-	size := 4 * len(blocks)
-	for _, b := range blocks {
-		size += len(b.([]byte))
-	}
-	out := make([]byte, 0, size)
-	at := 4 * len(blocks)
-	for _, b := range blocks {
-		out = binary.LittleEndian.AppendUint32(out, uint32(at))
-		at += len(b.([]byte))
-	}
-	for _, b := range blocks {
-		out = append(out, b.([]byte)...)
-	}
-	return []any{out}
+//
+// An opArg is written into one buffer sized once (start), each block in
+// place (put), after head bytes left free for the op's BATCH_OP block, so
+// that a batch sends the buffer as it is instead of a copy behind its head.
+type opArg struct {
+	buf  []byte
+	head int // bytes before the argument, for its BATCH_OP block
+	next int // the next block's number
 }
 
-// float is a number field's value as Lua will see it. Integers beyond 2^53
-// round, as they would in Lua; the script saturates what it adds up.
-func float(v any) float64 {
-	switch v := v.(type) {
-	case int:
-		return float64(v)
-	case int64:
-		return float64(v)
-	case float64:
-		return v
-	}
-	switch rv := reflect.ValueOf(v); {
-	case rv.CanInt():
-		return float64(rv.Int())
-	case rv.CanUint():
-		return float64(rv.Uint())
-	case rv.CanFloat():
-		return rv.Float()
-	}
-	panic(fmt.Sprintf("redisgate: a number field of type %T", v))
+// start makes room for head bytes, the positions of n blocks and size
+// bytes of blocks in all (the sum of their args.size), reusing buf.
+func (w *opArg) start(head, n, size int) {
+	w.buf = slices.Grow(w.buf[:0], head+4*n+size)[:head+4*n]
+	w.head, w.next = head, 0
+}
+
+// bytes is the argument (without the room for its head).
+func (w *opArg) bytes() []byte { return w.buf[w.head:] }
+
+// put writes v's block as w's next one.
+func (l args[T]) put(w *opArg, v *T) {
+	binary.LittleEndian.PutUint32(w.buf[w.head+4*w.next:], uint32(len(w.buf)-w.head))
+	w.next++
+	w.buf = l.appendTo(w.buf, v)
 }
 
 // lua describes the layout for the prelude.
@@ -119,7 +126,7 @@ func (l args[T]) lua() luaLayout {
 	ll := luaLayout{id: l.id, bin: true}
 	for _, f := range l.fields {
 		ll.names = append(ll.names, f.name)
-		if f.str {
+		if f.str != nil {
 			ll.strs = append(ll.strs, f.name)
 		}
 	}
@@ -130,7 +137,13 @@ func (l args[T]) lua() luaLayout {
 func embed[T, U any](l args[U], part func(*T) *U) []arg[T] {
 	out := make([]arg[T], 0, len(l.fields))
 	for _, f := range l.fields {
-		out = append(out, arg[T]{name: f.name, str: f.str, put: func(v *T) any { return f.put(part(v)) }})
+		g := arg[T]{name: f.name}
+		if f.str != nil {
+			g.str = func(v *T) string { return f.str(part(v)) }
+		} else {
+			g.num = func(v *T) float64 { return f.num(part(v)) }
+		}
+		out = append(out, g)
 	}
 	return out
 }
@@ -663,21 +676,21 @@ var records = []record{stateRecord, windowRecord}
 
 // limitArgs is a gate.Limits (lease in ms).
 var limitArgs = args[gate.Limits]{"LIMITS", []arg[gate.Limits]{
-	num("max_concurrency", func(l *gate.Limits) any { return l.MaxConcurrency }),
-	num("rpm", func(l *gate.Limits) any { return l.RPM }),
-	num("tpm", func(l *gate.Limits) any { return l.TPM }),
-	num("lease", func(l *gate.Limits) any { return l.Lease.Milliseconds() }),
+	num("max_concurrency", func(l *gate.Limits) int { return l.MaxConcurrency }),
+	num("rpm", func(l *gate.Limits) int64 { return l.RPM }),
+	num("tpm", func(l *gate.Limits) int64 { return l.TPM }),
+	num("lease", func(l *gate.Limits) int64 { return l.Lease.Milliseconds() }),
 }}
 
 // policyArgs is a gate.BreakerPolicy (durations in ms).
 var policyArgs = args[gate.BreakerPolicy]{"POLICY", []arg[gate.BreakerPolicy]{
-	num("fail_threshold", func(p *gate.BreakerPolicy) any { return p.FailThreshold }),
-	num("min_calls", func(p *gate.BreakerPolicy) any { return p.MinCalls }),
-	num("fail_rate", func(p *gate.BreakerPolicy) any { return p.FailRate }),
-	num("window", func(p *gate.BreakerPolicy) any { return p.Window.Milliseconds() }),
-	num("cooldown", func(p *gate.BreakerPolicy) any { return p.Cooldown.Milliseconds() }),
-	num("max_cooldown", func(p *gate.BreakerPolicy) any { return p.MaxCooldown.Milliseconds() }),
-	num("probe_ttl", func(p *gate.BreakerPolicy) any { return p.ProbeTTL.Milliseconds() }),
+	num("fail_threshold", func(p *gate.BreakerPolicy) int { return p.FailThreshold }),
+	num("min_calls", func(p *gate.BreakerPolicy) int { return p.MinCalls }),
+	num("fail_rate", func(p *gate.BreakerPolicy) float64 { return p.FailRate }),
+	num("window", func(p *gate.BreakerPolicy) int64 { return p.Window.Milliseconds() }),
+	num("cooldown", func(p *gate.BreakerPolicy) int64 { return p.Cooldown.Milliseconds() }),
+	num("max_cooldown", func(p *gate.BreakerPolicy) int64 { return p.MaxCooldown.Milliseconds() }),
+	num("probe_ttl", func(p *gate.BreakerPolicy) int64 { return p.ProbeTTL.Milliseconds() }),
 }}
 
 // call is what every head block is written from: the Backend (time, TTL,
@@ -692,31 +705,31 @@ type call[R any] struct {
 // ops of a call share (the scope, the sources' limits and policies) is in
 // its CONF argument (confArgs), not in each op.
 var admitArgs = args[call[gate.AdmitRequest]]{"ADMIT", []arg[call[gate.AdmitRequest]]{
-	num("now", func(c *call[gate.AdmitRequest]) any { return c.b.nowArg() }),
-	str("permit", func(c *call[gate.AdmitRequest]) any { return c.req.PermitID }),
-	num("tokens", func(c *call[gate.AdmitRequest]) any { return c.req.Tokens }),
-	num("n", func(c *call[gate.AdmitRequest]) any { return len(c.req.Candidates) }),
-	str("seen", func(c *call[gate.AdmitRequest]) any { return c.b.memory.marker(c.req.Scope) }), // see admit.lua's unmarked
+	num("now", func(c *call[gate.AdmitRequest]) int64 { return c.b.nowArg() }),
+	str("permit", func(c *call[gate.AdmitRequest]) string { return c.req.PermitID }),
+	num("tokens", func(c *call[gate.AdmitRequest]) int64 { return c.req.Tokens }),
+	num("n", func(c *call[gate.AdmitRequest]) int { return len(c.req.Candidates) }),
+	str("seen", func(c *call[gate.AdmitRequest]) string { return c.b.memory.marker(c.req.Scope) }), // see admit.lua's unmarked
 }}
 
 // candArgs is one candidate of the admit call: what is the request's own;
 // its source's limits and policy are a SRC_CONF block of the call's CONF
 // argument (srcConfArgs).
 var candArgs = args[gate.Candidate]{"CAND", []arg[gate.Candidate]{
-	num("ceiling", func(c *gate.Candidate) any { return c.Ceiling }),
+	num("ceiling", func(c *gate.Candidate) int { return c.Ceiling }),
 }}
 
 // settleArgs is the settle call's own (its source's policy is the SRC_CONF
 // block of the call's CONF argument, as a candidate's).
 var settleArgs = args[call[gate.SettleRequest]]{"SETTLE", []arg[call[gate.SettleRequest]]{
-	num("now", func(c *call[gate.SettleRequest]) any { return c.b.nowArg() }),
-	str("permit", func(c *call[gate.SettleRequest]) any { return c.req.PermitID }),
-	num("epoch", func(c *call[gate.SettleRequest]) any { return c.req.Epoch }),
-	num("probe", func(c *call[gate.SettleRequest]) any { return flag(c.req.Probe) }),
-	num("verdict", func(c *call[gate.SettleRequest]) any { return int(c.req.Verdict) }),
-	num("floor", func(c *call[gate.SettleRequest]) any { return c.req.Floor.Milliseconds() }),
-	num("actual", func(c *call[gate.SettleRequest]) any { return c.req.ActualTokens }), // < 0 keeps the estimate
-	num("progress", func(c *call[gate.SettleRequest]) any { return flag(c.req.Progress) }),
+	num("now", func(c *call[gate.SettleRequest]) int64 { return c.b.nowArg() }),
+	str("permit", func(c *call[gate.SettleRequest]) string { return c.req.PermitID }),
+	num("epoch", func(c *call[gate.SettleRequest]) uint64 { return c.req.Epoch }),
+	num("probe", func(c *call[gate.SettleRequest]) int { return flag(c.req.Probe) }),
+	num("verdict", func(c *call[gate.SettleRequest]) int { return int(c.req.Verdict) }),
+	num("floor", func(c *call[gate.SettleRequest]) int64 { return c.req.Floor.Milliseconds() }),
+	num("actual", func(c *call[gate.SettleRequest]) int64 { return c.req.ActualTokens }), // < 0 keeps the estimate
+	num("progress", func(c *call[gate.SettleRequest]) int { return flag(c.req.Progress) }),
 }}
 
 // scopeConf is what every admit and settle of one scope shares: the
@@ -734,16 +747,16 @@ type scopeConf struct {
 // blocks follow one another, with no position table: a call of its own
 // reads them in order, a batch all of them at its start.
 var confArgs = args[scopeConf]{"CONF_H", []arg[scopeConf]{
-	num("idle_ttl", func(c *scopeConf) any { return c.b.idleTTL }),
-	str("channel", func(c *scopeConf) any { return c.tag + channelSuffix }),
-	str("scope", func(c *scopeConf) any { return c.scope }),
+	num("idle_ttl", func(c *scopeConf) int64 { return c.b.idleTTL }),
+	str("channel", func(c *scopeConf) string { return c.tag + channelSuffix }),
+	str("scope", func(c *scopeConf) string { return c.scope }),
 }}
 
 // srcConfArgs is a source's name, limits and policy (a candidate's or a
 // settle's), read once per call by lib.lua's op_conf.
 var srcConfArgs = args[gate.Source]{"SRC_CONF", concat(
 	[]arg[gate.Source]{
-		str("name", func(s *gate.Source) any { return s.Name }),
+		str("name", func(s *gate.Source) string { return s.Name }),
 	},
 	embed(limitArgs, func(s *gate.Source) *gate.Limits { return &s.Limits }),
 	embed(policyArgs, func(s *gate.Source) *gate.BreakerPolicy { return &s.Breaker }),
@@ -751,29 +764,29 @@ var srcConfArgs = args[gate.Source]{"SRC_CONF", concat(
 
 // peekArgs head the peek call; n sources (peekSourceArgs) follow.
 var peekArgs = args[call[gate.PeekRequest]]{"PEEK", []arg[call[gate.PeekRequest]]{
-	num("now", func(c *call[gate.PeekRequest]) any { return c.b.nowArg() }),
-	num("n", func(c *call[gate.PeekRequest]) any { return len(c.req.Sources) }),
-	num("tokens", func(c *call[gate.PeekRequest]) any { return c.req.Tokens }),
+	num("now", func(c *call[gate.PeekRequest]) int64 { return c.b.nowArg() }),
+	num("n", func(c *call[gate.PeekRequest]) int { return len(c.req.Sources) }),
+	num("tokens", func(c *call[gate.PeekRequest]) int64 { return c.req.Tokens }),
 }}
 
 // peekSourceArgs is one source of the peek call, as a candidate.
 var peekSourceArgs = args[gate.Candidate]{"PEEK_SRC", concat(
 	[]arg[gate.Candidate]{
-		num("ceiling", func(c *gate.Candidate) any { return c.Ceiling }),
+		num("ceiling", func(c *gate.Candidate) int { return c.Ceiling }),
 	},
 	embed(limitArgs, func(c *gate.Candidate) *gate.Limits { return &c.Source.Limits }),
 )}
 
 // overrideArgs is the whole override call.
 var overrideArgs = args[call[gate.OverrideRequest]]{"OVERRIDE", []arg[call[gate.OverrideRequest]]{
-	num("now", func(c *call[gate.OverrideRequest]) any { return c.b.nowArg() }),
-	num("idle_ttl", func(c *call[gate.OverrideRequest]) any { return c.b.idleTTL }),
-	str("channel", func(c *call[gate.OverrideRequest]) any { return c.tag + channelSuffix }),
-	str("scope", func(c *call[gate.OverrideRequest]) any { return c.req.Scope }),
-	str("source", func(c *call[gate.OverrideRequest]) any { return c.req.Source.Name }),
-	num("action", func(c *call[gate.OverrideRequest]) any { return int(c.req.Action) }),
-	str("actor", func(c *call[gate.OverrideRequest]) any { return c.req.Actor }),
-	str("why", func(c *call[gate.OverrideRequest]) any { return c.req.Why }),
+	num("now", func(c *call[gate.OverrideRequest]) int64 { return c.b.nowArg() }),
+	num("idle_ttl", func(c *call[gate.OverrideRequest]) int64 { return c.b.idleTTL }),
+	str("channel", func(c *call[gate.OverrideRequest]) string { return c.tag + channelSuffix }),
+	str("scope", func(c *call[gate.OverrideRequest]) string { return c.req.Scope }),
+	str("source", func(c *call[gate.OverrideRequest]) string { return c.req.Source.Name }),
+	num("action", func(c *call[gate.OverrideRequest]) int { return int(c.req.Action) }),
+	str("actor", func(c *call[gate.OverrideRequest]) string { return c.req.Actor }),
+	str("why", func(c *call[gate.OverrideRequest]) string { return c.req.Why }),
 }}
 
 // batchCall heads a batch call (batch.go): the batch's CONF argument
@@ -790,9 +803,9 @@ type batchCall struct {
 }
 
 var batchArgs = args[batchCall]{"BATCH", []arg[batchCall]{
-	num("now", func(c *batchCall) any { return c.b.nowArg() }),
-	num("n", func(c *batchCall) any { return c.n }),
-	num("srcs", func(c *batchCall) any { return c.srcs }),
+	num("now", func(c *batchCall) int64 { return c.b.nowArg() }),
+	num("n", func(c *batchCall) int { return c.n }),
+	num("srcs", func(c *batchCall) int { return c.srcs }),
 }}
 
 // batchPre is what a batch's ops will read of a source's state hash besides
@@ -809,8 +822,8 @@ type batchPre struct {
 // in the order of its keys (batchSrcKeys), each followed by its leases, one
 // argument each (at most one per op: maxBatchOps).
 var batchPreArgs = args[batchPre]{"BATCH_PRE", []arg[batchPre]{
-	num("window", func(p *batchPre) any { return flag(p.window) }),
-	num("leases", func(p *batchPre) any { return len(p.leases) }),
+	num("window", func(p *batchPre) int { return flag(p.window) }),
+	num("leases", func(p *batchPre) int { return len(p.leases) }),
 }}
 
 // batchOpArgs heads one op of a batch, in the op's one argument (its
@@ -823,9 +836,9 @@ var batchPreArgs = args[batchPre]{"BATCH_PRE", []arg[batchPre]{
 // sources of its ops counted once per op (each brings those keys of its
 // own), fewer than 256.
 var batchOpArgs = args[batchOp]{"BATCH_OP", []arg[batchOp]{
-	num("kind", func(o *batchOp) any { return int(o.kind) }),
-	str("map", func(o *batchOp) any { return o.kmap }),
-	str("cmap", func(o *batchOp) any { return o.cmap }),
+	num("kind", func(o *batchOp) int { return int(o.kind) }),
+	str("map", func(o *batchOp) string { return o.kmap }),
+	str("cmap", func(o *batchOp) string { return o.cmap }),
 }}
 
 // batchSrcKeys are a source's keys in a batch, each source once: its own
@@ -851,11 +864,11 @@ type restoreCall struct {
 }
 
 var restoreArgs = args[restoreCall]{"RESTORE", []arg[restoreCall]{
-	num("now", func(c *restoreCall) any { return c.b.nowArg() }),
-	num("idle_ttl", func(c *restoreCall) any { return c.b.idleTTL }),
-	num("n", func(c *restoreCall) any { return c.n }),
-	str("seen", func(c *restoreCall) any { return c.seen }),
-	str("token", func(c *restoreCall) any { return c.token }),
+	num("now", func(c *restoreCall) int64 { return c.b.nowArg() }),
+	num("idle_ttl", func(c *restoreCall) int64 { return c.b.idleTTL }),
+	num("n", func(c *restoreCall) int { return c.n }),
+	str("seen", func(c *restoreCall) string { return c.seen }),
+	str("token", func(c *restoreCall) string { return c.token }),
 }}
 
 // restoreRec is a remembered breaker as of now (durations in ms, relative to
@@ -870,15 +883,15 @@ type restoreRec struct {
 }
 
 var restoreSrcArgs = args[restoreRec]{"RESTORE_SRC", []arg[restoreRec]{
-	num("open_left", func(r *restoreRec) any { return r.openLeft }),
-	num("reopens", func(r *restoreRec) any { return r.reopens }),
-	num("epoch", func(r *restoreRec) any { return r.epoch }),
-	num("opened_ago", func(r *restoreRec) any { return r.openedAgo }),
-	num("cause", func(r *restoreRec) any { return int(r.cause) }),
-	num("override", func(r *restoreRec) any { return int(r.override) }),
-	str("actor", func(r *restoreRec) any { return r.actor }),
-	str("why", func(r *restoreRec) any { return r.why }),
-	num("override_ago", func(r *restoreRec) any { return r.overrideAgo }),
+	num("open_left", func(r *restoreRec) int64 { return r.openLeft }),
+	num("reopens", func(r *restoreRec) int { return r.reopens }),
+	num("epoch", func(r *restoreRec) uint64 { return r.epoch }),
+	num("opened_ago", func(r *restoreRec) int64 { return r.openedAgo }),
+	num("cause", func(r *restoreRec) int { return int(r.cause) }),
+	num("override", func(r *restoreRec) int { return int(r.override) }),
+	str("actor", func(r *restoreRec) string { return r.actor }),
+	str("why", func(r *restoreRec) string { return r.why }),
+	num("override_ago", func(r *restoreRec) int64 { return r.overrideAgo }),
 }}
 
 func concat[T any](parts ...[]arg[T]) []arg[T] {

@@ -46,10 +46,13 @@ func (a *lineArg) replica() string {
 	return a.b.replica
 }
 
-func on[T any](isOn func(*T) bool, put func(*T) any) func(*T) any {
-	return func(v *T) any {
+// on is put's field of a block that may be off: its zero value when off
+// (Lua reads no other field of a block that is off).
+func on[T, V any](isOn func(*T) bool, put func(*T) V) func(*T) V {
+	return func(v *T) V {
 		if !isOn(v) {
-			return 0
+			var zero V
+			return zero
 		}
 		return put(v)
 	}
@@ -58,28 +61,24 @@ func on[T any](isOn func(*T) bool, put func(*T) any) func(*T) any {
 func waiterOn(a *lineArg) bool { return a.w != nil }
 
 var waiterArgs = args[lineArg]{"WAITER", []arg[lineArg]{
-	num("on", func(a *lineArg) any { return flag(a.w != nil) }),
-	str("waiter", on(waiterOn, func(a *lineArg) any { return a.w.ID })),
-	str("replica", on(waiterOn, func(a *lineArg) any { return a.replica() })),
-	num("priority", on(waiterOn, func(a *lineArg) any { return a.w.Priority })),
-	str("tenant", on(waiterOn, func(a *lineArg) any { return a.w.Tenant })),
-	num("weight", on(waiterOn, func(a *lineArg) any { return a.w.Weight })),
-	num("other_weight", on(waiterOn, func(a *lineArg) any { return a.w.OtherWeight })),
-	num("max_tenants", on(waiterOn, func(a *lineArg) any { return a.w.MaxTenants })),
-	num("aging", on(waiterOn, func(a *lineArg) any { return a.w.Aging.Milliseconds() })),
-	num("lease", on(waiterOn, func(a *lineArg) any { return max(1, a.w.Lease.Milliseconds()) })),
-	str("place", on(waiterOn, func(a *lineArg) any { return a.w.Place })),
+	num("on", func(a *lineArg) int { return flag(a.w != nil) }),
+	str("waiter", on(waiterOn, func(a *lineArg) string { return a.w.ID })),
+	str("replica", on(waiterOn, func(a *lineArg) string { return a.replica() })),
+	num("priority", on(waiterOn, func(a *lineArg) int32 { return a.w.Priority })),
+	str("tenant", on(waiterOn, func(a *lineArg) string { return a.w.Tenant })),
+	num("weight", on(waiterOn, func(a *lineArg) int { return a.w.Weight })),
+	num("other_weight", on(waiterOn, func(a *lineArg) int { return a.w.OtherWeight })),
+	num("max_tenants", on(waiterOn, func(a *lineArg) int { return a.w.MaxTenants })),
+	num("aging", on(waiterOn, func(a *lineArg) int64 { return a.w.Aging.Milliseconds() })),
+	num("lease", on(waiterOn, func(a *lineArg) int64 { return max(1, a.w.Lease.Milliseconds()) })),
+	str("place", on(waiterOn, func(a *lineArg) string { return a.w.Place })),
 }}
 
 // placeArgs is the waiter's place in one candidate's line; an admit's
 // waiter block is followed by one per candidate.
 var placeArgs = args[string]{"PLACE", []arg[string]{
-	str("place", func(p *string) any { return *p }),
+	str("place", func(p *string) string { return *p }),
 }}
-
-// noPlace is the place block of a candidate whose line the call is not in,
-// packed once (opArg copies the blocks; none is written after packing).
-var noPlace = placeArgs.pack(nil, new(string))[0]
 
 // joinArg is whether a peek's waiter joins one source's line, and its place
 // there; the waiter block is followed by one per source.
@@ -89,8 +88,8 @@ type joinArg struct {
 }
 
 var joinArgs = args[joinArg]{"JOIN", []arg[joinArg]{
-	num("on", func(j *joinArg) any { return flag(j.on) }),
-	str("place", func(j *joinArg) any { return j.place }),
+	num("on", func(j *joinArg) int { return flag(j.on) }),
+	str("place", func(j *joinArg) string { return j.place }),
 }}
 
 // lineRead is a peek's line block; a waiter block (the join) follows it.
@@ -109,10 +108,10 @@ func (a *lineRead) replica() string {
 }
 
 var lineReadArgs = args[lineRead]{"LINE_READ", []arg[lineRead]{
-	num("on", func(a *lineRead) any { return flag(a.r != nil) }),
-	str("replica", on(readOn, func(a *lineRead) any { return a.replica() })),
-	num("lease", on(readOn, func(a *lineRead) any { return max(1, a.r.Lease.Milliseconds()) })),
-	num("describe", on(readOn, func(a *lineRead) any { return flag(a.r.Describe) })),
+	num("on", func(a *lineRead) int { return flag(a.r != nil) }),
+	str("replica", on(readOn, func(a *lineRead) string { return a.replica() })),
+	num("lease", on(readOn, func(a *lineRead) int64 { return max(1, a.r.Lease.Milliseconds()) })),
+	num("describe", on(readOn, func(a *lineRead) int { return flag(a.r.Describe) })),
 }}
 
 type handoffArg struct {
@@ -123,14 +122,14 @@ type handoffArg struct {
 func handoffOn(a *handoffArg) bool { return a.h != nil }
 
 var handoffArgs = args[handoffArg]{"HANDOFF", []arg[handoffArg]{
-	num("on", func(a *handoffArg) any { return flag(a.h != nil) }),
-	str("replica", on(handoffOn, func(a *handoffArg) any {
+	num("on", func(a *handoffArg) int { return flag(a.h != nil) }),
+	str("replica", on(handoffOn, func(a *handoffArg) string {
 		if a.h.Replica != "" {
 			return a.h.Replica
 		}
 		return a.b.replica
 	})),
-	num("lease", on(handoffOn, func(a *handoffArg) any { return max(1, a.h.Lease.Milliseconds()) })),
+	num("lease", on(handoffOn, func(a *handoffArg) int64 { return max(1, a.h.Lease.Milliseconds()) })),
 }}
 
 // lineAdmit is the admit reply's line record: the waiter's place in each
@@ -172,7 +171,7 @@ var lineGroup = newReply("LINE_GROUP", []ret[gate.LineGroup]{
 
 // leaveArgs is the whole leave call.
 var leaveArgs = args[gate.LeaveRequest]{"LEAVE", []arg[gate.LeaveRequest]{
-	str("waiter", func(r *gate.LeaveRequest) any { return r.Waiter }),
+	str("waiter", func(r *gate.LeaveRequest) string { return r.Waiter }),
 }}
 
 // lineLayouts are the line's layouts, for the prelude.

@@ -268,35 +268,44 @@ func (b *Backend) admit(ctx, rctx context.Context, req *gate.AdmitRequest) (any,
 	keys := make([]string, 0, len(scopeKeys.suffixes)+(len(sourceKeys.suffixes)+len(lineKeys.suffixes))*n)
 	tag := b.tag(req.Scope)
 	keys = appendScopeKeys(keys, tag)
-	c := &call[gate.AdmitRequest]{b, req, tag}
-	args := admitArgs.pack(make([]any, 0, admitArgs.width()+(candArgs.width()+placeArgs.width())*n+waiterArgs.width()), c)
+	o := &batchOp{kind: opAdmit, name: "admit", srcs: make([]string, n), admit: req}
+	pk := &o.pk
+	pk.admit, pk.line = call[gate.AdmitRequest]{b, req, tag}, lineArg{b, req.Line}
+	size := admitArgs.size(&pk.admit) + waiterArgs.size(&pk.line)
+	for i := range req.Candidates {
+		c := &req.Candidates[i]
+		o.srcs[i] = c.Source.Name
+		pk.place = placeOf(req.Line, c.Source.Name)
+		size += candArgs.size(c) + placeArgs.size(&pk.place)
+	}
+	o.arg.start(o.headRoom(), 2*n+2, size) // ADMIT, the CANDs, WAITER, a PLACE per candidate
+	admitArgs.put(&o.arg, &pk.admit)
 	head := b.scopeConfBlock(tag, req.Scope)
 	conf, ends := append(make([]byte, 0, len(head)+srcConfSize*n), head...), make([]int, 1, 1+n)
 	ends[0] = len(head)
 	for i := range req.Candidates {
 		c := &req.Candidates[i]
 		keys = appendSourceKeys(keys, tag, c.Source.Name)
-		args = candArgs.pack(args, c)
+		candArgs.put(&o.arg, c)
 		conf = srcConfArgs.appendTo(conf, c.Source)
 		ends = append(ends, len(conf))
 	}
-	args = waiterArgs.pack(args, &lineArg{b, req.Line})
-	srcs := make([]string, n)
-	for i := range req.Candidates {
-		name := req.Candidates[i].Source.Name
-		srcs[i] = name
+	waiterArgs.put(&o.arg, &pk.line)
+	for _, name := range o.srcs {
 		keys = appendLineKeys(keys, tag, name)
-		var place string
-		if req.Line != nil {
-			place = req.Line.Places[name]
-		}
-		if place == "" {
-			args = append(args, noPlace) // a newcomer's, most Picks'
-			continue
-		}
-		args = placeArgs.pack(args, &place)
+		pk.place = placeOf(req.Line, name) // "": a newcomer's, most Picks'
+		placeArgs.put(&o.arg, &pk.place)
 	}
-	return b.do(ctx, rctx, tag, &batchOp{kind: opAdmit, name: "admit", keys: keys, args: opArg(args), conf: conf, confEnds: ends, srcs: srcs, admit: req})
+	o.keys, o.conf, o.confEnds = keys, conf, ends
+	return b.do(ctx, rctx, tag, o)
+}
+
+// placeOf is the waiter's place in source's line ("" none).
+func placeOf(w *gate.Waiter, source string) string {
+	if w == nil {
+		return ""
+	}
+	return w.Places[source]
 }
 
 // unmarkedErr reports whether admit.lua refused to run because the
@@ -318,13 +327,19 @@ func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 	tag := b.tag(req.Scope)
 	keys := make([]string, 0, len(scopeKeys.suffixes)+len(sourceKeys.suffixes)+len(lineKeys.suffixes))
 	keys = appendLineKeys(appendSourceKeys(appendScopeKeys(keys, tag), tag, req.Source.Name), tag, req.Source.Name)
-	args := settleArgs.pack(make([]any, 0, settleArgs.width()+handoffArgs.width()), &call[gate.SettleRequest]{b, &req, tag})
-	args = handoffArgs.pack(args, &handoffArg{b, req.Line})
+	o := &batchOp{kind: opSettle, name: op, keys: keys, settle: &req}
+	pk := &o.pk
+	pk.settle, pk.handoff, pk.src = call[gate.SettleRequest]{b, &req, tag}, handoffArg{b, req.Line}, [1]string{req.Source.Name}
+	o.srcs = pk.src[:]
+	o.arg.start(o.headRoom(), 2, settleArgs.size(&pk.settle)+handoffArgs.size(&pk.handoff)) // SETTLE, HANDOFF
+	settleArgs.put(&o.arg, &pk.settle)
+	handoffArgs.put(&o.arg, &pk.handoff)
 	head := b.scopeConfBlock(tag, req.Scope)
-	conf := srcConfArgs.appendTo(append(make([]byte, 0, len(head)+srcConfSize), head...), req.Source)
+	o.conf = srcConfArgs.appendTo(append(make([]byte, 0, len(head)+srcConfSize), head...), req.Source)
+	o.confEnds = []int{len(head), len(o.conf)}
 	rctx, cancel := b.bound(ctx)
 	defer cancel()
-	v, err := b.do(ctx, rctx, tag, &batchOp{kind: opSettle, name: op, keys: keys, args: opArg(args), conf: conf, confEnds: []int{len(head), len(conf)}, srcs: []string{req.Source.Name}, settle: &req})
+	v, err := b.do(ctx, rctx, tag, o)
 	if err != nil {
 		return gate.Settlement{}, err // queued for the give-back if it failed (batch.go)
 	}
