@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/polygate/polygate/gate"
 )
@@ -83,15 +84,79 @@ type batchOp struct {
 	// pk is what its blocks are written from (a local's address would
 	// escape through the layouts' functions: an allocation each).
 	pk     packing
-	admit  *gate.AdmitRequest  // an admit's request, for lostAdmit
-	settle *gate.SettleRequest // a settle's, for the give-back queue
-	done   chan batchResult    // one reply, buffered
+	admit  *gate.AdmitRequest  // an admit's request (areq), for lostAdmit
+	settle *gate.SettleRequest // a settle's (sreq), for the give-back queue
+	areq   gate.AdmitRequest
+	sreq   gate.SettleRequest
+	done   chan batchResult // one reply, buffered
 	// sent: in a batch call; gone: its caller stopped waiting (under
 	// batcher.mu).
 	sent, gone bool
 }
 
 // permit is the op's permit: the admit's or the settle's.
+// The batcher keeps ops between calls (ops), each with its reply channel
+// and the capacity of its argument, keys and sources: an op goes back
+// (free) once its caller has its reply, when no one else holds it (the
+// batch is done with it before it sends the reply) and nothing can be sent
+// on its channel again (deliver sends once). An op whose caller stopped
+// waiting is left to the GC: its batch may still hold it. The pools are
+// the Backend's, not the package's: a channel or timer made in a synctest
+// bubble may not be used outside it.
+
+// maxKeptArg bounds the argument buffer an op keeps in the pool.
+const maxKeptArg = 4 << 10
+
+func (c *batcher) newOp(kind opKind, name string) *batchOp {
+	o, ok := c.ops.Get().(*batchOp)
+	if !ok {
+		o = &batchOp{done: make(chan batchResult, 1)}
+	}
+	o.kind, o.name = kind, name
+	return o
+}
+
+// free returns o to the pool; its caller has had its reply.
+func (c *batcher) free(o *batchOp) {
+	keep := batchOp{done: o.done, keys: o.keys[:0], srcs: o.srcs[:0], confEnds: o.confEnds[:0]}
+	if cap(o.arg.buf) <= maxKeptArg {
+		keep.arg.buf = o.arg.buf[:0]
+	}
+	if cap(o.conf) <= maxKeptArg {
+		keep.conf = o.conf[:0]
+	}
+	if cap(keep.confEnds) > maxBatchKeys {
+		keep.confEnds = nil
+	}
+	clear(o.keys[:cap(o.keys)])
+	clear(o.srcs[:cap(o.srcs)])
+	if cap(keep.keys) > maxBatchKeys {
+		keep.keys = nil
+	}
+	if o.kind == opSettle || cap(keep.srcs) > maxBatchKeys {
+		keep.srcs = nil // a settle's are its pk.src
+	}
+	*o = keep
+	c.ops.Put(o)
+}
+
+// startTimer is a timer of an op's wait, kept (stopTimer) for the next
+// one: a wait's timer is garbage once it returns.
+func (c *batcher) startTimer(d time.Duration) *time.Timer {
+	if t, ok := c.timers.Get().(*time.Timer); ok {
+		t.Reset(d)
+		return t
+	}
+	return time.NewTimer(d)
+}
+
+// stopTimer keeps t for the next wait: stopped, it sends nothing more
+// (Go 1.23's timers), whether it fired or not.
+func (c *batcher) stopTimer(t *time.Timer) {
+	t.Stop()
+	c.timers.Put(t)
+}
+
 // packing is what an op's blocks are written from.
 type packing struct {
 	admit   call[gate.AdmitRequest]
@@ -143,25 +208,29 @@ type batcher struct {
 	// scopes holds, by tag, the ops waiting for the scope's next batch; a
 	// scope is in it while its drain runs.
 	scopes map[string]*batchQueue
+	// ops and timers keep ops (newOp, free) and their waits' timers.
+	ops, timers sync.Pool
 }
 
 type batchQueue struct{ ops []*batchOp }
 
-// do runs o in the scope's next batch and waits for its reply, within rctx
-// (ctx, the caller's, bounded by the Backend's timeout): the wait for the
-// call in flight before its own and its own call together, so that an
-// answer is never later than one timeout, as a call of its own would be.
-// A caller whose rctx ends first leaves its op to the batch (gone), which
-// settles what it owes (deliver).
-func (b *Backend) do(ctx, rctx context.Context, tag string, o *batchOp) (any, error) {
-	if o.kind == opAdmit && rctx.Err() != nil {
+// do runs o in the scope's next batch and waits for its reply, until ctx,
+// the caller's, ends or until passes (the Backend's timeout from the
+// call's start; zero: none): the wait for the call in flight before its
+// own and its own call together, so that an answer is never later than
+// one timeout, as a call of its own would be. A caller that stops waiting
+// first leaves its op to the batch (gone), which settles what it owes
+// (deliver); one that has its reply returns the op to the pool. (A pooled
+// timer, not a context with a timeout per op: that one allocated its
+// context, its timer and an entry among the caller's context's children.)
+func (b *Backend) do(ctx context.Context, until time.Time, tag string, o *batchOp) (any, error) {
+	if o.kind == opAdmit && (ctx.Err() != nil || !until.IsZero() && !time.Now().Before(until)) {
 		// Ended before it was queued: never sent, nothing owed (a settle
 		// is sent anyway, as below). Not queued at all, since a batch
 		// that answered before the wait below looked could otherwise hand
 		// the caller a grant instead of its context's end.
-		return nil, b.gaveUp(ctx, rctx, o.name)
+		return nil, b.gaveUp(ctx, o.name)
 	}
-	o.done = make(chan batchResult, 1)
 	c := &b.batches
 	c.mu.Lock()
 	if c.scopes == nil {
@@ -178,22 +247,33 @@ func (b *Backend) do(ctx, rctx context.Context, tag string, o *batchOp) (any, er
 		if o.kind == opSettle {
 			b.orphans.add(*o.settle, 1)
 		}
-		return nil, fmt.Errorf("redisgate: %s: %w: %d requests of the scope already wait for redis", o.name, gate.ErrUnavailable, maxQueuedOps)
+		err := fmt.Errorf("redisgate: %s: %w: %d requests of the scope already wait for redis", o.name, gate.ErrUnavailable, maxQueuedOps)
+		c.free(o)
+		return nil, err
 	}
 	q.ops = append(q.ops, o)
 	c.mu.Unlock()
 	if start {
 		go b.drain(tag, q)
 	}
+	var timeout <-chan time.Time
+	if !until.IsZero() {
+		t := c.startTimer(time.Until(until))
+		defer c.stopTimer(t)
+		timeout = t.C
+	}
 	select {
 	case r := <-o.done:
+		c.free(o)
 		return r.v, r.err
-	case <-rctx.Done(): // ctx's end too: rctx is its child
+	case <-ctx.Done():
+	case <-timeout:
 	}
 	c.mu.Lock()
 	select {
 	case r := <-o.done:
 		c.mu.Unlock()
+		c.free(o)
 		return r.v, r.err
 	default:
 	}
@@ -209,15 +289,15 @@ func (b *Backend) do(ctx, rctx context.Context, tag string, o *batchOp) (any, er
 		// lost); deliver's queuing later finds it there.
 		b.owe(o)
 	}
-	return nil, b.gaveUp(ctx, rctx, o.name)
+	return nil, b.gaveUp(ctx, o.name)
 }
 
-// gaveUp is the error of a caller that stopped waiting: its context's end
-// (ctx's own if it ended: rctx, its child, may not be cancelled yet).
-func (b *Backend) gaveUp(ctx, rctx context.Context, name string) error {
-	err := rctx.Err()
-	if ctx.Err() != nil {
-		err = ctx.Err()
+// gaveUp is the error of a caller that stopped waiting: its context's end,
+// else the Backend's timeout (which wrap calls unavailable).
+func (b *Backend) gaveUp(ctx context.Context, name string) error {
+	err := ctx.Err()
+	if err == nil {
+		err = context.DeadlineExceeded
 	}
 	return b.wrap(ctx, name, err)
 }

@@ -198,17 +198,17 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 			return gate.Admission{}, fmt.Errorf("redisgate: %s: candidate %d has no source", op, i)
 		}
 	}
-	rctx, cancel := b.bound(ctx)
-	defer cancel()
-	v, err := b.admit(ctx, rctx, &req)
+	until := b.until()
+	v, err := b.admit(ctx, until, &req)
 	if unmarkedErr(err) {
 		// Redis lost the scope since this Backend last looked (or it never
-		// looked): nothing was granted. Re-assert what it knows, then admit.
+		// looked): nothing was granted. Re-assert what it knows, then admit,
+		// all within the one timeout.
 		b.memory.suspect(req.Scope)
-		if err := b.restore(ctx, rctx, req.Scope); err != nil {
+		if err := b.restoreUntil(ctx, until, req.Scope); err != nil {
 			return gate.Admission{}, err
 		}
-		if v, err = b.admit(ctx, rctx, &req); unmarkedErr(err) {
+		if v, err = b.admit(ctx, until, &req); unmarkedErr(err) {
 			return gate.Admission{}, fmt.Errorf("redisgate: %s: %w: redis lost the scope's state again during the re-assert", op, gate.ErrUnavailable)
 		}
 	}
@@ -262,13 +262,18 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 	return out, nil
 }
 
-// admit runs admit.lua once, in the scope's next batch, within rctx.
-func (b *Backend) admit(ctx, rctx context.Context, req *gate.AdmitRequest) (any, error) {
-	n := len(req.Candidates)
-	keys := make([]string, 0, len(scopeKeys.suffixes)+(len(sourceKeys.suffixes)+len(lineKeys.suffixes))*n)
+// admit runs admit.lua once, in the scope's next batch, until ctx ends or
+// until passes.
+func (b *Backend) admit(ctx context.Context, until time.Time, r *gate.AdmitRequest) (any, error) {
+	n := len(r.Candidates)
+	o := b.batches.newOp(opAdmit, "admit")
+	o.areq = *r
+	req := &o.areq
+	o.admit = req
+	keys := slices.Grow(o.keys, len(scopeKeys.suffixes)+(len(sourceKeys.suffixes)+len(lineKeys.suffixes))*n)
 	tag := b.tag(req.Scope)
 	keys = appendScopeKeys(keys, tag)
-	o := &batchOp{kind: opAdmit, name: "admit", srcs: make([]string, n), admit: req}
+	o.srcs = slices.Grow(o.srcs, n)[:n]
 	pk := &o.pk
 	pk.admit, pk.line = call[gate.AdmitRequest]{b, req, tag}, lineArg{b, req.Line}
 	size := admitArgs.size(&pk.admit) + waiterArgs.size(&pk.line)
@@ -281,8 +286,7 @@ func (b *Backend) admit(ctx, rctx context.Context, req *gate.AdmitRequest) (any,
 	o.arg.start(o.headRoom(), 2*n+2, size) // ADMIT, the CANDs, WAITER, a PLACE per candidate
 	admitArgs.put(&o.arg, &pk.admit)
 	head := b.scopeConfBlock(tag, req.Scope)
-	conf, ends := append(make([]byte, 0, len(head)+srcConfSize*n), head...), make([]int, 1, 1+n)
-	ends[0] = len(head)
+	conf, ends := append(o.conf[:0], head...), append(o.confEnds[:0], len(head))
 	for i := range req.Candidates {
 		c := &req.Candidates[i]
 		keys = appendSourceKeys(keys, tag, c.Source.Name)
@@ -297,7 +301,17 @@ func (b *Backend) admit(ctx, rctx context.Context, req *gate.AdmitRequest) (any,
 		placeArgs.put(&o.arg, &pk.place)
 	}
 	o.keys, o.conf, o.confEnds = keys, conf, ends
-	return b.do(ctx, rctx, tag, o)
+	return b.do(ctx, until, tag, o)
+}
+
+// restoreUntil is restore within ctx bounded by until (zero: none).
+func (b *Backend) restoreUntil(ctx context.Context, until time.Time, scope string) error {
+	rctx, cancel := ctx, context.CancelFunc(func() {})
+	if !until.IsZero() {
+		rctx, cancel = context.WithDeadline(ctx, until)
+	}
+	defer cancel()
+	return b.restore(ctx, rctx, scope)
 }
 
 // placeOf is the waiter's place in source's line ("" none).
@@ -325,21 +339,21 @@ func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Settlement, error) {
 	const op = "settle"
 	tag := b.tag(req.Scope)
-	keys := make([]string, 0, len(scopeKeys.suffixes)+len(sourceKeys.suffixes)+len(lineKeys.suffixes))
-	keys = appendLineKeys(appendSourceKeys(appendScopeKeys(keys, tag), tag, req.Source.Name), tag, req.Source.Name)
-	o := &batchOp{kind: opSettle, name: op, keys: keys, settle: &req}
+	o := b.batches.newOp(opSettle, op)
+	o.sreq = req
+	o.settle = &o.sreq
+	keys := slices.Grow(o.keys, len(scopeKeys.suffixes)+len(sourceKeys.suffixes)+len(lineKeys.suffixes))
+	o.keys = appendLineKeys(appendSourceKeys(appendScopeKeys(keys, tag), tag, req.Source.Name), tag, req.Source.Name)
 	pk := &o.pk
-	pk.settle, pk.handoff, pk.src = call[gate.SettleRequest]{b, &req, tag}, handoffArg{b, req.Line}, [1]string{req.Source.Name}
+	pk.settle, pk.handoff, pk.src = call[gate.SettleRequest]{b, o.settle, tag}, handoffArg{b, req.Line}, [1]string{req.Source.Name}
 	o.srcs = pk.src[:]
 	o.arg.start(o.headRoom(), 2, settleArgs.size(&pk.settle)+handoffArgs.size(&pk.handoff)) // SETTLE, HANDOFF
 	settleArgs.put(&o.arg, &pk.settle)
 	handoffArgs.put(&o.arg, &pk.handoff)
 	head := b.scopeConfBlock(tag, req.Scope)
-	o.conf = srcConfArgs.appendTo(append(make([]byte, 0, len(head)+srcConfSize), head...), req.Source)
-	o.confEnds = []int{len(head), len(o.conf)}
-	rctx, cancel := b.bound(ctx)
-	defer cancel()
-	v, err := b.do(ctx, rctx, tag, o)
+	o.conf = srcConfArgs.appendTo(append(o.conf[:0], head...), req.Source)
+	o.confEnds = append(o.confEnds[:0], len(head), len(o.conf))
+	v, err := b.do(ctx, b.until(), tag, o)
 	if err != nil {
 		return gate.Settlement{}, err // queued for the give-back if it failed (batch.go)
 	}
@@ -510,6 +524,14 @@ func (b *Backend) Ping(ctx context.Context) error {
 	}
 	b.orphans.poke()
 	return nil
+}
+
+// until is when the Backend's timeout from now passes (zero: none).
+func (b *Backend) until() time.Time {
+	if b.timeout <= 0 {
+		return time.Time{}
+	}
+	return time.Now().Add(b.timeout)
 }
 
 // bound puts the Backend's timeout on ctx.
