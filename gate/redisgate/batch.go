@@ -189,6 +189,14 @@ func (o *batchOp) permit() string {
 	return o.settle.PermitID
 }
 
+// scope is the op's scope.
+func (o *batchOp) scope() string {
+	if o.kind == opAdmit {
+		return o.admit.Scope
+	}
+	return o.settle.Scope
+}
+
 // script is the op's own function, for an op that goes alone.
 func (o *batchOp) script() *op {
 	if o.kind == opAdmit {
@@ -323,15 +331,15 @@ func (b *Backend) drain(tag string, q *batchQueue) {
 		ops := q.ops[:n:n]
 		q.ops = q.ops[n:]
 		c.mu.Unlock()
-		b.runBatch(tag, ops, nk)
+		b.runBatch(ops)
 	}
 }
 
-// runBatch makes one batch call of ops of the scope tag (nk keys in all,
-// as calls of their own) and hands each op its reply. The Backend's timeout bounds the call, not
-// any caller's context; wrap sees none either, so that a deadline passing
-// means unavailable.
-func (b *Backend) runBatch(tag string, ops []*batchOp, nk int) {
+// runBatch makes one batch call of ops, all of one scope, and hands each
+// op its reply. The Backend's timeout bounds the call, not any caller's
+// context; wrap sees none either, so that a deadline passing means
+// unavailable.
+func (b *Backend) runBatch(ops []*batchOp) {
 	ctx, cancel := b.bound(context.Background())
 	defer cancel()
 	if len(ops) == 1 {
@@ -348,7 +356,9 @@ func (b *Backend) runBatch(tag string, ops []*batchOp, nk int) {
 		b.deliver(o, r)
 		return
 	}
-	keys := appendScopeKeys(make([]string, 0, nk), tag)
+	sn := b.namesOf(ops[0].scope())
+	// most batches have one source
+	keys := append(make([]string, 0, len(scopeKeys.suffixes)+len(batchSrcKeys.suffixes)), sn.scope...)
 	index := map[string]byte{} // each source's number among the batch's
 	var pre []batchPre         // by number - 1
 	// nl counts the lease fields in pre: one per op and source of the op,
@@ -362,7 +372,7 @@ func (b *Backend) runBatch(tag string, ops []*batchOp, nk int) {
 			if !ok {
 				j = byte(len(index) + 1) // < 256: see batchOpArgs
 				index[src] = j
-				keys = appendLineKeys(appendSourceKeys(keys, tag, src), tag, src)
+				keys = append(keys, sn.source(src)...)
 				pre = append(pre, batchPre{})
 			}
 			m[i] = j

@@ -696,9 +696,9 @@ var policyArgs = args[gate.BreakerPolicy]{"POLICY", []arg[gate.BreakerPolicy]{
 // call is what every head block is written from: the Backend (time, TTL,
 // channel) and the request.
 type call[R any] struct {
-	b   *Backend
-	req *R
-	tag string // the scope's, computed once per call
+	b            *Backend
+	req          *R
+	tag, channel string // the scope's (names)
 }
 
 // admitArgs head the admit call; n candidates (candArgs) follow. What the
@@ -781,7 +781,7 @@ var peekSourceArgs = args[gate.Candidate]{"PEEK_SRC", concat(
 var overrideArgs = args[call[gate.OverrideRequest]]{"OVERRIDE", []arg[call[gate.OverrideRequest]]{
 	num("now", func(c *call[gate.OverrideRequest]) int64 { return c.b.nowArg() }),
 	num("idle_ttl", func(c *call[gate.OverrideRequest]) int64 { return c.b.idleTTL }),
-	str("channel", func(c *call[gate.OverrideRequest]) string { return c.tag + channelSuffix }),
+	str("channel", func(c *call[gate.OverrideRequest]) string { return c.channel }),
 	str("scope", func(c *call[gate.OverrideRequest]) string { return c.req.Scope }),
 	str("source", func(c *call[gate.OverrideRequest]) string { return c.req.Source.Name }),
 	num("action", func(c *call[gate.OverrideRequest]) int { return int(c.req.Action) }),

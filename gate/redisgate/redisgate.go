@@ -68,7 +68,8 @@ type Backend struct {
 	onLoss  func(scope string, restored int)
 	replica string // this Backend among those sharing a line
 	// peeks are the keys of each scope's peek (peekKeys), by scope; npeeks
-	// counts them; peekMu orders their changes (a peek of new keys).
+	// counts them; peekMu orders their changes (a peek of new keys) and
+	// those of names, each scope's names (namesOf), which nnames counts.
 	peeks  sync.Map
 	npeeks atomic.Int64
 	peekMu sync.Mutex
@@ -76,6 +77,8 @@ type Backend struct {
 	// counts them.
 	confs  sync.Map
 	nconfs atomic.Int64
+	names  sync.Map
+	nnames int
 }
 
 // maxScopeConfs bounds the scopes whose CONF_H block a Backend keeps;
@@ -174,6 +177,60 @@ func appendKeys(keys []string, base string, suffixes []string) []string {
 	return keys
 }
 
+// names are the names of a scope's calls, made once per scope (namesOf)
+// instead of per call (a Pick's keys are garbage once it is sent, and
+// 10 000 held calls' Picks make a heap that many GC cycles wide,
+// docs/performance.md): its tag, its channel, its own keys, and each
+// source's keys (source).
+type names struct {
+	tag, channel string
+	scope        []string // scopeKeys
+	mu           sync.Mutex
+	srcs         map[string][]string // under mu
+}
+
+// maxNames bounds the scopes whose names are kept, and the sources of each
+// (both come from the configuration): a new one past it clears them all.
+const maxNames = 4096
+
+// namesOf is scope's names: those kept, else made (and kept).
+func (b *Backend) namesOf(scope string) *names {
+	if v, ok := b.names.Load(scope); ok {
+		return v.(*names)
+	}
+	n := &names{tag: b.tag(scope), srcs: map[string][]string{}}
+	n.channel = n.tag + channelSuffix
+	n.scope = appendScopeKeys(nil, n.tag)
+	b.peekMu.Lock()
+	defer b.peekMu.Unlock()
+	if v, ok := b.names.Load(scope); ok {
+		return v.(*names)
+	}
+	if b.nnames >= maxNames {
+		b.names.Clear() // past the bound (reloads that renamed scopes): start over
+		b.nnames = 0
+	}
+	b.names.Store(scope, n)
+	b.nnames++
+	return n
+}
+
+// source is source's keys in the scope: its own (sourceKeys), then its
+// line's (lineKeys), as batchSrcKeys. The caller may not write them.
+func (n *names) source(source string) []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	k, ok := n.srcs[source]
+	if !ok {
+		if len(n.srcs) >= maxNames {
+			clear(n.srcs)
+		}
+		k = appendLineKeys(appendSourceKeys(make([]string, 0, len(batchSrcKeys.suffixes)), n.tag, source), n.tag, source)
+		n.srcs[source] = k
+	}
+	return k
+}
+
 // nowArg is the now_ms argument: 0 (use TIME) unless a test clock is set.
 func (b *Backend) nowArg() int64 {
 	if b.clock == nil {
@@ -270,12 +327,11 @@ func (b *Backend) admit(ctx context.Context, until time.Time, r *gate.AdmitReque
 	o.areq = *r
 	req := &o.areq
 	o.admit = req
-	keys := slices.Grow(o.keys, len(scopeKeys.suffixes)+(len(sourceKeys.suffixes)+len(lineKeys.suffixes))*n)
-	tag := b.tag(req.Scope)
-	keys = appendScopeKeys(keys, tag)
+	sn := b.namesOf(req.Scope)
+	keys := append(slices.Grow(o.keys, len(scopeKeys.suffixes)+len(batchSrcKeys.suffixes)*n), sn.scope...)
 	o.srcs = slices.Grow(o.srcs, n)[:n]
 	pk := &o.pk
-	pk.admit, pk.line = call[gate.AdmitRequest]{b, req, tag}, lineArg{b, req.Line}
+	pk.admit, pk.line = call[gate.AdmitRequest]{b, req, sn.tag, sn.channel}, lineArg{b, req.Line}
 	size := admitArgs.size(&pk.admit) + waiterArgs.size(&pk.line)
 	for i := range req.Candidates {
 		c := &req.Candidates[i]
@@ -285,23 +341,23 @@ func (b *Backend) admit(ctx context.Context, until time.Time, r *gate.AdmitReque
 	}
 	o.arg.start(o.headRoom(), 2*n+2, size) // ADMIT, the CANDs, WAITER, a PLACE per candidate
 	admitArgs.put(&o.arg, &pk.admit)
-	head := b.scopeConfBlock(tag, req.Scope)
+	head := b.scopeConfBlock(sn.tag, req.Scope)
 	conf, ends := append(o.conf[:0], head...), append(o.confEnds[:0], len(head))
 	for i := range req.Candidates {
 		c := &req.Candidates[i]
-		keys = appendSourceKeys(keys, tag, c.Source.Name)
+		keys = append(keys, sn.source(c.Source.Name)[:len(sourceKeys.suffixes)]...)
 		candArgs.put(&o.arg, c)
 		conf = srcConfArgs.appendTo(conf, c.Source)
 		ends = append(ends, len(conf))
 	}
 	waiterArgs.put(&o.arg, &pk.line)
 	for _, name := range o.srcs {
-		keys = appendLineKeys(keys, tag, name)
+		keys = append(keys, sn.source(name)[len(sourceKeys.suffixes):]...)
 		pk.place = placeOf(req.Line, name) // "": a newcomer's, most Picks'
 		placeArgs.put(&o.arg, &pk.place)
 	}
 	o.keys, o.conf, o.confEnds = keys, conf, ends
-	return b.do(ctx, until, tag, o)
+	return b.do(ctx, until, sn.tag, o)
 }
 
 // restoreUntil is restore within ctx bounded by until (zero: none).
@@ -338,22 +394,21 @@ func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 
 func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Settlement, error) {
 	const op = "settle"
-	tag := b.tag(req.Scope)
+	sn := b.namesOf(req.Scope)
 	o := b.batches.newOp(opSettle, op)
 	o.sreq = req
 	o.settle = &o.sreq
-	keys := slices.Grow(o.keys, len(scopeKeys.suffixes)+len(sourceKeys.suffixes)+len(lineKeys.suffixes))
-	o.keys = appendLineKeys(appendSourceKeys(appendScopeKeys(keys, tag), tag, req.Source.Name), tag, req.Source.Name)
+	o.keys = append(append(o.keys, sn.scope...), sn.source(req.Source.Name)...)
 	pk := &o.pk
-	pk.settle, pk.handoff, pk.src = call[gate.SettleRequest]{b, o.settle, tag}, handoffArg{b, req.Line}, [1]string{req.Source.Name}
+	pk.settle, pk.handoff, pk.src = call[gate.SettleRequest]{b, o.settle, sn.tag, sn.channel}, handoffArg{b, req.Line}, [1]string{req.Source.Name}
 	o.srcs = pk.src[:]
 	o.arg.start(o.headRoom(), 2, settleArgs.size(&pk.settle)+handoffArgs.size(&pk.handoff)) // SETTLE, HANDOFF
 	settleArgs.put(&o.arg, &pk.settle)
 	handoffArgs.put(&o.arg, &pk.handoff)
-	head := b.scopeConfBlock(tag, req.Scope)
+	head := b.scopeConfBlock(sn.tag, req.Scope)
 	o.conf = srcConfArgs.appendTo(append(o.conf[:0], head...), req.Source)
 	o.confEnds = append(o.confEnds[:0], len(head), len(o.conf))
-	v, err := b.do(ctx, b.until(), tag, o)
+	v, err := b.do(ctx, b.until(), sn.tag, o)
 	if err != nil {
 		return gate.Settlement{}, err // queued for the give-back if it failed (batch.go)
 	}
@@ -386,7 +441,7 @@ func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot
 	}
 	pk := b.peekKeysOf(req.Scope, req.Sources)
 	tag, keys := pk.tag, pk.keys
-	args := peekArgs.pack(make([]any, 0, peekArgs.width()+(peekSourceArgs.width()+joinArgs.width())*n+lineReadArgs.width()+waiterArgs.width()), &call[gate.PeekRequest]{b, &req, tag})
+	args := peekArgs.pack(make([]any, 0, peekArgs.width()+(peekSourceArgs.width()+joinArgs.width())*n+lineReadArgs.width()+waiterArgs.width()), &call[gate.PeekRequest]{b, &req, tag, ""})
 	for i := range req.Sources {
 		c := req.Candidate(i)
 		args = peekSourceArgs.pack(args, &c)
@@ -497,7 +552,7 @@ func (b *Backend) Override(ctx context.Context, req gate.OverrideRequest) (gate.
 	}
 	tag := b.tag(req.Scope)
 	keys := appendSourceKeys(make([]string, 0, len(sourceKeys.suffixes)), tag, req.Source.Name)
-	args := overrideArgs.pack(make([]any, 0, overrideArgs.width()), &call[gate.OverrideRequest]{b, &req, tag})
+	args := overrideArgs.pack(make([]any, 0, overrideArgs.width()), &call[gate.OverrideRequest]{b, &req, tag, tag + channelSuffix})
 	v, err := b.run(ctx, op, overrideScript, keys, args)
 	if err != nil {
 		return gate.OverrideResult{}, err
