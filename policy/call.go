@@ -44,8 +44,11 @@ type Call struct {
 	Tokens int64
 	// Priority (higher first) and Tenant rank the call among callers waiting
 	// for capacity; set them before the call's first Pick.
-	Priority int32
 	Tenant   string
+	Priority int32
+	waiting  bool // refused since the last grant
+	peeked   bool // OnNoRunnable's last answer was an immediate wake-up
+	// (Priority and the flags share a word: a held call's Call is live.)
 
 	mu         sync.Mutex
 	productive time.Duration
@@ -57,8 +60,6 @@ type Call struct {
 	permitSrc  *gate.Source // the source's spec at grant time (a source's gate never changes)
 	grantedAt  time.Time
 	last       *NoRunnable // the last refusal, for OnNoRunnable
-	waiting    bool        // refused since the last grant
-	peeked     bool        // OnNoRunnable's last answer was an immediate wake-up
 	end        *Action
 	answers    *answers          // made at the first RecordOutcome
 	places     map[string]string // the call's places in line by source, as the backend gave them (see line)
