@@ -237,7 +237,9 @@ func (b *Backend) do(ctx context.Context, until time.Time, tag string, o *batchO
 		// is sent anyway, as below). Not queued at all, since a batch
 		// that answered before the wait below looked could otherwise hand
 		// the caller a grant instead of its context's end.
-		return nil, b.gaveUp(ctx, o.name)
+		err := b.gaveUp(ctx, o.name)
+		b.batches.free(o)
+		return nil, err
 	}
 	c := &b.batches
 	c.mu.Lock()

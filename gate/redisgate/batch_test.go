@@ -1060,3 +1060,46 @@ func TestBatchScopeOneMGET(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchGoneOpNotReused: the Backend keeps ops between calls, and an op
+// whose caller gave up after it was sent is still its batch's: the admits
+// that come meanwhile get ops of their own, and each caller hears its own
+// reply. Here the gone admit is granted (and given back), the admits made
+// while its batch is held are refused by a breaker forced open, each of
+// them.
+func TestBatchGoneOpNotReused(t *testing.T) {
+	ctx := testCtx(t)
+	const scope = "batch-gone-reuse"
+	b, h, _ := batchFixture(t, redisgate.Options{}, scope)
+	free, shut := gatetest.Src("free"), gatetest.Src("shut")
+	must(b.Override(ctx, gate.OverrideRequest{Scope: scope, Source: shut, Action: gate.ActionForceOpen, Actor: "t", Why: "reuse"}))(t)
+
+	held, release := h.holdNext()
+	gone, cancel := context.WithCancel(ctx)
+	done := make(chan error)
+	go func() {
+		_, err := b.Admit(gone, admitReq(scope, "orphan", free))
+		done <- err
+	}()
+	<-held
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("admit given up in flight: %v", err)
+	}
+	const n = 8
+	var wg sync.WaitGroup
+	got := make([]gate.Admission, n)
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() { got[i], errs[i] = b.Admit(ctx, admitReq(scope, fmt.Sprint("later", i), shut)) })
+	}
+	waitFor(t, "the later admits gathered", func() bool { return b.Gathering(scope) == n })
+	release()
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil || got[i].Granted || len(got[i].Rejections) != 1 || got[i].Rejections[0].Source != "shut" {
+			t.Errorf("admit %d on the forced-open source: %+v %v, want its own refusal", i, got[i], errs[i])
+		}
+	}
+	waitFor(t, "the orphan's grant given back", func() bool { return b.GiveBacks().Queued == 1 })
+}
