@@ -380,7 +380,8 @@ func placeOf(w *gate.Waiter, source string) string {
 
 // unmarkedErr reports whether admit.lua refused to run because the
 // scope's marker is not the one this Backend saw (see reassert.go).
-func unmarkedErr(err error) bool { return redis.HasErrorPrefix(err, "UNMARKED") }
+// (nil at once: HasErrorPrefix allocates its errors.As target every call.)
+func unmarkedErr(err error) bool { return err != nil && redis.HasErrorPrefix(err, "UNMARKED") }
 
 // Settle implements gate.Backend. A settle that fails is also kept for
 // RunGiveBacks, which repeats it until Redis confirms; one whose caller
