@@ -94,7 +94,6 @@ type batchOp struct {
 	sent, gone bool
 }
 
-// permit is the op's permit: the admit's or the settle's.
 // The batcher keeps ops between calls (ops), each with its reply channel
 // and the capacity of its argument, keys and sources: an op goes back
 // (free) once its caller has its reply, when no one else holds it (the
@@ -182,6 +181,7 @@ func (o *batchOp) headRoom() int {
 	return batchOpArgs.size(o)
 }
 
+// permit is the op's permit: the admit's or the settle's.
 func (o *batchOp) permit() string {
 	if o.kind == opAdmit {
 		return o.admit.PermitID
@@ -359,7 +359,8 @@ func (b *Backend) runBatch(ops []*batchOp) {
 		return
 	}
 	sn := b.namesOf(ops[0].scope())
-	// most batches have one source
+	// The scope's keys, then each source's (room for one: most batches
+	// have one source).
 	keys := append(make([]string, 0, len(scopeKeys.suffixes)+len(batchSrcKeys.suffixes)), sn.scope...)
 	index := map[string]byte{} // each source's number among the batch's
 	var pre []batchPre         // by number - 1
