@@ -282,7 +282,12 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 		return req.Candidates[i-1].Source.Name
 	}
 	var out gate.Admission
-	for _, rj := range rejection.list(p, r.rejections) {
+	// The rejections, each read into one record (rejection.list would
+	// allocate each and a list of them).
+	rj := new(indexed[gate.Rejection])
+	for s := p.str(r.rejections); s != "" && p.err == nil; {
+		*rj = indexed[gate.Rejection]{}
+		s = rejection.unpackInto(p, s, rj)
 		rj.v.Source = name(rj.src)
 		out.Rejections = append(out.Rejections, rj.v)
 	}
