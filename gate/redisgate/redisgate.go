@@ -107,7 +107,10 @@ func (b *Backend) scopeConfBlock(tag, scope string) []byte {
 var _ gate.Backend = (*Backend)(nil)
 
 // New returns a Backend that keeps its state in the Redis that client
-// reaches. The Backend does not own the client; its owner closes it.
+// reaches. The Backend does not own the client; its owner closes it. The
+// Backend reuses an admit's or a settle's argument bytes once its call
+// returns: a hook of the client that keeps a command's arguments past the
+// call must copy them (as redistest.Recorder does).
 func New(client redis.UniversalClient, o Options) (*Backend, error) {
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix

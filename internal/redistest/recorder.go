@@ -3,6 +3,7 @@ package redistest
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 
@@ -38,7 +39,15 @@ func (r *Recorder) record(cmds ...redis.Cmder) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, c := range cmds {
-		r.cmds = append(r.cmds, c.Args())
+		// A copy of the arguments as sent: a caller may reuse a byte
+		// argument's buffer once its call returns (redisgate does).
+		args := slices.Clone(c.Args())
+		for i, a := range args {
+			if b, ok := a.([]byte); ok {
+				args[i] = slices.Clone(b)
+			}
+		}
+		r.cmds = append(r.cmds, args)
 	}
 }
 
