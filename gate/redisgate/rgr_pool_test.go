@@ -1,0 +1,169 @@
+package redisgate_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/polygate/polygate/gate"
+	"github.com/polygate/polygate/gate/gatetest"
+	"github.com/polygate/polygate/gate/redisgate"
+	"github.com/polygate/polygate/internal/redistest"
+)
+
+// TestPooledOpsEachHearTheirOwn: admits and settles of one scope from many
+// callers at once, some of whom give up at random moments (before their op
+// is queued, while it gathers, while its batch is in flight), never hear
+// another's reply: an admit on a source forced open is refused, one on a
+// free source granted; a settle of a held permit releases it and shows its
+// own source's breaker, one of a permit never granted releases nothing
+// and shows the forced-open breaker of its source.
+//
+// With timeouts: a Backend timeout, and batch calls that time out now and
+// then (each of them waits for its deadline and fails), so that ops go back
+// to the pool after failed batches and their give-backs.
+func TestPooledOpsEachHearTheirOwn(t *testing.T) {
+	t.Run("cancel", func(t *testing.T) { testPooledOps(t, false) })
+	t.Run("timeouts", func(t *testing.T) { testPooledOps(t, true) })
+}
+
+func testPooledOps(t *testing.T, timeouts bool) {
+	ctx := testCtx(t)
+	const scope = "rgr-pool"
+	var o redisgate.Options
+	if timeouts {
+		o.Timeout = 50 * time.Millisecond
+	}
+	b, h, _ := batchFixture(t, o, scope)
+	stop := make(chan struct{})
+	flipped := make(chan struct{})
+	go func() {
+		defer close(flipped)
+		if !timeouts {
+			return
+		}
+		r := rand.New(rand.NewPCG(1, 2))
+		for {
+			select {
+			case <-stop:
+				h.setTimeout(false)
+				return
+			default:
+			}
+			h.setTimeout(r.IntN(8) == 0)
+			for range r.IntN(2000) {
+				runtime.Gosched()
+			}
+		}
+	}()
+	free := gatetest.Src("free", func(s *gate.Source) { s.Limits.MaxConcurrency = 1 << 20 })
+	shut := gatetest.Src("shut")
+	must(b.Override(ctx, gate.OverrideRequest{Scope: scope, Source: shut, Action: gate.ActionForceOpen, Actor: "t", Why: "pool"}))(t)
+
+	const workers, rounds = 16, 150
+	var nAdmitGone, nSettleGone atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(w), 7))
+			for i := range rounds {
+				id := fmt.Sprintf("w%d-%d", w, i)
+				src := free
+				if r.IntN(2) == 0 {
+					src = shut
+				}
+				actx, cancel := context.WithCancel(ctx)
+				if r.IntN(3) == 0 {
+					n := r.IntN(64)
+					go func() {
+						for range n {
+							runtime.Gosched()
+						}
+						cancel()
+					}()
+				}
+				a, err := b.Admit(actx, admitReq(scope, id, src))
+				cancel()
+				switch {
+				case err != nil:
+					nAdmitGone.Add(1)
+					if !errors.Is(err, context.Canceled) && !(timeouts && errors.Is(err, gate.ErrUnavailable)) {
+						t.Errorf("%s: admit: %v", id, err)
+					}
+				case src == shut && (a.Granted || len(a.Rejections) != 1 || a.Rejections[0].Source != "shut"):
+					t.Errorf("%s: admit on the forced-open source: %+v", id, a)
+				case src == free && !a.Granted:
+					t.Errorf("%s: admit on the free source: %+v", id, a)
+				}
+				// A settle of this permit (held or not), given up at random too.
+				sctx, scancel := context.WithCancel(ctx)
+				if r.IntN(4) == 0 {
+					scancel()
+				}
+				p := a.Permit
+				if !a.Granted {
+					p = gate.Permit{ID: id + "-never"} // an admit given up may have granted: not that one
+				}
+				s, err := b.Settle(sctx, settleReq(scope, src, p, gate.VerdictSuccess))
+				scancel()
+				switch {
+				case err != nil:
+					nSettleGone.Add(1)
+					if !errors.Is(err, context.Canceled) && !(timeouts && errors.Is(err, gate.ErrUnavailable)) {
+						t.Errorf("%s: settle: %v", id, err)
+					}
+				case s.Released != a.Granted:
+					t.Errorf("%s: settle released %v, its admit granted %v: %+v", id, s.Released, a.Granted, s)
+				case (s.Breaker.Override == gate.ForcedOpen) != (src == shut):
+					t.Errorf("%s: settle on %s shows breaker %+v", id, src.Name, s.Breaker)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	<-flipped
+	sizes := h.takeSizes()
+	batched := 0
+	for _, n := range sizes {
+		if n > 1 {
+			batched++
+		}
+	}
+	t.Logf("%d calls, %d of them batches; canceled admits %d, settles %d", len(sizes), batched, nAdmitGone.Load(), nSettleGone.Load())
+}
+
+// TestRecordedArgumentsStayAsSent: a go-redis hook that keeps a call's
+// arguments (redistest.Recorder, a tracing or logging hook) reads them as
+// they were sent, not as the Backend's next op rewrote them: an admit's
+// argument still carries its own now_ms after a later settle.
+func TestRecordedArgumentsStayAsSent(t *testing.T) {
+	ctx := testCtx(t)
+	srv := redistest.Start(t)
+	hook := &redistest.Recorder{}
+	c := srv.Client(t)
+	clock := gatetest.NewClock()
+	b := newBackend(t, c, redisgate.Options{Clock: clock.Now})
+	src := gatetest.Src("s")
+	admit(t, ctx, b, "recorded", "warm", src) // loads the library
+	c.AddHook(hook)
+	for i := range 20 {
+		a := admit(t, ctx, b, "recorded", fmt.Sprint("p", i), src)
+		clock.Advance(time.Millisecond)
+		settle(t, ctx, b, "recorded", src, a.Permit, gate.VerdictSuccess)
+		clock.Advance(time.Millisecond)
+	}
+	got := scriptNowArgs(t, hook)
+	for i, now := range got {
+		if want := strconv.FormatInt(gatetest.Epoch.UnixMilli()+int64(i), 10); now != want {
+			t.Fatalf("call %d's recorded now_ms is %s, want %s (all: %v)", i, now, want, got)
+		}
+	}
+}
