@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -166,4 +167,78 @@ func TestRecordedArgumentsStayAsSent(t *testing.T) {
 			t.Fatalf("call %d's recorded now_ms is %s, want %s (all: %v)", i, now, want, got)
 		}
 	}
+}
+
+// TestPooledOpsOfEveryShape: ops of random shapes (1 to 40 candidates,
+// names from a few bytes to 8 KiB, so that argument buffers of the pool
+// are reused for larger and smaller ones, and some are too large to keep)
+// from many callers at once each hear their own reply: refused by each
+// forced-open candidate in turn, granted by the first free one.
+func TestPooledOpsOfEveryShape(t *testing.T) {
+	ctx := testCtx(t)
+	const scope = "rgr-shapes"
+	b, h, _ := batchFixture(t, redisgate.Options{}, scope)
+	lengths := []int{1, 7, 100, 1000, 3000, 5000, 8 << 10}
+	var shut, free []*gate.Source
+	for i, n := range lengths {
+		s := gatetest.Src(fmt.Sprintf("shut%d-%s", i, strings.Repeat("s", n)))
+		must(b.Override(ctx, gate.OverrideRequest{Scope: scope, Source: s, Action: gate.ActionForceOpen, Actor: "t", Why: "shapes"}))(t)
+		shut = append(shut, s)
+		free = append(free, gatetest.Src(fmt.Sprintf("free%d-%s", i, strings.Repeat("f", n)), func(s *gate.Source) { s.Limits.MaxConcurrency = 1 << 20 }))
+	}
+	const workers, rounds = 12, 60
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(w), 11))
+			for i := range rounds {
+				id := fmt.Sprintf("w%d-%d", w, i)
+				var srcs []*gate.Source
+				for range r.IntN(40) {
+					srcs = append(srcs, shut[r.IntN(len(shut))])
+				}
+				granted := r.IntN(3) != 0
+				if granted {
+					srcs = append(srcs, free[r.IntN(len(free))])
+				}
+				if len(srcs) == 0 {
+					srcs = append(srcs, shut[r.IntN(len(shut))])
+				}
+				a, err := b.Admit(ctx, admitReq(scope, id, srcs...))
+				if err != nil {
+					t.Errorf("%s: %v", id, err)
+					continue
+				}
+				nshut := len(srcs)
+				if granted {
+					nshut--
+				}
+				ok := a.Granted == granted && len(a.Rejections) == nshut
+				for k := 0; ok && k < nshut; k++ {
+					ok = a.Rejections[k].Source == srcs[k].Name
+				}
+				if granted && ok {
+					ok = a.Permit.Source == srcs[nshut].Name
+				}
+				if !ok {
+					t.Errorf("%s: %d candidates, granted %v: got granted %v, %d rejections", id, len(srcs), granted, a.Granted, len(a.Rejections))
+					continue
+				}
+				if granted {
+					s, err := b.Settle(ctx, settleReq(scope, srcs[nshut], a.Permit, gate.VerdictSuccess))
+					if err != nil || !s.Released || s.Breaker.Override != gate.NoOverride {
+						t.Errorf("%s: settle: %+v %v", id, s, err)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	batched := 0
+	for _, n := range h.takeSizes() {
+		if n > 1 {
+			batched++
+		}
+	}
+	t.Logf("%d batches", batched)
 }
