@@ -46,9 +46,11 @@ type Call struct {
 	// for capacity; set them before the call's first Pick.
 	Tenant   string
 	Priority int32
-	waiting  bool // refused since the last grant
-	peeked   bool // OnNoRunnable's last answer was an immediate wake-up
-	// (Priority and the flags share a word: a held call's Call is live.)
+	// waiting and peeked are guarded by mu, as the fields below; they sit
+	// beside Priority so that the three share a word (a held call's Call
+	// is live).
+	waiting bool // refused since the last grant
+	peeked  bool // OnNoRunnable's last answer was an immediate wake-up
 
 	mu         sync.Mutex
 	productive time.Duration

@@ -150,9 +150,17 @@ func (c *batcher) startTimer(d time.Duration) *time.Timer {
 }
 
 // stopTimer keeps t for the next wait: stopped, it sends nothing more
-// (Go 1.23's timers), whether it fired or not.
+// (Go 1.23's timers), whether it fired or not. Under
+// GODEBUG=asynctimerchan=1 a timer that fired while the reply won the
+// select holds a value the next wait would read as its own timeout: it is
+// drained first.
 func (c *batcher) stopTimer(t *time.Timer) {
-	t.Stop()
+	if !t.Stop() {
+		select {
+		case <-t.C:
+		default:
+		}
+	}
 	c.timers.Put(t)
 }
 

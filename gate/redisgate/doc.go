@@ -85,4 +85,12 @@
 // sidecar can drop its cooldown memo of a source at once. Delivery is at
 // most once: a replica that misses an announcement (it was reconnecting)
 // keeps a memo until the memo's own deadline.
+//
+// # The client's hooks
+//
+// An admit's or a settle's argument is written into a buffer the Backend
+// keeps between calls (its garbage is what a held call costs in RSS,
+// docs/performance.md): once a call returns, its argument bytes are reused.
+// A hook of the client that keeps a command's arguments past the call must
+// copy them, as internal/redistest's Recorder does.
 package redisgate

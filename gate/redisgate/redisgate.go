@@ -223,6 +223,25 @@ func (b *Backend) namesOf(scope string) *names {
 func (n *names) source(source string) []string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	return n.sourceLocked(source)
+}
+
+// appendKeys appends the keys of srcs as a call of its own takes them: each
+// source's own keys, then each one's line's, under one lock.
+func (n *names) appendKeys(keys, srcs []string) []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, s := range srcs {
+		keys = append(keys, n.sourceLocked(s)[:len(sourceKeys.suffixes)]...)
+	}
+	for _, s := range srcs {
+		keys = append(keys, n.sourceLocked(s)[len(sourceKeys.suffixes):]...)
+	}
+	return keys
+}
+
+// sourceLocked is source, with mu held.
+func (n *names) sourceLocked(source string) []string {
 	k, ok := n.srcs[source]
 	if !ok {
 		if len(n.srcs) >= maxNames {
@@ -353,18 +372,16 @@ func (b *Backend) admit(ctx context.Context, until time.Time, r *gate.AdmitReque
 	conf, ends := append(o.conf[:0], head...), append(o.confEnds[:0], len(head))
 	for i := range req.Candidates {
 		c := &req.Candidates[i]
-		keys = append(keys, sn.source(c.Source.Name)[:len(sourceKeys.suffixes)]...)
 		candArgs.put(&o.arg, c)
 		conf = srcConfArgs.appendTo(conf, c.Source)
 		ends = append(ends, len(conf))
 	}
 	waiterArgs.put(&o.arg, &pk.line)
 	for _, name := range o.srcs {
-		keys = append(keys, sn.source(name)[len(sourceKeys.suffixes):]...)
 		pk.place = placeOf(req.Line, name) // "": a newcomer's, most Picks'
 		placeArgs.put(&o.arg, &pk.place)
 	}
-	o.keys, o.conf, o.confEnds = keys, conf, ends
+	o.keys, o.conf, o.confEnds = sn.appendKeys(keys, o.srcs), conf, ends
 	return b.do(ctx, until, sn.tag, o)
 }
 
@@ -407,10 +424,10 @@ func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 	o := b.batches.newOp(opSettle, op)
 	o.sreq = req
 	o.settle = &o.sreq
-	o.keys = append(append(o.keys, sn.scope...), sn.source(req.Source.Name)...)
 	pk := &o.pk
 	pk.settle, pk.handoff, pk.src = call[gate.SettleRequest]{b, o.settle, sn.tag, sn.channel}, handoffArg{b, req.Line}, [1]string{req.Source.Name}
 	o.srcs = pk.src[:]
+	o.keys = sn.appendKeys(append(o.keys, sn.scope...), o.srcs)
 	o.arg.start(o.headRoom(), 2, settleArgs.size(&pk.settle)+handoffArgs.size(&pk.handoff)) // SETTLE, HANDOFF
 	settleArgs.put(&o.arg, &pk.settle)
 	handoffArgs.put(&o.arg, &pk.handoff)

@@ -37,7 +37,7 @@ func TestPooledOpsEachHearTheirOwn(t *testing.T) {
 
 func testPooledOps(t *testing.T, timeouts bool) {
 	ctx := testCtx(t)
-	const scope = "rgr-pool"
+	const scope = "pooled-ops"
 	var o redisgate.Options
 	if timeouts {
 		o.Timeout = 50 * time.Millisecond
@@ -176,7 +176,7 @@ func TestRecordedArgumentsStayAsSent(t *testing.T) {
 // forced-open candidate in turn, granted by the first free one.
 func TestPooledOpsOfEveryShape(t *testing.T) {
 	ctx := testCtx(t)
-	const scope = "rgr-shapes"
+	const scope = "pooled-shapes"
 	b, h, _ := batchFixture(t, redisgate.Options{}, scope)
 	lengths := []int{1, 7, 100, 1000, 3000, 5000, 8 << 10}
 	var shut, free []*gate.Source
