@@ -306,8 +306,11 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 	var out gate.Admission
 	// The rejections, each read into one record (rejection.list would
 	// allocate each and a list of them).
-	rj := new(indexed[gate.Rejection])
+	var rj *indexed[gate.Rejection] // none for a grant, most admits
 	for s := p.str(r.rejections); s != "" && p.err == nil; {
+		if rj == nil {
+			rj = new(indexed[gate.Rejection])
+		}
 		*rj = indexed[gate.Rejection]{}
 		s = rejection.unpackInto(p, s, rj)
 		rj.v.Source = name(rj.src)
