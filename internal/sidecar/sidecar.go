@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.opentelemetry.io/otel/trace"
@@ -98,21 +97,17 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 	reg := prometheus.NewRegistry()
 	extra := d.interceptors
 	var recorder *status.Recorder
+	var rpc *metrics.RPC // the RPC metrics, when metrics_listen is set
 	if cfg.MetricsListen != "" {
 		recorder = status.NewRecorder(time.Now)
 		observers = append(observers, metrics.New(reg, time.Now), recorder)
-		rpc := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(grpcprom.WithHistogramBuckets(metrics.AttemptBuckets)))
+		rpc = metrics.NewRPC(metrics.AttemptBuckets)
 		reg.MustRegister(rpc, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		if sc.sink != nil {
 			reg.MustRegister(sc.sink)
 		}
-		extra.Unary = append([]grpc.UnaryServerInterceptor{withoutRequest(rpc.UnaryServerInterceptor())}, extra.Unary...)
-		extra.Stream = append([]grpc.StreamServerInterceptor{rpc.StreamServerInterceptor()}, extra.Stream...)
-		defer func() {
-			if err == nil {
-				rpc.InitializeMetrics(sc.gs)
-			}
-		}()
+		extra.Unary = append([]grpc.UnaryServerInterceptor{rpc.Unary}, extra.Unary...)
+		extra.Stream = append([]grpc.StreamServerInterceptor{rpc.Stream}, extra.Stream...)
 	}
 	var tr *tracing
 	if d.tracer != nil {
@@ -151,6 +146,9 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 	backendHealth(sc.health, cfg, false)
 	healthpb.RegisterHealthServer(sc.gs, sc.health)
 	reflection.Register(sc.gs)
+	if rpc != nil {
+		rpc.Initialize(sc.gs) // every service registered, none served yet
+	}
 
 	if cfg.MetricsListen != "" {
 		if err := sc.serveMetrics(cfg.MetricsListen, d.metricsLis, reg, status.New(sc.srv, recorder, time.Now, log)); err != nil {
@@ -207,15 +205,4 @@ func (sc *sidecar) stop() {
 			cancel()
 		}
 	})
-}
-
-// withoutRequest runs a unary interceptor that does not read the request
-// (the RPC metrics' count messages and time calls) without it: go-grpc-
-// middleware's keeps the request it is given in its frame until the call
-// returns, which for a call held in OnNoRunnable is as long as it is held
-// (the request and its call id, 112 B per held call: docs/performance.md).
-func withoutRequest(in grpc.UnaryServerInterceptor) grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		return in(ctx, nil, info, func(ctx context.Context, _ any) (any, error) { return handler(ctx, req) })
-	}
 }
