@@ -3,6 +3,7 @@ package policy
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 
 	"github.com/polygate/polygate/gate"
@@ -22,20 +23,30 @@ import (
 // there is at most one read in flight and one gathering callers, and n
 // concurrent callers cost about one read per read time instead of n.
 //
-// A read runs on the goroutine of the caller that starts it, unless that
+// A caller that finds no read in flight leads one: it yields its processor
+// once (runtime.Gosched) before the read starts, so that the callers already
+// runnable (the RPCs one batch of HTTP/2 frames brought in) ask first and
+// share it, instead of gathering behind a read of one caller: at 64 callers
+// on Redis, 17–19 RetryAfters per script call instead of 15
+// (docs/performance.md, "The per-RPC chain and RetryAfter on Redis"). A read
+// none joined is its leader's alone and needs no shared record.
+//
+// A read runs on the goroutine of the caller that leads it, unless that
 // caller asks for it apart: OnNoRunnable's caller then parks for minutes, and
 // a backend's deep call (go-redis) would have grown its stack to 16 KB
-// (docs/performance.md, "What a held call costs"). A read run inline is its
-// caller's alone (others gather behind it), so it needs no shared record; it
-// runs without the caller's cancellation all the same: a read cut short
-// costs a Redis connection (go-redis closes it), and a caller's deadline
-// reaching the socket could read as Redis unavailable. A read apart runs on
-// a goroutine of its own.
+// (docs/performance.md, "What a held call costs"). A read runs without its
+// leader's cancellation: a read cut short costs a Redis connection (go-redis
+// closes it), and a caller's deadline reaching the socket could read as
+// Redis unavailable. A read apart runs on a goroutine of its own.
 // Reads that gathered behind a read run on a goroutine of their own too, one
 // after the other, so no caller serves others' reads after its own.
 type reads struct {
 	// do reads every current source of the scope for an attempt of tokens.
 	do func(ctx context.Context, tokens int64) ([]*source, gate.Snapshot, error)
+
+	// yield lets the callers already runnable ask before a read starts
+	// (runtime.Gosched; tests make them ask).
+	yield func()
 
 	mu   sync.Mutex
 	keys map[int64]readKey // by token count; absent while none is asked for
@@ -44,11 +55,11 @@ type reads struct {
 // readKey is the reads of one token count.
 type readKey struct {
 	running bool  // a read is in flight
-	next    *read // gathering callers; starts when the running read ends
+	leading bool  // a caller about to lead a read yields; next is its read
+	next    *read // gathering callers; starts when the running read ends, or when the leader is back
 }
 
-// read is one Peek shared by the callers it answers (a gathered read, or a
-// read apart).
+// read is one Peek shared by the callers it answers.
 type read struct {
 	ctx  context.Context
 	done chan struct{}
@@ -58,7 +69,7 @@ type read struct {
 }
 
 func newReads(do func(ctx context.Context, tokens int64) ([]*source, gate.Snapshot, error)) *reads {
-	return &reads{do: do, keys: make(map[int64]readKey)}
+	return &reads{do: do, yield: runtime.Gosched, keys: make(map[int64]readKey)}
 }
 
 func newRead(ctx context.Context) *read {
@@ -74,36 +85,69 @@ func newRead(ctx context.Context) *read {
 func (r *reads) peek(ctx context.Context, tokens int64, apart bool) ([]*source, gate.Snapshot, error) {
 	r.mu.Lock()
 	k := r.keys[tokens]
-	if !k.running {
-		r.keys[tokens] = readKey{running: true}
-		r.mu.Unlock()
-		if apart {
-			rd := newRead(ctx)
-			go r.run(tokens, rd)
-			return wait(ctx, rd)
+	if k.running || k.leading {
+		if k.next == nil {
+			k.next = newRead(ctx)
+			r.keys[tokens] = k
 		}
-		return r.inline(ctx, tokens)
+		r.mu.Unlock()
+		return wait(ctx, k.next)
 	}
-	rd := k.next
-	if rd == nil {
-		rd = newRead(ctx)
-		r.keys[tokens] = readKey{running: true, next: rd}
-	}
+	r.keys[tokens] = readKey{leading: true}
 	r.mu.Unlock()
-	return wait(ctx, rd)
+	r.yield() // the callers already runnable join the read
+	r.mu.Lock()
+	rd := r.keys[tokens].next // nil: none joined
+	r.keys[tokens] = readKey{running: true}
+	r.mu.Unlock()
+	switch {
+	case apart:
+		if rd == nil {
+			rd = newRead(ctx)
+		}
+		go r.run(tokens, rd)
+		return wait(ctx, rd)
+	case rd == nil:
+		return r.alone(ctx, tokens)
+	}
+	return r.inline(tokens, rd)
 }
 
-// inline runs a read on its caller's goroutine, then hands the read gathered
-// behind it, if any, to a goroutine of its own; also when the backend panics
-// (the caller's recovery answers it), so that later callers are not left
-// waiting for a read that never ends.
-func (r *reads) inline(ctx context.Context, tokens int64) ([]*source, gate.Snapshot, error) {
+// alone runs a read of its caller's alone on its goroutine (no shared
+// record), then hands the read gathered behind it, if any, to a goroutine of
+// its own; also when the backend panics (the caller's recovery answers it),
+// so that later callers are not left waiting for a read that never ends.
+func (r *reads) alone(ctx context.Context, tokens int64) ([]*source, gate.Snapshot, error) {
+	defer r.handOn(tokens)
+	return r.do(context.WithoutCancel(ctx), tokens)
+}
+
+// inline runs rd, shared with the callers that joined it, on its leader's
+// goroutine, then hands on the read gathered behind it. When the backend
+// panics, the leader's recovery answers it and the others get an error.
+func (r *reads) inline(tokens int64, rd *read) ([]*source, gate.Snapshot, error) {
 	defer func() {
-		if next := r.ended(tokens); next != nil {
-			go r.run(tokens, next)
+		if p := recover(); p != nil {
+			rd.err = panicked(p)
+			rd.ctx = nil
+			close(rd.done)
+			r.handOn(tokens)
+			panic(p)
 		}
 	}()
-	return r.do(context.WithoutCancel(ctx), tokens)
+	rd.srcs, rd.snap, rd.err = r.do(rd.ctx, tokens)
+	rd.ctx = nil
+	close(rd.done)
+	r.handOn(tokens)
+	return rd.srcs, rd.snap, rd.err
+}
+
+// handOn notes that the running read of tokens ended and runs the read
+// gathered behind it, if any, on a goroutine of its own.
+func (r *reads) handOn(tokens int64) {
+	if next := r.ended(tokens); next != nil {
+		go r.run(tokens, next)
+	}
 }
 
 // wait is rd's answer, or ctx's error if ctx ends first.
@@ -131,14 +175,19 @@ func (r *reads) run(tokens int64, rd *read) {
 func (r *reads) guarded(ctx context.Context, tokens int64) (srcs []*source, snap gate.Snapshot, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			msg := fmt.Sprint(p)
-			if len(msg) > maxPanicText {
-				msg = msg[:maxPanicText] + "…"
-			}
-			err = fmt.Errorf("policy: reading the scope panicked: %s", msg)
+			err = panicked(p)
 		}
 	}()
 	return r.do(ctx, tokens)
+}
+
+// panicked is the error of a read whose backend panicked with p.
+func panicked(p any) error {
+	msg := fmt.Sprint(p)
+	if len(msg) > maxPanicText {
+		msg = msg[:maxPanicText] + "…"
+	}
+	return fmt.Errorf("policy: reading the scope panicked: %s", msg)
 }
 
 // maxPanicText bounds what a read's error says of a panic.

@@ -213,3 +213,47 @@ func TestReadsInlineRunsWithoutTheCallersCancellation(t *testing.T) {
 		}
 	})
 }
+
+// Callers that ask while a caller leading a read yields, before the read
+// starts, share that read: it was sent after they asked. One read answers
+// them all, and a caller asking once it is in flight gathers behind it.
+func TestReadsLeaderYieldsToCallersAlreadyRunnable(t *testing.T) {
+	for _, apart := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Inline", true: "Apart"}[apart], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				t0 := time.Now()
+				f := newFakeReads(t0)
+				var wg sync.WaitGroup
+				ask := func(want time.Duration) {
+					wg.Go(func() {
+						_, snap, err := f.peek(context.Background(), 0, apart)
+						n := int(snap.ProgressAge)
+						f.mu.Lock()
+						defer f.mu.Unlock()
+						if err != nil || n < 1 || f.starts[0][n-1] != want || time.Since(t0) != want+time.Second {
+							t.Errorf("a caller was answered at %v by read %d, %v; want the read started at %v", time.Since(t0), n, err, want)
+						}
+					})
+				}
+				yields, joined := 0, make(chan struct{})
+				f.yield = func() {
+					if yields++; yields == 1 {
+						for range 5 {
+							ask(0) // runnable while the leader yields
+						}
+						synctest.Wait() // every one of them waits for the leader's read
+						close(joined)
+					}
+				}
+				ask(0)
+				<-joined
+				time.Sleep(500 * time.Millisecond)
+				ask(time.Second) // during the leader's read: the next one
+				wg.Wait()
+				if got := f.starts[0]; len(got) != 2 {
+					t.Fatalf("reads started at %v for 7 callers, want 2 (0s and 1s)", got)
+				}
+			})
+		})
+	}
+}
