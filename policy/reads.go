@@ -27,7 +27,7 @@ import (
 // once (runtime.Gosched) before the read starts, so that the callers already
 // runnable (the RPCs one batch of HTTP/2 frames brought in) ask first and
 // share it, instead of gathering behind a read of one caller: at 64 callers
-// on Redis, 17–19 RetryAfters per script call instead of 15
+// on Redis, 17–19 RetryAfters per script call instead of 15–16
 // (docs/performance.md, "The per-RPC chain and RetryAfter on Redis"). A read
 // none joined is its leader's alone and needs no shared record.
 //
