@@ -101,14 +101,16 @@ func (r *reads) peek(ctx context.Context, tokens int64, apart bool) ([]*source, 
 	r.keys[tokens] = readKey{running: true}
 	r.mu.Unlock()
 	switch {
-	case apart:
-		if rd == nil {
-			rd = newRead(ctx)
-		}
+	case rd == nil && !apart:
+		return r.alone(ctx, tokens)
+	case rd == nil:
+		rd = newRead(ctx)
+	default:
+		rd.ctx = context.WithoutCancel(ctx) // the leader's read, not its first joiner's
+	}
+	if apart {
 		go r.run(tokens, rd)
 		return wait(ctx, rd)
-	case rd == nil:
-		return r.alone(ctx, tokens)
 	}
 	return r.inline(tokens, rd)
 }

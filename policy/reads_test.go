@@ -257,3 +257,34 @@ func TestReadsLeaderYieldsToCallersAlreadyRunnable(t *testing.T) {
 		})
 	}
 }
+
+// A read that callers joined while its leader yielded runs in the leader's
+// context (its values, without its cancellation), not in a joiner's.
+func TestReadsSharedReadRunsInItsLeadersContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		type key struct{}
+		var got []any
+		r := newReads(func(ctx context.Context, _ int64) ([]*source, gate.Snapshot, error) {
+			got = append(got, ctx.Value(key{}))
+			return nil, gate.Snapshot{}, ctx.Err()
+		})
+		var wg sync.WaitGroup
+		r.yield = func() {
+			wg.Go(func() {
+				if _, _, err := r.peek(context.WithValue(context.Background(), key{}, "joiner"), 0, false); err != nil {
+					t.Error(err)
+				}
+			})
+			synctest.Wait()
+		}
+		leader, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "leader"))
+		cancel()
+		if _, _, err := r.peek(leader, 0, false); err != nil {
+			t.Fatalf("the leader, cancelled before its read: %v, want the read's answer", err)
+		}
+		wg.Wait()
+		if len(got) != 1 || got[0] != "leader" {
+			t.Fatalf("reads ran in the contexts of %v, want one, the leader's", got)
+		}
+	})
+}
