@@ -52,7 +52,7 @@ func NewRPC(buckets []float64) *RPC {
 	}
 	m := &RPC{
 		started:  counter("grpc_server_started_total", "Total number of RPCs started on the server.", labels...),
-		handled:  counter("grpc_server_handled_total", "Total number of RPCs completed on the server, regardless of success or failure.", append(labels, "grpc_code")...),
+		handled:  counter("grpc_server_handled_total", "Total number of RPCs completed on the server, regardless of success or failure.", "grpc_type", "grpc_service", "grpc_method", "grpc_code"),
 		received: counter("grpc_server_msg_received_total", "Total number of RPC stream messages received on the server.", labels...),
 		sent:     counter("grpc_server_msg_sent_total", "Total number of gRPC stream messages sent by the server.", labels...),
 		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
