@@ -128,17 +128,33 @@ func (m *RPC) of(fullMethod, typ string) *rpcSeries {
 	return m.series(typ, service, method, false)
 }
 
-// Unary counts and times a unary RPC.
-func (m *RPC) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	start := time.Now()
-	s := m.of(info.FullMethod, "unary")
+// Started counts a unary RPC that began (its request received); Ended
+// counts it when it ends. polygate's chain calls them from its own
+// interceptor (server.RPCCounter), which saves an interceptor's frame and
+// grpc-go's chaining closure per RPC.
+func (m *RPC) Started(fullMethod string) {
+	s := m.of(fullMethod, "unary")
 	s.started.Inc()
 	s.receivedOne()
-	resp, err := handler(ctx, req)
+}
+
+// Ended counts a unary RPC that ended with err (a status error, or nil)
+// after d.
+func (m *RPC) Ended(fullMethod string, err error, d time.Duration) {
+	s := m.of(fullMethod, "unary")
 	if err == nil {
 		s.sentOne()
 	}
-	s.handle(err, start)
+	s.handle(err, d)
+}
+
+// Unary counts and times a unary RPC, as an interceptor of its own (for a
+// chain that does not call Started and Ended).
+func (m *RPC) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	start := time.Now()
+	m.Started(info.FullMethod)
+	resp, err := handler(ctx, req)
+	m.Ended(info.FullMethod, err, time.Since(start))
 	return resp, err
 }
 
@@ -148,19 +164,19 @@ func (m *RPC) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo,
 	s := m.of(info.FullMethod, rpcType(info.IsClientStream, info.IsServerStream))
 	s.started.Inc()
 	err := handler(srv, &countedStream{ServerStream: ss, s: s})
-	s.handle(err, start)
+	s.handle(err, time.Since(start))
 	return err
 }
 
-// handle counts an ended RPC by its code and observes its time.
-func (s *rpcSeries) handle(err error, start time.Time) {
+// handle counts an ended RPC by its code and observes its time d.
+func (s *rpcSeries) handle(err error, d time.Duration) {
 	c := code(err)
 	if int(c) < len(s.handled) && s.handled[c] != nil {
 		s.handled[c].Inc()
 	} else {
 		s.m.handled.WithLabelValues(s.labels[0], s.labels[1], s.labels[2], c.String()).Inc()
 	}
-	s.seconds.Observe(time.Since(start).Seconds())
+	s.seconds.Observe(d.Seconds())
 }
 
 func (s *rpcSeries) receivedOne() {

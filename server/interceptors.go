@@ -18,17 +18,31 @@ import (
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 )
 
-// Interceptors are extra interceptors for the outermost place of the chain
-// (metrics).
+// Interceptors are what the composition root adds to the chain: extra
+// interceptors for its outermost place (tracing; metrics of streams), and
+// the counter of unary RPCs.
 type Interceptors struct {
+	// RPC, when set, counts the admission service's unary RPCs from within
+	// the chain's own interceptor, outside its other links.
+	RPC    RPCCounter
 	Unary  []grpc.UnaryServerInterceptor
 	Stream []grpc.StreamServerInterceptor
 }
 
+// RPCCounter counts unary RPCs (metrics.RPC): Started as one begins, Ended
+// with the status it answers and its time. Called from the chain's own
+// interceptor, it costs neither an interceptor frame (a held call's stack)
+// nor grpc-go's chaining closure per RPC.
+type RPCCounter interface {
+	Started(fullMethod string)
+	Ended(fullMethod string, err error, d time.Duration)
+}
+
 // ServerOptions builds the interceptor chain in one place, outermost first:
-// extra (metrics), logging (slog), the error edge (domain errors →
-// statuses), auth and validation, recovery innermost so that logging and
-// metrics still see a panic.
+// extra (tracing; metrics of streams), metrics of unary RPCs (extra.RPC),
+// logging (slog), the error edge (domain errors → statuses), auth and
+// validation, recovery innermost so that logging and metrics still see a
+// panic.
 //
 // The chain is the admission service's: health and reflection skip every
 // link of it (they are never behind the token, and a probe every second is
@@ -59,7 +73,7 @@ func ServerOptions(log *slog.Logger, tokens *Tokens, extra Interceptors) []grpc.
 		return err
 	}
 
-	chain := &unaryChain{log: log, auth: authFn}
+	chain := &unaryChain{log: log, auth: authFn, rpc: extra.RPC}
 	unary := slices.Concat(extra.Unary, []grpc.UnaryServerInterceptor{chain.intercept})
 	for i, in := range unary[:len(extra.Unary)] {
 		unary[i] = admissionUnary(in)
@@ -79,24 +93,31 @@ func ServerOptions(log *slog.Logger, tokens *Tokens, extra Interceptors) []grpc.
 	}
 }
 
-// unaryChain is the unary links of the chain, outermost first: logging, the
-// error edge, auth, validation and recovery, in two frames.
+// unaryChain is the unary links of the chain, outermost first: metrics,
+// logging, the error edge, auth, validation and recovery, in two frames.
 type unaryChain struct {
 	log  *slog.Logger
 	auth func(context.Context) (context.Context, error)
+	rpc  RPCCounter // nil: not counted
 }
 
-// intercept logs the RPC and turns its error into a status. It keeps the
-// method's name, not info, across the call: a call held in OnNoRunnable
-// would keep info as long as it is held.
+// intercept counts and logs the RPC and turns its error into a status. It
+// keeps the method's name, not info, across the call: a call held in
+// OnNoRunnable would keep info as long as it is held.
 func (ch *unaryChain) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	method := info.FullMethod
 	if !strings.HasPrefix(method, admissionPrefix) {
 		return handler(ctx, req)
 	}
 	start := time.Now()
+	if ch.rpc != nil {
+		ch.rpc.Started(method)
+	}
 	resp, err := ch.admit(ctx, req, handler)
 	err = toStatus(ctx, ch.log, err)
+	if ch.rpc != nil {
+		ch.rpc.Ended(method, err, time.Since(start))
+	}
 	logFinished(ctx, ch.log, method, "unary", start, err)
 	return resp, err
 }

@@ -2,8 +2,10 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
+	"path"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -64,14 +66,40 @@ func (r *records) finished() (out []string) {
 
 // chainHarness serves the admission service, health and reflection over
 // bufconn through ServerOptions with an extra (outermost) interceptor that
-// counts the calls it sees, as the metrics interceptor would.
+// counts the calls it sees, as the tracing interceptor would, and an RPC
+// counter, as the metrics are.
 type chainHarness struct {
 	adm     admissionv1.AdmissionServiceClient
 	health  healthpb.HealthClient
 	refl    reflectionpb.ServerReflectionClient
 	logs    *records
 	counted *atomic.Int64
+	rpcs    *rpcRecorder
 	ctx     context.Context
+}
+
+// rpcRecorder is an RPCCounter that records what it is told.
+type rpcRecorder struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (r *rpcRecorder) Started(method string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.seen = append(r.seen, "started "+path.Base(method))
+}
+
+func (r *rpcRecorder) Ended(method string, err error, d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.seen = append(r.seen, fmt.Sprintf("ended %s %v %t", path.Base(method), status.Code(err), d >= 0))
+}
+
+func (r *rpcRecorder) calls() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.seen)
 }
 
 func startChain(t *testing.T, level slog.Level, token string) *chainHarness {
@@ -83,7 +111,9 @@ func startChain(t *testing.T, level slog.Level, token string) *chainHarness {
 	logs := &records{level: level}
 	log := slog.New(logs)
 	var counted atomic.Int64
+	rpcs := &rpcRecorder{}
 	extra := Interceptors{
+		RPC: rpcs,
 		Unary: []grpc.UnaryServerInterceptor{func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 			counted.Add(1)
 			return h(ctx, req)
@@ -115,7 +145,7 @@ func startChain(t *testing.T, level slog.Level, token string) *chainHarness {
 	})
 	return &chainHarness{
 		adm: admissionv1.NewAdmissionServiceClient(conn), health: healthpb.NewHealthClient(conn),
-		refl: reflectionpb.NewServerReflectionClient(conn), logs: logs, counted: &counted, ctx: ctx,
+		refl: reflectionpb.NewServerReflectionClient(conn), logs: logs, counted: &counted, rpcs: rpcs, ctx: ctx,
 	}
 }
 
@@ -153,6 +183,9 @@ func TestHealthAndReflectionSkipTheAdmissionChain(t *testing.T) {
 	if n := h.counted.Load(); n != 0 {
 		t.Errorf("the outermost interceptor saw %d health or reflection calls, want 0", n)
 	}
+	if got := h.rpcs.calls(); len(got) != 0 {
+		t.Errorf("the RPC counter was told %v of health and reflection, want nothing", got)
+	}
 	if got := h.logs.finished(); len(got) != 0 {
 		t.Errorf("health and reflection logged %v, want nothing", got)
 	}
@@ -164,6 +197,9 @@ func TestHealthAndReflectionSkipTheAdmissionChain(t *testing.T) {
 	}
 	if n := h.counted.Load(); n != 1 {
 		t.Errorf("the outermost interceptor saw %d admission calls, want 1", n)
+	}
+	if got, want := h.rpcs.calls(), []string{"started RetryAfter", "ended RetryAfter Unauthenticated true"}; !slices.Equal(got, want) {
+		t.Errorf("the RPC counter was told %v, want %v (the status the chain answers)", got, want)
 	}
 	if got, want := h.logs.finished(), []string{"WARN RetryAfter"}; !slices.Equal(got, want) {
 		t.Errorf("logged %v, want %v", got, want)

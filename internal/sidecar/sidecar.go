@@ -106,7 +106,7 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 		if sc.sink != nil {
 			reg.MustRegister(sc.sink)
 		}
-		extra.Unary = append([]grpc.UnaryServerInterceptor{rpc.Unary}, extra.Unary...)
+		extra.RPC = rpc // counted within the chain's own interceptor
 		extra.Stream = append([]grpc.StreamServerInterceptor{rpc.Stream}, extra.Stream...)
 	}
 	var tr *tracing
