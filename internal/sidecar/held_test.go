@@ -15,16 +15,18 @@ import (
 )
 
 // A call held in OnNoRunnable keeps its RPC in the interceptors for as long
-// as it is held: the metrics interceptor does not keep the request, as
-// go-grpc-middleware's did in its frame until the call returned
-// (docs/performance.md), while the handler still gets it.
+// as it is held. The sidecar counts unary RPCs from within the chain
+// (server.Interceptors.RPC), which never sees the request; metrics.RPC's
+// interceptor form does not keep it either, as go-grpc-middleware's did in
+// its frame until the call returned (docs/performance.md), while the
+// handler still gets it.
 func TestMetricsInterceptorDoesNotKeepAHeldRequest(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		in   grpc.UnaryServerInterceptor
 		kept bool
 	}{
-		{"as wired", metrics.NewRPC(metrics.AttemptBuckets).Unary, false},
+		{"metrics.RPC", metrics.NewRPC(metrics.AttemptBuckets).Unary, false},
 		// The check can fail: go-grpc-middleware's interceptor given the
 		// request keeps it.
 		{"given the request", grpcprom.NewServerMetrics().UnaryServerInterceptor(), true},
