@@ -32,8 +32,9 @@ type RPC struct {
 }
 
 // rpcSeries are one method's series. Those of a method Initialize did not
-// see are resolved as they are used (received, sent and handled nil until
-// then), so that only what was counted is exported, as go-grpc-middleware's.
+// see are resolved as they are used (all but started nil until then: the
+// handling time too, while the RPC runs or after its handler panicked), so
+// that only what was counted is exported, as go-grpc-middleware's.
 type rpcSeries struct {
 	m                       *RPC
 	labels                  [3]string // grpc_type, grpc_service, grpc_method
@@ -100,13 +101,13 @@ func (m *RPC) Initialize(s interface {
 	m.methods.Store(&methods)
 }
 
-// series resolves a method's series: all of them (Initialize's), or those
-// every RPC uses.
+// series resolves a method's series: all of them (Initialize's), or the
+// one every RPC uses at its start.
 func (m *RPC) series(typ, service, method string, all bool) *rpcSeries {
 	s := &rpcSeries{m: m, labels: [3]string{typ, service, method}}
 	s.started = m.started.WithLabelValues(s.labels[:]...)
-	s.seconds = m.seconds.WithLabelValues(s.labels[:]...)
 	if all {
+		s.seconds = m.seconds.WithLabelValues(s.labels[:]...)
 		s.received = m.received.WithLabelValues(s.labels[:]...)
 		s.sent = m.sent.WithLabelValues(s.labels[:]...)
 		for c := range s.handled {
@@ -175,6 +176,9 @@ func (s *rpcSeries) handle(err error, d time.Duration) {
 		s.handled[c].Inc()
 	} else {
 		s.m.handled.WithLabelValues(s.labels[0], s.labels[1], s.labels[2], c.String()).Inc()
+	}
+	if s.seconds == nil {
+		s.seconds = s.m.seconds.WithLabelValues(s.labels[:]...)
 	}
 	s.seconds.Observe(d.Seconds())
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -177,4 +178,64 @@ func BenchmarkRPCUnary(b *testing.B) {
 			}
 		})
 	}
+}
+
+// While an RPC of a method Initialize did not see is in flight (a stream
+// open), and after one whose handler panicked through the interceptor (as a
+// panic in auth or validation does), go-grpc-middleware's exposition has
+// that method's started counter only: the handling-time histogram's series
+// appears once the RPC is handled. RPC's must export the same.
+func TestRPCExportsNoHistogramBeforeTheRPCIsHandled(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		theirs := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(grpcprom.WithHistogramBuckets(metrics.AttemptBuckets)))
+		theirs.InitializeMetrics(served)
+		ours := metrics.NewRPC(metrics.AttemptBuckets)
+		ours.Initialize(served)
+		var out [2]string
+		for i, m := range []struct {
+			c      prometheus.Collector
+			unary  grpc.UnaryServerInterceptor
+			stream grpc.StreamServerInterceptor
+		}{
+			{theirs, theirs.UnaryServerInterceptor(), theirs.StreamServerInterceptor()},
+			{ours, ours.Unary, ours.Stream},
+		} {
+			func() {
+				defer func() { _ = recover() }()
+				_, _ = m.unary(t.Context(), "req", &grpc.UnaryServerInfo{FullMethod: "/other.B/Panics"}, func(context.Context, any) (any, error) {
+					panic("handler")
+				})
+			}()
+			inside, end := make(chan struct{}), make(chan struct{})
+			go func() {
+				_ = m.stream(nil, &stream{ctx: t.Context()}, &grpc.StreamServerInfo{FullMethod: "/other.B/Watch", IsServerStream: true}, func(any, grpc.ServerStream) error {
+					close(inside)
+					<-end
+					return nil
+				})
+			}()
+			<-inside
+			out[i] = exposition(t, m.c)
+			close(end)
+			synctest.Wait()
+		}
+		if only := linesNotIn(out[1], out[0]); len(only) > 0 {
+			t.Errorf("RPC exports what go-grpc-middleware's does not:\n%s", strings.Join(only, "\n"))
+		}
+		if only := linesNotIn(out[0], out[1]); len(only) > 0 {
+			t.Errorf("go-grpc-middleware's exports what RPC does not:\n%s", strings.Join(only, "\n"))
+		}
+	})
+}
+
+// linesNotIn are the lines of a that b lacks.
+func linesNotIn(a, b string) []string {
+	bl := strings.Split(b, "\n")
+	var only []string
+	for _, l := range strings.Split(a, "\n") {
+		if !slices.Contains(bl, l) {
+			only = append(only, l)
+		}
+	}
+	return only
 }
