@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -126,22 +127,31 @@ func (r *reads) alone(ctx context.Context, tokens int64) ([]*source, gate.Snapsh
 
 // inline runs rd, shared with the callers that joined it, on its leader's
 // goroutine, then hands on the read gathered behind it. When the backend
-// panics, the leader's recovery answers it and the others get an error.
+// panics, the leader's recovery answers it and the others get an error; so
+// they do when it ends the goroutine (runtime.Goexit).
 func (r *reads) inline(tokens int64, rd *read) ([]*source, gate.Snapshot, error) {
+	answered := false
 	defer func() {
-		if p := recover(); p != nil {
-			rd.err = panicked(p)
-			rd.ctx = nil
-			close(rd.done)
-			r.handOn(tokens)
+		if answered {
+			return
+		}
+		p := recover()
+		r.answer(tokens, rd, nil, gate.Snapshot{}, unanswered(p))
+		if p != nil {
 			panic(p)
 		}
 	}()
-	rd.srcs, rd.snap, rd.err = r.do(rd.ctx, tokens)
-	rd.ctx = nil
+	srcs, snap, err := r.do(rd.ctx, tokens)
+	answered = true
+	r.answer(tokens, rd, srcs, snap, err)
+	return srcs, snap, err
+}
+
+// answer answers rd's callers and hands on the read gathered behind it.
+func (r *reads) answer(tokens int64, rd *read, srcs []*source, snap gate.Snapshot, err error) {
+	rd.srcs, rd.snap, rd.err, rd.ctx = srcs, snap, err, nil
 	close(rd.done)
 	r.handOn(tokens)
-	return rd.srcs, rd.snap, rd.err
 }
 
 // handOn notes that the running read of tokens ended and runs the read
@@ -163,28 +173,40 @@ func wait(ctx context.Context, rd *read) ([]*source, gate.Snapshot, error) {
 }
 
 // run does rd, then the reads that gathered behind it, until none is asked.
+// A backend that panics fails the read, whose callers get the error, not
+// the process (no caller's recovery covers this goroutine); one that ends
+// the goroutine (runtime.Goexit) fails it too, and the reads behind go on
+// on another.
 func (r *reads) run(tokens int64, rd *read) {
+	defer func() {
+		if rd != nil {
+			r.answer(tokens, rd, nil, gate.Snapshot{}, unanswered(nil))
+		}
+	}()
 	for rd != nil {
-		rd.srcs, rd.snap, rd.err = r.guarded(rd.ctx, tokens)
-		rd.ctx = nil
+		srcs, snap, err := r.guarded(rd.ctx, tokens)
+		rd.srcs, rd.snap, rd.err, rd.ctx = srcs, snap, err, nil
 		close(rd.done)
 		rd = r.ended(tokens)
 	}
 }
 
-// guarded is do on a goroutine no caller's recovery covers: a backend that
-// panics fails the read, whose callers get the error, not the process.
+// guarded is do, a panic of the backend's turned into the read's error.
 func (r *reads) guarded(ctx context.Context, tokens int64) (srcs []*source, snap gate.Snapshot, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = panicked(p)
+			err = unanswered(p)
 		}
 	}()
 	return r.do(ctx, tokens)
 }
 
-// panicked is the error of a read whose backend panicked with p.
-func panicked(p any) error {
+// unanswered is the error of a read whose backend panicked with p, or, when
+// p is nil, ended its goroutine.
+func unanswered(p any) error {
+	if p == nil {
+		return errors.New("policy: reading the scope ended its goroutine (runtime.Goexit)")
+	}
 	msg := fmt.Sprint(p)
 	if len(msg) > maxPanicText {
 		msg = msg[:maxPanicText] + "…"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -287,4 +288,129 @@ func TestReadsSharedReadRunsInItsLeadersContext(t *testing.T) {
 			t.Fatalf("reads ran in the contexts of %v, want one, the leader's", got)
 		}
 	})
+}
+
+// A caller that leads a shared read inline, whose backend panics, answers
+// the callers that joined it with the panic's error and re-panics for its
+// own recovery; the next caller reads anew.
+func TestReadsInlineSharedReadPanics(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		reads := 0
+		r := newReads(func(context.Context, int64) ([]*source, gate.Snapshot, error) {
+			mu.Lock()
+			reads++
+			n := reads
+			mu.Unlock()
+			time.Sleep(time.Second)
+			if n == 1 {
+				panic("backend")
+			}
+			return nil, gate.Snapshot{ProgressAge: time.Duration(n)}, nil
+		})
+		var wg sync.WaitGroup
+		r.yield = func() {
+			r.yield = func() {}
+			for range 3 {
+				wg.Go(func() {
+					if _, _, err := r.peek(context.Background(), 0, false); err == nil || !strings.Contains(err.Error(), "panicked") {
+						t.Errorf("a caller that joined a read whose backend panicked: %v, want the panic's error", err)
+					}
+				})
+			}
+			synctest.Wait() // they joined
+		}
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Error("the backend's panic did not reach the leader")
+				}
+			}()
+			_, _, _ = r.peek(context.Background(), 0, false)
+		}()
+		wg.Wait()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, snap, err := r.peek(ctx, 0, false); err != nil || snap.ProgressAge != 2 {
+			t.Fatalf("the caller after: read %d, %v, want a read of its own (2)", snap.ProgressAge, err)
+		}
+	})
+}
+
+// A leader whose read runs apart and that gives up during it stops waiting;
+// the callers that joined it get the read, and nothing is kept after it.
+func TestReadsApartLeaderGivesUp(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeReads(time.Now())
+		var wg sync.WaitGroup
+		f.yield = func() {
+			f.yield = func() {}
+			for range 3 {
+				wg.Go(func() {
+					if _, snap, err := f.peek(context.Background(), 0, true); err != nil || snap.ProgressAge != 1 {
+						t.Errorf("a caller that joined: read %d, %v, want read 1", snap.ProgressAge, err)
+					}
+				})
+			}
+			synctest.Wait()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		if _, _, err := f.peek(ctx, 0, true); !errors.Is(err, context.DeadlineExceeded) || time.Since(start) != 100*time.Millisecond {
+			t.Errorf("the leader that gave up at 100ms: %v after %v", err, time.Since(start))
+		}
+		wg.Wait()
+		synctest.Wait()
+		if len(f.keys) != 0 {
+			t.Fatalf("%d token counts kept after every read ended", len(f.keys))
+		}
+	})
+}
+
+// A backend read that ends its goroutine without returning or panicking
+// (runtime.Goexit: t.FailNow in a test's fake backend) while its caller
+// leads a shared read inline fails that read for the callers that joined
+// it, and the next caller reads anew: the token count is not left "running"
+// for ever behind a read that never ends.
+func TestReadsSharedReadGoexitStrandsNoOne(t *testing.T) {
+	for _, apart := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Inline", true: "Apart"}[apart], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { testGoexit(t, apart) })
+		})
+	}
+}
+
+func testGoexit(t *testing.T, apart bool) {
+	var mu sync.Mutex
+	reads := 0
+	r := newReads(func(context.Context, int64) ([]*source, gate.Snapshot, error) {
+		mu.Lock()
+		reads++
+		n := reads
+		mu.Unlock()
+		if n == 1 {
+			runtime.Goexit()
+		}
+		return nil, gate.Snapshot{ProgressAge: time.Duration(n)}, nil
+	})
+	var wg sync.WaitGroup
+	r.yield = func() {
+		r.yield = func() {}
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if _, _, err := r.peek(ctx, 0, apart); err == nil || errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("the caller that joined the read: %v, want the read's failure at once", err)
+			}
+		})
+		synctest.Wait()
+	}
+	wg.Go(func() { _, _, _ = r.peek(context.Background(), 0, apart) }) // leads, then Goexit
+	wg.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, snap, err := r.peek(ctx, 0, apart); err != nil || snap.ProgressAge != 2 {
+		t.Fatalf("the caller after: read %d, %v, want a read of its own (2)", snap.ProgressAge, err)
+	}
 }
