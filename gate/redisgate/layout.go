@@ -970,8 +970,8 @@ var eventReply = packedReply("EV", []ret[indexed[gate.Event]]{
 // (peek) is the same record without the index.
 var rejection = packedReply("REJ", []ret[indexed[gate.Rejection]]{
 	{"src", getInt(func(r *indexed[gate.Rejection], v int64) { r.src = v })},
-	{"reason", getInt(func(r *indexed[gate.Rejection], v int64) { r.v.Reason = gate.Reason(v) })},
-	{"retry", getInt(func(r *indexed[gate.Rejection], v int64) { r.v.RetryAfter = ms(v) })},
+	{"reason", number(func(p *parser, v int64, r *indexed[gate.Rejection]) { r.v.Reason = p.reason(v) })},
+	{"retry", number(func(p *parser, v int64, r *indexed[gate.Rejection]) { r.v.RetryAfter = ms(int64(p.nonNegative(v))) })},
 })
 
 // raw keeps a reply element for a nested layout to read.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -304,18 +305,7 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 		return req.Candidates[i-1].Source.Name
 	}
 	var out gate.Admission
-	// The rejections, each read into one record (rejection.list would
-	// allocate each and a list of them).
-	var rj *indexed[gate.Rejection] // none for a grant, most admits
-	for s := p.str(r.rejections); s != "" && p.err == nil; {
-		if rj == nil {
-			rj = new(indexed[gate.Rejection])
-		}
-		*rj = indexed[gate.Rejection]{}
-		s = rejection.unpackInto(p, s, rj)
-		rj.v.Source = name(rj.src)
-		out.Rejections = append(out.Rejections, rj.v)
-	}
+	out.Rejections = admitRejections(p, r.rejections, r.granted, name)
 	out.Events = p.events(r.evs, name)
 	out.ProgressAge = r.clock.age()
 	if req.Line != nil {
@@ -750,12 +740,62 @@ func unavailable(err error) bool {
 	return false
 }
 
-func ms(v int64) time.Duration { return time.Duration(v) * time.Millisecond }
+// admitRejections reads an Admit's rejections as admit.lua answers them: at
+// most one per candidate, in the candidates' order, none at or after the
+// one granted (granted 0: none was). A reply that breaks this is a bug in
+// the script or a Redis not to be trusted, and is refused rather than
+// answered to the caller. Each is read into one record (rejection.list
+// would allocate each and a list of them); a grant, most admits, has none.
+func admitRejections(p *parser, v any, granted int64, name func(int64) string) []gate.Rejection {
+	var out []gate.Rejection
+	var rj *indexed[gate.Rejection]
+	last := int64(0)
+	for s := p.str(v); s != "" && p.err == nil; {
+		if rj == nil {
+			rj = new(indexed[gate.Rejection])
+		}
+		*rj = indexed[gate.Rejection]{}
+		if s = rejection.unpackInto(p, s, rj); p.err != nil {
+			break
+		}
+		switch {
+		case rj.src <= last:
+			p.fail("a rejection of candidate %d after one of candidate %d", rj.src, last)
+		case granted != 0 && rj.src >= granted:
+			p.fail("a rejection of candidate %d, at or after candidate %d granted", rj.src, granted)
+		}
+		last = rj.src
+		rj.v.Source = name(rj.src)
+		out = append(out, rj.v)
+	}
+	return out
+}
 
-// progressAge mirrors the memory backend: 0 is "never".
+// ms reads a count of milliseconds as a Duration, saturating at Duration's
+// ends instead of wrapping: the count comes from Redis.
+func ms(v int64) time.Duration {
+	const most = math.MaxInt64 / int64(time.Millisecond)
+	switch {
+	case v > most:
+		return math.MaxInt64
+	case v < -most:
+		return math.MinInt64
+	}
+	return time.Duration(v) * time.Millisecond
+}
+
+// progressAge mirrors the memory backend: 0 is "never". Both times come
+// from Redis, so the difference saturates instead of wrapping.
 func progressAge(progress, now int64) time.Duration {
 	if progress == 0 {
 		return gate.Never
 	}
-	return ms(now - progress)
+	d := now - progress
+	switch {
+	case progress > 0 && d > now:
+		return math.MinInt64
+	case progress < 0 && d < now:
+		return math.MaxInt64
+	}
+	return ms(d)
 }

@@ -52,6 +52,16 @@ func (p *parser) nonNegative(i int64) uint64 {
 	return uint64(i)
 }
 
+// reason reads a refusal's reason: one gate names, never none (a
+// conversion alone would wrap 257 into 1).
+func (p *parser) reason(v int64) gate.Reason {
+	if v < int64(gate.ReasonCooldown) || v > int64(gate.ReasonQueued) {
+		p.fail("refusal reason %d outside %d..%d", v, gate.ReasonCooldown, gate.ReasonQueued)
+		return gate.ReasonNone
+	}
+	return gate.Reason(v)
+}
+
 func (p *parser) str(v any) string {
 	s, ok := v.(string)
 	if !ok && p.err == nil {

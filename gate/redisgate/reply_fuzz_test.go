@@ -3,6 +3,7 @@ package redisgate
 import (
 	"encoding/binary"
 	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -73,9 +74,17 @@ func FuzzReplyParser(f *testing.F) {
 		sevs := ps.events(sr.evs, ps.single("s"))
 		pa := &parser{op: "fuzz"}
 		ar := admitReply.parse(pa, v)
-		rjs := rejection.list(pa, ar.rejections)
+		rjs := admitRejections(pa, ar.rejections, ar.granted, func(i int64) string { return strconv.FormatInt(i, 10) })
 		if pa.err == nil && len(rjs) > len(v.(string))/8 {
 			t.Fatalf("admit reply of %d bytes read %d rejections", len(v.(string)), len(rjs))
+		}
+		last := int64(0) // candidates named by their index: strictly increasing
+		for _, rj := range rjs {
+			i, _ := strconv.ParseInt(rj.Source, 10, 64)
+			if pa.err == nil && (rj.Reason == gate.ReasonNone || rj.RetryAfter < 0 || i <= last || ar.granted != 0 && i >= ar.granted) {
+				t.Fatalf("admit reply (granted %d) read rejections %+v", ar.granted, rjs)
+			}
+			last = i
 		}
 		if ps.err == nil && (sbv.Epoch > 1<<63-1 || len(sevs) > len(v.([]any)[0].(string))/8) {
 			t.Fatalf("settle reply: epoch %d, %d events", sbv.Epoch, len(sevs))
