@@ -219,12 +219,12 @@ func (s *SourceState) Verdict(c Candidate, tokens, now int64) Rejection {
 		return r
 	}
 	reason, wait := s.Breaker.check(now)
-	return Rejection{Source: c.Source.Name, Reason: reason, RetryAfter: time.Duration(wait) * time.Millisecond}
+	return Rejection{Source: c.Source.Name, Reason: reason, RetryAfter: Millis(wait)}
 }
 
 func (s *SourceState) quotaVerdict(c Candidate, tokens, now int64) Rejection {
 	reason, wait := s.Quota.check(c.Source.Limits, c.Ceiling, tokens, now)
-	return Rejection{Source: c.Source.Name, Reason: reason, RetryAfter: time.Duration(wait) * time.Millisecond}
+	return Rejection{Source: c.Source.Name, Reason: reason, RetryAfter: Millis(wait)}
 }
 
 // Settle releases the permit's slot and applies its outcome. The outcome of

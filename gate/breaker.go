@@ -3,6 +3,7 @@ package gate
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -123,7 +124,7 @@ func (b *Breaker) check(now int64) (Reason, int64) {
 func (b *Breaker) Enter(p BreakerPolicy, permitID string, now int64) (Entry, []Event) {
 	reason, wait := b.check(now)
 	if reason != ReasonNone {
-		return Entry{Reason: reason, RetryAfter: time.Duration(wait) * time.Millisecond, Epoch: b.Epoch}, nil
+		return Entry{Reason: reason, RetryAfter: Millis(wait), Epoch: b.Epoch}, nil
 	}
 	if b.Override != NoOverride || b.State == Closed {
 		return Entry{Allowed: true, Epoch: b.Epoch}, nil
@@ -328,13 +329,27 @@ type BreakerView struct {
 	Consecutive int
 }
 
+// Millis is a count of milliseconds as a Duration, saturating at
+// Duration's ends instead of wrapping: the stored times it is taken from
+// may come from a shared store (Redis) not to be trusted.
+func Millis(v int64) time.Duration {
+	const most = math.MaxInt64 / int64(time.Millisecond)
+	switch {
+	case v > most:
+		return math.MaxInt64
+	case v < -most:
+		return math.MinInt64
+	}
+	return time.Duration(v) * time.Millisecond
+}
+
 // View reads the breaker at now without changing it.
 func (b *Breaker) View(p BreakerPolicy, now int64) BreakerView {
 	reason, wait := b.check(now)
 	v := BreakerView{
 		State: b.State, Override: b.Override, Actor: b.Actor, Why: b.Why,
 		Epoch: b.Epoch, Reopens: b.Reopens, Consecutive: b.Consecutive,
-		Reason: reason, RetryAfter: time.Duration(wait) * time.Millisecond,
+		Reason: reason, RetryAfter: Millis(wait),
 	}
 	switch {
 	case b.Override == ForcedOpen:
@@ -350,7 +365,7 @@ func (b *Breaker) View(p BreakerPolicy, now int64) BreakerView {
 	}
 	if b.State == HalfOpen && b.Probe != "" && now < b.ProbeUntil {
 		v.ProbeOut = true
-		v.ProbeLeft = time.Duration(b.ProbeUntil-now) * time.Millisecond
+		v.ProbeLeft = Millis(b.ProbeUntil - now)
 	}
 	v.Calls, v.Fails = b.Counts(p, now)
 	return v

@@ -1,6 +1,7 @@
 package gate
 
 import (
+	"math"
 	"testing"
 	"time"
 )
@@ -28,5 +29,32 @@ func TestApplyRejectsUnknownAction(t *testing.T) {
 	var b Breaker
 	if _, err := b.Apply(Action(99), "me", "why", 0); err == nil {
 		t.Fatal("unknown action accepted")
+	}
+}
+
+// TestStoredTimesFarAheadSaturate: a breaker read from a shared store may
+// carry any time. An OPEN one whose cooldown ends 2^62 ms from now, or a
+// HALF_OPEN one whose probe does, answers the longest wait a Duration
+// holds, never a wrapped one (which would read as "retry now" or less).
+func TestStoredTimesFarAheadSaturate(t *testing.T) {
+	const now, far = 1_000, int64(1) << 62
+	open := Breaker{State: Open, OpenUntil: far}
+	if e, _ := open.Enter(BreakerPolicy{}, "p", now); e.Allowed || e.RetryAfter != Never {
+		t.Errorf("Enter = %+v, want refused with RetryAfter %v", e, Never)
+	}
+	if v := open.View(BreakerPolicy{}, now); v.RetryAfter != Never {
+		t.Errorf("View.RetryAfter = %v, want %v", v.RetryAfter, Never)
+	}
+	half := Breaker{State: HalfOpen, Probe: "p", ProbeUntil: far}
+	if v := half.View(BreakerPolicy{}, now); v.ProbeLeft != Never {
+		t.Errorf("View.ProbeLeft = %v, want %v", v.ProbeLeft, Never)
+	}
+	for _, tc := range []struct {
+		in   int64
+		want time.Duration
+	}{{far, Never}, {-far, time.Duration(math.MinInt64)}, {1500, 1500 * time.Millisecond}, {0, 0}} {
+		if got := Millis(tc.in); got != tc.want {
+			t.Errorf("Millis(%d) = %v, want %v", tc.in, got, tc.want)
+		}
 	}
 }

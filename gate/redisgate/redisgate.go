@@ -771,18 +771,8 @@ func admitRejections(p *parser, v any, granted int64, name func(int64) string) [
 	return out
 }
 
-// ms reads a count of milliseconds as a Duration, saturating at Duration's
-// ends instead of wrapping: the count comes from Redis.
-func ms(v int64) time.Duration {
-	const most = math.MaxInt64 / int64(time.Millisecond)
-	switch {
-	case v > most:
-		return math.MaxInt64
-	case v < -most:
-		return math.MinInt64
-	}
-	return time.Duration(v) * time.Millisecond
-}
+// ms reads a count of milliseconds from Redis as a Duration, saturating.
+func ms(v int64) time.Duration { return gate.Millis(v) }
 
 // progressAge mirrors the memory backend: 0 is "never". Both times come
 // from Redis, so the difference saturates instead of wrapping.
