@@ -54,6 +54,26 @@ func (s *stream) RecvMsg(any) error {
 	return nil
 }
 
+// interceptors are one metrics implementation's collector and interceptors.
+type interceptors struct {
+	c      prometheus.Collector
+	unary  grpc.UnaryServerInterceptor
+	stream grpc.StreamServerInterceptor
+}
+
+// theirsAndOurs are go-grpc-middleware's interceptors (as the sidecar wired
+// them before) and RPC's, each initialized with served's methods.
+func theirsAndOurs() [2]interceptors {
+	theirs := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(grpcprom.WithHistogramBuckets(metrics.AttemptBuckets)))
+	theirs.InitializeMetrics(served)
+	ours := metrics.NewRPC(metrics.AttemptBuckets)
+	ours.Initialize(served)
+	return [2]interceptors{
+		{theirs, theirs.UnaryServerInterceptor(), theirs.StreamServerInterceptor()},
+		{ours, ours.Unary, ours.Stream},
+	}
+}
+
 // TestRPCExportsWhatGoGRPCMiddlewareDoes runs the same RPCs through
 // go-grpc-middleware's interceptors (as the sidecar wired them before) and
 // through RPC's, and compares the two registries' exposition: the same
@@ -62,19 +82,8 @@ func (s *stream) RecvMsg(any) error {
 // histograms match to the bucket.
 func TestRPCExportsWhatGoGRPCMiddlewareDoes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		theirs := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(grpcprom.WithHistogramBuckets(metrics.AttemptBuckets)))
-		theirs.InitializeMetrics(served)
-		ours := metrics.NewRPC(metrics.AttemptBuckets)
-		ours.Initialize(served)
 		var out [2]string
-		for i, m := range []struct {
-			c      prometheus.Collector
-			unary  grpc.UnaryServerInterceptor
-			stream grpc.StreamServerInterceptor
-		}{
-			{theirs, theirs.UnaryServerInterceptor(), theirs.StreamServerInterceptor()},
-			{ours, ours.Unary, ours.Stream},
-		} {
+		for i, m := range theirsAndOurs() {
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
 			for _, c := range []struct {
@@ -187,19 +196,8 @@ func BenchmarkRPCUnary(b *testing.B) {
 // appears once the RPC is handled. RPC's must export the same.
 func TestRPCExportsNoHistogramBeforeTheRPCIsHandled(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		theirs := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(grpcprom.WithHistogramBuckets(metrics.AttemptBuckets)))
-		theirs.InitializeMetrics(served)
-		ours := metrics.NewRPC(metrics.AttemptBuckets)
-		ours.Initialize(served)
 		var out [2]string
-		for i, m := range []struct {
-			c      prometheus.Collector
-			unary  grpc.UnaryServerInterceptor
-			stream grpc.StreamServerInterceptor
-		}{
-			{theirs, theirs.UnaryServerInterceptor(), theirs.StreamServerInterceptor()},
-			{ours, ours.Unary, ours.Stream},
-		} {
+		for i, m := range theirsAndOurs() {
 			func() {
 				defer func() { _ = recover() }()
 				_, _ = m.unary(t.Context(), "req", &grpc.UnaryServerInfo{FullMethod: "/other.B/Panics"}, func(context.Context, any) (any, error) {
