@@ -170,6 +170,23 @@ func TestConfMissingSourceRefused(t *testing.T) {
 	}
 }
 
+// twoAdmitsInABatch sends, in one batch through hook, an admit of s1 and
+// one of s2 then s1, and returns their errors.
+func twoAdmitsInABatch(t *testing.T, scope string, hook *confHook) (b *redisgate.Backend, h *batchHook, s1, s2 *gate.Source, errs [2]error) {
+	t.Helper()
+	ctx := testCtx(t)
+	b, h, c := batchFixture(t, redisgate.Options{}, scope)
+	c.AddHook(hook)
+	s1, s2 = gatetest.Src("s1"), gatetest.Src("s2")
+	release, wait := gather(t, b, h, scope, 2,
+		func() { _, errs[0] = b.Admit(ctx, admitReq(scope, "p1", s1)) },
+		func() { _, errs[1] = b.Admit(ctx, admitReq(scope, "p2", s2, s1)) },
+	)
+	release()
+	wait()
+	return b, h, s1, s2, errs
+}
+
 // TestBatchConfIndexRefused: a batch whose CONF argument lacks the
 // SRC_CONF blocks its ops name (their cmap's numbers out of its range)
 // answers each op with a bounded error naming the number, and grants
@@ -177,16 +194,7 @@ func TestConfMissingSourceRefused(t *testing.T) {
 func TestBatchConfIndexRefused(t *testing.T) {
 	ctx := testCtx(t)
 	const scope = "batch-conf"
-	b, h, c := batchFixture(t, redisgate.Options{}, scope)
-	c.AddHook(&confHook{fn: "_batch"})
-	s1, s2 := gatetest.Src("s1"), gatetest.Src("s2")
-	var errs [2]error
-	release, wait := gather(t, b, h, scope, 2,
-		func() { _, errs[0] = b.Admit(ctx, admitReq(scope, "p1", s1)) },
-		func() { _, errs[1] = b.Admit(ctx, admitReq(scope, "p2", s2, s1)) },
-	)
-	release()
-	wait()
+	b, h, s1, s2, errs := twoAdmitsInABatch(t, scope, &confHook{fn: "_batch"})
 	for i, err := range errs {
 		// (s1's is the batch's first, s2's, admit 2's first candidate, its second)
 		if want := fmt.Sprintf("an op names source configuration %d of 0", i+1); err == nil || !strings.Contains(err.Error(), want) {
@@ -315,22 +323,13 @@ func TestConfSettleMissingSourceRefused(t *testing.T) {
 	}
 }
 
-// TestBatchConfHeadShortRefused (review rl6r): a batch whose CONF argument
+// TestBatchConfHeadShortRefused: a batch whose CONF argument
 // is shorter than its head (CONF_H) fails as a whole, as a batch whose head
 // is broken: every op answers an error, none is granted, none hangs.
 func TestBatchConfHeadShortRefused(t *testing.T) {
 	ctx := testCtx(t)
 	const scope = "batch-conf-h"
-	b, h, c := batchFixture(t, redisgate.Options{}, scope)
-	c.AddHook(&confHook{fn: "_batch", keep: -3})
-	s1, s2 := gatetest.Src("s1"), gatetest.Src("s2")
-	var errs [2]error
-	release, wait := gather(t, b, h, scope, 2,
-		func() { _, errs[0] = b.Admit(ctx, admitReq(scope, "p1", s1)) },
-		func() { _, errs[1] = b.Admit(ctx, admitReq(scope, "p2", s2, s1)) },
-	)
-	release()
-	wait()
+	b, _, s1, s2, errs := twoAdmitsInABatch(t, scope, &confHook{fn: "_batch", keep: -3})
 	for i, err := range errs {
 		if err == nil || !strings.Contains(err.Error(), "too short") {
 			t.Errorf("admit %d: %v, want struct's error for the short CONF argument", i+1, err)
