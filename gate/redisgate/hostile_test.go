@@ -300,7 +300,7 @@ func TestCorruptStoredStateRefused(t *testing.T) {
 	}
 }
 
-// TestConfSettleMissingSourceRefused (review rl6r): a settle called alone
+// TestConfSettleMissingSourceRefused: a settle called alone
 // whose CONF argument lacks its source's SRC_CONF block is refused with a
 // bounded error before it reads the source's state: its slot stays held
 // and a failure that would open the breaker opens nothing.
