@@ -74,35 +74,8 @@ type Backend struct {
 	peeks  sync.Map
 	npeeks atomic.Int64
 	peekMu sync.Mutex
-	// confs are the scopes' CONF_H blocks (scopeConfBlock), by scope; nconfs
-	// counts them.
-	confs  sync.Map
-	nconfs atomic.Int64
 	names  sync.Map
 	nnames int
-}
-
-// maxScopeConfs bounds the scopes whose CONF_H block a Backend keeps;
-// another's is packed at each call. srcConfSize is about a SRC_CONF
-// block's size (a buffer's first capacity).
-const (
-	maxScopeConfs = 4096
-	srcConfSize   = 4 + 32 + 8*11
-)
-
-// scopeConfBlock is the scope's CONF_H block (confArgs), packed once: the same
-// for every call of the scope. Never written: calls copy it.
-func (b *Backend) scopeConfBlock(tag, scope string) []byte {
-	if v, ok := b.confs.Load(scope); ok {
-		return v.([]byte)
-	}
-	blk := confArgs.appendTo(nil, &scopeConf{b, tag, scope})
-	if b.nconfs.Load() < maxScopeConfs {
-		if _, had := b.confs.LoadOrStore(scope, blk); !had {
-			b.nconfs.Add(1)
-		}
-	}
-	return blk
 }
 
 var _ gate.Backend = (*Backend)(nil)
@@ -184,11 +157,13 @@ func appendKeys(keys []string, base string, suffixes []string) []string {
 // names are the names of a scope's calls, made once per scope (namesOf)
 // instead of per call (a Pick's keys are garbage once it is sent, and
 // 10 000 held calls' Picks make a heap that many GC cycles wide,
-// docs/performance.md): its tag, its channel, its own keys, and each
-// source's keys (source).
+// docs/performance.md): its tag, its channel, its own keys, its CONF_H
+// block (the same for every call of the scope; never written: calls copy
+// it), and each source's keys (source).
 type names struct {
 	tag, channel string
 	scope        []string // scopeKeys
+	conf         []byte   // confArgs
 	mu           sync.Mutex
 	srcs         map[string][]string // under mu
 }
@@ -205,6 +180,7 @@ func (b *Backend) namesOf(scope string) *names {
 	n := &names{tag: b.tag(scope), srcs: map[string][]string{}}
 	n.channel = n.tag + channelSuffix
 	n.scope = appendScopeKeys(nil, n.tag)
+	n.conf = confArgs.appendTo(nil, &scopeConf{b, n.tag, scope})
 	b.peekMu.Lock()
 	defer b.peekMu.Unlock()
 	if v, ok := b.names.Load(scope); ok {
@@ -361,7 +337,7 @@ func (b *Backend) admit(ctx context.Context, until time.Time, r *gate.AdmitReque
 	}
 	o.arg.start(o.headRoom(), 2*n+2, size) // ADMIT, the CANDs, WAITER, a PLACE per candidate
 	admitArgs.put(&o.arg, &pk.admit)
-	head := b.scopeConfBlock(sn.tag, req.Scope)
+	head := sn.conf
 	conf, ends := append(o.conf[:0], head...), append(o.confEnds[:0], len(head))
 	for i := range req.Candidates {
 		c := &req.Candidates[i]
@@ -424,7 +400,7 @@ func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 	o.arg.start(o.headRoom(), 2, settleArgs.size(&pk.settle)+handoffArgs.size(&pk.handoff)) // SETTLE, HANDOFF
 	settleArgs.put(&o.arg, &pk.settle)
 	handoffArgs.put(&o.arg, &pk.handoff)
-	head := b.scopeConfBlock(sn.tag, req.Scope)
+	head := sn.conf
 	o.conf = srcConfArgs.appendTo(append(o.conf[:0], head...), req.Source)
 	o.confEnds = append(o.confEnds[:0], len(head), len(o.conf))
 	v, err := b.do(ctx, b.until(), sn.tag, o)
