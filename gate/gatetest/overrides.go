@@ -1,6 +1,8 @@
 package gatetest
 
 import (
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -8,6 +10,40 @@ import (
 )
 
 func runOverrides(t *testing.T, factory Factory) {
+	// An override's actor and why are at most gate.MaxText bytes each: a
+	// longer one is refused before anything is stored (a backend that
+	// stored it would read it back as corrupt), an unknown action too; the
+	// longest allowed is kept whole.
+	t.Run("OverrideTextBounded", func(t *testing.T) {
+		e := newEnv(t, factory)
+		src := Src("a")
+		long := strings.Repeat("x", gate.MaxText+1)
+		for _, req := range []gate.OverrideRequest{
+			{Action: gate.ActionForceOpen, Actor: long, Why: "w"},
+			{Action: gate.ActionForceOpen, Actor: "a", Why: long},
+			{Action: gate.Action(99), Actor: "a", Why: "w"},
+		} {
+			req.Scope, req.Source = e.scope, src
+			if _, err := e.b.Override(e.ctx, req); err == nil || strings.Contains(err.Error(), long) {
+				t.Fatalf("Override(action %v, actor %d bytes, why %d bytes): %v, want an error without the text", req.Action, len(req.Actor), len(req.Why), err)
+			} else if req.Action == gate.Action(99) && !errors.Is(err, gate.ErrUnknownAction) {
+				t.Fatalf("unknown action: %v, want gate.ErrUnknownAction", err)
+			}
+		}
+		if v := e.view(src).Breaker; v.Override != gate.NoOverride {
+			t.Fatalf("a refused override was stored: %+v", v)
+		}
+		e.grant(src)
+		longest := long[1:]
+		r, err := e.b.Override(e.ctx, gate.OverrideRequest{Scope: e.scope, Source: src, Action: gate.ActionForceOpen, Actor: longest, Why: longest})
+		if err != nil || r.View.Breaker.Actor != longest || r.View.Breaker.Why != longest {
+			t.Fatalf("an override of %d-byte texts: %v, view actor %d why %d bytes", gate.MaxText, err, len(r.View.Breaker.Actor), len(r.View.Breaker.Why))
+		}
+		if v := e.view(src).Breaker; v.Why != longest {
+			t.Fatalf("read back: why of %d bytes, want %d", len(v.Why), gate.MaxText)
+		}
+	})
+
 	t.Run("ForceOpenPersistsUntilCleared", func(t *testing.T) {
 		e := newEnv(t, factory)
 		src := Src("a")

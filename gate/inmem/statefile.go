@@ -20,7 +20,6 @@ const StateVersion = 1
 const (
 	maxStateBytes = 64 << 20
 	maxNameLen    = 256
-	maxTextLen    = 1024
 	maxTokens     = int64(1) << 40 // of one source's minute, and calls of one bucket: sums cannot wrap
 	maxReopens    = 1 << 20
 )
@@ -142,8 +141,8 @@ func decodeSource(in sourceState, now int64) (*gate.SourceState, error) {
 		return nil, errors.New("breaker times must be at least 0")
 	case len(b.Buckets) > gate.WindowBuckets:
 		return nil, fmt.Errorf("breaker.buckets: %d buckets, at most %d", len(b.Buckets), gate.WindowBuckets)
-	case len(b.Actor) > maxTextLen || len(b.Reason) > maxTextLen:
-		return nil, fmt.Errorf("breaker.actor and breaker.reason: at most %d bytes", maxTextLen)
+	case len(b.Actor) > gate.MaxText || len(b.Reason) > gate.MaxText:
+		return nil, fmt.Errorf("breaker.actor and breaker.reason: at most %d bytes", gate.MaxText)
 	}
 	st.Breaker.Epoch, st.Breaker.Reopens = b.Epoch, b.Reopens
 	st.Breaker.OpenedAt, st.Breaker.OpenUntil = b.OpenedAtMs, b.OpenUntilMs

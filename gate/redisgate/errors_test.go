@@ -3,6 +3,7 @@ package redisgate_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -12,6 +13,25 @@ import (
 	"github.com/polygate/polygate/gate/redisgate"
 	"github.com/polygate/polygate/internal/redistest"
 )
+
+// TestLongPermitIDRefused: a permit id longer than gate.MaxText is refused
+// before anything is stored (stored as the breaker's probe, it would be
+// read back as a corrupt record), naming its length, not its bytes; the
+// longest allowed is granted.
+func TestLongPermitIDRefused(t *testing.T) {
+	ctx := testCtx(t)
+	b := newBackend(t, redistest.Start(t).Client(t), redisgate.Options{})
+	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 1 })
+	long := strings.Repeat("p", gate.MaxText+1)
+	_, err := b.Admit(ctx, gate.AdmitRequest{Scope: "k", PermitID: long, Candidates: []gate.Candidate{{Source: src, Ceiling: 1}}})
+	if err == nil || strings.Contains(err.Error(), long) || !strings.Contains(err.Error(), "1025 bytes") {
+		t.Fatalf("a permit id of %d bytes: %v, want an error naming its length", len(long), err)
+	}
+	a, err := b.Admit(ctx, gate.AdmitRequest{Scope: "k", PermitID: long[1:], Candidates: []gate.Candidate{{Source: src, Ceiling: 1}}})
+	if err != nil || !a.Granted {
+		t.Fatalf("a permit id of %d bytes after a refused one (whose slot must be free): %+v, %v", gate.MaxText, a, err)
+	}
+}
 
 func TestNewRejectsABraceInThePrefix(t *testing.T) {
 	c := redistest.Start(t).Client(t)

@@ -482,23 +482,23 @@ var stateRecord = record{id: "BREC", field: "b", fields: recFields(storedBreaker
 // show a breaker carry its record and its window, and Go makes the view
 // from them with gate.(*Breaker).View (breakerAt): no Lua twin of View.
 var storedBreaker = packedReply("BREC", []ret[gate.Breaker]{
-	inRange("state", 0, int64(gate.HalfOpen), func(b *gate.Breaker, v int64) { b.State = gate.State(v) }),
+	inRange("BREC", "state", 0, int64(gate.HalfOpen), func(b *gate.Breaker, v int64) { b.State = gate.State(v) }),
 	{"epoch", getUint(func(b *gate.Breaker, v uint64) { b.Epoch = v })},
-	inRange("reopens", 0, math.MaxInt, func(b *gate.Breaker, v int64) { b.Reopens = int(v) }),
+	inRange("BREC", "reopens", 0, math.MaxInt, func(b *gate.Breaker, v int64) { b.Reopens = int(v) }),
 	{"opened_at", getInt(func(b *gate.Breaker, v int64) { b.OpenedAt = v })},
 	{"open_until", getInt(func(b *gate.Breaker, v int64) { b.OpenUntil = v })},
 	{"probe_until", getInt(func(b *gate.Breaker, v int64) { b.ProbeUntil = v })},
-	inRange("consecutive", 0, math.MaxInt, func(b *gate.Breaker, v int64) { b.Consecutive = int(v) }),
+	inRange("BREC", "consecutive", 0, math.MaxInt, func(b *gate.Breaker, v int64) { b.Consecutive = int(v) }),
 	{"width", getInt(func(b *gate.Breaker, v int64) { b.Width = v })},
-	inRange("override", 0, int64(gate.Disabled), func(b *gate.Breaker, v int64) { b.Override = gate.Override(v) }),
+	inRange("BREC", "override", 0, int64(gate.Disabled), func(b *gate.Breaker, v int64) { b.Override = gate.Override(v) }),
 	{"override_at", getInt(func(b *gate.Breaker, v int64) { b.OverrideAt = v })},
-	inRange("open_cause", 0, int64(gate.OpenCauseForced), func(b *gate.Breaker, v int64) { b.Cause = gate.OpenCause(v) }),
+	inRange("BREC", "open_cause", 0, int64(gate.OpenCauseForced), func(b *gate.Breaker, v int64) { b.Cause = gate.OpenCause(v) }),
 	{"held", aside[gate.Breaker]()},
 	{"lease_min", aside[gate.Breaker]()},
 	{"expire_at", aside[gate.Breaker]()},
-	{"probe", getStr(func(b *gate.Breaker, v string) { b.Probe = v })},
-	{"actor", getStr(func(b *gate.Breaker, v string) { b.Actor = v })},
-	{"why", getStr(func(b *gate.Breaker, v string) { b.Why = v })},
+	text("BREC", "probe", func(b *gate.Breaker, v string) { b.Probe = v }),
+	text("BREC", "actor", func(b *gate.Breaker, v string) { b.Actor = v }),
+	text("BREC", "why", func(b *gate.Breaker, v string) { b.Why = v }),
 })
 
 // windowRecord is the breaker's failure-rate window (gate.Breaker.Buckets),
@@ -511,16 +511,31 @@ var storedWindow = packedReply("WIN", []ret[gate.Bucket]{
 	{"fails", getInt(func(b *gate.Bucket, v int64) { b.Fails = v })},
 })
 
-// inRange is a number field of the stored breaker (storedBreaker) that
-// must lie in [lo, hi]; one outside fails p, naming the field.
-func inRange(name string, lo, hi int64, set func(*gate.Breaker, int64)) ret[gate.Breaker] {
-	return ret[gate.Breaker]{name, number(func(p *parser, x int64, b *gate.Breaker) {
+// inRange is a number field of record id that must lie in [lo, hi]; one
+// outside fails p, naming the field (a conversion alone would wrap an enum
+// of 257 into 1).
+func inRange[T any](id, name string, lo, hi int64, set func(*T, int64)) ret[T] {
+	return ret[T]{name, number(func(p *parser, x int64, t *T) {
 		if p.err == nil && (x < lo || x > hi) {
-			p.fail("BREC.%s: %d, want %d to %d", name, x, lo, hi)
+			p.fail("%s.%s: %d, want %d to %d", id, name, x, lo, hi)
 			return
 		}
-		set(b, x)
+		set(t, x)
 	})}
+}
+
+// text is a string field of record id of at most gate.MaxText bytes (an id
+// or an operator's text, which the backend refuses longer when written);
+// a longer one fails p, naming the field and its length, not its bytes.
+func text[T any](id, name string, set func(*T, string)) ret[T] {
+	return ret[T]{name, getter[T]{read: func(p *parser, v any, t *T) {
+		s := p.str(v)
+		if p.err == nil && len(s) > gate.MaxText {
+			p.fail("%s.%s: %d bytes, at most %d", id, name, len(s), gate.MaxText)
+			return
+		}
+		set(t, s)
+	}, str: true}}
 }
 
 // aside is a number field of a stored record that its reader skips.
@@ -953,17 +968,17 @@ type indexed[T any] struct {
 // eventReply is a gate.Event with the source as an index.
 var eventReply = packedReply("EV", []ret[indexed[gate.Event]]{
 	{"src", getInt(func(e *indexed[gate.Event], v int64) { e.src = v })},
-	{"kind", getInt(func(e *indexed[gate.Event], v int64) { e.v.Kind = gate.EventKind(v) })},
-	{"from", getInt(func(e *indexed[gate.Event], v int64) { e.v.From = gate.State(v) })},
-	{"to", getInt(func(e *indexed[gate.Event], v int64) { e.v.To = gate.State(v) })},
-	{"cause", getInt(func(e *indexed[gate.Event], v int64) { e.v.Cause = gate.Cause(v) })},
+	inRange("EV", "kind", int64(gate.EventTransition), int64(gate.EventOverride), func(e *indexed[gate.Event], v int64) { e.v.Kind = gate.EventKind(v) }),
+	inRange("EV", "from", 0, int64(gate.HalfOpen), func(e *indexed[gate.Event], v int64) { e.v.From = gate.State(v) }),
+	inRange("EV", "to", 0, int64(gate.HalfOpen), func(e *indexed[gate.Event], v int64) { e.v.To = gate.State(v) }),
+	inRange("EV", "cause", 0, int64(gate.CauseReset), func(e *indexed[gate.Event], v int64) { e.v.Cause = gate.Cause(v) }),
 	{"epoch", getUint(func(e *indexed[gate.Event], v uint64) { e.v.Epoch = v })},
-	{"reopens", getInt(func(e *indexed[gate.Event], v int64) { e.v.Reopens = int(v) })},
-	{"cooldown", getInt(func(e *indexed[gate.Event], v int64) { e.v.Cooldown = ms(v) })},
-	{"permit", getStr(func(e *indexed[gate.Event], v string) { e.v.PermitID = v })},
-	{"override", getInt(func(e *indexed[gate.Event], v int64) { e.v.Override = gate.Override(v) })},
-	{"actor", getStr(func(e *indexed[gate.Event], v string) { e.v.Actor = v })},
-	{"why", getStr(func(e *indexed[gate.Event], v string) { e.v.Why = v })},
+	inRange("EV", "reopens", 0, math.MaxInt, func(e *indexed[gate.Event], v int64) { e.v.Reopens = int(v) }),
+	{"cooldown", number(func(p *parser, v int64, e *indexed[gate.Event]) { e.v.Cooldown = ms(int64(p.nonNegative(v))) })},
+	text("EV", "permit", func(e *indexed[gate.Event], v string) { e.v.PermitID = v }),
+	inRange("EV", "override", 0, int64(gate.Disabled), func(e *indexed[gate.Event], v int64) { e.v.Override = gate.Override(v) }),
+	text("EV", "actor", func(e *indexed[gate.Event], v string) { e.v.Actor = v }),
+	text("EV", "why", func(e *indexed[gate.Event], v string) { e.v.Why = v }),
 })
 
 // rejection is a gate.Rejection with the source as an index; a verdict

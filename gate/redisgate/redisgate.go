@@ -254,6 +254,9 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 			return gate.Admission{}, fmt.Errorf("redisgate: %s: candidate %d has no source", op, i)
 		}
 	}
+	if len(req.PermitID) > gate.MaxText {
+		return gate.Admission{}, fmt.Errorf("redisgate: %s: a permit id of %d bytes, at most %d", op, len(req.PermitID), gate.MaxText)
+	}
 	until := b.until()
 	v, err := b.admit(ctx, until, &req)
 	if unmarkedErr(err) {
@@ -542,8 +545,8 @@ func (b *Backend) Override(ctx context.Context, req gate.OverrideRequest) (gate.
 	if req.Source == nil {
 		return gate.OverrideResult{}, fmt.Errorf("redisgate: %s: no source", op)
 	}
-	if req.Action < gate.ActionForceOpen || req.Action > gate.ActionReset {
-		return gate.OverrideResult{}, fmt.Errorf("%w: %d", gate.ErrUnknownAction, req.Action)
+	if err := gate.CheckOverride(req.Action, req.Actor, req.Why); err != nil {
+		return gate.OverrideResult{}, err
 	}
 	tag := b.tag(req.Scope)
 	keys := appendSourceKeys(make([]string, 0, len(sourceKeys.suffixes)), tag, req.Source.Name)

@@ -96,12 +96,79 @@ func FuzzReplyParser(f *testing.F) {
 			t.Fatalf("epoch %d read from a signed integer", bv.Epoch)
 		}
 		for _, e := range evs {
-			if e.Source != "s" {
-				t.Fatalf("event of source %q", e.Source)
+			if e.Source != "s" || !eventInRange(e) {
+				t.Fatalf("event read outside its ranges: %+v", e)
+			}
+		}
+		for _, e := range sevs {
+			if ps.err == nil && !eventInRange(e) {
+				t.Fatalf("settle event read outside its ranges: %+v", e)
 			}
 		}
 		_ = qv
 	})
+}
+
+// eventInRange: every enum of e is one gate names, its counts and cooldown
+// are not negative, and its texts are at most gate.MaxText bytes.
+func eventInRange(e gate.Event) bool {
+	return e.Kind >= gate.EventTransition && e.Kind <= gate.EventOverride &&
+		e.From <= gate.HalfOpen && e.To <= gate.HalfOpen && e.Cause <= gate.CauseReset &&
+		e.Override <= gate.Disabled && e.Reopens >= 0 && e.Cooldown >= 0 &&
+		len(e.PermitID) <= gate.MaxText && len(e.Actor) <= gate.MaxText && len(e.Why) <= gate.MaxText
+}
+
+// TestEventsAndBreakersOutOfRange: an event's enums (kind, states, cause,
+// override) out of what gate names, a negative count or cooldown, and an
+// id or operator text longer than gate.MaxText — in an event or in a
+// stored breaker — are refused naming the record and the field (and a
+// text's length, not its bytes), not converted into another value or
+// echoed into logs whole; the longest allowed text is read.
+func TestEventsAndBreakersOutOfRange(t *testing.T) {
+	long, longest := strings.Repeat("x", gate.MaxText+1), strings.Repeat("x", gate.MaxText)
+	// event is an EV record: src, kind, from, to, cause, epoch, reopens,
+	// cooldown, permit, override, actor, why.
+	event := func(kind, from, to, cause, reopens, cooldown int, permit string, override int, actor, why string) string {
+		return packRecord(1, kind, from, to, cause, 7, reopens, cooldown, permit, override, actor, why)
+	}
+	settle := func(ev, brec string) []any {
+		return []any{packRecord(1, 1, ev, 100, 200, ""), brec, windowRec(1, 5, 1)}
+	}
+	good := breakerRec(2, 9, 1000, longest, longest, longest)
+	p := &parser{op: "settle"}
+	r := settleReply.parse(p, settle(event(int(gate.EventOverride), 2, 2, int(gate.CauseReset), 0, 0, longest, int(gate.Disabled), longest, longest), good))
+	bv := breakerAt(p, r.breaker, r.window, gate.BreakerPolicy{Window: 10 * time.Second}, 1500)
+	if evs := p.events(r.evs, p.single("s")); p.err != nil || len(evs) != 1 || !eventInRange(evs[0]) || len(bv.Why) != gate.MaxText {
+		t.Fatalf("the largest allowed values: %+v, %v", evs, p.err)
+	}
+	for _, c := range []struct {
+		name     string
+		ev, brec string
+		want     string
+	}{
+		{"kind none", event(0, 0, 1, 1, 0, 0, "", 0, "", ""), good, "EV.kind: 0, want 1 to 6"},
+		{"kind 257", event(257, 0, 1, 1, 0, 0, "", 0, "", ""), good, "EV.kind: 257, want 1 to 6"},
+		{"from", event(1, 3, 1, 1, 0, 0, "", 0, "", ""), good, "EV.from: 3, want 0 to 2"},
+		{"to", event(1, 0, -1, 1, 0, 0, "", 0, "", ""), good, "EV.to: -1, want 0 to 2"},
+		{"cause", event(1, 0, 1, 8, 0, 0, "", 0, "", ""), good, "EV.cause: 8, want 0 to 7"},
+		{"reopens", event(1, 0, 1, 1, -1, 0, "", 0, "", ""), good, "EV.reopens: -1, want 0 to"},
+		{"cooldown", event(1, 0, 1, 1, 0, -1, "", 0, "", ""), good, "want a non-negative integer, got -1"},
+		{"override", event(6, 0, 0, 0, 0, 0, "", 4, "", ""), good, "EV.override: 4, want 0 to 3"},
+		{"permit", event(2, 2, 2, 0, 0, 0, long, 0, "", ""), good, "EV.permit: 1025 bytes, at most 1024"},
+		{"actor", event(6, 0, 0, 0, 0, 0, "", 1, long, ""), good, "EV.actor: 1025 bytes, at most 1024"},
+		{"why", event(6, 0, 0, 0, 0, 0, "", 1, "", long), good, "EV.why: 1025 bytes, at most 1024"},
+		{"stored probe", "", breakerRec(2, 9, 1000, long, "", ""), "BREC.probe: 1025 bytes, at most 1024"},
+		{"stored actor", "", breakerRec(2, 9, 1000, "", long, ""), "BREC.actor: 1025 bytes, at most 1024"},
+		{"stored why", "", breakerRec(2, 9, 1000, "", "", long), "BREC.why: 1025 bytes, at most 1024"},
+	} {
+		p := &parser{op: "settle"}
+		r := settleReply.parse(p, settle(c.ev, c.brec))
+		breakerAt(p, r.breaker, r.window, gate.BreakerPolicy{Window: 10 * time.Second}, 1500)
+		p.events(r.evs, p.single("s"))
+		if p.err == nil || !strings.Contains(p.err.Error(), c.want) || strings.Contains(p.err.Error(), long) {
+			t.Errorf("%s: error %v, want one with %q (and not the text)", c.name, p.err, c.want)
+		}
+	}
 }
 
 // packRecord packs values as lib.lua's L.pack does for a packed record:
