@@ -8,6 +8,12 @@
 --                                               defined there (lprof)
 --   lua5.1 driver.lua LIB CALLS count           calls per function (line)
 --   lua5.1 driver.lua LIB CALLS 0|1 [incl] cal  the hook's calibration
+--   lua5.1 driver.lua LIB CALLS ops             per function (line): calls,
+--                                               bytecodes executed while it
+--                                               is the innermost Lua frame,
+--                                               and the C functions it calls
+--                                               (struct, string.sub, ...):
+--                                               one run, no valgrind
 --
 -- LUA_CPATH must find struct.so (Redis's deps/lua/src/lua_struct.c built
 -- as a module), cjson (lua-cjson) and lprof.so (lprof.c).
@@ -136,6 +142,31 @@ if TARGET == "count" then
     local i = debug.getinfo(2, "S")
     if i.source == "=polygate" then counts[i.linedefined] = (counts[i.linedefined] or 0) + 1 end
   end, "c")
+elseif TARGET == "ops" then
+  -- ops[line] = {calls, bytecodes, C calls}; the emulator's own work (a
+  -- function of this file) counts nowhere.
+  local ops, getinfo = {}, debug.getinfo
+  local function at(level)
+    local i = getinfo(level, "S")
+    if not i or i.source ~= "=polygate" then return nil end
+    local o = ops[i.linedefined]
+    if not o then o = { 0, 0, 0 }; ops[i.linedefined] = o end
+    return o
+  end
+  debug.sethook(function(ev)
+    -- (levels as at sees them: 1 at, 2 this hook, 3 the running function)
+    if ev == "count" then
+      local o = at(3)
+      if o then o[2] = o[2] + 1 end
+    elseif getinfo(2, "S").what == "C" then
+      local o = at(4)
+      if o then o[3] = o[3] + 1 end
+    else
+      local o = at(3)
+      if o then o[1] = o[1] + 1 end
+    end
+  end, "c", 1)
+  COUNT_OPS = ops
 elseif lprof then
   lprof.start("=polygate", tonumber(TARGET), INCL, debug.getinfo(rcall, "S").linedefined)
 end
@@ -151,6 +182,9 @@ end
 if TARGET == "count" then
   debug.sethook()
   for l, n in pairs(counts) do print("COUNT", l, n) end
+elseif TARGET == "ops" then
+  debug.sethook()
+  for l, o in pairs(COUNT_OPS) do print("OPS", l, o[1], o[2], o[3]) end
 elseif lprof then
   print("PROF", lprof.stop())
 end
