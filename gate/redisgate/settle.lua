@@ -25,22 +25,49 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
   local q = map and bsrc[string.byte(map, 1)].q or op_src(keys, nil, 1)
   local pc = cmap and CONF_SRC[string.byte(cmap, 1)] or op_conf(cmap, 1)
 
-  local b = b_load(q.state, true, a.permit)
-  local released = q_release(q, b, a.permit, a.actual, now)
-  -- A give-back without a verdict (lostAdmit: an Admit whose reply was
-  -- lost, so neither its probe flag nor its epoch is known) of the permit
-  -- that holds the breaker's probe is that probe's outcome, and ends its
-  -- lease: permit ids are unique, so the permit names the probe's round as
-  -- surely as its epoch would. Otherwise the probe stays held by nobody
-  -- until its TTL ends, and the source refuses everyone meanwhile.
-  if not a.probe and a.verdict == V_NONE and b.state == HALF_OPEN and b.probe == a.permit then
-    a.probe, a.epoch = true, b.epoch
-  end
-  local effect, evs
-  if released or a.probe then
-    effect, evs = b_settle(b, pc, a, now)
+  -- The walk's early exit for the common op of a batch (docs/performance.md,
+  -- seventh session): a success, not a probe's, of this epoch, whose permit
+  -- holds its lease (not in a minute's log, or no actual tokens to set),
+  -- its state hash cached with that lease and the window (b_first read
+  -- them), its breaker CLOSED without an override and no lease ended to
+  -- sweep. It releases and records as the walk would, with the walk's
+  -- steps for this case in their order (b_load's b_cached, q_release,
+  -- h_del, b_settle) but not their calls, and goes on with the write-back
+  -- and the reply; anything else walks, nothing changed.
+  local hc = map and CALL.h[q.state]
+  local field = hc and LEASE .. a.permit
+  local lease = hc and hc.f[field]
+  local b = hc and hc.b
+  local released, effect, evs
+  if lease and b.win and a.verdict == V_SUCCESS and not a.probe and a.epoch == b.epoch and b.state == CLOSED
+    and b.override == NO_OVERRIDE and (a.actual < 0 or #lease <= 8) and not (b.held > 0 and now >= b.lease_min) then
+    b.lease_of, b.lease_f, b.lease_v = lease, false, false
+    hc.f[field], hc.dirty[field] = false, true
+    if b.held > 0 then
+      b.held = b.held - 1
+    end
+    b_record(b, pc, now, false)
+    if b.consecutive ~= 0 then
+      b.consecutive, b.bdirty = 0, true
+    end
+    released, effect, evs = true, F_APPLIED, NO_EVENTS
   else
-    effect, evs = b_stale(b, a)
+    b = b_load(q.state, true, a.permit)
+    released = q_release(q, b, a.permit, a.actual, now)
+    -- A give-back without a verdict (lostAdmit: an Admit whose reply was
+    -- lost, so neither its probe flag nor its epoch is known) of the permit
+    -- that holds the breaker's probe is that probe's outcome, and ends its
+    -- lease: permit ids are unique, so the permit names the probe's round as
+    -- surely as its epoch would. Otherwise the probe stays held by nobody
+    -- until its TTL ends, and the source refuses everyone meanwhile.
+    if not a.probe and a.verdict == V_NONE and b.state == HALF_OPEN and b.probe == a.permit then
+      a.probe, a.epoch = true, b.epoch
+    end
+    if released or a.probe then
+      effect, evs = b_settle(b, pc, a, now)
+    else
+      effect, evs = b_stale(b, a)
+    end
   end
   b_save(b, sc.idle_ttl, now)
   local events = ''
