@@ -21,6 +21,13 @@
 -- progress, in one MGET when neither was read yet (in a batch: kept in
 -- CALL.got, as get and get_ms keep them).
 local function scope_read(s, marker)
+  local got = CALL and CALL.got
+  if got then -- both read (by an op before): as get and get_ms answer
+    local m, progress = got[s.marker], got[s.progress]
+    if type(progress) == 'number' and (not marker or m ~= nil) then
+      return marker and m, progress
+    end
+  end
   if not marker or (CALL and (CALL.got[s.marker] ~= nil or CALL.got[s.progress] ~= nil)) then
     return marker and get(s.marker), get_ms(s.progress)
   end

@@ -448,7 +448,12 @@ local function b_save(b, idle_ttl, now)
     if ttl ~= 0 then
       c.ttl, c.idle_ttl = ttl, idle_ttl
     end
-    b_keep(c)
+    if b.bdirty then
+      b_keep(c)
+    else -- (b_keep's other branch, without its call: most saves)
+      BREC.copy_aside(b, c.saved)
+      c.saved_win, c.saved_wold = b.win, b.wold
+    end
     return
   end
   local set = {}
@@ -594,8 +599,13 @@ local function b_reset_round(b)
 end
 
 -- twin: gate.bucketWidth
+-- p keeps it for its window (p.wid for p.wwin): a batch's SRC_CONF is
+-- one table for all its ops, a lone call's is refilled per source.
 local function bucket_width(p)
-  return gmax(idiv(p.window, BUCKETS), 1)
+  if p.wwin ~= p.window then
+    p.wwin, p.wid = p.window, gmax(idiv(p.window, BUCKETS), 1)
+  end
+  return p.wid
 end
 
 -- twin: gate.(*Breaker).record
