@@ -86,7 +86,15 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
     return redis.error_reply('UNMARKED the scope\'s marker changed: re-assert, then admit again')
   end
   local now = map and h.now == 0 and CALL.now or now_ms(h.now)
-  local wpos = op_block(args, p0, h.n + 2)
+  -- WAITER's position (wpos), and with one candidate its PLACE's (ppos) in
+  -- the same read, for the early exit (op_check counted them).
+  local wpos, ppos
+  if h.n == 1 then
+    wpos, ppos = S_UNPACK('<I4I4', args, p0 + 8)
+    wpos, ppos = p0 + wpos, p0 + ppos
+  else
+    wpos = op_block(args, p0, h.n + 2)
+  end
   local waits = WAITER.on_at(args, wpos)
   -- The walk's early exit for the common op of a batch (docs/performance.md,
   -- seventh session): one candidate, its state hash cached with the
@@ -106,7 +114,7 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
       and not (b.held > 0 and now >= b.lease_min) then
       local ceiling, held = S_UNPACK(CAND.FMT, args, cpos), b.held
       if held < c.max_concurrency and (ceiling >= c.max_concurrency or held < ceiling)
-        and not (waits and (place_at(args, p0, 1, 1) ~= '' or not l_empty(bs.l))) then
+        and not (waits and (S_UNPACK(PLACE.FMT, args, ppos) ~= '' or not l_empty(bs.l))) then
         local e = now + c.lease
         b.lease_of, b.lease_f, b.lease_v = lease or true, field, S_PACK('<d', e)
         if not lease then

@@ -22,7 +22,8 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
   a.probe = a.probe == 1
   local now = map and a.now == 0 and CALL.now or now_ms(a.now)
   local s = map and CALL.scope or op_scope(keys, map)
-  local q = map and bsrc[string.byte(map, 1)].q or op_src(keys, nil, 1)
+  local bs = map and bsrc[string.byte(map, 1)]
+  local q = bs and bs.q or op_src(keys, nil, 1)
   local pc = cmap and CONF_SRC[string.byte(cmap, 1)] or op_conf(cmap, 1)
 
   -- The walk's early exit for the common op of a batch (docs/performance.md,
@@ -87,7 +88,7 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
   if released then
     rel = 1
     if HANDOFF.on_at(args, hb) then
-      local k = map and bsrc[string.byte(map, 1)].l or op_line(keys, nil, 1, 1)
+      local k = bs and bs.l or op_line(keys, nil, 1, 1)
       if not l_empty(k) then -- (l_handoff's first test, before its block is read)
         handoff = l_handoff(k, HANDOFF.read_at(args, hb), now)
       end
