@@ -2,8 +2,12 @@ package redisgate_test
 
 import (
 	"fmt"
+	"math/rand"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/polygate/polygate/gate"
 	"github.com/polygate/polygate/gate/gatetest"
@@ -37,5 +41,163 @@ func TestBatchAdmitExitRaisesAsTheWalk(t *testing.T) {
 	v, err := b.Peek(ctx, gate.PeekRequest{Scope: scope, Sources: []*gate.Source{s1, s2}})
 	if err != nil || v.Sources[0].Quota.InFlight != 0 || v.Sources[1].Quota.InFlight != 0 {
 		t.Fatalf("after the refused batch: %+v %v, want no lease", v, err)
+	}
+}
+
+// TestEarlyExitsRandomAtTheirEdges: random runs of one source's admits
+// (one candidate, ids from a small pool: re-admits of a held permit,
+// ceilings around the held count) and settles (mostly successes of the
+// epoch, some failures, stale epochs, probe flags, actual tokens) whose
+// times step by halves of the lease (leases ending exactly at an op, the
+// window's bucket moving on) under two configurations that alternate at
+// random (a reload within a batch: limit, lease, window width, a minute's
+// limit set or not) answer and store the same in one batch, where the
+// early exits run, as one at a time. LUA7R_SEEDS=n runs n seeds.
+func TestEarlyExitsRandomAtTheirEdges(t *testing.T) {
+	ctx := testCtx(t)
+	clock := gatetest.NewClock()
+	b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "warm")
+	seeds := 30
+	if testing.Short() {
+		seeds = 8
+	}
+	if n, err := strconv.Atoi(os.Getenv("LUA7R_SEEDS")); err == nil {
+		seeds = n
+	}
+	for seed := 1; seed <= seeds; seed++ {
+		rng := rand.New(rand.NewSource(int64(seed)))
+		lease := time.Duration(1+rng.Intn(2)) * time.Second
+		mk := func() *gate.Source {
+			mc := 1 + rng.Intn(3)
+			win := []time.Duration{10 * time.Second, 20 * time.Second, 5 * time.Second}[rng.Intn(3)]
+			rpm := []int64{0, 0, 1000}[rng.Intn(3)]
+			l := lease
+			if rng.Intn(3) == 0 {
+				l = 2 * lease
+			}
+			return gatetest.Src("s", func(s *gate.Source) {
+				s.Limits = gate.Limits{MaxConcurrency: mc, Lease: l, RPM: rpm}
+				s.Breaker.FailThreshold, s.Breaker.MinCalls, s.Breaker.FailRate = 2+rng.Intn(2), 2, 0.5
+				s.Breaker.Window, s.Breaker.Cooldown, s.Breaker.MaxCooldown = win, time.Second, 4*time.Second
+			})
+		}
+		confs := []*gate.Source{mk(), mk()}
+		nOps := 4 + rng.Intn(9)
+		type opT struct {
+			admit   bool
+			id      string
+			ceiling int
+			conf    int
+			step    time.Duration
+			verdict gate.Verdict
+			actual  int64
+			epoch   int // 0 the permit's, 1 another, 2 a probe's claim
+		}
+		ids := []string{"a", "b", "c", "d", "h0", "h1"}
+		ops := make([]opT, nOps)
+		for i := range ops {
+			o := opT{admit: rng.Intn(2) == 0, id: ids[rng.Intn(len(ids))], conf: rng.Intn(2), actual: -1}
+			if rng.Intn(3) == 0 {
+				o.step = time.Duration(rng.Intn(3)) * lease / 2
+			}
+			if rng.Intn(3) == 0 {
+				o.ceiling = 1 + rng.Intn(3)
+			}
+			o.verdict = gate.VerdictSuccess
+			switch rng.Intn(8) {
+			case 0:
+				o.verdict = gate.VerdictFailure
+			case 1:
+				o.verdict = gate.VerdictNone
+			}
+			if rng.Intn(5) == 0 {
+				o.actual = int64(rng.Intn(20))
+			}
+			if rng.Intn(8) == 0 {
+				o.epoch = 1 + rng.Intn(2)
+			}
+			ops[i] = o
+		}
+		nHeld := rng.Intn(3)
+		fails := rng.Intn(2)
+		start := clock.Now()
+		used := make([]gate.Permit, len(ops))
+		run := func(scope string, batched bool, ps map[string]gate.Permit) []string {
+			clock.Set(start)
+			f := &fastRun{t: t, ctx: ctx, be: b, clock: clock, scope: scope, src: confs[0], ps: ps, keep: true}
+			warm := gatetest.Src("warm")
+			settle(t, ctx, b, scope, warm, admit(t, ctx, b, scope, "warm", warm).Permit, gate.VerdictSuccess)
+			for i := range nHeld {
+				f.admit(fmt.Sprint("h", i))
+			}
+			for i := range fails {
+				f.admit(fmt.Sprint("f", i))
+				f.settle(fmt.Sprint("f", i), gate.VerdictFailure)
+			}
+			f.keep = !batched
+			out := make([]string, len(ops))
+			fs := []func(){func() { _, _ = b.Settle(ctx, staleSettle(scope, confs[0])) }} // loads the hash
+			for i, o := range ops {
+				fs = append(fs, func() {
+					clock.Advance(o.step)
+					src := confs[o.conf]
+					if o.admit {
+						req := admitReq(scope, o.id, src)
+						if o.ceiling > 0 {
+							req.Candidates[0].Ceiling = o.ceiling
+						}
+						req.Tokens = 7
+						a, err := b.Admit(ctx, req)
+						a.ProgressAge = 0
+						if !batched && a.Granted {
+							ps[o.id] = a.Permit
+						}
+						out[i] = fmt.Sprintf("admit %s %+v %v", o.id, a, err)
+						return
+					}
+					// The permit settled: the sequential run's at this op, which
+					// the batched run reuses (its ops cannot see each other's).
+					if !batched {
+						p, ok := ps[o.id]
+						if !ok {
+							p = gate.Permit{ID: o.id}
+						}
+						switch o.epoch {
+						case 1:
+							p.Epoch++
+						case 2:
+							p.Probe = true
+						}
+						used[i] = p
+					}
+					req := settleReq(scope, src, used[i], o.verdict)
+					req.ActualTokens, req.Progress = o.actual, true
+					s, err := b.Settle(ctx, req)
+					s.ProgressAge = 0
+					out[i] = fmt.Sprintf("settle %s %+v %v", o.id, s, err)
+				})
+			}
+			runOps(t, b, h, scope, batched, fs)
+			return out
+		}
+		known := map[string]gate.Permit{}
+		seq := run(fmt.Sprint("seq-x", seed), false, known)
+		end := clock.Now()
+		bat := run(fmt.Sprint("bat-x", seed), true, known)
+		if clock.Now() != end {
+			t.Fatalf("seed %d: the runs' clocks differ", seed)
+		}
+		for i := range seq {
+			if seq[i] != bat[i] {
+				t.Errorf("seed %d op %d (%+v):\n batched    %s\n sequential %s", seed, i, ops[i], bat[i], seq[i])
+			}
+		}
+		got, want := storedScope(t, ctx, b, c, fmt.Sprint("bat-x", seed), []string{"s"}), storedScope(t, ctx, b, c, fmt.Sprint("seq-x", seed), []string{"s"})
+		for k, v := range want {
+			if got[k] != v {
+				t.Errorf("seed %d %s:\n batched       %s\n one at a time %s", seed, k, got[k], v)
+			}
+		}
+		clock.Advance(time.Hour)
 	}
 }
