@@ -51,7 +51,8 @@ func TestBatchAdmitExitRaisesAsTheWalk(t *testing.T) {
 // times step by halves of the lease (leases ending exactly at an op, the
 // window's bucket moving on) under two configurations that alternate at
 // random (a reload within a batch: limit, lease, window width, a minute's
-// limit set or not) answer and store the same in one batch, where the
+// limit set or not), waiters without a place and one in line with its
+// place, settles that hand off, answer and store the same in one batch, where the
 // early exits run, as one at a time. LUA7R_SEEDS=n runs n seeds.
 func TestEarlyExitsRandomAtTheirEdges(t *testing.T) {
 	ctx := testCtx(t)
@@ -92,6 +93,8 @@ func TestEarlyExitsRandomAtTheirEdges(t *testing.T) {
 			verdict gate.Verdict
 			actual  int64
 			epoch   int // 0 the permit's, 1 another, 2 a probe's claim
+			waiter  int // 0 none, 1 one without a place, 2 the one in line with its place
+			handoff bool
 		}
 		ids := []string{"a", "b", "c", "d", "h0", "h1"}
 		ops := make([]opT, nOps)
@@ -116,10 +119,15 @@ func TestEarlyExitsRandomAtTheirEdges(t *testing.T) {
 			if rng.Intn(8) == 0 {
 				o.epoch = 1 + rng.Intn(2)
 			}
+			if rng.Intn(3) == 0 {
+				o.waiter = 1 + rng.Intn(2)
+			}
+			o.handoff = rng.Intn(3) == 0
 			ops[i] = o
 		}
 		nHeld := rng.Intn(3)
 		fails := rng.Intn(2)
+		inLine := rng.Intn(2) == 0 // "wl" joins the line before the batch
 		start := clock.Now()
 		used := make([]gate.Permit, len(ops))
 		run := func(scope string, batched bool, ps map[string]gate.Permit) []string {
@@ -134,6 +142,12 @@ func TestEarlyExitsRandomAtTheirEdges(t *testing.T) {
 				f.admit(fmt.Sprint("f", i))
 				f.settle(fmt.Sprint("f", i), gate.VerdictFailure)
 			}
+			place := ""
+			if inLine {
+				v := must(b.Peek(ctx, gate.PeekRequest{Scope: scope, Sources: []*gate.Source{confs[0]},
+					Line: &gate.LineRead{Lease: time.Minute, Join: fastWaiter("wl", nil), Joins: []string{"s"}}}))(t)
+				place = v.Sources[0].Line.Place
+			}
 			f.keep = !batched
 			out := make([]string, len(ops))
 			fs := []func(){func() { _, _ = b.Settle(ctx, staleSettle(scope, confs[0])) }} // loads the hash
@@ -147,6 +161,12 @@ func TestEarlyExitsRandomAtTheirEdges(t *testing.T) {
 							req.Candidates[0].Ceiling = o.ceiling
 						}
 						req.Tokens = 7
+						switch o.waiter {
+						case 1:
+							req.Line = fastWaiter("wn"+o.id, nil)
+						case 2:
+							req.Line = fastWaiter("wl", map[string]string{"s": place})
+						}
 						a, err := b.Admit(ctx, req)
 						a.ProgressAge = 0
 						if !batched && a.Granted {
@@ -172,6 +192,9 @@ func TestEarlyExitsRandomAtTheirEdges(t *testing.T) {
 					}
 					req := settleReq(scope, src, used[i], o.verdict)
 					req.ActualTokens, req.Progress = o.actual, true
+					if o.handoff {
+						req.Line = &gate.LineHandoff{Lease: time.Minute}
+					}
 					s, err := b.Settle(ctx, req)
 					s.ProgressAge = 0
 					out[i] = fmt.Sprintf("settle %s %+v %v", o.id, s, err)
