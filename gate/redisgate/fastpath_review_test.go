@@ -11,6 +11,7 @@ import (
 
 	"github.com/polygate/polygate/gate"
 	"github.com/polygate/polygate/gate/gatetest"
+	"github.com/polygate/polygate/gate/inmem"
 	"github.com/polygate/polygate/gate/redisgate"
 )
 
@@ -222,5 +223,54 @@ func TestEarlyExitsRandomAtTheirEdges(t *testing.T) {
 			}
 		}
 		clock.Advance(time.Hour)
+	}
+}
+
+// TestReadmitAfterOwnLeaseEndedCountsTheSlot: an admit of a permit id whose
+// own lease ended by now (here exactly now) takes a slot anew, as the
+// memory backend's Quota does: the sweep that forgets the ended lease must
+// also forget that this permit held it, or the slot is not counted
+// (b.lease_of, read before q_sweep, says it still holds one) and the source
+// grants past its limit. One at a time and in a batch (the walk; the early
+// exit does not run where a lease ended). Found by
+// TestEarlyExitsRandomAtTheirEdges against the memory backend; not the
+// lua7 branch's: main's walk does the same.
+func TestReadmitAfterOwnLeaseEndedCountsTheSlot(t *testing.T) {
+	ctx := testCtx(t)
+	clock := gatetest.NewClock()
+	b, h, _ := batchFixture(t, redisgate.Options{Clock: clock.Now}, "warm")
+	mem := inmem.New(clock.Now)
+	src := gatetest.Src("s", func(s *gate.Source) { s.Limits = gate.Limits{MaxConcurrency: 1, Lease: time.Second} })
+	for _, tc := range []struct {
+		name    string
+		be      gate.Backend
+		batched bool
+	}{{"memory", mem, false}, {"redis-one-at-a-time", b, false}, {"redis-batched", b, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			scope := "readmit-" + tc.name
+			admit(t, ctx, tc.be, scope, "p0", src)
+			clock.Advance(time.Second) // p0's lease ends now
+			var again, other gate.Admission
+			fs := []func(){
+				func() { again = must(tc.be.Admit(ctx, admitReq(scope, "p0", src)))(t) },
+				func() { other = must(tc.be.Admit(ctx, admitReq(scope, "p1", src)))(t) },
+			}
+			if tc.batched {
+				runOps(t, b, h, scope, true, fs)
+			} else {
+				for _, f := range fs {
+					f()
+				}
+			}
+			if !again.Granted {
+				t.Fatalf("p0 again: %+v, want granted (its lease ended: the slot is free)", again)
+			}
+			if other.Granted {
+				t.Errorf("p1: granted while p0 holds the one slot (limit 1): %+v", other)
+			}
+			if v := peek(t, ctx, tc.be, scope, src); v.Quota.InFlight != 1 {
+				t.Errorf("in flight %d, want 1 (p0's new lease)", v.Quota.InFlight)
+			}
+		})
 	}
 }
