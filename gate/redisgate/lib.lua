@@ -302,7 +302,7 @@ local function b_cached(key, window, lease)
     b.wold = win
     b.win = win or WIN.ZERO
   end
-  b.lease_of = field and c.f[field] or false
+  b.lease_of, b.lease_k = field and c.f[field] or false, field
   b.lease_f, b.lease_v = false, false
   return b
 end
@@ -368,7 +368,7 @@ local function b_load(key, window, lease)
   b.key = key
   b.raw = v[1]
   b.bdirty = true -- (for the first b_keep, in a batch)
-  b.lease_of = v[2] or false
+  b.lease_of, b.lease_k = v[2] or false, lease and LEASE .. lease
   if window then
     b.wold = v[3]
     b.win = v[3] or WIN.ZERO
@@ -888,6 +888,9 @@ local function q_sweep(q, b, now)
       local e = S_UNPACK('<d', all[i + 1])
       if e <= now then
         gone[#gone + 1] = all[i]
+        if all[i] == b.lease_k then
+          b.lease_of = false -- the op's permit holds none now
+        end
       else
         held = held + 1
         if min == 0 or e < min then
