@@ -105,8 +105,11 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
   -- steps for this case in their order (b_load's b_cached, q_check, b_enter,
   -- q_take) but not their calls; anything else walks, nothing changed.
   if map and h.n == 1 then
-    local c, bs = CONF_SRC[string.byte(cmap, 1)], bsrc[string.byte(map, 1)]
-    local hc = c and CALL.h[bs.q.state]
+    -- (lookups that never raise: a hostile op walks, and raises the walk's
+    -- error in the walk's order)
+    local c = CONF_SRC[string.byte(cmap, 1)]
+    local bs = c and rawget(bsrc, string.byte(map, 1) or 0)
+    local hc = bs and CALL.h[bs.q.state]
     local field = hc and LEASE .. h.permit
     local lease = hc and hc.f[field] -- (nil: not read, false: none)
     local b = hc and hc.b

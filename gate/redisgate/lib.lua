@@ -284,6 +284,7 @@ end
 -- reads only the fields it lacks, b_save and h_del only change the cache,
 -- and h_flush writes it back, when the batch ends and before anything reads
 -- the hash whole (q_sweep).
+-- admit.lua's and settle.lua's early exits repeat this for their cases: change all three.
 local function b_cached(key, window, lease)
   local c = CALL.h[key]
   local b = c.b
@@ -514,6 +515,7 @@ end
 
 -- h_del deletes field of the state hash key (through the batch's cache)
 -- and says whether it was there.
+-- settle.lua's early exit repeats this for its case (a batch's common success): change both.
 local function h_del(key, field)
   local c = CALL and CALL.h[key]
   if not c then
@@ -562,6 +564,7 @@ end
 -- twin: gate.(*Breaker).Enter
 -- Returns the gate.Entry's fields (allowed, probe, epoch, reason, wait),
 -- and the events.
+-- admit.lua's early exit repeats this for its case (a batch's common admit): change both.
 local function b_enter(b, p, permit, now)
   local reason, wait = b_check(b, now)
   if reason ~= R_NONE then
@@ -693,6 +696,7 @@ end
 
 -- twin: gate.(*Breaker).Settle
 -- o = {permit, epoch, probe, verdict, floor}.
+-- settle.lua's early exit repeats this for its case (a batch's common success): change both.
 local function b_settle(b, p, o, now)
   if b.override == DISABLED then
     if o.probe and b.probe == o.permit and o.epoch == b.epoch then
@@ -922,6 +926,7 @@ end
 -- walks that count it (a limit per minute). Elsewhere its expired entries
 -- wait; every reading of the log skips them by time, and the keys' TTL
 -- bounds them.
+-- admit.lua's and settle.lua's early exits repeat this for their cases: change all three.
 local function q_expire(q, b, now, log)
   if b.held > 0 and now >= b.lease_min then
     q_sweep(q, b, now)
@@ -961,6 +966,7 @@ local function q_expire(q, b, now, log)
 end
 
 -- twin: gate.(*Quota).check
+-- admit.lua's early exit repeats this for its case (a batch's common admit): change both.
 local function q_check(q, b, l, ceiling, tokens, now)
   q_expire(q, b, now, l.rpm > 0 or l.tpm > 0)
   local in_flight = b.held
@@ -1014,6 +1020,7 @@ end
 -- twin: gate.(*Quota).take
 -- The lease is queued on b (lease_f, lease_v), for b_save's HSET. A permit that already holds
 -- one (b_load's lease_of) is not counted twice.
+-- admit.lua's early exit repeats this for its case (a batch's common admit): change both.
 local function q_take(q, b, l, permit, tokens, now)
   local e = now + l.lease
   local logged = l.rpm > 0 or l.tpm > 0
@@ -1047,6 +1054,7 @@ end
 -- minute that is still stored gets its actual tokens, which leave the sum
 -- with it. b_load read the permit's lease (b.lease_of): the log is read only
 -- if the lease says its admission is there, or if the lease has ended.
+-- settle.lua's early exit repeats this for its case (a batch's common success): change both.
 local function q_release(q, b, permit, actual, now)
   q_expire(q, b, now, false)
   local lease = b.lease_of
