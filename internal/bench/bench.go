@@ -254,13 +254,13 @@ func (r *Report) Print(w io.Writer) {
 		return fmt.Sprintf("%.2f", a/b)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "backend\top\tcallers\tops/s\tfloor ops/s\t× floor ops/s\tCPU µs/op\tfloor CPU µs/op\t× floor CPU\tallocs/op\tB/op\tp50 µs\tp99 µs\tredis script µs/call\tredis CPU µs/op\terrors\t")
+	fmt.Fprintln(tw, "backend\top\tcallers\tops/s\tfloor ops/s\t× floor ops/s\tCPU µs/op\tfloor CPU µs/op\t× floor CPU\tallocs/op\tB/op\tp50 µs\tp99 µs\tredis script µs/call\tops/script call\tredis CPU µs/op\terrors\t")
 	for _, c := range r.cells {
 		f := cell{}
 		if c.floor != nil {
 			f = *c.floor
 		}
-		script, rcpu, nallocs, nbytes := "-", "-", "-", "-"
+		script, shared, rcpu, nallocs, nbytes := "-", "-", "-", "-", "-"
 		if c.allocs != nil && c.ops > 0 {
 			nallocs = fmt.Sprintf("%.1f", c.allocs.objects/float64(c.ops))
 			nbytes = fmt.Sprintf("%.0f", c.allocs.bytes/float64(c.ops))
@@ -268,15 +268,16 @@ func (r *Report) Print(w io.Writer) {
 		if c.redis != nil {
 			if c.redis.scriptCalls > 0 {
 				script = fmt.Sprintf("%.1f", float64(c.redis.scriptUsec)/float64(c.redis.scriptCalls))
+				shared = fmt.Sprintf("%.1f", float64(c.ops)/float64(c.redis.scriptCalls))
 			}
 			if c.ops > 0 {
 				rcpu = fmt.Sprintf("%.1f", us(c.redis.cpu)/float64(c.ops))
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%v\t%.0f\t%.0f\t%s\t%.1f\t%.1f\t%s\t%s\t%s\t%.0f\t%.0f\t%s\t%s\t%d\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%v\t%.0f\t%.0f\t%s\t%.1f\t%.1f\t%s\t%s\t%s\t%.0f\t%.0f\t%s\t%s\t%s\t%d\t\n",
 			c.target, c.op, c.level, c.perSec(), f.perSec(), ratio(c.perSec(), f.perSec()),
 			us(c.cpuPerOp()), us(f.cpuPerOp()), ratio(us(c.cpuPerOp()), us(f.cpuPerOp())),
-			nallocs, nbytes, us(c.p50), us(c.p99), script, rcpu, c.errs)
+			nallocs, nbytes, us(c.p50), us(c.p99), script, shared, rcpu, c.errs)
 	}
 	_ = tw.Flush()
 	for _, c := range r.cells {
