@@ -343,7 +343,7 @@ func (b *Backend) restore(ctx, rctx context.Context, scope string) error {
 		}
 		args = restoreSrcArgs.pack(args, &rec)
 	}
-	v, err := b.runIn(ctx, rctx, op, restoreScript, keys, args)
+	v, err := b.runIn(ctx, rctx, op, restoreScript, keys, nil, args)
 	if err != nil {
 		return err
 	}

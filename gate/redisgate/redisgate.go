@@ -439,7 +439,8 @@ func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot
 	}
 	pk := b.peekKeysOf(req.Scope, req.Sources)
 	tag, keys := pk.tag, pk.keys
-	args := peekArgs.pack(make([]any, 0, peekArgs.width()+(peekSourceArgs.width()+joinArgs.width())*n+lineReadArgs.width()+waiterArgs.width()), &call[gate.PeekRequest]{b, &req, tag, ""})
+	fcall := append(make([]any, 0, len(pk.fcall)+peekArgs.width()+(peekSourceArgs.width()+joinArgs.width())*n+lineReadArgs.width()+waiterArgs.width()), pk.fcall...)
+	args := peekArgs.pack(fcall, &call[gate.PeekRequest]{b, &req, tag, ""})
 	for i := range req.Sources {
 		c := req.Candidate(i)
 		args = peekSourceArgs.pack(args, &c)
@@ -463,7 +464,7 @@ func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot
 			args = append(args, absentJoin)
 		}
 	}
-	v, err := b.run(ctx, op, peekScript, keys, args)
+	v, err := b.runFCall(ctx, op, peekScript, keys, args, args[len(pk.fcall):])
 	if err != nil {
 		return gate.Snapshot{}, err
 	}
@@ -489,11 +490,13 @@ func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot
 
 // peekKeys are a peek's keys (the scope's, each source's, then each
 // source's line's) and the scope's tag: the same strings read after read,
-// made once per scope and list of sources instead of per read.
+// made once per scope and list of sources instead of per read; and FCALL's
+// first words with them, boxed (see fcall).
 type peekKeys struct {
 	tag   string
 	names []string
 	keys  []string
+	fcall []any
 }
 
 // maxPeekKeys bounds the scopes whose peek keys are kept (scopes come from
@@ -517,6 +520,10 @@ func (b *Backend) peekKeysOf(scope string, srcs []*gate.Source) *peekKeys {
 	}
 	for _, s := range srcs {
 		pk.keys = appendLineKeys(pk.keys, pk.tag, s.Name)
+	}
+	pk.fcall = append(make([]any, 0, 3+len(pk.keys)), "fcall", peekScript.fn, len(pk.keys))
+	for _, k := range pk.keys {
+		pk.fcall = append(pk.fcall, k)
 	}
 	b.peekMu.Lock()
 	defer b.peekMu.Unlock()
@@ -604,16 +611,21 @@ func (b *Backend) bound(ctx context.Context) (context.Context, context.CancelFun
 // deadline passing means Redis did not answer in time (unavailable), not
 // that the caller gave up.
 func (b *Backend) run(ctx context.Context, opName string, o *op, keys []string, args []any) (any, error) {
-	rctx, cancel := b.bound(ctx)
-	defer cancel()
-	return b.runIn(ctx, rctx, opName, o, keys, args)
+	return b.runFCall(ctx, opName, o, keys, nil, args)
 }
 
-// runIn is run within rctx, ctx with the Backend's timeout already put on
-// it: an Admit that re-asserts first keeps its round trips within one
+// runFCall is run with FCALL's whole command already made (see fcall).
+func (b *Backend) runFCall(ctx context.Context, opName string, o *op, keys []string, fcall, args []any) (any, error) {
+	rctx, cancel := b.bound(ctx)
+	defer cancel()
+	return b.runIn(ctx, rctx, opName, o, keys, fcall, args)
+}
+
+// runIn is runFCall within rctx, ctx with the Backend's timeout already put
+// on it: an Admit that re-asserts first keeps its round trips within one
 // timeout.
-func (b *Backend) runIn(ctx, rctx context.Context, opName string, o *op, keys []string, args []any) (any, error) {
-	v, err := b.call(rctx, o, keys, args)
+func (b *Backend) runIn(ctx, rctx context.Context, opName string, o *op, keys []string, fcall, args []any) (any, error) {
+	v, err := b.callFCall(rctx, o, keys, fcall, args)
 	if err != nil {
 		return nil, b.wrap(ctx, opName, err)
 	}
@@ -622,8 +634,13 @@ func (b *Backend) runIn(ctx, rctx context.Context, opName string, o *op, keys []
 }
 
 func (b *Backend) call(ctx context.Context, o *op, keys []string, args []any) (any, error) {
+	return b.callFCall(ctx, o, keys, nil, args)
+}
+
+// callFCall is call with FCALL's whole command already made (see fcall).
+func (b *Backend) callFCall(ctx context.Context, o *op, keys []string, fcall, args []any) (any, error) {
 	if !b.scripts.Load() {
-		v, err := b.client.FCall(ctx, o.fn, keys, args...).Result()
+		v, err := b.fcall(ctx, o, keys, fcall, args)
 		switch {
 		case err == nil || errors.Is(err, redis.Nil):
 			return v, nil
@@ -632,7 +649,7 @@ func (b *Backend) call(ctx context.Context, o *op, keys []string, args []any) (a
 		}
 		lerr := b.load(ctx)
 		if lerr == nil {
-			return b.client.FCall(ctx, o.fn, keys, args...).Result()
+			return b.fcall(ctx, o, keys, fcall, args)
 		}
 		if !refused(lerr) {
 			return nil, lerr
@@ -640,6 +657,20 @@ func (b *Backend) call(ctx context.Context, o *op, keys []string, args []any) (a
 		b.scripts.Store(true) // scripts from now on
 	}
 	return o.eval.Run(ctx, b.client, keys, args...).Result()
+}
+
+// fcall calls o's function with keys and args. fcall, when not nil, is the
+// whole command go-redis sends: "fcall", the function, the number of keys,
+// the keys, then args (its tail); a peek keeps those first words, boxed,
+// with its keys (peekKeys), where FCall boxed each key anew on every call.
+func (b *Backend) fcall(ctx context.Context, o *op, keys []string, fcall, args []any) (any, error) {
+	if fcall == nil {
+		return b.client.FCall(ctx, o.fn, keys, args...).Result()
+	}
+	cmd := redis.NewCmd(ctx, fcall...)
+	cmd.SetFirstKeyPos(3) // as FCall's: the first key, for a Cluster's slot
+	_ = b.client.Process(ctx, cmd)
+	return cmd.Result()
 }
 
 // load loads the library on the server (every master of a Cluster).
