@@ -178,7 +178,6 @@ func wait(ctx context.Context, rd *read) ([]*source, gate.Snapshot, error) {
 // the goroutine (runtime.Goexit) fails it too, and the reads behind go on
 // on another.
 func (r *reads) run(tokens int64, rd *read) {
-	growStack(0)
 	defer func() {
 		if rd != nil {
 			r.answer(tokens, rd, nil, gate.Snapshot{}, unanswered(nil))
@@ -230,21 +229,4 @@ func (r *reads) ended(tokens int64) *read {
 		r.keys[tokens] = readKey{running: true}
 	}
 	return next
-}
-
-// readStack is about how deep a read goes below run: go-redis's round trip
-// under redisgate.Peek and the backend's frames above it.
-const readStack = 6 << 10
-
-// growStack grows the goroutine's stack, when it is smaller, to hold
-// readStack more bytes, while it is shallow: a fresh goroutine's stack
-// starts small (the runtime's starting size follows the average goroutine's),
-// and growing it in the middle of a read copied it with every frame of the
-// read on it.
-//
-//go:noinline
-func growStack(i int) byte {
-	var pad [readStack]byte
-	pad[i] = 1
-	return pad[readStack-1-i]
 }
