@@ -497,11 +497,12 @@ const readStack = 5 << 10
 // growStack grows the goroutine's stack, when it is smaller, to hold
 // readStack more bytes, before a peek's round trip. A read runs on a fresh
 // goroutine (policy's, for the reads gathered behind another) or below a
-// gRPC handler's frames, and the runtime starts a stack at the average
-// goroutine's size (4 KB or less under RetryAfter load): go-redis's round
-// trip outgrew it on most reads, and the runtime copied the stack where
-// it did, adjusting every frame of the read's; here there are fewer
-// (docs/performance.md, "Shared reads on Redis, seventh session").
+// gRPC handler's frames (whose stacks the GC shrinks), and the runtime
+// starts a stack at the average goroutine's size: go-redis's round trip
+// outgrew it on most reads, and the runtime copied the stack where it did,
+// adjusting every frame of the read's; here there are fewer
+// (docs/performance.md, "Shared reads on Redis, 2026-12-01 (seventh
+// session)").
 //
 //go:noinline
 func growStack(i int) byte {
