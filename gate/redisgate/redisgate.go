@@ -431,7 +431,9 @@ func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 // Peek implements gate.Backend.
 func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot, error) {
 	const op = "peek"
-	growStack(0)
+	if req.Line == nil {
+		growStack(0)
+	}
 	n := len(req.Sources)
 	for i, s := range req.Sources {
 		if s == nil {
@@ -495,14 +497,18 @@ func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot
 const readStack = 5 << 10
 
 // growStack grows the goroutine's stack, when it is smaller, to hold
-// readStack more bytes, before a peek's round trip. A read runs on a fresh
-// goroutine (policy's, for the reads gathered behind another) or below a
-// gRPC handler's frames (whose stacks the GC shrinks), and the runtime
-// starts a stack at the average goroutine's size: go-redis's round trip
-// outgrew it on most reads, and the runtime copied the stack where it did,
-// adjusting every frame of the read's; here there are fewer
-// (docs/performance.md, "Shared reads on Redis, 2026-12-01 (seventh
-// session)").
+// readStack more bytes, before the round trip of a peek without a line (a
+// shared read: RetryAfter's, OnNoRunnable's, or RecordOutcome's dead check).
+// Such a read runs on a fresh goroutine (policy's, for the reads gathered
+// behind another and those run apart) or below the frames of a gRPC handler
+// that answers right after (whose stack the GC shrinks again), and the
+// runtime starts a stack at the average goroutine's size: go-redis's round
+// trip outgrew it on most reads, and the runtime copied the stack where it
+// did, adjusting every frame of the read's; here there are fewer. A peek
+// with a line is left alone: OnNoRunnable's caller joining a line reads on
+// its own goroutine, then parks there, and a stack grown for the read would
+// stay grown while the call is held (docs/performance.md, "What a held call
+// costs"; this, "Shared reads on Redis, 2026-12-01 (seventh session)").
 //
 //go:noinline
 func growStack(i int) byte {
