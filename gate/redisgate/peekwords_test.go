@@ -72,3 +72,30 @@ func TestPeekWordsKeptPerScopeUnderConcurrentReloads(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// A peek whose FCALL words are kept (peekKeys) falls back to scripts as
+// any other op does where Functions are refused: its first peek (FCALL, the
+// library's load refused, EVALSHA, EVAL) and the next (EVALSHA) answer for
+// their sources.
+func TestPeekWordsWhenFunctionsRefused(t *testing.T) {
+	ctx := testCtx(t)
+	srv := redistest.Start(t)
+	must(srv.Client(t).Do(ctx, "ACL", "SETUSER", "nofn", "on", ">pw", "~*", "&*", "+@all", "-function").Result())(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "nofn", Password: "pw"})
+	t.Cleanup(func() { c.Close() })
+	hook := &redistest.Recorder{}
+	c.AddHook(hook)
+	must(c.Ping(ctx).Result())(t)
+	hook.Take()
+	b := newBackend(t, c, redisgate.Options{})
+	srcs := []*gate.Source{gatetest.Src("a"), gatetest.Src("b")}
+	for round, want := range [][]string{{"fcall", "function", "evalsha", "eval"}, {"evalsha"}} {
+		snap := must(b.Peek(ctx, gate.PeekRequest{Scope: "acl", Sources: srcs}))(t)
+		if len(snap.Sources) != 2 || snap.Sources[0].Source != "a" || snap.Sources[1].Source != "b" {
+			t.Fatalf("peek %d: %+v", round, snap.Sources)
+		}
+		if got, _ := hook.Take(); !slices.Equal(got, want) {
+			t.Fatalf("peek %d sent %v, want %v", round, got, want)
+		}
+	}
+}
