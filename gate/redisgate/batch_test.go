@@ -100,6 +100,7 @@ func batchFixture(t *testing.T, o redisgate.Options, scope string) (*redisgate.B
 	t.Helper()
 	ctx := testCtx(t)
 	c := redistest.Start(t).Client(t)
+	loadLibrary(t, c)
 	h := &batchHook{}
 	c.AddHook(h)
 	b := newBackend(t, c, o)
@@ -107,6 +108,18 @@ func batchFixture(t *testing.T, o redisgate.Options, scope string) (*redisgate.B
 	settle(t, ctx, b, scope, warm, admit(t, ctx, b, scope, "warm", warm).Permit, gate.VerdictSuccess)
 	h.takeSizes()
 	return b, h, c
+}
+
+// loadLibrary loads the Lua library on c's server through a Backend
+// without a timeout, so that a test's Backend with a short one does not
+// spend it on the first call's FUNCTION LOAD (slow under -race on a busy
+// machine).
+func loadLibrary(t *testing.T, c *redis.Client) {
+	t.Helper()
+	ctx := testCtx(t)
+	b := newBackend(t, c, redisgate.Options{})
+	src := gatetest.Src("load-library")
+	settle(t, ctx, b, "load-library", src, admit(t, ctx, b, "load-library", "load", src).Permit, gate.VerdictSuccess)
 }
 
 func admitReq(scope, id string, srcs ...*gate.Source) gate.AdmitRequest {

@@ -505,10 +505,12 @@ const readStack = 5 << 10
 // runtime starts a stack at the average goroutine's size: go-redis's round
 // trip outgrew it on most reads, and the runtime copied the stack where it
 // did, adjusting every frame of the read's; here there are fewer. A peek
-// with a line is left alone: OnNoRunnable's caller joining a line reads on
-// its own goroutine, then parks there, and a stack grown for the read would
-// stay grown while the call is held (docs/performance.md, "What a held call
-// costs"; this, "Shared reads on Redis, 2026-12-01 (seventh session)").
+// with a line (OnNoRunnable's caller joining a line, DescribeScope, the
+// poller) is left alone: it is no shared read, and the one a held call
+// makes on its own goroutine is grown by go-redis all the same and shrunk
+// by the GC once the call parks (the stacks of held calls measured the same
+// with and without; docs/performance.md, "Shared reads on Redis,
+// 2026-12-01 (seventh session)").
 //
 //go:noinline
 func growStack(i int) byte {

@@ -541,6 +541,7 @@ func TestCancelsAndLostRepliesLeakNothing(t *testing.T) {
 func TestCancelsAndLostRepliesLeakNoProbe(t *testing.T) {
 	ctx := testCtx(t)
 	c := redistest.Start(t).Client(t)
+	loadLibrary(t, c)
 	h := &chaosHook{rand: rand.New(rand.NewPCG(3, 4))}
 	c.AddHook(h)
 	clock := gatetest.NewClock()
