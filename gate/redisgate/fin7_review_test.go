@@ -57,3 +57,25 @@ func TestHostileAnnouncementIsNotReasserted(t *testing.T) {
 		})
 	}
 }
+
+// TestSettleOfLongPermitIDQueuesNothing (review fin7): a Settle whose
+// permit id is longer than gate.MaxText (which Admit refuses, so no lease
+// can be held under it) is refused before the round trip, as Admit's is:
+// not run, then its reply refused for the id it echoes (EV.permit of the
+// stale outcome) and queued for a give-back that fails the same way and is
+// dropped with an error in the log.
+func TestSettleOfLongPermitIDQueuesNothing(t *testing.T) {
+	ctx := testCtx(t)
+	b := newBackend(t, redistest.Start(t).Client(t), redisgate.Options{})
+	src := gatetest.Src("s")
+	const scope = "long-id"
+	settle(t, ctx, b, scope, src, admit(t, ctx, b, scope, "p0", src).Permit, gate.VerdictSuccess)
+	long := strings.Repeat("p", gate.MaxText+1)
+	_, err := b.Settle(ctx, gate.SettleRequest{Scope: scope, Source: src, PermitID: long, Epoch: 1, Verdict: gate.VerdictFailure, ActualTokens: -1})
+	if err == nil || strings.Contains(err.Error(), long) {
+		t.Fatalf("Settle of a %d-byte permit id: %v, want an error without the id", len(long), err)
+	}
+	if q := b.GiveBacks().Queued; q != 0 {
+		t.Fatalf("Settle of a %d-byte permit id queued %d give-backs (%v), want none", len(long), q, err)
+	}
+}
