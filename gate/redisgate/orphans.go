@@ -180,7 +180,7 @@ func (b *Backend) GiveBacks() GiveBacks {
 // trying now: for a settle served elsewhere (a local fallback) of a permit
 // Redis may hold.
 func (b *Backend) DeferSettle(req gate.SettleRequest) {
-	if req.Source != nil {
+	if req.Source != nil && len(req.PermitID) <= gate.MaxText { // (Settle refuses a longer one)
 		b.orphans.add(req, 1)
 	}
 }

@@ -387,6 +387,12 @@ func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 	if req.Source == nil {
 		return gate.Settlement{}, fmt.Errorf("redisgate: settle: no source")
 	}
+	if len(req.PermitID) > gate.MaxText {
+		// No lease is held under it (Admit refuses it), and the reply would
+		// echo it (a stale outcome's event): refused before the round trip,
+		// nothing queued for a give-back.
+		return gate.Settlement{}, fmt.Errorf("redisgate: settle: a permit id of %d bytes, at most %d", len(req.PermitID), gate.MaxText)
+	}
 	return b.settle(ctx, req)
 }
 
