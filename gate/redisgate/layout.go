@@ -966,20 +966,48 @@ type indexed[T any] struct {
 }
 
 // eventReply is a gate.Event with the source as an index.
-var eventReply = packedReply("EV", []ret[indexed[gate.Event]]{
+var eventReply = packedReply("EV", append([]ret[indexed[gate.Event]]{
 	{"src", getInt(func(e *indexed[gate.Event], v int64) { e.src = v })},
-	inRange("EV", "kind", int64(gate.EventTransition), int64(gate.EventOverride), func(e *indexed[gate.Event], v int64) { e.v.Kind = gate.EventKind(v) }),
-	inRange("EV", "from", 0, int64(gate.HalfOpen), func(e *indexed[gate.Event], v int64) { e.v.From = gate.State(v) }),
-	inRange("EV", "to", 0, int64(gate.HalfOpen), func(e *indexed[gate.Event], v int64) { e.v.To = gate.State(v) }),
-	inRange("EV", "cause", 0, int64(gate.CauseReset), func(e *indexed[gate.Event], v int64) { e.v.Cause = gate.Cause(v) }),
-	{"epoch", getUint(func(e *indexed[gate.Event], v uint64) { e.v.Epoch = v })},
-	inRange("EV", "reopens", 0, math.MaxInt, func(e *indexed[gate.Event], v int64) { e.v.Reopens = int(v) }),
-	{"cooldown", number(func(p *parser, v int64, e *indexed[gate.Event]) { e.v.Cooldown = ms(int64(p.nonNegative(v))) })},
-	text("EV", "permit", func(e *indexed[gate.Event], v string) { e.v.PermitID = v }),
-	inRange("EV", "override", 0, int64(gate.Disabled), func(e *indexed[gate.Event], v int64) { e.v.Override = gate.Override(v) }),
-	text("EV", "actor", func(e *indexed[gate.Event], v string) { e.v.Actor = v }),
-	text("EV", "why", func(e *indexed[gate.Event], v string) { e.v.Why = v }),
-})
+}, eventFields("EV", func(e *indexed[gate.Event]) *gate.Event { return &e.v },
+	"kind", "from", "to", "cause", "epoch", "reopens", "cooldown", "permit", "override", "actor", "why")...))
+
+// eventFields are the fields of a gate.Event named, in that order, of a
+// record T that holds one (ev), each checked as gate names it: an enum in
+// its range, a count or cooldown not negative, a text of at most
+// gate.MaxText bytes. An event reply and an announcement read their events
+// with them, so that both refuse the same values.
+func eventFields[T any](id string, ev func(*T) *gate.Event, names ...string) []ret[T] {
+	out := make([]ret[T], len(names))
+	for i, name := range names {
+		switch name {
+		case "kind":
+			out[i] = inRange(id, name, int64(gate.EventTransition), int64(gate.EventOverride), func(t *T, v int64) { ev(t).Kind = gate.EventKind(v) })
+		case "from":
+			out[i] = inRange(id, name, 0, int64(gate.HalfOpen), func(t *T, v int64) { ev(t).From = gate.State(v) })
+		case "to":
+			out[i] = inRange(id, name, 0, int64(gate.HalfOpen), func(t *T, v int64) { ev(t).To = gate.State(v) })
+		case "cause":
+			out[i] = inRange(id, name, 0, int64(gate.CauseReset), func(t *T, v int64) { ev(t).Cause = gate.Cause(v) })
+		case "epoch":
+			out[i] = ret[T]{name, getUint(func(t *T, v uint64) { ev(t).Epoch = v })}
+		case "reopens":
+			out[i] = inRange(id, name, 0, math.MaxInt, func(t *T, v int64) { ev(t).Reopens = int(v) })
+		case "cooldown":
+			out[i] = ret[T]{name, number(func(p *parser, v int64, t *T) { ev(t).Cooldown = ms(int64(p.nonNegative(v))) })}
+		case "permit":
+			out[i] = text(id, name, func(t *T, v string) { ev(t).PermitID = v })
+		case "override":
+			out[i] = inRange(id, name, 0, int64(gate.Disabled), func(t *T, v int64) { ev(t).Override = gate.Override(v) })
+		case "actor":
+			out[i] = text(id, name, func(t *T, v string) { ev(t).Actor = v })
+		case "why":
+			out[i] = text(id, name, func(t *T, v string) { ev(t).Why = v })
+		default:
+			panic("redisgate: no event field " + name)
+		}
+	}
+	return out
+}
 
 // rejection is a gate.Rejection with the source as an index; a verdict
 // (peek) is the same record without the index.
@@ -1108,21 +1136,12 @@ type announced struct {
 
 // announcement is what lib.lua's announce publishes (as a JSON array) and
 // Subscribe reads.
-var announcement = newReply("ANN", []ret[announced]{
+var announcement = newReply("ANN", append([]ret[announced]{
 	{"version", getInt(func(a *announced, v int64) { a.version = v })},
-	{"scope", getStr(func(a *announced, v string) { a.scope = v })},
-	{"source", getStr(func(a *announced, v string) { a.e.Source = v })},
-	inRange("ANN", "kind", int64(gate.EventTransition), int64(gate.EventOverride), func(a *announced, v int64) { a.e.Kind = gate.EventKind(v) }),
-	inRange("ANN", "from", 0, int64(gate.HalfOpen), func(a *announced, v int64) { a.e.From = gate.State(v) }),
-	inRange("ANN", "to", 0, int64(gate.HalfOpen), func(a *announced, v int64) { a.e.To = gate.State(v) }),
-	inRange("ANN", "cause", 0, int64(gate.CauseReset), func(a *announced, v int64) { a.e.Cause = gate.Cause(v) }),
-	{"epoch", getUint(func(a *announced, v uint64) { a.e.Epoch = v })},
-	inRange("ANN", "reopens", 0, math.MaxInt, func(a *announced, v int64) { a.e.Reopens = int(v) }),
-	{"cooldown", number(func(p *parser, v int64, a *announced) { a.e.Cooldown = ms(int64(p.nonNegative(v))) })},
-	inRange("ANN", "override", 0, int64(gate.Disabled), func(a *announced, v int64) { a.e.Override = gate.Override(v) }),
-	text("ANN", "actor", func(a *announced, v string) { a.e.Actor = v }),
-	text("ANN", "why", func(a *announced, v string) { a.e.Why = v }),
-})
+	text("ANN", "scope", func(a *announced, v string) { a.scope = v }),
+	text("ANN", "source", func(a *announced, v string) { a.e.Source = v }),
+}, eventFields("ANN", func(a *announced) *gate.Event { return &a.e },
+	"kind", "from", "to", "cause", "epoch", "reopens", "cooldown", "override", "actor", "why")...))
 
 // luaLayouts are the layouts the prelude defines.
 func luaLayouts() []luaLayout {
