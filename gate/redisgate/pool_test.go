@@ -35,6 +35,24 @@ func TestPooledOpsEachHearTheirOwn(t *testing.T) {
 	t.Run("timeouts", func(t *testing.T) { testPooledOps(t, true) })
 }
 
+// giveUpSoon is ctx with a cancel that, one time in oneIn, a goroutine of
+// its own calls after up to 63 yields: a caller giving up at a random
+// moment (before its op is queued, while it gathers, while its batch is in
+// flight).
+func giveUpSoon(ctx context.Context, r *rand.Rand, oneIn int) (context.Context, context.CancelFunc) {
+	c, cancel := context.WithCancel(ctx)
+	if r.IntN(oneIn) == 0 {
+		n := r.IntN(64)
+		go func() {
+			for range n {
+				runtime.Gosched()
+			}
+			cancel()
+		}()
+	}
+	return c, cancel
+}
+
 func testPooledOps(t *testing.T, timeouts bool) {
 	ctx := testCtx(t)
 	const scope = "pooled-ops"
@@ -80,16 +98,7 @@ func testPooledOps(t *testing.T, timeouts bool) {
 				if r.IntN(2) == 0 {
 					src = shut
 				}
-				actx, cancel := context.WithCancel(ctx)
-				if r.IntN(3) == 0 {
-					n := r.IntN(64)
-					go func() {
-						for range n {
-							runtime.Gosched()
-						}
-						cancel()
-					}()
-				}
+				actx, cancel := giveUpSoon(ctx, r, 3)
 				a, err := b.Admit(actx, admitReq(scope, id, src))
 				cancel()
 				switch {

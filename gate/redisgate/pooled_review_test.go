@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -95,16 +94,7 @@ func TestAdmitsOfHeldCallsEachHearTheirOwn(t *testing.T) {
 				for _, s := range srcs {
 					req.Line.Places[s.Name] = "earlier" // it waited: it joins each line
 				}
-				actx, cancel := context.WithCancel(ctx)
-				if r.IntN(4) == 0 {
-					n := r.IntN(64)
-					go func() {
-						for range n {
-							runtime.Gosched()
-						}
-						cancel()
-					}()
-				}
+				actx, cancel := giveUpSoon(ctx, r, 4)
 				a, err := b.Admit(actx, req)
 				cancel()
 				if err != nil {
