@@ -110,13 +110,7 @@ func TestSharedTablesMixedBatch(t *testing.T) {
 			st(10, bb, "m5", gate.VerdictFailure, false),
 			ad(11, "m6", 0, nil, bb, a, full),
 		}
-		if be == gate.Backend(mem) {
-			for _, f := range fs {
-				f()
-			}
-		} else {
-			runOps(t, b, h, scope, batched, fs)
-		}
+		runOps(t, b, h, scope, batched && be != gate.Backend(mem), fs) // memory: one at a time
 		return out
 	}
 	seq := run(b, "sequential", false)
