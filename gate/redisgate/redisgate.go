@@ -448,8 +448,8 @@ func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot
 	}
 	pk := b.peekKeysOf(req.Scope, req.Sources)
 	tag, keys := pk.tag, pk.keys
-	fcall := append(make([]any, 0, len(pk.fcall)+peekArgs.width()+(peekSourceArgs.width()+joinArgs.width())*n+lineReadArgs.width()+waiterArgs.width()), pk.fcall...)
-	args := peekArgs.pack(fcall, &call[gate.PeekRequest]{b, &req, tag, ""})
+	words := append(make([]any, 0, len(pk.words)+peekArgs.width()+(peekSourceArgs.width()+joinArgs.width())*n+lineReadArgs.width()+waiterArgs.width()), pk.words...)
+	args := peekArgs.pack(words, &call[gate.PeekRequest]{b, &req, tag, ""})
 	for i := range req.Sources {
 		c := req.Candidate(i)
 		args = peekSourceArgs.pack(args, &c)
@@ -473,7 +473,7 @@ func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot
 			args = append(args, absentJoin)
 		}
 	}
-	v, err := b.runFCall(ctx, op, peekScript, keys, args, args[len(pk.fcall):])
+	v, err := b.runFCall(ctx, op, peekScript, keys, args, args[len(pk.words):])
 	if err != nil {
 		return gate.Snapshot{}, err
 	}
@@ -533,7 +533,7 @@ type peekKeys struct {
 	tag   string
 	names []string
 	keys  []string
-	fcall []any
+	words []any // FCALL's first words, boxed (see fcall)
 }
 
 // maxPeekKeys bounds the scopes whose peek keys are kept (scopes come from
@@ -558,9 +558,9 @@ func (b *Backend) peekKeysOf(scope string, srcs []*gate.Source) *peekKeys {
 	for _, s := range srcs {
 		pk.keys = appendLineKeys(pk.keys, pk.tag, s.Name)
 	}
-	pk.fcall = append(make([]any, 0, 3+len(pk.keys)), "fcall", peekScript.fn, len(pk.keys))
+	pk.words = append(make([]any, 0, 3+len(pk.keys)), "fcall", peekScript.fn, len(pk.keys))
 	for _, k := range pk.keys {
-		pk.fcall = append(pk.fcall, k)
+		pk.words = append(pk.words, k)
 	}
 	b.peekMu.Lock()
 	defer b.peekMu.Unlock()
@@ -651,18 +651,18 @@ func (b *Backend) run(ctx context.Context, opName string, o *op, keys []string, 
 	return b.runFCall(ctx, opName, o, keys, nil, args)
 }
 
-// runFCall is run with FCALL's whole command already made (see fcall).
-func (b *Backend) runFCall(ctx context.Context, opName string, o *op, keys []string, fcall, args []any) (any, error) {
+// runFCall is run with FCALL's whole command already made (words: see fcall).
+func (b *Backend) runFCall(ctx context.Context, opName string, o *op, keys []string, words, args []any) (any, error) {
 	rctx, cancel := b.bound(ctx)
 	defer cancel()
-	return b.runIn(ctx, rctx, opName, o, keys, fcall, args)
+	return b.runIn(ctx, rctx, opName, o, keys, words, args)
 }
 
 // runIn is runFCall within rctx, ctx with the Backend's timeout already put
 // on it: an Admit that re-asserts first keeps its round trips within one
 // timeout.
-func (b *Backend) runIn(ctx, rctx context.Context, opName string, o *op, keys []string, fcall, args []any) (any, error) {
-	v, err := b.callFCall(rctx, o, keys, fcall, args)
+func (b *Backend) runIn(ctx, rctx context.Context, opName string, o *op, keys []string, words, args []any) (any, error) {
+	v, err := b.callFCall(rctx, o, keys, words, args)
 	if err != nil {
 		return nil, b.wrap(ctx, opName, err)
 	}
@@ -674,10 +674,10 @@ func (b *Backend) call(ctx context.Context, o *op, keys []string, args []any) (a
 	return b.callFCall(ctx, o, keys, nil, args)
 }
 
-// callFCall is call with FCALL's whole command already made (see fcall).
-func (b *Backend) callFCall(ctx context.Context, o *op, keys []string, fcall, args []any) (any, error) {
+// callFCall is call with FCALL's whole command already made (words: see fcall).
+func (b *Backend) callFCall(ctx context.Context, o *op, keys []string, words, args []any) (any, error) {
 	if !b.scripts.Load() {
-		v, err := b.fcall(ctx, o, keys, fcall, args)
+		v, err := b.fcall(ctx, o, keys, words, args)
 		switch {
 		case err == nil || errors.Is(err, redis.Nil):
 			return v, nil
@@ -686,7 +686,7 @@ func (b *Backend) callFCall(ctx context.Context, o *op, keys []string, fcall, ar
 		}
 		lerr := b.load(ctx)
 		if lerr == nil {
-			return b.fcall(ctx, o, keys, fcall, args)
+			return b.fcall(ctx, o, keys, words, args)
 		}
 		if !refused(lerr) {
 			return nil, lerr
@@ -696,15 +696,15 @@ func (b *Backend) callFCall(ctx context.Context, o *op, keys []string, fcall, ar
 	return o.eval.Run(ctx, b.client, keys, args...).Result()
 }
 
-// fcall calls o's function with keys and args. fcall, when not nil, is the
+// fcall calls o's function with keys and args. words, when not nil, is the
 // whole command go-redis sends: "fcall", the function, the number of keys,
 // the keys, then args (its tail); a peek keeps those first words, boxed,
 // with its keys (peekKeys), where FCall boxed each key anew on every call.
-func (b *Backend) fcall(ctx context.Context, o *op, keys []string, fcall, args []any) (any, error) {
-	if fcall == nil {
+func (b *Backend) fcall(ctx context.Context, o *op, keys []string, words, args []any) (any, error) {
+	if words == nil {
 		return b.client.FCall(ctx, o.fn, keys, args...).Result()
 	}
-	cmd := redis.NewCmd(ctx, fcall...)
+	cmd := redis.NewCmd(ctx, words...)
 	cmd.SetFirstKeyPos(3) // as FCall's: the first key, for a Cluster's slot
 	_ = b.client.Process(ctx, cmd)
 	return cmd.Result()

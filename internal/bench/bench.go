@@ -268,7 +268,9 @@ func (r *Report) Print(w io.Writer) {
 		if c.redis != nil {
 			if c.redis.scriptCalls > 0 {
 				script = fmt.Sprintf("%.1f", float64(c.redis.scriptUsec)/float64(c.redis.scriptCalls))
-				shared = fmt.Sprintf("%.1f", float64(c.ops)/float64(c.redis.scriptCalls))
+				if c.op != opHealth { // a health check calls no script: its cell's calls are the poller's
+					shared = fmt.Sprintf("%.1f", float64(c.ops)/float64(c.redis.scriptCalls))
+				}
 			}
 			if c.ops > 0 {
 				rcpu = fmt.Sprintf("%.1f", us(c.redis.cpu)/float64(c.ops))
