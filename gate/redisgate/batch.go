@@ -3,6 +3,7 @@ package redisgate
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -226,6 +227,18 @@ type batcher struct {
 	scopes map[string]*batchQueue
 	// ops and timers keep ops (newOp, free) and their waits' timers.
 	ops, timers sync.Pool
+	// yieldTo, when set, is yield's (tests make callers queue ops in it).
+	yieldTo func()
+}
+
+// yield lets the goroutines already runnable run before a drain takes its
+// next batch (runtime.Gosched).
+func (c *batcher) yield() {
+	if c.yieldTo != nil {
+		c.yieldTo()
+		return
+	}
+	runtime.Gosched()
 }
 
 type batchQueue struct{ ops []*batchOp }
@@ -324,6 +337,13 @@ func (b *Backend) gaveUp(ctx context.Context, name string) error {
 func (b *Backend) drain(tag string, q *batchQueue) {
 	c := &b.batches
 	for {
+		// The callers already runnable (the RPCs one batch of HTTP/2
+		// frames brought in) queue their ops before this batch is taken,
+		// instead of gathering behind it: at 64 callers through the
+		// sidecar, more attempt cycles per script call, and less of what
+		// each call costs Redis whatever its size per cycle
+		// (docs/performance.md, "The drain yields (eighth session)").
+		c.yield()
 		c.mu.Lock()
 		if len(q.ops) == 0 {
 			delete(c.scopes, tag)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -190,6 +191,40 @@ func TestBatchConcurrentCycles(t *testing.T) {
 	}
 	if ops < callers*rounds {
 		t.Fatalf("%d ops in batch calls, want at least one per admit (%d)", ops, callers*rounds)
+	}
+}
+
+// TestBatchDrainYieldsToCallersAlreadyRunnable: a scope's drain yields
+// before it takes a batch, so that ops whose callers are runnable then go
+// in it: three admits queued while the first op's drain yields go out with
+// it, one batch of four, and not behind a call of the first alone.
+func TestBatchDrainYieldsToCallersAlreadyRunnable(t *testing.T) {
+	ctx := testCtx(t)
+	const scope = "batch-yield"
+	b, h, _ := batchFixture(t, redisgate.Options{}, scope)
+	src := gatetest.Src("s")
+	var wg sync.WaitGroup
+	admitOne := func(id string) {
+		wg.Go(func() {
+			if a, err := b.Admit(ctx, admitReq(scope, id, src)); err != nil || !a.Granted {
+				t.Errorf("admit %s: %+v %v, want granted", id, a, err)
+			}
+		})
+	}
+	waitFor(t, "the warm-up's drain to end", func() bool { return !b.Draining(scope) })
+	yields := 0
+	b.SetBatchYield(func() {
+		if yields++; yields == 1 {
+			for i := range 3 {
+				admitOne(fmt.Sprint("runnable-", i)) // runnable while the drain yields
+			}
+			waitFor(t, "the ops queued behind the first", func() bool { return b.Gathering(scope) == 4 })
+		}
+	})
+	admitOne("first")
+	wg.Wait()
+	if got := h.takeSizes(); !slices.Equal(got, []int{4}) {
+		t.Fatalf("script calls of %v ops, want one batch of the 4", got)
 	}
 }
 
