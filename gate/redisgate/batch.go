@@ -16,8 +16,9 @@ import (
 // the Admits and Settles of one scope (one hash tag) go out together: at
 // most one batch call (batch.lua) of a scope is in flight, the ops that
 // arrive meanwhile gather, and they go out as the next call the moment it
-// returns. A lone op goes out at once, as a call of its own function
-// (admit.lua, settle.lua: a batch of one would cost Redis more Lua work);
+// returns (after one yield: see drain). A lone op goes out at once, as a
+// call of its own function (admit.lua, settle.lua: a batch of one would
+// cost Redis more Lua work);
 // under load an op waits at most for the call in flight, and never longer
 // than the Backend's timeout in all. Each RPC is still one round trip, its
 // op one of the batch's. A batch runs its ops in arrival order, atomically: the same as
