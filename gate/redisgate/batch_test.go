@@ -216,14 +216,19 @@ func TestBatchDrainYieldsToCallersAlreadyRunnable(t *testing.T) {
 	}
 	waitFor(t, "the warm-up's drain to end", func() bool { return !b.Draining(scope) })
 	yields := 0
-	b.SetBatchYield(func() {
+	b.SetBatchYield(func() { // on the drain's goroutine: no t.Fatal here
 		yields++
 		runnable := map[int]int{1: 3, 2: 2}[yields] // ops whose callers run while the drain yields
+		queued := b.Gathering(scope)
 		for i := range runnable {
 			admitOne(fmt.Sprint("runnable-", yields, "-", i))
 		}
-		queued := b.Gathering(scope)
-		waitFor(t, "the ops queued behind the first", func() bool { return b.Gathering(scope) == queued+runnable })
+		for deadline := time.Now().Add(30 * time.Second); b.Gathering(scope) != queued+runnable; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Errorf("yield %d: %d ops queued, want %d", yields, b.Gathering(scope), queued+runnable)
+				return
+			}
+		}
 	})
 	admitOne("first")
 	wg.Wait()
