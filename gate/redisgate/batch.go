@@ -16,11 +16,11 @@ import (
 // the Admits and Settles of one scope (one hash tag) go out together: at
 // most one batch call (batch.lua) of a scope is in flight, the ops that
 // arrive meanwhile gather, and they go out as the next call the moment it
-// returns (after a yield or a few: see drain). A lone op goes out at once, as a
-// call of its own function (admit.lua, settle.lua: a batch of one would
-// cost Redis more Lua work);
-// under load an op waits at most for the call in flight, and never longer
-// than the Backend's timeout in all. Each RPC is still one round trip, its
+// returns, after one yield (see drain). A lone op goes out after that
+// yield, at once at low load, as a call of its own function (admit.lua,
+// settle.lua: a batch of one would cost Redis more Lua work); under load
+// an op waits for the call in flight and the yield, and never longer than
+// the Backend's timeout in all. Each RPC is still one round trip, its
 // op one of the batch's. A batch runs its ops in arrival order, atomically: the same as
 // separate calls back to back, a legal interleaving of concurrent requests.
 //
@@ -50,9 +50,6 @@ func init() {
 		panic("redisgate: maxBatchKeys allows a batch more sources than one byte numbers")
 	}
 }
-
-// maxDrainYields bounds the yields of a drain before one batch (drain).
-const maxDrainYields = 4
 
 // maxQueuedOps bounds the ops of one scope waiting for its next batch (a
 // Redis that answers slowly makes them pile up): an admit beyond it fails at
@@ -343,22 +340,12 @@ func (b *Backend) drain(tag string, q *batchQueue) {
 	for {
 		// The callers already runnable (the RPCs one batch of HTTP/2
 		// frames brought in) queue their ops before this batch is taken,
-		// instead of gathering behind it: the drain yields while a yield
-		// brings ops in (at most maxDrainYields times). At 64 callers
-		// through the sidecar, more attempt cycles per script call, and
-		// less of what each call costs Redis whatever its size per cycle
-		// (docs/performance.md, "The drain yields (eighth session)"); a
-		// lone op at low load yields once, to nothing.
+		// instead of gathering behind it: at 64 callers through the
+		// sidecar, more attempt cycles per script call, and less of what
+		// each call costs Redis whatever its size per cycle
+		// (docs/performance.md, "The drain yields (eighth session)").
+		c.yield()
 		c.mu.Lock()
-		for y := 0; y < maxDrainYields && len(q.ops) > 0 && len(q.ops) < maxBatchOps; y++ {
-			n := len(q.ops)
-			c.mu.Unlock()
-			c.yield()
-			c.mu.Lock()
-			if len(q.ops) == n {
-				break
-			}
-		}
 		if len(q.ops) == 0 {
 			delete(c.scopes, tag)
 			c.mu.Unlock()
