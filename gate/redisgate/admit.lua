@@ -134,7 +134,7 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
         local r = ADMIT_R.T -- every field set
         r.granted, r.probe, r.epoch, r.rejections, r.events = 1, 0, b.epoch, '', ''
         r.progress, r.now, r.line = progress, now, NO_LINE
-        return ADMIT_R.pack(r)
+        return ADMIT_R.pack_memo(r)
       end
     end
   end
@@ -236,5 +236,5 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
   local r = ADMIT_R.T -- every field set (see L.T in lib.lua)
   r.granted, r.probe, r.epoch, r.rejections, r.events = granted, probe, epoch, rejections, events
   r.progress, r.now, r.line = progress, now, places
-  return ADMIT_R.pack(r)
+  return ADMIT_R.pack_memo(r)
 end

@@ -99,5 +99,5 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
   r.handoff = handoff
   -- The breaker and its window as elements of their own (layout.go's
   -- settleReply): packed into the record they would be copied again.
-  return { SETTLE_R.pack(r), b_stored(b), b.win }
+  return { SETTLE_R.pack_memo(r), b_stored(b), b.win }
 end
