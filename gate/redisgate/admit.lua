@@ -109,7 +109,19 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
     -- error in the walk's order)
     local c = CONF_SRC[string.byte(cmap, 1)]
     local bs = c and rawget(bsrc, string.byte(map, 1) or 0)
-    local hc = bs and CALL.h[bs.q.state]
+    local key = bs and bs.q.state
+    local hc = key and CALL.h[key]
+    if key and not hc and CALL.pre[key] then
+      -- The batch's first op of the source: its state hash read here
+      -- (b_first), where the walk's b_load would read it: after the walk's
+      -- steps before it (its ceiling, its place, the line), which raise as
+      -- the walk's would. An op that may join the line walks (its walk
+      -- reads the hash, after the line's commands).
+      S_UNPACK(CAND.FMT, args, cpos)
+      if not (waits and (S_UNPACK(PLACE.FMT, args, ppos) ~= '' or not l_empty(bs.l))) then
+        hc = b_first(key, CALL.pre[key])
+      end
+    end
     local field = hc and LEASE .. h.permit
     local lease = hc and hc.f[field] -- (nil: not read, false: none)
     local b = hc and hc.b
@@ -134,7 +146,7 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
         local r = ADMIT_R.T -- every field set
         r.granted, r.probe, r.epoch, r.rejections, r.events = 1, 0, b.epoch, '', ''
         r.progress, r.now, r.line = progress, now, NO_LINE
-        return ADMIT_R.pack(r)
+        return ADMIT_R.pack_memo(r)
       end
     end
   end
@@ -236,5 +248,5 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
   local r = ADMIT_R.T -- every field set (see L.T in lib.lua)
   r.granted, r.probe, r.epoch, r.rejections, r.events = granted, probe, epoch, rejections, events
   r.progress, r.now, r.line = progress, now, places
-  return ADMIT_R.pack(r)
+  return ADMIT_R.pack_memo(r)
 end

@@ -15,10 +15,10 @@ import (
 // The admit's and the settle's early exits (admit.lua, settle.lua) take a
 // batch's common op (one candidate, a CLOSED breaker without override, a
 // slot free, no line to join; a success of this epoch) without the walk.
-// They run only in a batch whose cache holds the source's state hash, so
-// each case here runs its ops as one batch behind a stale settle that loads
-// the hash, the same ops one at a time (never an early exit), and on the
-// memory backend, and wants the same answers from all three and the same
+// They run in a batch whose cache holds the source's state hash, or read it
+// for the batch's first op of the source, so each case here runs its ops as
+// one batch, behind a stale settle that loads the hash and without it, the
+// same ops one at a time (never an early exit), and on the memory backend, and wants the same answers from all three and the same
 // stored hashes from the two on Redis. The cases stand where an exit's
 // conditions are just met or just not.
 
@@ -275,7 +275,7 @@ func TestEarlyExitsAnswerAsTheWalk(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			src := gatetest.Src("s", tc.src)
-			run := func(be gate.Backend, scope string, batched bool, ps map[string]gate.Permit) []string {
+			run := func(be gate.Backend, scope string, batched bool, ps map[string]gate.Permit, lead bool) []string {
 				clock.Set(start)
 				f := &fastRun{t: t, ctx: ctx, be: be, clock: clock, scope: scope, src: src, ps: ps, keep: !batched}
 				warm := gatetest.Src("warm")
@@ -286,26 +286,35 @@ func TestEarlyExitsAnswerAsTheWalk(t *testing.T) {
 					f.keep = !batched
 				}
 				out := make([]string, len(tc.ops))
-				fs := []func(){func() { _, _ = be.Settle(ctx, staleSettle(scope, src)) }} // loads the hash
+				var fs []func()
+				if lead {
+					fs = append(fs, func() { _, _ = be.Settle(ctx, staleSettle(scope, src)) }) // loads the hash
+				}
 				for i, op := range tc.ops {
 					fs = append(fs, func() { out[i] = op(f) })
 				}
 				runOps(t, b, h, scope, batched && be != gate.Backend(mem), fs) // memory: one at a time
 				return out
 			}
-			known := map[string]gate.Permit{}
-			seq := run(b, "seq-"+tc.name, false, known)
-			bat := run(b, "bat-"+tc.name, true, known)
-			memo := run(mem, "mem-"+tc.name, false, map[string]gate.Permit{})
-			for i := range seq {
-				if seq[i] != bat[i] || seq[i] != memo[i] {
-					t.Errorf("op %d:\n batched    %s\n sequential %s\n memory     %s", i, bat[i], seq[i], memo[i])
+			// Led by the stale settle, and not: the batch's first op of the
+			// source reads its hash in the exit (b_first), where the walk
+			// would.
+			for _, lead := range []bool{true, false} {
+				p := fmt.Sprint(lead, "-")
+				known := map[string]gate.Permit{}
+				seq := run(b, p+"seq-"+tc.name, false, known, lead)
+				bat := run(b, p+"bat-"+tc.name, true, known, lead)
+				memo := run(mem, p+"mem-"+tc.name, false, map[string]gate.Permit{}, lead)
+				for i := range seq {
+					if seq[i] != bat[i] || seq[i] != memo[i] {
+						t.Errorf("led %v, op %d:\n batched    %s\n sequential %s\n memory     %s", lead, i, bat[i], seq[i], memo[i])
+					}
 				}
-			}
-			got, want := storedScope(t, ctx, b, c, "bat-"+tc.name, []string{"s"}), storedScope(t, ctx, b, c, "seq-"+tc.name, []string{"s"})
-			for k, v := range want {
-				if got[k] != v {
-					t.Errorf("%s: batched %s, one at a time %s", k, got[k], v)
+				got, want := storedScope(t, ctx, b, c, p+"bat-"+tc.name, []string{"s"}), storedScope(t, ctx, b, c, p+"seq-"+tc.name, []string{"s"})
+				for k, v := range want {
+					if got[k] != v {
+						t.Errorf("led %v, %s: batched %s, one at a time %s", lead, k, got[k], v)
+					}
 				}
 			}
 		})

@@ -384,6 +384,20 @@ func (l luaLayout) writeBin(b *strings.Builder) {
 		l.id, l.id, strings.Join(into, ", "), l.format())
 	fmt.Fprintf(b, "%s.into = function(argv, base, t)\n  return (%s.into_at(argv[base + 1], 1, t))\nend\n", l.id, l.id)
 	fmt.Fprintf(b, "%s.pack = function(t)\n  return S_PACK(%q, %s)\nend\n", l.id, l.format(), strings.Join(packed, ", "))
+	// pack_memo is pack(t), the same string as the last pack_memo's while
+	// t's fields are the same (compared, not packed again: the replies of a
+	// batch's ops are mostly one record, the same time and progress).
+	// L.M is the last record packed, its string in M.s, stored only once
+	// packed (a pack that raises keeps the last).
+	var conds, mf []string
+	for _, n := range l.names {
+		conds = append(conds, fmt.Sprintf("t.%s == m.%s", n, n))
+		mf = append(mf, "m."+n)
+	}
+	fmt.Fprintf(b, "%s.M = {}\n%s.pack_memo = function(t)\n  local m = %s.M\n  if m.s and %s then\n    return m.s\n  end\n",
+		l.id, l.id, l.id, strings.Join(conds, " and "))
+	fmt.Fprintf(b, "  local s = S_PACK(%q, %s)\n  %s, m.s = %s, s\n  return s\nend\n",
+		l.format(), strings.Join(packed, ", "), strings.Join(mf, ", "), strings.Join(into, ", "))
 	if len(l.names) > 0 && l.names[0] == "on" && !slices.Contains(l.strs, "on") {
 		// A block that may be off: on(argv, base) reads its first field alone.
 		fmt.Fprintf(b, "%s.on_at = function(s, pos)\n  return S_UNPACK('<d', s, pos) == 1\nend\n", l.id)

@@ -36,6 +36,9 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
   -- h_del, b_settle) but not their calls, and goes on with the write-back
   -- and the reply; anything else walks, nothing changed.
   local hc = map and CALL.h[q.state]
+  if map and not hc and CALL.pre[q.state] then
+    hc = b_first(q.state, CALL.pre[q.state]) -- (the batch's first op of the source: as the walk's b_load, its first step)
+  end
   local field = hc and LEASE .. a.permit
   local lease = hc and hc.f[field]
   local b = hc and hc.b
@@ -99,5 +102,5 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
   r.handoff = handoff
   -- The breaker and its window as elements of their own (layout.go's
   -- settleReply): packed into the record they would be copied again.
-  return { SETTLE_R.pack(r), b_stored(b), b.win }
+  return { SETTLE_R.pack_memo(r), b_stored(b), b.win }
 end

@@ -14,6 +14,17 @@
 --                                               and the C functions it calls
 --                                               (struct, string.sub, ...):
 --                                               one run, no valgrind
+--   lua5.1 driver.lua LIB CALLS gc              replay with the collector
+--                                               running (as in Redis)
+--   lua5.1 driver.lua LIB CALLS alloc           per function (line): calls,
+--                                               and the bytes of the Lua
+--                                               heap it allocated while it
+--                                               was the innermost Lua frame
+--                                               (its tables, strings and the
+--                                               C functions it calls: what
+--                                               the collector later sweeps);
+--                                               line 0: the emulated
+--                                               redis.call's replies
 --
 -- LUA_CPATH must find struct.so (Redis's deps/lua/src/lua_struct.c built
 -- as a module), cjson (lua-cjson) and lprof.so (lprof.c).
@@ -123,7 +134,11 @@ end
 -- Lua's collector stopped: the emulator's garbage would otherwise be
 -- collected in the library's functions (in Redis the collector is ~2% of a
 -- cycle: docs/performance.md).
-collectgarbage("stop")
+-- With TARGET gc, it runs (the replay's whole cost, collection included, for
+-- comparing two libraries on one recording: callgrind's total).
+if TARGET ~= "gc" then
+  collectgarbage("stop")
+end
 local lprof = tonumber(TARGET) and require "lprof"
 if arg[5] == "cal" then
   -- An empty function called 100 000 times, collected by hand (0) and by
@@ -167,6 +182,38 @@ elseif TARGET == "ops" then
     end
   end, "c", 1)
   COUNT_OPS = ops
+elseif TARGET == "alloc" then
+  -- allocs[line] = {calls, KB}: the heap's growth between two hook events
+  -- is the function's that ran between them (the innermost Lua frame at
+  -- the first; a C function's is its Lua caller's, whose bytecode called
+  -- it, a tail call's too), the hook's own taken out (its count read after
+  -- its own work). Line 0 is the emulator's.
+  local allocs, getinfo, gc = {}, debug.getinfo, collectgarbage
+  local function entry(line)
+    local o = allocs[line]
+    if not o then o = { 0, 0 }; allocs[line] = o end
+    return o
+  end
+  local last, base = nil, 0
+  local function at(level)
+    local i = getinfo(level, "S")
+    if not i then return nil end
+    if i.source ~= "=polygate" then return entry(0) end
+    return entry(i.linedefined)
+  end
+  debug.sethook(function(ev)
+    local k = gc("count")
+    if last then last[2] = last[2] + (k - base) end
+    if ev == "count" then
+      last = at(3)
+    elseif getinfo(2, "S").what ~= "C" then
+      last = at(3)
+      if last then last[1] = last[1] + 1 end
+    end -- (a C function's: its caller's, which ran the call's bytecode)
+    if k > 262144 then gc("collect"); gc("stop") end
+    base = gc("count")
+  end, "c", 1)
+  COUNT_ALLOC = allocs
 elseif lprof then
   lprof.start("=polygate", tonumber(TARGET), INCL, debug.getinfo(rcall, "S").linedefined)
 end
@@ -185,6 +232,9 @@ if TARGET == "count" then
 elseif TARGET == "ops" then
   debug.sethook()
   for l, o in pairs(COUNT_OPS) do print("OPS", l, o[1], o[2], o[3]) end
+elseif TARGET == "alloc" then
+  debug.sethook()
+  for l, o in pairs(COUNT_ALLOC) do print("ALLOC", l, o[1], string.format("%.0f", o[2] * 1024)) end
 elseif lprof then
   print("PROF", lprof.stop())
 end
