@@ -113,10 +113,9 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
     local hc = key and CALL.h[key]
     if key and not hc and CALL.pre[key] then
       -- The batch's first op of the source: its state hash read here
-      -- (b_first), where the walk's b_load would read it: after the walk's
-      -- steps before it (its ceiling, its place, the line), which raise as
-      -- the walk's would. An op that may join the line walks (its walk
-      -- reads the hash, after the line's commands).
+      -- (b_first), where the walk's b_load would read it, after the same
+      -- steps (its ceiling, its place, the line), which raise as the walk's
+      -- would: with them, an op that would enter the line, it walks.
       S_UNPACK(CAND.FMT, args, cpos)
       if not (waits and (S_UNPACK(PLACE.FMT, args, ppos) ~= '' or not l_empty(bs.l))) then
         hc = b_first(key, CALL.pre[key])
