@@ -109,18 +109,7 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
     -- error in the walk's order)
     local c = CONF_SRC[string.byte(cmap, 1)]
     local bs = c and rawget(bsrc, string.byte(map, 1) or 0)
-    local key = bs and bs.q.state
-    local hc = key and CALL.h[key]
-    if key and not hc and CALL.pre[key] then
-      -- The batch's first op of the source: its state hash read here
-      -- (b_first), where the walk's b_load would read it, after the same
-      -- steps (its ceiling, its place, the line), which raise as the walk's
-      -- would: with them, an op that would enter the line, it walks.
-      S_UNPACK(CAND.FMT, args, cpos)
-      if not (waits and (S_UNPACK(PLACE.FMT, args, ppos) ~= '' or not l_empty(bs.l))) then
-        hc = b_first(key, CALL.pre[key])
-      end
-    end
+    local hc = bs and CALL.h[bs.q.state]
     local field = hc and LEASE .. h.permit
     local lease = hc and hc.f[field] -- (nil: not read, false: none)
     local b = hc and hc.b

@@ -312,7 +312,7 @@ end
 -- in the same HMGET, what the batch's ops will read of the hash (pre, the
 -- source's BATCH_PRE block: the window if a settle of the batch counts, and
 -- the lease field of each op's permit, argv[pre.from .. pre.to]), into the
--- hash's cache, where b_cached finds them; it returns that cache entry.
+-- hash's cache, where b_cached finds them.
 local function b_first(key, pre)
   local argv = CALL.argv
   local v, at
@@ -340,7 +340,6 @@ local function b_first(key, pre)
   end
   b_keep(c)
   CALL.h[key] = c
-  return c
 end
 
 -- b_load reads the breaker: with window (a script that will count), its

@@ -36,9 +36,6 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
   -- h_del, b_settle) but not their calls, and goes on with the write-back
   -- and the reply; anything else walks, nothing changed.
   local hc = map and CALL.h[q.state]
-  if map and not hc and CALL.pre[q.state] then
-    hc = b_first(q.state, CALL.pre[q.state]) -- (the batch's first op of the source: as the walk's b_load, its first step)
-  end
   local field = hc and LEASE .. a.permit
   local lease = hc and hc.f[field]
   local b = hc and hc.b
