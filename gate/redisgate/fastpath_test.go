@@ -15,11 +15,12 @@ import (
 // The admit's and the settle's early exits (admit.lua, settle.lua) take a
 // batch's common op (one candidate, a CLOSED breaker without override, a
 // slot free, no line to join; a success of this epoch) without the walk.
-// They run in a batch whose cache holds the source's state hash, or read it
-// for the batch's first op of the source, so each case here runs its ops as
-// one batch, behind a stale settle that loads the hash and without it, the
-// same ops one at a time (never an early exit), and on the memory backend, and wants the same answers from all three and the same
-// stored hashes from the two on Redis. The cases stand where an exit's
+// They run in a batch whose cache holds the source's state hash (the
+// batch's first op of the source walks, and reads it), so each case here
+// runs its ops as one batch, behind a stale settle that loads the hash (the
+// exits) and without it (the first op walks), the same ops one at a time
+// (never an early exit), and on the memory backend, and wants the same
+// answers from all three and the same stored hashes from the two on Redis. The cases stand where an exit's
 // conditions are just met or just not.
 
 // fastCase is a source, what is done to it one op at a time first (setup),
@@ -296,9 +297,8 @@ func TestEarlyExitsAnswerAsTheWalk(t *testing.T) {
 				runOps(t, b, h, scope, batched && be != gate.Backend(mem), fs) // memory: one at a time
 				return out
 			}
-			// Led by the stale settle, and not: the batch's first op of the
-			// source reads its hash in the exit (b_first), where the walk
-			// would.
+			// Led by the stale settle (the ops take the exits), and not
+			// (the batch's first op of the source walks).
 			for _, lead := range []bool{true, false} {
 				p := fmt.Sprint(lead, "-")
 				known := map[string]gate.Permit{}

@@ -17,7 +17,7 @@
 --   lua5.1 driver.lua LIB CALLS gc              replay with the collector
 --                                               running (as in Redis)
 --   lua5.1 driver.lua LIB CALLS alloc           per function (line): calls,
---                                               and the bytes of the Lua
+--                                               and the net bytes of the Lua
 --                                               heap it allocated while it
 --                                               was the innermost Lua frame
 --                                               (its tables, strings and the
