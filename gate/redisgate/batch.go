@@ -3,7 +3,6 @@ package redisgate
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -16,11 +15,10 @@ import (
 // the Admits and Settles of one scope (one hash tag) go out together: at
 // most one batch call (batch.lua) of a scope is in flight, the ops that
 // arrive meanwhile gather, and they go out as the next call the moment it
-// returns, after one yield (see drain). A lone op goes out after that
-// yield, at once at low load, as a call of its own function (admit.lua,
-// settle.lua: a batch of one would cost Redis more Lua work); under load
-// an op waits for the call in flight and the yield, and never longer than
-// the Backend's timeout in all. Each RPC is still one round trip, its
+// returns. A lone op goes out at once, as a call of its own function
+// (admit.lua, settle.lua: a batch of one would cost Redis more Lua work);
+// under load an op waits at most for the call in flight, and never longer
+// than the Backend's timeout in all. Each RPC is still one round trip, its
 // op one of the batch's. A batch runs its ops in arrival order, atomically: the same as
 // separate calls back to back, a legal interleaving of concurrent requests.
 //
@@ -228,18 +226,6 @@ type batcher struct {
 	scopes map[string]*batchQueue
 	// ops and timers keep ops (newOp, free) and their waits' timers.
 	ops, timers sync.Pool
-	// yieldTo, when set, is yield's (tests make callers queue ops in it).
-	yieldTo func()
-}
-
-// yield lets the goroutines already runnable run before a drain takes its
-// next batch (runtime.Gosched).
-func (c *batcher) yield() {
-	if c.yieldTo != nil {
-		c.yieldTo()
-		return
-	}
-	runtime.Gosched()
 }
 
 type batchQueue struct{ ops []*batchOp }
@@ -338,13 +324,6 @@ func (b *Backend) gaveUp(ctx context.Context, name string) error {
 func (b *Backend) drain(tag string, q *batchQueue) {
 	c := &b.batches
 	for {
-		// The callers already runnable (the RPCs one batch of HTTP/2
-		// frames brought in) queue their ops before this batch is taken,
-		// instead of gathering behind it: at 64 callers through the
-		// sidecar, more attempt cycles per script call, and less of what
-		// each call costs Redis whatever its size per cycle
-		// (docs/performance.md, "The drain yields (eighth session)").
-		c.yield()
 		c.mu.Lock()
 		if len(q.ops) == 0 {
 			delete(c.scopes, tag)

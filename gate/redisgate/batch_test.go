@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -191,46 +190,6 @@ func TestBatchConcurrentCycles(t *testing.T) {
 	}
 	if ops < callers*rounds {
 		t.Fatalf("%d ops in batch calls, want at least one per admit (%d)", ops, callers*rounds)
-	}
-}
-
-// TestBatchDrainYieldsToCallersAlreadyRunnable: a scope's drain yields
-// before it takes a batch, so that ops whose callers are runnable then go
-// in it: three admits queued while the first op's drain yields go out with
-// it, one batch of four, and not behind a call of the first alone.
-func TestBatchDrainYieldsToCallersAlreadyRunnable(t *testing.T) {
-	ctx := testCtx(t)
-	const scope = "batch-yield"
-	b, h, _ := batchFixture(t, redisgate.Options{}, scope)
-	src := gatetest.Src("s")
-	var wg sync.WaitGroup
-	admitOne := func(id string) {
-		wg.Go(func() {
-			if a, err := b.Admit(ctx, admitReq(scope, id, src)); err != nil || !a.Granted {
-				t.Errorf("admit %s: %+v %v, want granted", id, a, err)
-			}
-		})
-	}
-	waitFor(t, "the warm-up's drain to end", func() bool { return !b.Draining(scope) })
-	yields := 0
-	b.SetBatchYield(func() { // on the drain's goroutine: no t.Fatal here
-		yields++
-		runnable := map[int]int{1: 3}[yields] // ops whose callers run while the drain yields
-		queued := b.Gathering(scope)
-		for i := range runnable {
-			admitOne(fmt.Sprint("runnable-", i))
-		}
-		for deadline := time.Now().Add(30 * time.Second); b.Gathering(scope) != queued+runnable; time.Sleep(time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Errorf("yield %d: %d ops queued, want %d", yields, b.Gathering(scope), queued+runnable)
-				return
-			}
-		}
-	})
-	admitOne("first")
-	wg.Wait()
-	if got := h.takeSizes(); !slices.Equal(got, []int{4}) {
-		t.Fatalf("script calls of %v ops, want one batch of the 4", got)
 	}
 }
 

@@ -102,16 +102,3 @@ func (b *Backend) Hear(scope string, e gate.Event) { b.memory.see(scope, []gate.
 
 // LoseAdmit queues req's give-back, as an Admit whose reply was lost does.
 func (b *Backend) LoseAdmit(req gate.AdmitRequest) { b.lostAdmit(req) }
-
-// SetBatchYield makes f what a scope's drain calls, on its goroutine (no
-// t.Fatal in f), before it takes each batch and before it ends, instead of
-// runtime.Gosched; set while no drain runs (Draining).
-func (b *Backend) SetBatchYield(f func()) { b.batches.yieldTo = f }
-
-// Draining reports whether the scope's drain runs (a batch in flight or
-// about to be taken).
-func (b *Backend) Draining(scope string) bool {
-	b.batches.mu.Lock()
-	defer b.batches.mu.Unlock()
-	return b.batches.scopes[b.tag(scope)] != nil
-}
