@@ -20,8 +20,8 @@ import (
 // runs its ops as one batch, behind a stale settle that loads the hash (the
 // exits) and without it (the first op walks), the same ops one at a time
 // (never an early exit), and on the memory backend, and wants the same
-// answers from all three and the same stored hashes from the two on Redis. The cases stand where an exit's
-// conditions are just met or just not.
+// answers from all three and the same stored hashes from the two on Redis.
+// The cases stand where an exit's conditions are just met or just not.
 
 // fastCase is a source, what is done to it one op at a time first (setup),
 // and the ops then run together; an op answers a string to compare.
