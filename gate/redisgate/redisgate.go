@@ -328,6 +328,11 @@ func (b *Backend) admit(ctx context.Context, until time.Time, r *gate.AdmitReque
 	o.admit = req
 	sn := b.namesOf(req.Scope)
 	keys := append(slices.Grow(o.keys, len(scopeKeys.suffixes)+len(batchSrcKeys.suffixes)*n), sn.scope...)
+	if cap(o.srcs) < n && n <= len(o.pk.src) {
+		// One candidate: the op's own room (an op a settle used comes back
+		// from the pool with no sources: see free).
+		o.srcs = o.pk.src[:0]
+	}
 	o.srcs = slices.Grow(o.srcs, n)[:n]
 	pk := &o.pk
 	pk.admit, pk.line = call[gate.AdmitRequest]{b, req, sn.tag, sn.channel}, lineArg{b, req.Line}
