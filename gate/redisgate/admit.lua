@@ -76,9 +76,20 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
   end
   local sc, bsrc = CONF_H.T, map and CALL.src
   p0 = p0 or 1
-  local at = op_block(args, p0, 1)
-  local h, cpos = ADMIT.into_at(args, at, ADMIT.T) -- the CANDs follow, at cpos
-  op_check(at, p0, 2 * h.n + 2) -- ADMIT, the CANDs, WAITER, the PLACEs
+  -- The position table (op_block's): one candidate's four positions
+  -- (ADMIT, CAND, WAITER, PLACE) in one read where the argument has room
+  -- for them, else the first alone (what op_block reads, raising as it).
+  local q1, q2, q3, q4
+  if #args >= p0 + 15 then
+    q1, q2, q3, q4 = S_UNPACK('<I4I4I4I4', args, p0)
+  else
+    q1 = S_UNPACK('<I4', args, p0)
+  end
+  local at, h, cpos = p0 + q1, ADMIT.T, nil -- the CANDs follow ADMIT, at cpos
+  h.now, h.permit, h.tokens, h.n, h.seen, cpos = S_UNPACK(ADMIT.FMT, args, at) -- (ADMIT.into_at's)
+  if q1 ~= 8 * h.n + 8 then
+    op_check(at, p0, 2 * h.n + 2) -- ADMIT, the CANDs, WAITER, the PLACEs: raises
+  end
   local s = map and CALL.scope or op_scope(keys, map)
   local marked = h.seen ~= '*'
   local marker, progress = scope_read(s, marked)
@@ -86,16 +97,22 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
     return redis.error_reply('UNMARKED the scope\'s marker changed: re-assert, then admit again')
   end
   local now = map and h.now == 0 and CALL.now or now_ms(h.now)
-  -- WAITER's position (wpos), and with one candidate its PLACE's (ppos) in
-  -- the same read, for the early exit (op_check counted them).
-  local wpos, ppos
+  -- WAITER's position (wpos), and with one candidate its PLACE's (ppos),
+  -- read above (op_check counted them). With one candidate whose WAITER
+  -- follows its CAND, the ceiling and WAITER's on in one read (ceil; it
+  -- raises where WAITER.on_at would).
+  local wpos, ppos, ceil, waits
   if h.n == 1 then
-    wpos, ppos = S_UNPACK('<I4I4', args, p0 + 8)
-    wpos, ppos = p0 + wpos, p0 + ppos
+    wpos, ppos = p0 + q3, p0 + q4
   else
     wpos = op_block(args, p0, h.n + 2)
   end
-  local waits = WAITER.on_at(args, wpos)
+  if h.n == 1 and cpos + 8 == wpos then
+    ceil, waits = S_UNPACK('<dd', args, cpos)
+    waits = waits == 1
+  else
+    waits = WAITER.on_at(args, wpos)
+  end
   -- The walk's early exit for the common op of a batch (docs/performance.md,
   -- seventh session): one candidate, its state hash cached with the
   -- permit's lease field (b_first read it), its breaker CLOSED without an
@@ -115,7 +132,7 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
     local b = hc and hc.b
     if lease ~= nil and b.state == CLOSED and b.override == NO_OVERRIDE and c.rpm == 0 and c.tpm == 0
       and not (b.held > 0 and now >= b.lease_min) then
-      local ceiling, held = S_UNPACK(CAND.FMT, args, cpos), b.held
+      local ceiling, held = ceil or S_UNPACK(CAND.FMT, args, cpos), b.held
       if held < c.max_concurrency and (ceiling >= c.max_concurrency or held < ceiling)
         and not (waits and (S_UNPACK(PLACE.FMT, args, ppos) ~= '' or not l_empty(bs.l))) then
         local e = now + c.lease

@@ -16,9 +16,12 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
   -- a is the outcome (b_settle's o), pc the source's name and policy (its
   -- p); HANDOFF follows a at hb.
   p0 = p0 or 1
-  local at = op_block(args, p0, 1)
-  op_check(at, p0, 2) -- SETTLE, HANDOFF
-  local a, hb = SETTLE.into_at(args, at, SETTLE.T)
+  local at = p0 + S_UNPACK('<I4', args, p0) -- (op_block's)
+  if at ~= p0 + 8 then
+    op_check(at, p0, 2) -- SETTLE, HANDOFF: raises
+  end
+  local a, hb = SETTLE.T, nil -- (SETTLE.into_at's)
+  a.now, a.permit, a.epoch, a.probe, a.verdict, a.floor, a.actual, a.progress, hb = S_UNPACK(SETTLE.FMT, args, at)
   a.probe = a.probe == 1
   local now = map and a.now == 0 and CALL.now or now_ms(a.now)
   local s = map and CALL.scope or op_scope(keys, map)
@@ -87,7 +90,7 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
   local rel, handoff = 0, ''
   if released then
     rel = 1
-    if HANDOFF.on_at(args, hb) then
+    if S_UNPACK('<d', args, hb) == 1 then -- (HANDOFF.on_at's)
       local k = bs and bs.l or op_line(keys, nil, 1, 1)
       if not l_empty(k) then -- (l_handoff's first test, before its block is read)
         handoff = l_handoff(k, HANDOFF.read_at(args, hb), now)
