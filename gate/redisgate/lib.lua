@@ -91,9 +91,18 @@ local PAGE_H = 256
 
 -- idiv is Go's integer division a / b for b > 0 (truncating toward zero),
 -- exact even where a / b in floating point would round to the next integer.
+-- For 0 <= a < 2^53 it is (a - a % b) / b, exact, where a % b (Lua's,
+-- a - floor(a / b) * b: exact there, by Sterbenz's lemma) is in [0, b),
+-- negative only where a / b rounded up to the next integer, and then the
+-- quotient is corrected as below. (No call of math.floor: b_record does
+-- the same without the call of idiv.)
 local function idiv(a, b)
   if a < 0 then
     return -idiv(-a, b)
+  end
+  local r = a % b
+  if a < 2 ^ 53 and r >= 0 and r < b then
+    return (a - r) / b
   end
   local q = math.floor(a / b)
   if q * b > a then
@@ -615,15 +624,27 @@ local function bucket_width(p)
 end
 
 -- twin: gate.(*Breaker).record
+-- (bucket_width, b_buckets and idiv inline where they would return at
+-- once: a settle's cost is its Lua calls, docs/performance.md.)
 local function b_record(b, p, now, fail)
-  local w = bucket_width(p)
+  local w = p.wwin == p.window and p.wid or bucket_width(p)
   if b.width ~= w then
     b_clear_buckets(b)
     b.width, b.bdirty = w, true
   end
-  b_buckets(b)
-  local idx = idiv(now, w)
-  local slot = idx - idiv(idx, BUCKETS) * BUCKETS
+  if not b.win then
+    b_buckets(b)
+  end
+  local r, idx = now % w, nil
+  if now >= 0 and now < 2 ^ 53 and r >= 0 and r < w then -- idiv(now, w)'s first case
+    idx = (now - r) / w
+  else
+    idx = idiv(now, w)
+  end
+  local slot = idx % BUCKETS -- idx - idiv(idx, BUCKETS) * BUCKETS, as idiv's first case
+  if not (idx >= 0 and idx < 2 ^ 53 and slot >= 0) then
+    slot = idx - idiv(idx, BUCKETS) * BUCKETS
+  end
   local was, oi, oc, of = b.win, WIN.get(b.win, slot)
   local index, calls, fails = oi, oc, of
   if index ~= idx then
