@@ -136,7 +136,7 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
       if held < c.max_concurrency and (ceiling >= c.max_concurrency or held < ceiling)
         and not (waits and (S_UNPACK(PLACE.FMT, args, ppos) ~= '' or not l_empty(bs.l))) then
         local e = now + c.lease
-        b.lease_of, b.lease_f, b.lease_v = lease or true, field, S_PACK('<d', e)
+        b.lease_of, b.lease_f, b.lease_v = lease or true, false, false
         if not lease then
           held = held + 1
           b.held = held
@@ -144,7 +144,19 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
         if held == 1 or e < b.lease_min then
           b.lease_min = e
         end
-        b_save(b, sc.idle_ttl, now)
+        -- b_save's steps for this case (CLOSED, no override, the batch's
+        -- cache hc: c.b == b) without its call and tests, the lease
+        -- written straight into the cache.
+        hc.f[field], hc.dirty[field] = S_PACK('<d', e), true
+        if b.expire_at == 0 or now - b.expire_at >= sc.idle_ttl / 8 then
+          b.expire_at, hc.ttl, hc.idle_ttl = now, 1, sc.idle_ttl
+        end
+        if b.bdirty then
+          b_keep(hc)
+        else
+          BREC.copy_aside(b, hc.saved)
+          hc.saved_win, hc.saved_wold = b.win, b.wold
+        end
         if not NO_LINE then
           NO_LINE = pack(LINE_ADMIT_R, { places = '' })
         end

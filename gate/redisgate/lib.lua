@@ -440,6 +440,8 @@ end
 -- of it has passed (b.expire_at; without now, every time); an OPEN or
 -- HALF_OPEN one, or one an operator set, is PERSISTed: its state must never
 -- expire into a fresh CLOSED breaker.
+-- admit.lua's and settle.lua's early exits repeat this for their case (a
+-- breaker CLOSED without an override, in the batch's cache): change all three.
 local function b_save(b, idle_ttl, now)
   local lf, lv = b.lease_f, b.lease_v
   b.lease_f, b.lease_v = false, false

@@ -55,6 +55,16 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
       b.consecutive, b.bdirty = 0, true
     end
     released, effect, evs = true, F_APPLIED, NO_EVENTS
+    -- b_save's steps for this case (as admit's exit: no lease to write)
+    if b.expire_at == 0 or now - b.expire_at >= sc.idle_ttl / 8 then
+      b.expire_at, hc.ttl, hc.idle_ttl = now, 1, sc.idle_ttl
+    end
+    if b.bdirty then
+      b_keep(hc)
+    else
+      BREC.copy_aside(b, hc.saved)
+      hc.saved_win, hc.saved_wold = b.win, b.wold
+    end
   else
     b = b_load(q.state, true, a.permit)
     released = q_release(q, b, a.permit, a.actual, now)
@@ -72,8 +82,8 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
     else
       effect, evs = b_stale(b, a)
     end
+    b_save(b, sc.idle_ttl, now)
   end
-  b_save(b, sc.idle_ttl, now)
   local events = ''
   if evs ~= NO_EVENTS then
     for _, e in ipairs(evs) do
