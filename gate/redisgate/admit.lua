@@ -92,7 +92,18 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
   end
   local s = map and CALL.scope or op_scope(keys, map)
   local marked = h.seen ~= '*'
-  local marker, progress = scope_read(s, marked)
+  local marker, progress
+  if map and CALL.scoped then
+    -- scope_read's first case without its call: both read by an op before
+    -- (CALL.scoped, set below), they stay in CALL.got (the marker as read,
+    -- the progress a number) for the batch.
+    marker, progress = CALL.got[s.marker], CALL.got[s.progress]
+  else
+    marker, progress = scope_read(s, marked)
+    if map and marked then
+      CALL.scoped = true
+    end
+  end
   if marked and marker ~= h.seen then
     return redis.error_reply('UNMARKED the scope\'s marker changed: re-assert, then admit again')
   end

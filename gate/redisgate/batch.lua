@@ -61,7 +61,7 @@ local function batch_run(keys, argv)
 end
 
 local function batch(keys, argv)
-  CALL = { got = {}, put = {}, h = {}, src = setmetatable({}, NO_BATCH_SRC), pre = {}, argv = argv }
+  CALL = { got = {}, put = {}, h = {}, src = setmetatable({}, NO_BATCH_SRC), pre = {}, argv = argv, scoped = false }
   local ok, out = pcall(batch_run, keys, argv)
   local flushed, err = pcall(call_flush) -- what ran is written, as in calls of their own
   CALL, CONF_S, CONF_SRC = nil, nil, nil

@@ -21,7 +21,9 @@ end
 -- written once when the batch ends), the sources' state hashes (h: see
 -- b_load), what the ops will read of each state hash (pre: key -> its
 -- BATCH_PRE block, see b_first; argv, the batch's arguments), and the
--- batch's keys as tables (scope, src: see batch_src). It is a
+-- batch's keys as tables (scope, src: see batch_src), and whether an
+-- admit read the scope's marker and progress (scoped: see admit.lua's
+-- scope_read). It is a
 -- library-level local, which outlives a call: batch sets it at its start
 -- and clears it at its end.
 local CALL = nil

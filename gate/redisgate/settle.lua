@@ -92,7 +92,9 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
     end
   end
   local progress = now
-  if a.progress == 1 then
+  if a.progress == 1 and map then -- set_ms's case in a batch, without its call
+    CALL.got[s.progress], CALL.put[s.progress] = now, sc.idle_ttl
+  elseif a.progress == 1 then
     set_ms(s.progress, now, sc.idle_ttl)
   else
     progress = get_ms(s.progress)
@@ -112,5 +114,7 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
   r.handoff = handoff
   -- The breaker and its window as elements of their own (layout.go's
   -- settleReply): packed into the record they would be copied again.
-  return { SETTLE_R.pack_memo(r), b_stored(b), b.win }
+  -- (b_stored's answer without its call where the cache holds it)
+  local rec = hc and hc.b == b and hc.vrec and not hc.vdirty and not b.bdirty and hc.vrec or b_stored(b)
+  return { SETTLE_R.pack_memo(r), rec, b.win }
 end
