@@ -135,8 +135,8 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
   if map and h.n == 1 then
     -- (lookups that never raise: a hostile op walks, and raises the walk's
     -- error in the walk's order)
-    local c = CONF_SRC[string.byte(cmap, 1)]
-    local bs = c and rawget(bsrc, string.byte(map, 1) or 0)
+    local c = CONF_SRC[BYTE[cmap] or string.byte(cmap, 1)]
+    local bs = c and rawget(bsrc, BYTE[map] or string.byte(map, 1) or 0)
     local hc = bs and CALL.h[bs.q.state]
     local field = hc and LEASE .. h.permit
     local lease = hc and hc.f[field] -- (nil: not read, false: none)

@@ -61,6 +61,12 @@ local function batch_run(keys, argv)
 end
 
 local function batch(keys, argv)
+  if not BYTE then
+    BYTE = {}
+    for i = 0, 255 do
+      BYTE[string.char(i)] = i
+    end
+  end
   CALL = { got = {}, put = {}, h = {}, src = setmetatable({}, NO_BATCH_SRC), pre = {}, argv = argv, scoped = false }
   local ok, out = pcall(batch_run, keys, argv)
   local flushed, err = pcall(call_flush) -- what ran is written, as in calls of their own

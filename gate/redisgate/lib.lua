@@ -14,6 +14,13 @@ local function I(n)
   return string.format('%d', n)
 end
 
+-- BYTE is string.byte(s, 1) of every one-byte string s, a table lookup
+-- instead of a call: an op's map and cmap (one byte per source) are read
+-- in every op of a batch. Made by the first batch (batch.lua: string is
+-- missing while the library loads); the library-level local that
+-- OC_NONE and OC_FORCED gave up (scripts.go).
+local BYTE = nil
+
 -- CALL is what the ops of one batch (batch.lua) share while it runs, nil
 -- outside one: the server's TIME, read once (now), the scope's keys read
 -- or written with GET and SET (got: key -> value, false for none, a number

@@ -25,9 +25,9 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
   a.probe = a.probe == 1
   local now = map and a.now == 0 and CALL.now or now_ms(a.now)
   local s = map and CALL.scope or op_scope(keys, map)
-  local bs = map and bsrc[string.byte(map, 1)]
+  local bs = map and bsrc[BYTE[map] or string.byte(map, 1)] -- (BYTE: see lib.lua)
   local q = bs and bs.q or op_src(keys, nil, 1)
-  local pc = cmap and CONF_SRC[string.byte(cmap, 1)] or op_conf(cmap, 1)
+  local pc = cmap and CONF_SRC[BYTE[cmap] or string.byte(cmap, 1)] or op_conf(cmap, 1)
 
   -- The walk's early exit for the common op of a batch (docs/performance.md,
   -- seventh session): a success, not a probe's, of this epoch, whose permit
