@@ -11,7 +11,7 @@
 -- place (each list their concatenation).
 
 -- The scope's marker tells whether this replica's picture of the scope
--- holds: a marker other than the one it last saw (h.seen; "" before its
+-- holds: a marker other than the one it last saw (ADMIT's seen; "" before its
 -- first look, "*" for a scope it keeps no record of) means Redis lost the
 -- scope, or this replica has not looked yet. Admit then grants nothing and
 -- answers UNMARKED; the replica re-asserts what it knows (restore.lua) and
@@ -85,13 +85,15 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
   else
     q1 = S_UNPACK('<I4', args, p0)
   end
-  local at, h, cpos = p0 + q1, ADMIT.T, nil -- the CANDs follow ADMIT, at cpos
-  h.now, h.permit, h.tokens, h.n, h.seen, cpos = S_UNPACK(ADMIT.FMT, args, at) -- (ADMIT.into_at's)
-  if q1 ~= 8 * h.n + 8 then
-    op_check(at, p0, 2 * h.n + 2) -- ADMIT, the CANDs, WAITER, the PLACEs: raises
+  -- ADMIT's fields as locals (not into ADMIT.T: a table's writes and reads
+  -- cost more than the registers); the CANDs follow it, at cpos.
+  local at = p0 + q1
+  local hnow, permit, tokens, n, seen, cpos = S_UNPACK(ADMIT.FMT, args, at)
+  if q1 ~= 8 * n + 8 then
+    op_check(at, p0, 2 * n + 2) -- ADMIT, the CANDs, WAITER, the PLACEs: raises
   end
   local s = map and CALL.scope or op_scope(keys, map)
-  local marked = h.seen ~= '*'
+  local marked = seen ~= '*'
   local marker, progress
   if map and CALL.scoped then
     -- scope_read's first case without its call: both read by an op before
@@ -104,21 +106,21 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
       CALL.scoped = true
     end
   end
-  if marked and marker ~= h.seen then
+  if marked and marker ~= seen then
     return redis.error_reply('UNMARKED the scope\'s marker changed: re-assert, then admit again')
   end
-  local now = map and h.now == 0 and CALL.now or now_ms(h.now)
+  local now = map and hnow == 0 and CALL.now or now_ms(hnow)
   -- WAITER's position (wpos), and with one candidate its PLACE's (ppos),
   -- read above (op_check counted them). With one candidate whose WAITER
   -- follows its CAND, the ceiling and WAITER's on in one read (ceil; it
   -- raises where WAITER.on_at would).
   local wpos, ppos, ceil, waits
-  if h.n == 1 then
+  if n == 1 then
     wpos, ppos = p0 + q3, p0 + q4
   else
-    wpos = op_block(args, p0, h.n + 2)
+    wpos = op_block(args, p0, n + 2)
   end
-  if h.n == 1 and cpos + 8 == wpos then
+  if n == 1 and cpos + 8 == wpos then
     ceil, waits = S_UNPACK('<dd', args, cpos)
     waits = waits == 1
   else
@@ -132,13 +134,13 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
   -- empty (or no waiter). It grants as the walk would, with the walk's
   -- steps for this case in their order (b_load's b_cached, q_check, b_enter,
   -- q_take) but not their calls; anything else walks, nothing changed.
-  if map and h.n == 1 then
+  if map and n == 1 then
     -- (lookups that never raise: a hostile op walks, and raises the walk's
     -- error in the walk's order)
     local c = CONF_SRC[BYTE[cmap] or string.byte(cmap, 1)]
     local bs = c and rawget(bsrc, BYTE[map] or string.byte(map, 1) or 0)
     local hc = bs and CALL.h[bs.q.state]
-    local field = hc and LEASE .. h.permit
+    local field = hc and LEASE .. permit
     local lease = hc and hc.f[field] -- (nil: not read, false: none)
     local b = hc and hc.b
     if lease ~= nil and b.state == CLOSED and b.override == NO_OVERRIDE and c.rpm == 0 and c.tpm == 0
@@ -187,7 +189,7 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
   local w, walk = nil, waits and {}
   local granted, probe, epoch = 0, 0, 0
   local rejections, events = '', ''
-  for i = 1, h.n do
+  for i = 1, n do
     local ceiling
     ceiling, cpos = S_UNPACK(CAND.FMT, args, cpos)
     local c = cmap and CONF_SRC[string.byte(cmap, i)] or op_conf(cmap, i)
@@ -195,7 +197,7 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
     local passed = true
     if waits then
       walk[i] = true
-      local k, p = map and bsrc[string.byte(map, i)].l or op_line(keys, nil, h.n, i), place_at(args, p0, h.n, i)
+      local k, p = map and bsrc[string.byte(map, i)].l or op_line(keys, nil, n, i), place_at(args, p0, n, i)
       if p == '' and l_empty(k) then
         walk[i] = false -- l_check's first test, before w is read
       else
@@ -209,12 +211,12 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
     end
     local reason, wait, b = R_QUEUED, 0, nil
     if passed then
-      b = b_load(q.state, false, h.permit)
-      reason, wait = q_check(q, b, c, ceiling, h.tokens, now)
+      b = b_load(q.state, false, permit)
+      reason, wait = q_check(q, b, c, ceiling, tokens, now)
     end
     if reason == R_NONE then
       local allowed, entry_probe, entry_epoch, evs
-      allowed, entry_probe, entry_epoch, reason, wait, evs = b_enter(b, c, h.permit, now)
+      allowed, entry_probe, entry_epoch, reason, wait, evs = b_enter(b, c, permit, now)
       if evs ~= NO_EVENTS then
         for _, e in ipairs(evs) do
           events = events .. ev_reply(i, e)
@@ -222,7 +224,7 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
         end
       end
       if allowed then
-        q_take(q, b, c, h.permit, h.tokens, now)
+        q_take(q, b, c, permit, tokens, now)
         b_save(b, sc.idle_ttl, now)
         granted, epoch = i, entry_epoch
         if entry_probe then
@@ -246,10 +248,10 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
   local places = NO_LINE
   if waits then
     local kept = nil -- candidate -> its place, where not ''
-    for i = 1, h.n do
-      local p = walk[i] ~= false and place_at(args, p0, h.n, i)
+    for i = 1, n do
+      local p = walk[i] ~= false and place_at(args, p0, n, i)
       if p and (walk[i] ~= nil or p ~= '') then
-        local k = map and bsrc[string.byte(map, i)].l or op_line(keys, nil, h.n, i)
+        local k = map and bsrc[string.byte(map, i)].l or op_line(keys, nil, n, i)
         w = waiter_at(w, args, wpos, p)
         if granted ~= 0 and granted ~= i then
           local e = l_entry(k, w.waiter)
@@ -267,7 +269,7 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
     end
     if kept then
       places = ''
-      for i = 1, h.n do
+      for i = 1, n do
         places = places .. pack(PLACE_R, { place = kept[i] or '' })
       end
       places = pack(LINE_ADMIT_R, { places = places })

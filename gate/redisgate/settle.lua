@@ -20,10 +20,11 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
   if at ~= p0 + 8 then
     op_check(at, p0, 2) -- SETTLE, HANDOFF: raises
   end
-  local a, hb = SETTLE.T, nil -- (SETTLE.into_at's)
-  a.now, a.permit, a.epoch, a.probe, a.verdict, a.floor, a.actual, a.progress, hb = S_UNPACK(SETTLE.FMT, args, at)
-  a.probe = a.probe == 1
-  local now = map and a.now == 0 and CALL.now or now_ms(a.now)
+  -- SETTLE's fields as locals (as admit's ADMIT), into SETTLE.T (a) for the
+  -- walk only.
+  local snow, permit, epoch, probe, verdict, floor, actual, pflag, hb = S_UNPACK(SETTLE.FMT, args, at)
+  probe = probe == 1
+  local now = map and snow == 0 and CALL.now or now_ms(snow)
   local s = map and CALL.scope or op_scope(keys, map)
   local bs = map and bsrc[BYTE[map] or string.byte(map, 1)] -- (BYTE: see lib.lua)
   local q = bs and bs.q or op_src(keys, nil, 1)
@@ -39,12 +40,12 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
   -- h_del, b_settle) but not their calls, and goes on with the write-back
   -- and the reply; anything else walks, nothing changed.
   local hc = map and CALL.h[q.state]
-  local field = hc and LEASE .. a.permit
+  local field = hc and LEASE .. permit
   local lease = hc and hc.f[field]
   local b = hc and hc.b
   local released, effect, evs
-  if lease and b.win and a.verdict == V_SUCCESS and not a.probe and a.epoch == b.epoch and b.state == CLOSED
-    and b.override == NO_OVERRIDE and (a.actual < 0 or #lease <= 8) and not (b.held > 0 and now >= b.lease_min) then
+  if lease and b.win and verdict == V_SUCCESS and not probe and epoch == b.epoch and b.state == CLOSED
+    and b.override == NO_OVERRIDE and (actual < 0 or #lease <= 8) and not (b.held > 0 and now >= b.lease_min) then
     b.lease_of, b.lease_f, b.lease_v = lease, false, false
     hc.f[field], hc.dirty[field] = false, true
     if b.held > 0 then
@@ -66,6 +67,9 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
       hc.saved_win, hc.saved_wold = b.win, b.wold
     end
   else
+    local a = SETTLE.T -- (SETTLE.into_at's table, b_settle's o)
+    a.now, a.permit, a.epoch, a.probe, a.verdict, a.floor, a.actual, a.progress = snow, permit, epoch, probe, verdict,
+      floor, actual, pflag
     b = b_load(q.state, true, a.permit)
     released = q_release(q, b, a.permit, a.actual, now)
     -- A give-back without a verdict (lostAdmit: an Admit whose reply was
@@ -92,9 +96,9 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
     end
   end
   local progress = now
-  if a.progress == 1 and map then -- set_ms's case in a batch, without its call
+  if pflag == 1 and map then -- set_ms's case in a batch, without its call
     CALL.got[s.progress], CALL.put[s.progress] = now, sc.idle_ttl
-  elseif a.progress == 1 then
+  elseif pflag == 1 then
     set_ms(s.progress, now, sc.idle_ttl)
   else
     progress = get_ms(s.progress)
