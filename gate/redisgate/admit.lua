@@ -173,10 +173,8 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
         if not NO_LINE then
           NO_LINE = pack(LINE_ADMIT_R, { places = '' })
         end
-        local r = ADMIT_R.T -- every field set
-        r.granted, r.probe, r.epoch, r.rejections, r.events = 1, 0, b.epoch, '', ''
-        r.progress, r.now, r.line = progress, now, NO_LINE
-        return ADMIT_R.pack_memo(r)
+        -- ADMIT_R's granted, probe, epoch, rejections, events, progress, now, line
+        return ADMIT_R.pack_memo(1, 0, b.epoch, '', '', progress, now, NO_LINE)
       end
     end
   end
@@ -275,8 +273,6 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
       places = pack(LINE_ADMIT_R, { places = places })
     end
   end
-  local r = ADMIT_R.T -- every field set (see L.T in lib.lua)
-  r.granted, r.probe, r.epoch, r.rejections, r.events = granted, probe, epoch, rejections, events
-  r.progress, r.now, r.line = progress, now, places
-  return ADMIT_R.pack_memo(r)
+  -- ADMIT_R's granted, probe, epoch, rejections, events, progress, now, line
+  return ADMIT_R.pack_memo(granted, probe, epoch, rejections, events, progress, now, places)
 end

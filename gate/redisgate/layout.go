@@ -385,23 +385,31 @@ func (l luaLayout) writeBin(b *strings.Builder) {
 	fmt.Fprintf(b, "%s.into = function(argv, base, t)\n  return (%s.into_at(argv[base + 1], 1, t))\nend\n", l.id, l.id)
 	fmt.Fprintf(b, "%s.pack = function(t)\n  return S_PACK(%q, %s)\nend\n", l.id, l.format(), strings.Join(packed, ", "))
 	if memoized[l.id] {
-		// pack_memo is pack(t), the same string as the last pack_memo's
-		// while t's fields are the same (compared, not packed again: the
-		// replies of a batch's ops are mostly one record, the same time
-		// and progress). L.M is the last record packed, its string in
-		// M[1] (no field's name), stored only once packed (a pack that
-		// raises keeps the last). The one table of the library kept
-		// across calls that is read: it holds what a reply already said,
-		// nothing of a call's state (TestPackMemoComparesEveryField).
-		var conds, mf []string
-		for _, n := range l.names {
-			conds = append(conds, fmt.Sprintf("t.%s == m.%s", n, n))
-			mf = append(mf, "m."+n)
+		// pack_memo(v1, ..., vn) is pack of the record whose fields, in
+		// layout order, are v1 ... vn: the same string as the last
+		// pack_memo's while they are the same (compared, not packed
+		// again: the replies of a batch's ops are mostly one record, the
+		// same time and progress). Values, not a table (a table's field
+		// written and read costs more than the registers: the reply's
+		// table was ~2 k instructions per op, docs/performance.md). The
+		// last record packed and its string are the closure's upvalues,
+		// stored only once packed (a pack that raises keeps the last):
+		// what a reply already said, nothing of a call's state, kept
+		// across calls (TestPackMemoComparesEveryField).
+		var vars, conds, mv, vpacked []string
+		for i, n := range l.names {
+			v, m := fmt.Sprintf("v%d", i+1), fmt.Sprintf("m%d", i+1)
+			vars, mv = append(vars, v), append(mv, m)
+			conds = append(conds, v+" == "+m)
+			if slices.Contains(l.strs, n) {
+				vpacked = append(vpacked, "#"+v)
+			}
+			vpacked = append(vpacked, v)
 		}
-		fmt.Fprintf(b, "%s.M = {}\n%s.pack_memo = function(t)\n  local m = %s.M\n  if m[1] and %s then\n    return m[1]\n  end\n",
-			l.id, l.id, l.id, strings.Join(conds, " and "))
-		fmt.Fprintf(b, "  local s = S_PACK(%q, %s)\n  %s, m[1] = %s, s\n  return s\nend\n",
-			l.format(), strings.Join(packed, ", "), strings.Join(mf, ", "), strings.Join(into, ", "))
+		fmt.Fprintf(b, "%s.pack_memo = (function()\n  local ms, %s = nil\n  return function(%s) -- %s\n    if ms and %s then\n      return ms\n    end\n",
+			l.id, strings.Join(mv, ", "), strings.Join(vars, ", "), strings.Join(l.names, ", "), strings.Join(conds, " and "))
+		fmt.Fprintf(b, "    local s = S_PACK(%q, %s)\n    ms, %s = s, %s\n    return s\n  end\nend)()\n",
+			l.format(), strings.Join(vpacked, ", "), strings.Join(mv, ", "), strings.Join(vars, ", "))
 	}
 	if len(l.names) > 0 && l.names[0] == "on" && !slices.Contains(l.strs, "on") {
 		// A block that may be off: on(argv, base) reads its first field alone.

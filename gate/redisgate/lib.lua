@@ -139,10 +139,9 @@ end
 -- run, and whose table nothing keeps past the op or a candidate's turn of
 -- the walk: the op heads (BATCH_OP, ADMIT, SETTLE) and the candidate
 -- (CAND). The hot replies (ADMIT_R, SETTLE_R) are packed from their
--- layout's table the same way, every field set before each pack, through
--- L.pack_memo, whose L.M (the last record packed and its string) is the
--- one table kept across calls that is read again: what a reply already
--- said, nothing of a call's state (layout.go's writeBin).
+-- fields' values, in layout order, through L.pack_memo, which keeps the
+-- last record packed and its string (upvalues of its own: what a reply
+-- already said, nothing of a call's state; layout.go's writeBin).
 
 -- op_block is the position in s of the k-th block (from 1) of an op's one
 -- argument (admit's, settle's: layout.go's opArg), which starts at

@@ -113,12 +113,10 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
       end
     end
   end
-  local r = SETTLE_R.T -- every field set (see L.T in lib.lua)
-  r.released, r.effect, r.events, r.progress, r.now = rel, effect, events, progress, now
-  r.handoff = handoff
-  -- The breaker and its window as elements of their own (layout.go's
+  -- The reply, SETTLE_R (its released, effect, events, progress, now,
+  -- handoff); the breaker and its window as elements of their own (layout.go's
   -- settleReply): packed into the record they would be copied again.
   -- (b_stored's answer without its call where the cache holds it)
   local rec = hc and hc.b == b and hc.vrec and not hc.vdirty and not b.bdirty and hc.vrec or b_stored(b)
-  return { SETTLE_R.pack_memo(r), rec, b.win }
+  return { SETTLE_R.pack_memo(rel, effect, events, progress, now, handoff), rec, b.win }
 end
