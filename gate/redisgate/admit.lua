@@ -137,9 +137,11 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
   if map and n == 1 then
     -- (lookups that never raise: a hostile op walks, and raises the walk's
     -- error in the walk's order)
-    local c = CONF_SRC[BYTE[cmap] or string.byte(cmap, 1)]
-    local bs = c and rawget(bsrc, BYTE[map] or string.byte(map, 1) or 0)
-    local hc = bs and CALL.h[bs.q.state]
+    -- (a source past the batch's, j > #bsrc, is not looked up: bsrc's
+    -- metatable would raise; batch_run fills 1 .. #bsrc)
+    local c, j = CONF_SRC[BYTE[cmap] or string.byte(cmap, 1)], BYTE[map] or string.byte(map, 1) or 0
+    local bs = c and j >= 1 and j <= #bsrc and bsrc[j]
+    local hc = bs and CALL.h[bs.q.state] or nil -- (nil, not false: lease nil below)
     local field = hc and LEASE .. permit
     local lease = hc and hc.f[field] -- (nil: not read, false: none)
     local b = hc and hc.b
@@ -147,7 +149,7 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
       and not (b.held > 0 and now >= b.lease_min) then
       local ceiling, held = ceil or S_UNPACK(CAND.FMT, args, cpos), b.held
       if held < c.max_concurrency and (ceiling >= c.max_concurrency or held < ceiling)
-        and not (waits and (S_UNPACK(PLACE.FMT, args, ppos) ~= '' or not l_empty(bs.l))) then
+        and not (waits and (S_UNPACK(PLACE.FMT, args, ppos) ~= '' or not (bs.l.empty or l_empty(bs.l)))) then
         local e = now + c.lease
         b.lease_of, b.lease_f, b.lease_v = lease or true, false, false
         if not lease then

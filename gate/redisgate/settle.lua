@@ -108,7 +108,7 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
     rel = 1
     if S_UNPACK('<d', args, hb) == 1 then -- (HANDOFF.on_at's)
       local k = bs and bs.l or op_line(keys, nil, 1, 1)
-      if not l_empty(k) then -- (l_handoff's first test, before its block is read)
+      if not (k.empty or l_empty(k)) then -- (l_handoff's first test, before its block is read; l_empty's answer kept on k)
         handoff = l_handoff(k, HANDOFF.read_at(args, hb), now)
       end
     end
