@@ -13,8 +13,8 @@ import (
 // integer division, at the edges where a / b in floating point rounds to
 // the next integer (a just below a multiple of b, near 2^53), and against
 // the division it had before its a % b case (math.floor and corrections)
-// for fractions and numbers past 2^53, which Go never sends but an argument
-// may hold.
+// for fractions (of a and of b) and numbers past 2^53, which Go never sends
+// but an argument may hold.
 func TestIdivIsGosDivision(t *testing.T) {
 	c := redistest.Start(t).Client(t)
 	type pair struct{ a, b int64 }
@@ -34,9 +34,9 @@ func TestIdivIsGosDivision(t *testing.T) {
 	for _, p := range ints {
 		fmt.Fprintf(&body, "out[#out + 1] = string.format('%%d', idiv(%d, %d))\n", p.a, p.b)
 	}
-	for _, a := range []string{"0.5", "1.5", "9.99", "10.000001", "1764600000123.25", "4503599627370495.5", "-7.5",
+	for _, a := range []string{"0.5", "1.5", "9.99", "10.000001", "70", "133", "1764600000123.25", "4503599627370495.5", "-7.5",
 		"2^53 + 2", "2^60 - 2^8", "3 * 2^61 - 2^12", "-(2^62)", "1/0"} {
-		for _, b := range []string{"1", "3", "10", "1000", "7 * 2^40 + 1"} {
+		for _, b := range []string{"1", "3", "10", "1000", "7 * 2^40 + 1", "1.1", "2.5", "3.3", "1000.1"} {
 			fmt.Fprintf(&body, "if idiv(%s, %s) ~= old(%s, %s) then bad[#bad + 1] = '%s / %s' end\n", a, b, a, b, a, b)
 		}
 	}

@@ -100,17 +100,19 @@ local PAGE_H = 256
 
 -- idiv is Go's integer division a / b for b > 0 (truncating toward zero),
 -- exact even where a / b in floating point would round to the next integer.
--- For 0 <= a < 2^53 it is (a - a % b) / b, exact, where a % b (Lua's,
--- a - floor(a / b) * b: exact there, by Sterbenz's lemma) is in [0, b),
--- negative only where a / b rounded up to the next integer, and then the
--- quotient is corrected as below. (No call of math.floor: b_record does
--- the same without the call of idiv.)
+-- For 0 <= a < 2^53 and b a whole number it is (a - a % b) / b, exact,
+-- where a % b (Lua's, a - floor(a / b) * b: exact there, by Sterbenz's
+-- lemma) is in [0, b), negative only where a / b rounded up to the next
+-- integer, and then the quotient is corrected as below. (No call of
+-- math.floor: b_record does the same without the call of idiv, its b a
+-- bucket width, whole. A fractional b, which only a hostile argument
+-- holds, takes math.floor's way, whose quotient is whole: review lua9r.)
 local function idiv(a, b)
   if a < 0 then
     return -idiv(-a, b)
   end
   local r = a % b
-  if a < 2 ^ 53 and r >= 0 and r < b then
+  if a < 2 ^ 53 and r >= 0 and r < b and b % 1 == 0 then
     return (a - r) / b
   end
   local q = math.floor(a / b)
