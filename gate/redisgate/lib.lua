@@ -139,8 +139,12 @@ end
 -- L.T): no table per op (a table of 19 named fields costs Redis more than
 -- unpacking them). Only for the blocks an op reads once, at the top of its
 -- run, and whose table nothing keeps past the op or a candidate's turn of
--- the walk: the op heads (BATCH_OP, ADMIT, SETTLE) and the candidate
--- (CAND). The hot replies (ADMIT_R, SETTLE_R) are packed from their
+-- the walk: SETTLE for the settle's walk (b_settle's o), the scope's and
+-- a lone call's sources' configurations (CONF_H, SRC_CONF). The ops'
+-- heads on their common path (BATCH_OP, ADMIT, SETTLE) are unpacked into
+-- locals instead, with the generated format (L.FMT): a table's field
+-- written and read by name costs more than a register (docs/performance.md,
+-- ninth session). The hot replies (ADMIT_R, SETTLE_R) are packed from their
 -- fields' values, in layout order, through L.pack_memo, which keeps the
 -- last record packed and its string (upvalues of its own: what a reply
 -- already said, nothing of a call's state; layout.go's writeBin).
