@@ -692,9 +692,30 @@ func (r record) writeRows(b *strings.Builder) {
 	fmt.Fprintf(b, "local %s = {ID = %q, FIELD = %q, ROW = %q, ALL = %q, COLS = %d%s, ZERO = \"%s\"}\n", r.id, r.id, r.field,
 		row, "<"+strings.Repeat(row[1:], r.n), len(names), cols, strings.Repeat(`\0`, size*r.n))
 	fmt.Fprintf(b, "%s.all = function(s)\n  return {S_UNPACK(%q, s)}\nend\n", r.id, "<"+strings.Repeat(row[1:], r.n))
-	fmt.Fprintf(b, "%s.get = function(s, row)\n  return S_UNPACK(%q, s, row * %d + 1)\nend\n", r.id, row, size)
-	fmt.Fprintf(b, "%s.put = function(s, row, %s)\n  return string.sub(s, 1, row * %d) .. S_PACK(%q, %s) .. string.sub(s, row * %d + %d)\nend\n",
-		r.id, strings.Join(names, ", "), size, row, strings.Join(names, ", "), size, size+1)
+	// get(s, row) and put(s, row, ...) (a row read, a row replaced) are
+	// pure functions of their arguments that remember the last put: its
+	// string (ls), row, the row's values and the rows before and after it
+	// (the two string.sub). A get or put of that string at that row, which
+	// is b_record's at every settle of a batch after the first (one window,
+	// one TIME: the same row), answers from them instead of unpacking the
+	// row or cutting the string again (~4 k instructions per settle,
+	// docs/performance.md, ninth session; TestWindowRowMemo). Strings are
+	// compared by content (Lua interns them), so the memo holds for any
+	// breaker whose window is that string. A value is kept as a number
+	// (+ 0: what struct's pack wrote and get would unpack).
+	var lv, vn []string
+	for i := range names {
+		lv = append(lv, fmt.Sprintf("l%d", i+1))
+		vn = append(vn, fmt.Sprintf("%s + 0", names[i]))
+	}
+	fmt.Fprintf(b, "%s.get, %s.put = (function()\n  local ls, lrow, lpre, lpost, %s = nil\n", r.id, r.id, strings.Join(lv, ", "))
+	fmt.Fprintf(b, "  local function get(s, row)\n    if s == ls and row == lrow then\n      return %s\n    end\n    return S_UNPACK(%q, s, row * %d + 1)\n  end\n",
+		strings.Join(lv, ", "), row, size)
+	fmt.Fprintf(b, "  local function put(s, row, %s)\n    local pre, post = lpre, lpost\n    if s ~= ls or row ~= lrow then\n"+
+		"      pre, post = string.sub(s, 1, row * %d), string.sub(s, row * %d + %d)\n    end\n"+
+		"    local out = pre .. S_PACK(%q, %s) .. post\n    ls, lrow, lpre, lpost, %s = out, row, pre, post, %s\n    return out\n  end\n",
+		strings.Join(names, ", "), size, size, size+1, row, strings.Join(names, ", "), strings.Join(lv, ", "), strings.Join(vn, ", "))
+	fmt.Fprintf(b, "  return get, put\nend)()\n")
 }
 
 // decode reads a record of one row (n == 0) as Go values by field name:
