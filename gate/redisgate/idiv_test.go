@@ -10,11 +10,12 @@ import (
 )
 
 // TestIdivIsGosDivision runs lib.lua's idiv in Redis's Lua against Go's
-// integer division, at the edges where a / b in floating point rounds to
-// the next integer (a just below a multiple of b, near 2^53), and against
-// the division it had before its a % b case (math.floor and corrections)
-// for fractions (of a and of b) and numbers past 2^53, which Go never sends
-// but an argument may hold.
+// integer division, around multiples of b up to 2^53 (below it a / b in
+// floating point never rounds up to the next integer for whole a and b,
+// so these pin the a % b way's arithmetic), and against the division it
+// had before its a % b way (math.floor and corrections) where that way
+// must not be taken or could round: numbers past 2^53 and fractions of a
+// and of b, which Go never sends but an argument may hold.
 func TestIdivIsGosDivision(t *testing.T) {
 	c := redistest.Start(t).Client(t)
 	type pair struct{ a, b int64 }
@@ -72,5 +73,64 @@ return out
 	}
 	if bad := got[len(ints)]; bad != "" {
 		t.Errorf("idiv differs from its earlier division for %s", bad)
+	}
+}
+
+// TestRecordBucketAsIdiv runs b_record, whose bucket index and slot are
+// idiv's a % b way written inline, at times where that way must not be
+// taken (before 1970, which a test clock may pass, and past 2^53) and
+// around them, against the row the old division (math.floor and
+// corrections) names (review lua9r).
+func TestRecordBucketAsIdiv(t *testing.T) {
+	c := redistest.Start(t).Client(t)
+	var body strings.Builder
+	for _, now := range []string{"0", "1", "999", "1000", "1764600000123", "-1", "-999", "-1000", "-1001", "-10001",
+		"-1764600000123", "2^53 - 1", "2^53", "2^53 + 2", "2^60", "1.5", "-1.5"} {
+		for _, w := range []string{"1", "3", "1000", "6000"} {
+			fmt.Fprintf(&body, "check(%s, %s)\n", now, w)
+		}
+	}
+	script := prelude() + libLua + callStart + `
+return (function()
+local function old(a, b)
+  if a < 0 then
+    return -old(-a, b)
+  end
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+local bad = {}
+local function check(now, w)
+  local b = { win = WIN.ZERO, wold = WIN.ZERO, width = w }
+  local p = { window = w * BUCKETS, wwin = w * BUCKETS, wid = w }
+  local ok = pcall(b_record, b, p, now, false)
+  local idx = old(now, w)
+  local slot = idx - old(idx, BUCKETS) * BUCKETS
+  if idx == 0 then
+    idx = 0 -- (-0, before 1970: b_record keeps the zero window's +0 index, equal to it)
+  end
+  -- (a row before the window's first, at a time before 1970, raises
+  -- where the row is read: both ways)
+  local want_ok = pcall(S_UNPACK, WIN.ROW, WIN.ZERO, slot * 24 + 1)
+  local want = string.sub(WIN.ZERO, 1, slot * 24) .. S_PACK(WIN.ROW, idx, 1, 0) .. string.sub(WIN.ZERO, slot * 24 + 25)
+  if ok ~= want_ok or (ok and b.win ~= want) then
+    bad[#bad + 1] = tostring(now) .. ' / ' .. tostring(w)
+  end
+end
+` + body.String() + `
+return bad
+end)()
+`
+	bad, err := c.Eval(context.Background(), script, nil).StringSlice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(bad) > 0 {
+		t.Errorf("b_record's row differs from the old division's at %v", bad)
 	}
 }

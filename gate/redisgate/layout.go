@@ -702,7 +702,11 @@ func (r record) writeRows(b *strings.Builder) {
 	// docs/performance.md, ninth session; TestWindowRowMemo). Strings are
 	// compared by content (Lua interns them), so the memo holds for any
 	// breaker whose window is that string. A value is kept as a number
-	// (+ 0: what struct's pack wrote and get would unpack).
+	// (+ 0: what struct's pack wrote and get would unpack; a -0 becomes 0,
+	// equal in every comparison). put's memo assumes the row was in the
+	// string: on a string too short for it, the pure get would raise where
+	// the memo answers; b_record always gets (and so raises on such a
+	// window) before it puts.
 	var lv, vn []string
 	for i := range names {
 		lv = append(lv, fmt.Sprintf("l%d", i+1))

@@ -100,13 +100,15 @@ local PAGE_H = 256
 
 -- idiv is Go's integer division a / b for b > 0 (truncating toward zero),
 -- exact even where a / b in floating point would round to the next integer.
--- For 0 <= a < 2^53 and b a whole number it is (a - a % b) / b, exact,
--- where a % b (Lua's, a - floor(a / b) * b: exact there, by Sterbenz's
--- lemma) is in [0, b), negative only where a / b rounded up to the next
--- integer, and then the quotient is corrected as below. (No call of
--- math.floor: b_record does the same without the call of idiv, its b a
--- bucket width, whole. A fractional b, which only a hostile argument
--- holds, takes math.floor's way, whose quotient is whole: review lua9r.)
+-- For 0 <= a < 2^53 and b a whole number it is (a - a % b) / b, exact:
+-- a % b (Lua's, a - floor(a / b) * b) is exact there, by Sterbenz's
+-- lemma, and in [0, b). (a / b could only round up to the next integer,
+-- making a % b negative, at a >= 2^53 or a fractional a; the r >= 0 test
+-- sends any such case to the correction below, which the rest keeps.)
+-- No call of math.floor: b_record does the same without the call of
+-- idiv, its b a bucket width, whole. A fractional b, which only a hostile
+-- argument holds, takes math.floor's way, whose quotient is whole (review
+-- lua9r).
 local function idiv(a, b)
   if a < 0 then
     return -idiv(-a, b)

@@ -13,8 +13,8 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
     conf_open(op_arg(argv, ao + 1), false)
   end
   local sc, bsrc = CONF_H.T, map and CALL.src
-  -- a is the outcome (b_settle's o), pc the source's name and policy (its
-  -- p); HANDOFF follows a at hb.
+  -- The outcome is SETTLE's fields (in the walk also SETTLE.T, a: b_settle's
+  -- o), pc the source's name and policy (its p); HANDOFF follows SETTLE at hb.
   p0 = p0 or 1
   local at = p0 + S_UNPACK('<I4', args, p0) -- (op_block's)
   if at ~= p0 + 8 then
