@@ -11,7 +11,7 @@
 -- place (each list their concatenation).
 
 -- The scope's marker tells whether this replica's picture of the scope
--- holds: a marker other than the one it last saw (h.seen; "" before its
+-- holds: a marker other than the one it last saw (ADMIT's seen; "" before its
 -- first look, "*" for a scope it keeps no record of) means Redis lost the
 -- scope, or this replica has not looked yet. Admit then grants nothing and
 -- answers UNMARKED; the replica re-asserts what it knows (restore.lua) and
@@ -76,26 +76,56 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
   end
   local sc, bsrc = CONF_H.T, map and CALL.src
   p0 = p0 or 1
-  local at = op_block(args, p0, 1)
-  local h, cpos = ADMIT.into_at(args, at, ADMIT.T) -- the CANDs follow, at cpos
-  op_check(at, p0, 2 * h.n + 2) -- ADMIT, the CANDs, WAITER, the PLACEs
+  -- The position table (op_block's): one candidate's four positions
+  -- (ADMIT, CAND, WAITER, PLACE) in one read where the argument has room
+  -- for them, else the first alone (what op_block reads, raising as it).
+  local q1, q2, q3, q4
+  if #args >= p0 + 15 then
+    q1, q2, q3, q4 = S_UNPACK('<I4I4I4I4', args, p0)
+  else
+    q1 = S_UNPACK('<I4', args, p0)
+  end
+  -- ADMIT's fields as locals (not into ADMIT.T: a table's writes and reads
+  -- cost more than the registers); the CANDs follow it, at cpos.
+  local at = p0 + q1
+  local hnow, permit, tokens, n, seen, cpos = S_UNPACK(ADMIT.FMT, args, at)
+  if q1 ~= 8 * n + 8 then
+    op_check(at, p0, 2 * n + 2) -- ADMIT, the CANDs, WAITER, the PLACEs: raises
+  end
   local s = map and CALL.scope or op_scope(keys, map)
-  local marked = h.seen ~= '*'
-  local marker, progress = scope_read(s, marked)
-  if marked and marker ~= h.seen then
+  local marked = seen ~= '*'
+  local marker, progress
+  if map and CALL.scoped then
+    -- scope_read's first case without its call: both read by an op before
+    -- (CALL.scoped, set below), they stay in CALL.got (the marker as read,
+    -- the progress a number) for the batch.
+    marker, progress = CALL.got[s.marker], CALL.got[s.progress]
+  else
+    marker, progress = scope_read(s, marked)
+    if map and marked then
+      CALL.scoped = true
+    end
+  end
+  if marked and marker ~= seen then
     return redis.error_reply('UNMARKED the scope\'s marker changed: re-assert, then admit again')
   end
-  local now = map and h.now == 0 and CALL.now or now_ms(h.now)
-  -- WAITER's position (wpos), and with one candidate its PLACE's (ppos) in
-  -- the same read, for the early exit (op_check counted them).
-  local wpos, ppos
-  if h.n == 1 then
-    wpos, ppos = S_UNPACK('<I4I4', args, p0 + 8)
-    wpos, ppos = p0 + wpos, p0 + ppos
+  local now = map and hnow == 0 and CALL.now or now_ms(hnow)
+  -- WAITER's position (wpos), and with one candidate its PLACE's (ppos),
+  -- read above (op_check counted them). With one candidate whose WAITER
+  -- follows its CAND, the ceiling and WAITER's on in one read (ceil; it
+  -- raises where WAITER.on_at would).
+  local wpos, ppos, ceil, waits
+  if n == 1 then
+    wpos, ppos = p0 + q3, p0 + q4
   else
-    wpos = op_block(args, p0, h.n + 2)
+    wpos = op_block(args, p0, n + 2)
   end
-  local waits = WAITER.on_at(args, wpos)
+  if n == 1 and cpos + 8 == wpos then
+    ceil, waits = S_UNPACK('<dd', args, cpos)
+    waits = waits == 1
+  else
+    waits = WAITER.on_at(args, wpos)
+  end
   -- The walk's early exit for the common op of a batch (docs/performance.md,
   -- seventh session): one candidate, its state hash cached with the
   -- permit's lease field (b_first read it), its breaker CLOSED without an
@@ -104,22 +134,24 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
   -- empty (or no waiter). It grants as the walk would, with the walk's
   -- steps for this case in their order (b_load's b_cached, q_check, b_enter,
   -- q_take) but not their calls; anything else walks, nothing changed.
-  if map and h.n == 1 then
+  if map and n == 1 then
     -- (lookups that never raise: a hostile op walks, and raises the walk's
     -- error in the walk's order)
-    local c = CONF_SRC[string.byte(cmap, 1)]
-    local bs = c and rawget(bsrc, string.byte(map, 1) or 0)
-    local hc = bs and CALL.h[bs.q.state]
-    local field = hc and LEASE .. h.permit
+    -- (a source past the batch's, j > #bsrc, is not looked up: bsrc's
+    -- metatable would raise; batch_run fills 1 .. #bsrc)
+    local c, j = CONF_SRC[BYTE[cmap] or string.byte(cmap, 1)], BYTE[map] or string.byte(map, 1) or 0
+    local bs = c and j >= 1 and j <= #bsrc and bsrc[j]
+    local hc = bs and CALL.h[bs.q.state] or nil -- (nil, not false: lease nil below)
+    local field = hc and LEASE .. permit
     local lease = hc and hc.f[field] -- (nil: not read, false: none)
     local b = hc and hc.b
     if lease ~= nil and b.state == CLOSED and b.override == NO_OVERRIDE and c.rpm == 0 and c.tpm == 0
       and not (b.held > 0 and now >= b.lease_min) then
-      local ceiling, held = S_UNPACK(CAND.FMT, args, cpos), b.held
+      local ceiling, held = ceil or S_UNPACK(CAND.FMT, args, cpos), b.held
       if held < c.max_concurrency and (ceiling >= c.max_concurrency or held < ceiling)
-        and not (waits and (S_UNPACK(PLACE.FMT, args, ppos) ~= '' or not l_empty(bs.l))) then
+        and not (waits and (S_UNPACK(PLACE.FMT, args, ppos) ~= '' or not (bs.l.empty or l_empty(bs.l)))) then
         local e = now + c.lease
-        b.lease_of, b.lease_f, b.lease_v = lease or true, field, S_PACK('<d', e)
+        b.lease_of, b.lease_f, b.lease_v = lease or true, false, false
         if not lease then
           held = held + 1
           b.held = held
@@ -127,14 +159,24 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
         if held == 1 or e < b.lease_min then
           b.lease_min = e
         end
-        b_save(b, sc.idle_ttl, now)
+        -- b_save's steps for this case (CLOSED, no override, the batch's
+        -- cache hc: c.b == b) without its call and tests, the lease
+        -- written straight into the cache.
+        hc.f[field], hc.dirty[field] = S_PACK('<d', e), true
+        if b.expire_at == 0 or now - b.expire_at >= sc.idle_ttl / 8 then
+          b.expire_at, hc.ttl, hc.idle_ttl = now, 1, sc.idle_ttl
+        end
+        if b.bdirty then
+          b_keep(hc)
+        else
+          BREC.copy_aside(b, hc.saved)
+          hc.saved_win, hc.saved_wold = b.win, b.wold
+        end
         if not NO_LINE then
           NO_LINE = pack(LINE_ADMIT_R, { places = '' })
         end
-        local r = ADMIT_R.T -- every field set
-        r.granted, r.probe, r.epoch, r.rejections, r.events = 1, 0, b.epoch, '', ''
-        r.progress, r.now, r.line = progress, now, NO_LINE
-        return ADMIT_R.pack_memo(r)
+        -- ADMIT_R's granted, probe, epoch, rejections, events, progress, now, line
+        return ADMIT_R.pack_memo(1, 0, b.epoch, '', '', progress, now, NO_LINE)
       end
     end
   end
@@ -147,7 +189,7 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
   local w, walk = nil, waits and {}
   local granted, probe, epoch = 0, 0, 0
   local rejections, events = '', ''
-  for i = 1, h.n do
+  for i = 1, n do
     local ceiling
     ceiling, cpos = S_UNPACK(CAND.FMT, args, cpos)
     local c = cmap and CONF_SRC[string.byte(cmap, i)] or op_conf(cmap, i)
@@ -155,7 +197,7 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
     local passed = true
     if waits then
       walk[i] = true
-      local k, p = map and bsrc[string.byte(map, i)].l or op_line(keys, nil, h.n, i), place_at(args, p0, h.n, i)
+      local k, p = map and bsrc[string.byte(map, i)].l or op_line(keys, nil, n, i), place_at(args, p0, n, i)
       if p == '' and l_empty(k) then
         walk[i] = false -- l_check's first test, before w is read
       else
@@ -169,12 +211,12 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
     end
     local reason, wait, b = R_QUEUED, 0, nil
     if passed then
-      b = b_load(q.state, false, h.permit)
-      reason, wait = q_check(q, b, c, ceiling, h.tokens, now)
+      b = b_load(q.state, false, permit)
+      reason, wait = q_check(q, b, c, ceiling, tokens, now)
     end
     if reason == R_NONE then
       local allowed, entry_probe, entry_epoch, evs
-      allowed, entry_probe, entry_epoch, reason, wait, evs = b_enter(b, c, h.permit, now)
+      allowed, entry_probe, entry_epoch, reason, wait, evs = b_enter(b, c, permit, now)
       if evs ~= NO_EVENTS then
         for _, e in ipairs(evs) do
           events = events .. ev_reply(i, e)
@@ -182,7 +224,7 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
         end
       end
       if allowed then
-        q_take(q, b, c, h.permit, h.tokens, now)
+        q_take(q, b, c, permit, tokens, now)
         b_save(b, sc.idle_ttl, now)
         granted, epoch = i, entry_epoch
         if entry_probe then
@@ -206,10 +248,10 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
   local places = NO_LINE
   if waits then
     local kept = nil -- candidate -> its place, where not ''
-    for i = 1, h.n do
-      local p = walk[i] ~= false and place_at(args, p0, h.n, i)
+    for i = 1, n do
+      local p = walk[i] ~= false and place_at(args, p0, n, i)
       if p and (walk[i] ~= nil or p ~= '') then
-        local k = map and bsrc[string.byte(map, i)].l or op_line(keys, nil, h.n, i)
+        local k = map and bsrc[string.byte(map, i)].l or op_line(keys, nil, n, i)
         w = waiter_at(w, args, wpos, p)
         if granted ~= 0 and granted ~= i then
           local e = l_entry(k, w.waiter)
@@ -227,14 +269,12 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
     end
     if kept then
       places = ''
-      for i = 1, h.n do
+      for i = 1, n do
         places = places .. pack(PLACE_R, { place = kept[i] or '' })
       end
       places = pack(LINE_ADMIT_R, { places = places })
     end
   end
-  local r = ADMIT_R.T -- every field set (see L.T in lib.lua)
-  r.granted, r.probe, r.epoch, r.rejections, r.events = granted, probe, epoch, rejections, events
-  r.progress, r.now, r.line = progress, now, places
-  return ADMIT_R.pack_memo(r)
+  -- ADMIT_R's granted, probe, epoch, rejections, events, progress, now, line
+  return ADMIT_R.pack_memo(granted, probe, epoch, rejections, events, progress, now, places)
 end

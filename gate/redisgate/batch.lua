@@ -35,14 +35,15 @@ local function batch_run(keys, argv)
   op_scope(keys, true) -- CALL.scope, which the ops look up
   local out = {}
   for i = 1, h.n do
-    local s = op_arg(argv, ao)
-    local o, p0 = BATCH_OP.into_at(s, 1, BATCH_OP.T)
-    local fn = BATCH_FNS[o.kind]
+    local at = ao + 1
+    local s = argv[at] -- (op_arg's, without its call)
+    local kind, map, cmap, p0 = S_UNPACK(BATCH_OP.FMT, s, 1) -- (BATCH_OP.into_at's)
+    local fn = BATCH_FNS[kind]
     local ok, r
     if fn then
-      ok, r = pcall(fn, keys, argv, ao, o.map, p0, o.cmap, s) -- its argument read in place, from p0
+      ok, r = pcall(fn, keys, argv, ao, map, p0, cmap, s) -- its argument read in place, from p0
     else
-      ok, r = false, 'unknown op kind ' .. tostring(o.kind)
+      ok, r = false, 'unknown op kind ' .. tostring(kind)
     end
     ao = ao + 1
     if ok then
@@ -60,7 +61,13 @@ local function batch_run(keys, argv)
 end
 
 local function batch(keys, argv)
-  CALL = { got = {}, put = {}, h = {}, src = setmetatable({}, NO_BATCH_SRC), pre = {}, argv = argv }
+  if not BYTE then
+    BYTE = {}
+    for i = 0, 255 do
+      BYTE[string.char(i)] = i
+    end
+  end
+  CALL = { got = {}, put = {}, h = {}, src = setmetatable({}, NO_BATCH_SRC), pre = {}, argv = argv, scoped = false }
   local ok, out = pcall(batch_run, keys, argv)
   local flushed, err = pcall(call_flush) -- what ran is written, as in calls of their own
   CALL, CONF_S, CONF_SRC = nil, nil, nil

@@ -385,23 +385,31 @@ func (l luaLayout) writeBin(b *strings.Builder) {
 	fmt.Fprintf(b, "%s.into = function(argv, base, t)\n  return (%s.into_at(argv[base + 1], 1, t))\nend\n", l.id, l.id)
 	fmt.Fprintf(b, "%s.pack = function(t)\n  return S_PACK(%q, %s)\nend\n", l.id, l.format(), strings.Join(packed, ", "))
 	if memoized[l.id] {
-		// pack_memo is pack(t), the same string as the last pack_memo's
-		// while t's fields are the same (compared, not packed again: the
-		// replies of a batch's ops are mostly one record, the same time
-		// and progress). L.M is the last record packed, its string in
-		// M[1] (no field's name), stored only once packed (a pack that
-		// raises keeps the last). The one table of the library kept
-		// across calls that is read: it holds what a reply already said,
-		// nothing of a call's state (TestPackMemoComparesEveryField).
-		var conds, mf []string
-		for _, n := range l.names {
-			conds = append(conds, fmt.Sprintf("t.%s == m.%s", n, n))
-			mf = append(mf, "m."+n)
+		// pack_memo(v1, ..., vn) is pack of the record whose fields, in
+		// layout order, are v1 ... vn: the same string as the last
+		// pack_memo's while they are the same (compared, not packed
+		// again: the replies of a batch's ops are mostly one record, the
+		// same time and progress). Values, not a table (a table's field
+		// written and read costs more than the registers: the reply's
+		// table was ~2 k instructions per op, docs/performance.md). The
+		// last record packed and its string are the closure's upvalues,
+		// stored only once packed (a pack that raises keeps the last):
+		// what a reply already said, nothing of a call's state, kept
+		// across calls (TestPackMemoComparesEveryField).
+		var vars, conds, mv, vpacked []string
+		for i, n := range l.names {
+			v, m := fmt.Sprintf("v%d", i+1), fmt.Sprintf("m%d", i+1)
+			vars, mv = append(vars, v), append(mv, m)
+			conds = append(conds, v+" == "+m)
+			if slices.Contains(l.strs, n) {
+				vpacked = append(vpacked, "#"+v)
+			}
+			vpacked = append(vpacked, v)
 		}
-		fmt.Fprintf(b, "%s.M = {}\n%s.pack_memo = function(t)\n  local m = %s.M\n  if m[1] and %s then\n    return m[1]\n  end\n",
-			l.id, l.id, l.id, strings.Join(conds, " and "))
-		fmt.Fprintf(b, "  local s = S_PACK(%q, %s)\n  %s, m[1] = %s, s\n  return s\nend\n",
-			l.format(), strings.Join(packed, ", "), strings.Join(mf, ", "), strings.Join(into, ", "))
+		fmt.Fprintf(b, "%s.pack_memo = (function()\n  local ms, %s = nil\n  return function(%s) -- %s\n    if ms and %s then\n      return ms\n    end\n",
+			l.id, strings.Join(mv, ", "), strings.Join(vars, ", "), strings.Join(l.names, ", "), strings.Join(conds, " and "))
+		fmt.Fprintf(b, "    local s = S_PACK(%q, %s)\n    ms, %s = s, %s\n    return s\n  end\nend)()\n",
+			l.format(), strings.Join(vpacked, ", "), strings.Join(mv, ", "), strings.Join(vars, ", "))
 	}
 	if len(l.names) > 0 && l.names[0] == "on" && !slices.Contains(l.strs, "on") {
 		// A block that may be off: on(argv, base) reads its first field alone.
@@ -684,9 +692,34 @@ func (r record) writeRows(b *strings.Builder) {
 	fmt.Fprintf(b, "local %s = {ID = %q, FIELD = %q, ROW = %q, ALL = %q, COLS = %d%s, ZERO = \"%s\"}\n", r.id, r.id, r.field,
 		row, "<"+strings.Repeat(row[1:], r.n), len(names), cols, strings.Repeat(`\0`, size*r.n))
 	fmt.Fprintf(b, "%s.all = function(s)\n  return {S_UNPACK(%q, s)}\nend\n", r.id, "<"+strings.Repeat(row[1:], r.n))
-	fmt.Fprintf(b, "%s.get = function(s, row)\n  return S_UNPACK(%q, s, row * %d + 1)\nend\n", r.id, row, size)
-	fmt.Fprintf(b, "%s.put = function(s, row, %s)\n  return string.sub(s, 1, row * %d) .. S_PACK(%q, %s) .. string.sub(s, row * %d + %d)\nend\n",
-		r.id, strings.Join(names, ", "), size, row, strings.Join(names, ", "), size, size+1)
+	// get(s, row) and put(s, row, ...) (a row read, a row replaced) are
+	// pure functions of their arguments that remember the last put: its
+	// string (ls), row, the row's values and the rows before and after it
+	// (the two string.sub). A get or put of that string at that row, which
+	// is b_record's at every settle of a batch after the first (one window,
+	// one TIME: the same row), answers from them instead of unpacking the
+	// row or cutting the string again (~4 k instructions per settle,
+	// docs/performance.md, ninth session; TestWindowRowMemo). Strings are
+	// compared by content (Lua interns them), so the memo holds for any
+	// breaker whose window is that string. A value is kept as a number
+	// (+ 0: what struct's pack wrote and get would unpack; a -0 becomes 0,
+	// equal in every comparison). put's memo assumes the row was in the
+	// string: on a string too short for it, the pure get would raise where
+	// the memo answers; b_record always gets (and so raises on such a
+	// window) before it puts.
+	var lv, vn []string
+	for i := range names {
+		lv = append(lv, fmt.Sprintf("l%d", i+1))
+		vn = append(vn, fmt.Sprintf("%s + 0", names[i]))
+	}
+	fmt.Fprintf(b, "%s.get, %s.put = (function()\n  local ls, lrow, lpre, lpost, %s = nil\n", r.id, r.id, strings.Join(lv, ", "))
+	fmt.Fprintf(b, "  local function get(s, row)\n    if s == ls and row == lrow then\n      return %s\n    end\n    return S_UNPACK(%q, s, row * %d + 1)\n  end\n",
+		strings.Join(lv, ", "), row, size)
+	fmt.Fprintf(b, "  local function put(s, row, %s)\n    local pre, post = lpre, lpost\n    if s ~= ls or row ~= lrow then\n"+
+		"      pre, post = string.sub(s, 1, row * %d), string.sub(s, row * %d + %d)\n    end\n"+
+		"    local out = pre .. S_PACK(%q, %s) .. post\n    ls, lrow, lpre, lpost, %s = out, row, pre, post, %s\n    return out\n  end\n",
+		strings.Join(names, ", "), size, size, size+1, row, strings.Join(names, ", "), strings.Join(lv, ", "), strings.Join(vn, ", "))
+	fmt.Fprintf(b, "  return get, put\nend)()\n")
 }
 
 // decode reads a record of one row (n == 0) as Go values by field name:

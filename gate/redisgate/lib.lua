@@ -14,6 +14,13 @@ local function I(n)
   return string.format('%d', n)
 end
 
+-- BYTE is string.byte(s, 1) of every one-byte string s, a table lookup
+-- instead of a call: an op's map and cmap (one byte per source) are read
+-- in every op of a batch. Made by the first batch (batch.lua: string is
+-- missing while the library loads); the library-level local that
+-- OC_NONE and OC_FORCED gave up (scripts.go).
+local BYTE = nil
+
 -- CALL is what the ops of one batch (batch.lua) share while it runs, nil
 -- outside one: the server's TIME, read once (now), the scope's keys read
 -- or written with GET and SET (got: key -> value, false for none, a number
@@ -21,7 +28,9 @@ end
 -- written once when the batch ends), the sources' state hashes (h: see
 -- b_load), what the ops will read of each state hash (pre: key -> its
 -- BATCH_PRE block, see b_first; argv, the batch's arguments), and the
--- batch's keys as tables (scope, src: see batch_src). It is a
+-- batch's keys as tables (scope, src: see batch_src), and whether an
+-- admit read the scope's marker and progress (scoped: see admit.lua's
+-- scope_read). It is a
 -- library-level local, which outlives a call: batch sets it at its start
 -- and clears it at its end.
 local CALL = nil
@@ -91,9 +100,22 @@ local PAGE_H = 256
 
 -- idiv is Go's integer division a / b for b > 0 (truncating toward zero),
 -- exact even where a / b in floating point would round to the next integer.
+-- For 0 <= a < 2^53 and b a whole number it is (a - a % b) / b, exact:
+-- a % b (Lua's, a - floor(a / b) * b) is exact there, by Sterbenz's
+-- lemma, and in [0, b). (a / b could only round up to the next integer,
+-- making a % b negative, at a >= 2^53 or a fractional a; the r >= 0 test
+-- sends any such case to the correction below, which the rest keeps.)
+-- No call of math.floor: b_record does the same without the call of
+-- idiv, its b a bucket width, whole. A fractional b, which only a hostile
+-- argument holds, takes math.floor's way, whose quotient is whole (review
+-- lua9r).
 local function idiv(a, b)
   if a < 0 then
     return -idiv(-a, b)
+  end
+  local r = a % b
+  if a < 2 ^ 53 and r >= 0 and r < b and b % 1 == 0 then
+    return (a - r) / b
   end
   local q = math.floor(a / b)
   if q * b > a then
@@ -119,12 +141,15 @@ end
 -- L.T): no table per op (a table of 19 named fields costs Redis more than
 -- unpacking them). Only for the blocks an op reads once, at the top of its
 -- run, and whose table nothing keeps past the op or a candidate's turn of
--- the walk: the op heads (BATCH_OP, ADMIT, SETTLE) and the candidate
--- (CAND). The hot replies (ADMIT_R, SETTLE_R) are packed from their
--- layout's table the same way, every field set before each pack, through
--- L.pack_memo, whose L.M (the last record packed and its string) is the
--- one table kept across calls that is read again: what a reply already
--- said, nothing of a call's state (layout.go's writeBin).
+-- the walk: SETTLE for the settle's walk (b_settle's o), the scope's and
+-- a lone call's sources' configurations (CONF_H, SRC_CONF). The ops'
+-- heads on their common path (BATCH_OP, ADMIT, SETTLE) are unpacked into
+-- locals instead, with the generated format (L.FMT): a table's field
+-- written and read by name costs more than a register (docs/performance.md,
+-- ninth session). The hot replies (ADMIT_R, SETTLE_R) are packed from their
+-- fields' values, in layout order, through L.pack_memo, which keeps the
+-- last record packed and its string (upvalues of its own: what a reply
+-- already said, nothing of a call's state; layout.go's writeBin).
 
 -- op_block is the position in s of the k-th block (from 1) of an op's one
 -- argument (admit's, settle's: layout.go's opArg), which starts at
@@ -431,6 +456,8 @@ end
 -- of it has passed (b.expire_at; without now, every time); an OPEN or
 -- HALF_OPEN one, or one an operator set, is PERSISTed: its state must never
 -- expire into a fresh CLOSED breaker.
+-- admit.lua's and settle.lua's early exits repeat this for their case (a
+-- breaker CLOSED without an override, in the batch's cache): change all three.
 local function b_save(b, idle_ttl, now)
   local lf, lv = b.lease_f, b.lease_v
   b.lease_f, b.lease_v = false, false
@@ -615,15 +642,27 @@ local function bucket_width(p)
 end
 
 -- twin: gate.(*Breaker).record
+-- (bucket_width, b_buckets and idiv inline where they would return at
+-- once: a settle's cost is its Lua calls, docs/performance.md.)
 local function b_record(b, p, now, fail)
-  local w = bucket_width(p)
+  local w = p.wwin == p.window and p.wid or bucket_width(p)
   if b.width ~= w then
     b_clear_buckets(b)
     b.width, b.bdirty = w, true
   end
-  b_buckets(b)
-  local idx = idiv(now, w)
-  local slot = idx - idiv(idx, BUCKETS) * BUCKETS
+  if not b.win then
+    b_buckets(b)
+  end
+  local r, idx = now % w, nil
+  if now >= 0 and now < 2 ^ 53 and r >= 0 and r < w then -- idiv(now, w)'s first case
+    idx = (now - r) / w
+  else
+    idx = idiv(now, w)
+  end
+  local slot = idx % BUCKETS -- idx - idiv(idx, BUCKETS) * BUCKETS, as idiv's first case
+  if not (idx >= 0 and idx < 2 ^ 53 and slot >= 0) then
+    slot = idx - idiv(idx, BUCKETS) * BUCKETS
+  end
   local was, oi, oc, of = b.win, WIN.get(b.win, slot)
   local index, calls, fails = oi, oc, of
   if index ~= idx then

@@ -158,10 +158,11 @@ func prelude() string {
 	def("C_CONSECUTIVE_FAILURES", gate.CauseConsecutiveFailures)
 	def("C_FAILURE_RATE", gate.CauseFailureRate)
 	def("C_SOURCE_DEAD", gate.CauseSourceDead)
-	def("OC_NONE", gate.OpenCauseNone)
+	// (OpenCauseNone and OpenCauseForced, which no script sets, are not
+	// defined: the library is at Lua 5.1's 200 locals per chunk, and
+	// lib.lua's BYTE took their place.)
 	def("OC_FAILURES", gate.OpenCauseFailures)
 	def("OC_SOURCE_DEAD", gate.OpenCauseSourceDead)
-	def("OC_FORCED", gate.OpenCauseForced)
 	def("C_COOLDOWN_ELAPSED", gate.CauseCooldownElapsed)
 	def("C_PROBE_SUCCEEDED", gate.CauseProbeSucceeded)
 	def("C_PROBE_FAILED", gate.CauseProbeFailed)

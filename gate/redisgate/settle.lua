@@ -13,18 +13,22 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
     conf_open(op_arg(argv, ao + 1), false)
   end
   local sc, bsrc = CONF_H.T, map and CALL.src
-  -- a is the outcome (b_settle's o), pc the source's name and policy (its
-  -- p); HANDOFF follows a at hb.
+  -- The outcome is SETTLE's fields (in the walk also SETTLE.T, a: b_settle's
+  -- o), pc the source's name and policy (its p); HANDOFF follows SETTLE at hb.
   p0 = p0 or 1
-  local at = op_block(args, p0, 1)
-  op_check(at, p0, 2) -- SETTLE, HANDOFF
-  local a, hb = SETTLE.into_at(args, at, SETTLE.T)
-  a.probe = a.probe == 1
-  local now = map and a.now == 0 and CALL.now or now_ms(a.now)
+  local at = p0 + S_UNPACK('<I4', args, p0) -- (op_block's)
+  if at ~= p0 + 8 then
+    op_check(at, p0, 2) -- SETTLE, HANDOFF: raises
+  end
+  -- SETTLE's fields as locals (as admit's ADMIT), into SETTLE.T (a) for the
+  -- walk only.
+  local snow, permit, epoch, probe, verdict, floor, actual, pflag, hb = S_UNPACK(SETTLE.FMT, args, at)
+  probe = probe == 1
+  local now = map and snow == 0 and CALL.now or now_ms(snow)
   local s = map and CALL.scope or op_scope(keys, map)
-  local bs = map and bsrc[string.byte(map, 1)]
+  local bs = map and bsrc[BYTE[map] or string.byte(map, 1)] -- (BYTE: see lib.lua)
   local q = bs and bs.q or op_src(keys, nil, 1)
-  local pc = cmap and CONF_SRC[string.byte(cmap, 1)] or op_conf(cmap, 1)
+  local pc = cmap and CONF_SRC[BYTE[cmap] or string.byte(cmap, 1)] or op_conf(cmap, 1)
 
   -- The walk's early exit for the common op of a batch (docs/performance.md,
   -- seventh session): a success, not a probe's, of this epoch, whose permit
@@ -36,12 +40,12 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
   -- h_del, b_settle) but not their calls, and goes on with the write-back
   -- and the reply; anything else walks, nothing changed.
   local hc = map and CALL.h[q.state]
-  local field = hc and LEASE .. a.permit
+  local field = hc and LEASE .. permit
   local lease = hc and hc.f[field]
   local b = hc and hc.b
   local released, effect, evs
-  if lease and b.win and a.verdict == V_SUCCESS and not a.probe and a.epoch == b.epoch and b.state == CLOSED
-    and b.override == NO_OVERRIDE and (a.actual < 0 or #lease <= 8) and not (b.held > 0 and now >= b.lease_min) then
+  if lease and b.win and verdict == V_SUCCESS and not probe and epoch == b.epoch and b.state == CLOSED
+    and b.override == NO_OVERRIDE and (actual < 0 or #lease <= 8) and not (b.held > 0 and now >= b.lease_min) then
     b.lease_of, b.lease_f, b.lease_v = lease, false, false
     hc.f[field], hc.dirty[field] = false, true
     if b.held > 0 then
@@ -52,7 +56,20 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
       b.consecutive, b.bdirty = 0, true
     end
     released, effect, evs = true, F_APPLIED, NO_EVENTS
+    -- b_save's steps for this case (as admit's exit: no lease to write)
+    if b.expire_at == 0 or now - b.expire_at >= sc.idle_ttl / 8 then
+      b.expire_at, hc.ttl, hc.idle_ttl = now, 1, sc.idle_ttl
+    end
+    if b.bdirty then
+      b_keep(hc)
+    else
+      BREC.copy_aside(b, hc.saved)
+      hc.saved_win, hc.saved_wold = b.win, b.wold
+    end
   else
+    local a = SETTLE.T -- (SETTLE.into_at's table, b_settle's o)
+    a.now, a.permit, a.epoch, a.probe, a.verdict, a.floor, a.actual, a.progress = snow, permit, epoch, probe, verdict,
+      floor, actual, pflag
     b = b_load(q.state, true, a.permit)
     released = q_release(q, b, a.permit, a.actual, now)
     -- A give-back without a verdict (lostAdmit: an Admit whose reply was
@@ -69,8 +86,8 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
     else
       effect, evs = b_stale(b, a)
     end
+    b_save(b, sc.idle_ttl, now)
   end
-  b_save(b, sc.idle_ttl, now)
   local events = ''
   if evs ~= NO_EVENTS then
     for _, e in ipairs(evs) do
@@ -79,7 +96,9 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
     end
   end
   local progress = now
-  if a.progress == 1 then
+  if pflag == 1 and map then -- set_ms's case in a batch, without its call
+    CALL.got[s.progress], CALL.put[s.progress] = now, sc.idle_ttl
+  elseif pflag == 1 then
     set_ms(s.progress, now, sc.idle_ttl)
   else
     progress = get_ms(s.progress)
@@ -87,17 +106,17 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
   local rel, handoff = 0, ''
   if released then
     rel = 1
-    if HANDOFF.on_at(args, hb) then
+    if S_UNPACK('<d', args, hb) == 1 then -- (HANDOFF.on_at's)
       local k = bs and bs.l or op_line(keys, nil, 1, 1)
-      if not l_empty(k) then -- (l_handoff's first test, before its block is read)
+      if not (k.empty or l_empty(k)) then -- (l_handoff's first test, before its block is read; l_empty's answer kept on k)
         handoff = l_handoff(k, HANDOFF.read_at(args, hb), now)
       end
     end
   end
-  local r = SETTLE_R.T -- every field set (see L.T in lib.lua)
-  r.released, r.effect, r.events, r.progress, r.now = rel, effect, events, progress, now
-  r.handoff = handoff
-  -- The breaker and its window as elements of their own (layout.go's
+  -- The reply, SETTLE_R (its released, effect, events, progress, now,
+  -- handoff); the breaker and its window as elements of their own (layout.go's
   -- settleReply): packed into the record they would be copied again.
-  return { SETTLE_R.pack_memo(r), b_stored(b), b.win }
+  -- (b_stored's answer without its call where the cache holds it)
+  local rec = hc and hc.b == b and hc.vrec and not hc.vdirty and not b.bdirty and hc.vrec or b_stored(b)
+  return { SETTLE_R.pack_memo(rel, effect, events, progress, now, handoff), rec, b.win }
 end
