@@ -2,7 +2,6 @@ package redisgate_test
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"slices"
 	"strings"
@@ -97,44 +96,6 @@ func TestExitsSaveAsTheWalk(t *testing.T) {
 	}
 }
 
-// settleArgHook cuts a settle's one argument to its first keep blocks.
-type settleArgHook struct {
-	redistest.PassThrough
-	keep int
-}
-
-func (h *settleArgHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		a := cmd.Args()
-		if len(a) >= 4 && strings.EqualFold(fmt.Sprint(a[0]), "fcall") && strings.HasSuffix(fmt.Sprint(a[1]), "_settle") {
-			nkeys, _ := a[2].(int)
-			arg := a[3+nkeys].([]byte)
-			nb := int(binary.LittleEndian.Uint32(arg)) / 4
-			var blocks [][]byte
-			for k := range nb {
-				from := binary.LittleEndian.Uint32(arg[4*k:])
-				to := uint32(len(arg))
-				if k+1 < nb {
-					to = binary.LittleEndian.Uint32(arg[4*k+4:])
-				}
-				blocks = append(blocks, arg[from:to])
-			}
-			blocks = blocks[:h.keep]
-			var out []byte
-			at := 4 * len(blocks)
-			for _, b := range blocks {
-				out = binary.LittleEndian.AppendUint32(out, uint32(at))
-				at += len(b)
-			}
-			for _, b := range blocks {
-				out = append(out, b...)
-			}
-			a[3+nkeys] = out
-		}
-		return next(ctx, cmd)
-	}
-}
-
 // TestSettleArgMissingBlockRefused: a settle's argument without its
 // HANDOFF block is refused naming the blocks, not read from the bytes of
 // its position table.
@@ -144,7 +105,7 @@ func TestSettleArgMissingBlockRefused(t *testing.T) {
 	b := newBackend(t, c, redisgate.Options{})
 	src := gatetest.Src("s")
 	p := admit(t, ctx, b, "oparg", "p", src).Permit
-	c.AddHook(&settleArgHook{keep: 1})
+	c.AddHook(&opArgHook{fn: "_settle", keep: 1})
 	_, err := b.Settle(ctx, settleReq("oparg", src, p, gate.VerdictSuccess))
 	if err == nil || !strings.Contains(err.Error(), "an op argument of 1 blocks, want 2") {
 		t.Fatalf("a settle without its HANDOFF block: %v, want the blocks named", err)

@@ -17,17 +17,19 @@ import (
 	"github.com/polygate/polygate/internal/redistest"
 )
 
-// opArgHook rewrites the one argument (opArg) of every admit called alone:
-// cut keeps its first blocks only, as a caller that lies about them would.
+// opArgHook rewrites the one argument (opArg) of every call of fn alone
+// ("_admit", "_settle"): it keeps the first keep blocks only, as a caller
+// that lies about them would.
 type opArgHook struct {
 	redistest.PassThrough
+	fn   string
 	keep int
 }
 
 func (h *opArgHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		a := cmd.Args()
-		if len(a) >= 4 && strings.EqualFold(fmt.Sprint(a[0]), "fcall") && strings.HasSuffix(fmt.Sprint(a[1]), "_admit") {
+		if len(a) >= 4 && strings.EqualFold(fmt.Sprint(a[0]), "fcall") && strings.HasSuffix(fmt.Sprint(a[1]), h.fn) {
 			nkeys, _ := a[2].(int)
 			arg := a[3+nkeys].([]byte)
 			nb := int(binary.LittleEndian.Uint32(arg)) / 4
@@ -70,7 +72,7 @@ func TestOpArgMissingBlocksRefused(t *testing.T) {
 	if _, err := b.Admit(ctx, req); err != nil { // marks the scope
 		t.Fatal(err)
 	}
-	c.AddHook(&opArgHook{keep: 2})
+	c.AddHook(&opArgHook{fn: "_admit", keep: 2})
 	req.PermitID = "q"
 	a, err := b.Admit(ctx, req)
 	if err == nil {
@@ -92,7 +94,7 @@ func TestOpArgShortRefused(t *testing.T) {
 	if _, err := b.Admit(ctx, req); err != nil {
 		t.Fatal(err)
 	}
-	c.AddHook(&opArgHook{keep: 1})
+	c.AddHook(&opArgHook{fn: "_admit", keep: 1})
 	req.PermitID = "q"
 	if a, err := b.Admit(ctx, req); err == nil {
 		t.Fatalf("an admit of its ADMIT block alone: %+v, no error", a)
