@@ -41,19 +41,7 @@ func TestIdivIsGosDivision(t *testing.T) {
 			fmt.Fprintf(&body, "if idiv(%s, %s) ~= old(%s, %s) then bad[#bad + 1] = '%s / %s' end\n", a, b, a, b, a, b)
 		}
 	}
-	script := prelude() + libLua + callStart + `
-local function old(a, b)
-  if a < 0 then
-    return -old(-a, b)
-  end
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
+	script := prelude() + libLua + callStart + oldIdivLua + `
 local out, bad = {}, {}
 ` + body.String() + `
 out[#out + 1] = table.concat(bad, ', ')
@@ -92,18 +80,7 @@ func TestRecordBucketAsIdiv(t *testing.T) {
 	}
 	script := prelude() + libLua + callStart + `
 return (function()
-local function old(a, b)
-  if a < 0 then
-    return -old(-a, b)
-  end
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
+` + oldIdivLua + `
 local bad = {}
 local function check(now, w)
   local b = { win = WIN.ZERO, wold = WIN.ZERO, width = w }
@@ -134,3 +111,20 @@ end)()
 		t.Errorf("b_record's row differs from the old division's at %v", bad)
 	}
 }
+
+// oldIdivLua is idiv as it was before its a % b way (math.floor, then the
+// corrections), as the Lua function old: what the tests above compare with.
+const oldIdivLua = `
+local function old(a, b)
+  if a < 0 then
+    return -old(-a, b)
+  end
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+`
