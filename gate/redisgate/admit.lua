@@ -159,19 +159,11 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
         if held == 1 or e < b.lease_min then
           b.lease_min = e
         end
-        -- b_save's steps for this case (CLOSED, no override, the batch's
-        -- cache hc: c.b == b) without its call and tests, the lease
-        -- written straight into the cache.
+        -- b_save for this case (CLOSED, no override, the batch's cache hc:
+        -- c.b == b) without its tests, the lease written straight into
+        -- the cache.
         hc.f[field], hc.dirty[field] = S_PACK('<d', e), true
-        if b.expire_at == 0 or now - b.expire_at >= sc.idle_ttl / 8 then
-          b.expire_at, hc.ttl, hc.idle_ttl = now, 1, sc.idle_ttl
-        end
-        if b.bdirty then
-          b_keep(hc)
-        else
-          BREC.copy_aside(b, hc.saved)
-          hc.saved_win, hc.saved_wold = b.win, b.wold
-        end
+        b_keep(hc, now, sc.idle_ttl)
         if not NO_LINE then
           NO_LINE = pack(LINE_ADMIT_R, { places = '' })
         end

@@ -280,8 +280,15 @@ end
 -- fields aside (the lease counts, the TTL's mark), which most ops change,
 -- every time. A copy of the whole record per save was ~5 k instructions,
 -- a tenth of a settle's (docs/performance.md).
-local function b_keep(c)
+-- With now, it is also b_save's TTL mark for a CLOSED breaker without an
+-- override (idle_ttl, set again once an eighth of it has passed): the
+-- whole of b_save in the batch's cache for the early exits' case
+-- (admit.lua, settle.lua), which write their lease field themselves.
+local function b_keep(c, now, idle_ttl)
   local b = c.b
+  if now and (b.expire_at == 0 or now - b.expire_at >= idle_ttl / 8) then
+    b.expire_at, c.ttl, c.idle_ttl = now, 1, idle_ttl
+  end
   if b.bdirty then
     BREC.copy(b, c.saved)
     b.bdirty, c.vdirty = false, true
@@ -456,8 +463,9 @@ end
 -- of it has passed (b.expire_at; without now, every time); an OPEN or
 -- HALF_OPEN one, or one an operator set, is PERSISTed: its state must never
 -- expire into a fresh CLOSED breaker.
--- admit.lua's and settle.lua's early exits repeat this for their case (a
--- breaker CLOSED without an override, in the batch's cache): change all three.
+-- admit.lua's and settle.lua's early exits do this for their case (a
+-- breaker CLOSED without an override, in the batch's cache) with
+-- b_keep(c, now, idle_ttl): change both.
 local function b_save(b, idle_ttl, now)
   local lf, lv = b.lease_f, b.lease_v
   b.lease_f, b.lease_v = false, false
@@ -479,12 +487,7 @@ local function b_save(b, idle_ttl, now)
     if ttl ~= 0 then
       c.ttl, c.idle_ttl = ttl, idle_ttl
     end
-    if b.bdirty then
-      b_keep(c)
-    else -- (b_keep's other branch, without its call: most saves)
-      BREC.copy_aside(b, c.saved)
-      c.saved_win, c.saved_wold = b.win, b.wold
-    end
+    b_keep(c)
     return
   end
   local set = {}

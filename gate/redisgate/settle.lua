@@ -56,16 +56,7 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
       b.consecutive, b.bdirty = 0, true
     end
     released, effect, evs = true, F_APPLIED, NO_EVENTS
-    -- b_save's steps for this case (as admit's exit: no lease to write)
-    if b.expire_at == 0 or now - b.expire_at >= sc.idle_ttl / 8 then
-      b.expire_at, hc.ttl, hc.idle_ttl = now, 1, sc.idle_ttl
-    end
-    if b.bdirty then
-      b_keep(hc)
-    else
-      BREC.copy_aside(b, hc.saved)
-      hc.saved_win, hc.saved_wold = b.win, b.wold
-    end
+    b_keep(hc, now, sc.idle_ttl) -- b_save for this case (as admit's exit: no lease to write)
   else
     local a = SETTLE.T -- (SETTLE.into_at's table, b_settle's o)
     a.now, a.permit, a.epoch, a.probe, a.verdict, a.floor, a.actual, a.progress = snow, permit, epoch, probe, verdict,
