@@ -19,22 +19,23 @@
 local BATCH_FNS = { [OP_ADMIT] = admit, [OP_SETTLE] = settle }
 
 local function batch_run(keys, argv)
-  local h = read(BATCH, argv, 0)
-  now_ms(h.now)
+  -- BATCH's and BATCH_PRE's fields unpacked in place (BATCH.read's,
+  -- BATCH_PRE.read's), no table each to read them from.
+  local hnow, hn, hsrcs = S_UNPACK(BATCH.FMT, op_arg(argv, 0), 1)
+  now_ms(hnow)
   conf_open(op_arg(argv, BATCH.WIDTH), true, 255) -- (a cmap byte numbers them)
   local ao = BATCH.WIDTH + 1
   -- What the ops will read of each source's state hash (b_first): its
   -- BATCH_PRE block, then its lease fields, argv[p.from .. p.to].
-  for j = 1, h.srcs do
-    local p = read(BATCH_PRE, argv, ao)
+  for j = 1, hsrcs do
+    local window, leases = S_UNPACK(BATCH_PRE.FMT, op_arg(argv, ao), 1)
     ao = ao + BATCH_PRE.WIDTH
-    p.from, p.to = ao + 1, ao + p.leases
-    CALL.pre[batch_src(keys, j).q.state] = p
-    ao = ao + p.leases
+    CALL.pre[batch_src(keys, j).q.state] = { window = window, leases = leases, from = ao + 1, to = ao + leases }
+    ao = ao + leases
   end
   op_scope(keys, true) -- CALL.scope, which the ops look up
   local out = {}
-  for i = 1, h.n do
+  for i = 1, hn do
     local at = ao + 1
     local s = argv[at] -- (op_arg's, without its call)
     local kind, map, cmap, p0 = S_UNPACK(BATCH_OP.FMT, s, 1) -- (BATCH_OP.into_at's)
@@ -67,7 +68,12 @@ local function batch(keys, argv)
       BYTE[string.char(i)] = i
     end
   end
-  CALL = { got = {}, put = {}, h = {}, src = setmetatable({}, NO_BATCH_SRC), pre = {}, argv = argv, scoped = false }
+  -- (every field CALL gets, now and scope too: its table made once at its
+  -- size, not grown)
+  CALL = {
+    got = {}, put = {}, h = {}, src = setmetatable({}, NO_BATCH_SRC), pre = {}, argv = argv, scoped = false,
+    now = false, scope = false,
+  }
   local ok, out = pcall(batch_run, keys, argv)
   local flushed, err = pcall(call_flush) -- what ran is written, as in calls of their own
   CALL, CONF_S, CONF_SRC = nil, nil, nil

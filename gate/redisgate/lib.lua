@@ -508,8 +508,10 @@ end
 
 -- h_flush writes back what a batch changed in the state hash key (c =
 -- CALL.h[key]): the fields set and deleted, the breaker and its window
--- where they changed, and the TTL of the last b_save that set one.
-local function h_flush(key, c)
+-- where they changed, and the TTL of the last b_save that set one. With
+-- last (the batch's end, call_flush: c is not used again) c keeps its
+-- list of fields to write, not made again empty.
+local function h_flush(key, c, last)
   local b, set, del = c.b, {}, {}
   for f in pairs(c.dirty) do
     if c.f[f] then
@@ -519,7 +521,9 @@ local function h_flush(key, c)
       del[#del + 1] = f
     end
   end
-  c.dirty = {}
+  if not last then
+    c.dirty = {}
+  end
   b_changed(b, set)
   for i = 1, #del, PAGE_H do
     redis.call('HDEL', key, unpack(del, i, math.min(i + PAGE_H - 1, #del)))
@@ -539,7 +543,7 @@ end
 -- what set_ms set.
 local function call_flush()
   for key, c in pairs(CALL.h) do
-    h_flush(key, c)
+    h_flush(key, c, true)
   end
   for key, ttl in pairs(CALL.put) do
     redis.call('SET', key, I(CALL.got[key]), 'PX', I(ttl))
