@@ -182,13 +182,31 @@ local CONF_S, CONF_I, CONF_AT, CONF_SRC = nil, 0, 0, nil
 
 -- conf_open reads the call's CONF argument s: the scope's block, and in a
 -- batch (batch true) every SRC_CONF block, at most max (the ops' sources).
+-- What the same argument's bytes would give again is not read again (one
+-- scope's calls send the same argument while its configuration stays):
+-- CONF_H.HELD is the argument whose scope block CONF_H.T holds (HELD_AT
+-- where its first SRC_CONF starts), CONF_H.LAST the last batch's argument
+-- and CONF_H.LAST_SRC its SRC_CONF blocks, which nothing writes into but
+-- bucket_width's memo of their own window. Fields of CONF_H, not
+-- library-level locals: the chunk is at Lua 5.1's 200. The last ones only:
+-- bounded.
 local function conf_open(s, batch, max)
   if type(s) ~= 'string' then
     error('redisgate: no CONF argument')
   end
-  local _, at = CONF_H.into_at(s, 1, CONF_H.T)
+  local at = CONF_H.HELD_AT
+  if s ~= CONF_H.HELD then
+    CONF_H.HELD = nil -- (CONF_H.T refilled: held again once read whole)
+    local _
+    _, at = CONF_H.into_at(s, 1, CONF_H.T)
+    CONF_H.HELD, CONF_H.HELD_AT = s, at
+  end
   CONF_S, CONF_I, CONF_AT, CONF_SRC = s, 0, at, nil
   if batch then
+    if s == CONF_H.LAST then -- (read within max: a batch's is always 255)
+      CONF_SRC = CONF_H.LAST_SRC
+      return
+    end
     local src = {}
     while at <= #s do
       if #src == max then
@@ -197,6 +215,7 @@ local function conf_open(s, batch, max)
       src[#src + 1], at = SRC_CONF.read_next(s, at)
     end
     CONF_SRC = src
+    CONF_H.LAST, CONF_H.LAST_SRC = s, src
   end
 end
 
