@@ -531,29 +531,42 @@ end
 -- last (the batch's end, call_flush: c is not used again) c keeps its
 -- list of fields to write, not made again empty.
 local function h_flush(key, c, last)
-  local b, set, del = c.b, {}, {}
+  local b, set, del, cf, ns, nd = c.b, {}, {}, c.f, 0, 0
   for f in pairs(c.dirty) do
-    if c.f[f] then
-      set[#set + 1] = f
-      set[#set + 1] = c.f[f]
+    local v = cf[f]
+    if v then
+      set[ns + 1], set[ns + 2], ns = f, v, ns + 2
     else
-      del[#del + 1] = f
+      del[nd + 1], nd = f, nd + 1
     end
   end
   if not last then
     c.dirty = {}
   end
   b_changed(b, set)
-  for i = 1, #del, PAGE_H do
-    redis.call('HDEL', key, unpack(del, i, math.min(i + PAGE_H - 1, #del)))
+  ns = #set
+  -- (one command each where it holds every field: a batch's common case,
+  -- without the pages' math.min)
+  if nd > PAGE_H then
+    for i = 1, nd, PAGE_H do
+      redis.call('HDEL', key, unpack(del, i, math.min(i + PAGE_H - 1, nd)))
+    end
+  elseif nd > 0 then
+    redis.call('HDEL', key, unpack(del))
   end
-  for i = 1, #set, 2 * PAGE_H do
-    redis.call('HSET', key, unpack(set, i, math.min(i + 2 * PAGE_H - 1, #set)))
+  if ns > 2 * PAGE_H then
+    for i = 1, ns, 2 * PAGE_H do
+      redis.call('HSET', key, unpack(set, i, math.min(i + 2 * PAGE_H - 1, ns)))
+    end
+  elseif ns > 0 then
+    redis.call('HSET', key, unpack(set))
   end
-  if #set > 0 and c.ttl == 1 then
-    redis.call('PEXPIRE', key, I(c.idle_ttl))
-  elseif #set > 0 and c.ttl == -1 then
-    redis.call('PERSIST', key)
+  if ns > 0 and c.ttl ~= 0 then
+    if c.ttl == 1 then
+      redis.call('PEXPIRE', key, I(c.idle_ttl))
+    else
+      redis.call('PERSIST', key)
+    end
   end
   c.ttl = 0
 end
