@@ -380,19 +380,19 @@ local function b_first(key, pre)
   local b = BREC.read(v[1] or nil)
   b.key = key
   b.raw = v[1]
-  b.bdirty = true -- (for the first b_keep)
+  b.bdirty = false -- (saved below as b_keep would: the record read again)
   if pre.window == 1 then
     b.wold = v[2]
     b.win = v[2] or WIN.ZERO
   end
+  local f = {}
   local c = {
-    b = b, f = {}, dirty = {}, ttl = 0, idle_ttl = 0, saved = BREC.read(nil), saved_win = false, saved_wold = false,
-    vrec = false, vdirty = true,
+    b = b, f = f, dirty = {}, ttl = 0, idle_ttl = 0, saved = BREC.read(v[1] or nil), saved_win = b.win,
+    saved_wold = b.wold, vrec = false, vdirty = true,
   }
   for i = pre.from, pre.to do
-    c.f[argv[i]] = v[at + i - pre.from + 1]
+    f[argv[i]] = v[at + i - pre.from + 1]
   end
-  b_keep(c)
   CALL.h[key] = c
 end
 
