@@ -18,6 +18,25 @@
 -- made after its last save; see b_keep).
 local BATCH_FNS = { [OP_ADMIT] = admit, [OP_SETTLE] = settle }
 
+-- batch_ops runs the ops from the from-th (its argument argv[ao + 1]) to
+-- the n-th, each one's reply into out; st[1] is the op running once its
+-- head (BATCH_OP) is read, 0 between two: which op raised, for batch_run.
+local function batch_ops(keys, argv, ao, from, n, out, st)
+  for i = from, n do
+    local at = ao + 1
+    local s = argv[at] -- (op_arg's, without its call)
+    local kind, map, cmap, p0 = S_UNPACK(BATCH_OP.FMT, s, 1) -- (BATCH_OP.into_at's)
+    local fn = BATCH_FNS[kind]
+    st[1] = i
+    if not fn then
+      error('unknown op kind ' .. tostring(kind), 0)
+    end
+    out[i] = fn(keys, argv, ao, map, p0, cmap, s) -- its argument read in place, from p0
+    st[1] = 0
+    ao = ao + 1
+  end
+end
+
 local function batch_run(keys, argv)
   -- BATCH's and BATCH_PRE's fields unpacked in place (BATCH.read's,
   -- BATCH_PRE.read's), no table each to read them from.
@@ -34,29 +53,28 @@ local function batch_run(keys, argv)
     ao = ao + leases
   end
   op_scope(keys, true) -- CALL.scope, which the ops look up
-  local out = {}
-  for i = 1, hn do
-    local at = ao + 1
-    local s = argv[at] -- (op_arg's, without its call)
-    local kind, map, cmap, p0 = S_UNPACK(BATCH_OP.FMT, s, 1) -- (BATCH_OP.into_at's)
-    local fn = BATCH_FNS[kind]
-    local ok, r
-    if fn then
-      ok, r = pcall(fn, keys, argv, ao, map, p0, cmap, s) -- its argument read in place, from p0
-    else
-      ok, r = false, 'unknown op kind ' .. tostring(kind)
-    end
-    ao = ao + 1
+  local out, st, i = {}, { 0 }, 1
+  -- One pcall around the ops (batch_ops), not one per op: where an op
+  -- raises, what it changed and did not save is not written (call_restore)
+  -- and the ops after it run in a pcall of their own. An op's head that
+  -- does not read (st[1] 0: no op running) is the batch's error, as before.
+  while i <= hn do
+    local ok, r = pcall(batch_ops, keys, argv, ao + i - 1, i, hn, out, st)
     if ok then
-      out[i] = r
-    else
-      call_restore() -- what it changed and did not save is not written
-      if type(r) == 'table' and r.err then
-        out[i] = r
-      else
-        out[i] = redis.error_reply(tostring(r))
-      end
+      break
     end
+    local k = st[1]
+    if k == 0 then
+      error(r, 0)
+    end
+    st[1] = 0
+    call_restore()
+    if type(r) == 'table' and r.err then
+      out[k] = r
+    else
+      out[k] = redis.error_reply(tostring(r))
+    end
+    i = k + 1
   end
   return out
 end
