@@ -312,7 +312,8 @@ local function b_keep(c, now, idle_ttl)
     BREC.copy(b, c.saved)
     b.bdirty, c.vdirty = false, true
   else
-    BREC.copy_aside(b, c.saved)
+    local d = c.saved
+    d.held, d.lease_min, d.expire_at = b.held, b.lease_min, b.expire_at -- (BREC.copy_aside's)
   end
   c.saved_win, c.saved_wold = b.win, b.wold
 end
