@@ -11,7 +11,7 @@ import (
 // argument read (lib.lua), in Redis's Lua: batches of the same argument,
 // of another, a lone call's between two batches of the same argument (it
 // refills CONF_H.T: the next batch reads its own again), a batch whose
-// argument raises, and none; lone calls of the argument a batch read last
+// argument raises, one read within a smaller max, and none; lone calls of the argument a batch read last
 // and again. Each must leave CONF_H.T, CONF_SRC and a lone call's sources
 // (op_conf) as a read of its own argument does.
 func TestConfOpenMemo(t *testing.T) {
@@ -60,6 +60,8 @@ if op_conf(nil, 1).name ~= 'x' or op_conf(nil, 2).max_concurrency ~= 2 then
 end
 if pcall(conf_open, B, true, 0) then bad[#bad + 1] = 'B of at most 0 sources did not raise' end
 conf_open(A, true, 255); want('A after a raise', 1000, 'a', 'x=1,y=2')
+if pcall(conf_open, A, true, 1) then bad[#bad + 1] = 'A of at most 1 source after A read within 255 did not raise' end
+conf_open(A, true, 255); want('A after a smaller max', 1000, 'a', 'x=1,y=2')
 conf_open(A, true, 255)
 if pcall(conf_open, nil, true, 255) then bad[#bad + 1] = 'no CONF argument did not raise' end
 conf_open(B, false)

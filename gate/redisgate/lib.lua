@@ -142,7 +142,9 @@ end
 -- unpacking them). Only for the blocks an op reads once, at the top of its
 -- run, and whose table nothing keeps past the op or a candidate's turn of
 -- the walk: SETTLE for the settle's walk (b_settle's o), the scope's and
--- a lone call's sources' configurations (CONF_H, SRC_CONF). The ops'
+-- a lone call's sources' configurations (CONF_H, SRC_CONF; CONF_H.T is
+-- also kept across calls, as conf_open's memo of the argument it holds,
+-- CONF_H.HELD, which only conf_open refills). The ops'
 -- heads on their common path (BATCH_OP, ADMIT, SETTLE) are unpacked into
 -- locals instead, with the generated format (L.FMT): a table's field
 -- written and read by name costs more than a register (docs/performance.md,
@@ -187,9 +189,13 @@ local CONF_S, CONF_I, CONF_AT, CONF_SRC = nil, 0, 0, nil
 -- CONF_H.HELD is the argument whose scope block CONF_H.T holds (HELD_AT
 -- where its first SRC_CONF starts), CONF_H.LAST the last batch's argument
 -- and CONF_H.LAST_SRC its SRC_CONF blocks, which nothing writes into but
--- bucket_width's memo of their own window. Fields of CONF_H, not
--- library-level locals: the chunk is at Lua 5.1's 200. The last ones only:
--- bounded.
+-- bucket_width's memo of their own window (and LAST_MAX, the max they
+-- were read within). Fields of CONF_H, not library-level locals: the chunk
+-- is at Lua 5.1's 200. The last ones only: bounded. Each is forgotten
+-- before it is refilled and named again only once whole (the key stored
+-- last, a statement of its own: Lua 5.1 stores a multiple assignment right
+-- to left), so that an error between (a kill's hook) leaves no key paired
+-- with another argument's tables.
 local function conf_open(s, batch, max)
   if type(s) ~= 'string' then
     error('redisgate: no CONF argument')
@@ -199,14 +205,16 @@ local function conf_open(s, batch, max)
     CONF_H.HELD = nil -- (CONF_H.T refilled: held again once read whole)
     local _
     _, at = CONF_H.into_at(s, 1, CONF_H.T)
-    CONF_H.HELD, CONF_H.HELD_AT = s, at
+    CONF_H.HELD_AT = at
+    CONF_H.HELD = s
   end
   CONF_S, CONF_I, CONF_AT, CONF_SRC = s, 0, at, nil
   if batch then
-    if s == CONF_H.LAST then -- (read within max: a batch's is always 255)
+    if s == CONF_H.LAST and max == CONF_H.LAST_MAX then
       CONF_SRC = CONF_H.LAST_SRC
       return
     end
+    CONF_H.LAST = nil
     local src = {}
     while at <= #s do
       if #src == max then
@@ -215,13 +223,16 @@ local function conf_open(s, batch, max)
       src[#src + 1], at = SRC_CONF.read_next(s, at)
     end
     CONF_SRC = src
-    CONF_H.LAST, CONF_H.LAST_SRC = s, src
+    CONF_H.LAST_SRC, CONF_H.LAST_MAX = src, max
+    CONF_H.LAST = s
   end
 end
 
 -- op_conf is the SRC_CONF block of an op's i-th source (from 1): in a
 -- batch the one its cmap names, read once per batch and shared by its ops
--- (nothing writes into it); in a call of its own the i-th of the call's,
+-- and by every later batch of the same CONF argument (conf_open's memo:
+-- nothing writes into it but bucket_width's memo of its own window); in a
+-- call of its own the i-th of the call's,
 -- in SRC_CONF.T, which the next op_conf refills: an op keeps it no longer
 -- than its source's turn (as CAND.T, see L.T) and asks for its sources in
 -- order.
@@ -673,7 +684,8 @@ end
 
 -- twin: gate.bucketWidth
 -- p keeps it for its window (p.wid for p.wwin): a batch's SRC_CONF is
--- one table for all its ops, a lone call's is refilled per source.
+-- one table for all its ops and the later batches of its argument
+-- (conf_open), a lone call's is refilled per source.
 local function bucket_width(p)
   if p.wwin ~= p.window then
     p.wwin, p.wid = p.window, gmax(idiv(p.window, BUCKETS), 1)
