@@ -18,44 +18,63 @@
 -- made after its last save; see b_keep).
 local BATCH_FNS = { [OP_ADMIT] = admit, [OP_SETTLE] = settle }
 
-local function batch_run(keys, argv)
-  local h = read(BATCH, argv, 0)
-  now_ms(h.now)
-  conf_open(op_arg(argv, BATCH.WIDTH), true, 255) -- (a cmap byte numbers them)
-  local ao = BATCH.WIDTH + 1
-  -- What the ops will read of each source's state hash (b_first): its
-  -- BATCH_PRE block, then its lease fields, argv[p.from .. p.to].
-  for j = 1, h.srcs do
-    local p = read(BATCH_PRE, argv, ao)
-    ao = ao + BATCH_PRE.WIDTH
-    p.from, p.to = ao + 1, ao + p.leases
-    CALL.pre[batch_src(keys, j).q.state] = p
-    ao = ao + p.leases
-  end
-  op_scope(keys, true) -- CALL.scope, which the ops look up
-  local out = {}
-  for i = 1, h.n do
+-- batch_ops runs the ops from the from-th (its argument argv[ao + 1]) to
+-- the n-th, each one's reply into out; st[1] is the op running once its
+-- head (BATCH_OP) is read, 0 between two: which op raised, for batch_run.
+local function batch_ops(keys, argv, ao, from, n, out, st)
+  for i = from, n do
     local at = ao + 1
     local s = argv[at] -- (op_arg's, without its call)
     local kind, map, cmap, p0 = S_UNPACK(BATCH_OP.FMT, s, 1) -- (BATCH_OP.into_at's)
     local fn = BATCH_FNS[kind]
-    local ok, r
-    if fn then
-      ok, r = pcall(fn, keys, argv, ao, map, p0, cmap, s) -- its argument read in place, from p0
-    else
-      ok, r = false, 'unknown op kind ' .. tostring(kind)
+    st[1] = i
+    if not fn then
+      error('unknown op kind ' .. tostring(kind), 0)
     end
+    out[i] = fn(keys, argv, ao, map, p0, cmap, s) -- its argument read in place, from p0
+    st[1] = 0
     ao = ao + 1
+  end
+end
+
+local function batch_run(keys, argv)
+  -- BATCH's and BATCH_PRE's fields unpacked in place (BATCH.read's,
+  -- BATCH_PRE.read's), no table each to read them from.
+  local hnow, hn, hsrcs = S_UNPACK(BATCH.FMT, op_arg(argv, 0), 1)
+  now_ms(hnow)
+  conf_open(op_arg(argv, BATCH.WIDTH), true, 255) -- (a cmap byte numbers them)
+  local ao = BATCH.WIDTH + 1
+  -- What the ops will read of each source's state hash (b_first): its
+  -- BATCH_PRE block, then its lease fields, argv[p.from .. p.to].
+  for j = 1, hsrcs do
+    local window, leases = S_UNPACK(BATCH_PRE.FMT, op_arg(argv, ao), 1)
+    ao = ao + BATCH_PRE.WIDTH
+    CALL.pre[batch_src(keys, j).q.state] = { window = window, leases = leases, from = ao + 1, to = ao + leases }
+    ao = ao + leases
+  end
+  op_scope(keys, true) -- CALL.scope, which the ops look up
+  local out, st, i = {}, { 0 }, 1
+  -- One pcall around the ops (batch_ops), not one per op: where an op
+  -- raises, what it changed and did not save is not written (call_restore)
+  -- and the ops after it run in a pcall of their own. An op's head that
+  -- does not read (st[1] 0: no op running) is the batch's error, as before.
+  while i <= hn do
+    local ok, r = pcall(batch_ops, keys, argv, ao + i - 1, i, hn, out, st)
     if ok then
-      out[i] = r
-    else
-      call_restore() -- what it changed and did not save is not written
-      if type(r) == 'table' and r.err then
-        out[i] = r
-      else
-        out[i] = redis.error_reply(tostring(r))
-      end
+      break
     end
+    local k = st[1]
+    if k == 0 then
+      error(r, 0)
+    end
+    st[1] = 0
+    call_restore()
+    if type(r) == 'table' and r.err then
+      out[k] = r
+    else
+      out[k] = redis.error_reply(tostring(r))
+    end
+    i = k + 1
   end
   return out
 end
@@ -67,7 +86,12 @@ local function batch(keys, argv)
       BYTE[string.char(i)] = i
     end
   end
-  CALL = { got = {}, put = {}, h = {}, src = setmetatable({}, NO_BATCH_SRC), pre = {}, argv = argv, scoped = false }
+  -- (every field CALL gets, now and scope too: its table made once at its
+  -- size, not grown)
+  CALL = {
+    got = {}, put = {}, h = {}, src = setmetatable({}, NO_BATCH_SRC), pre = {}, argv = argv, scoped = false,
+    now = false, scope = false,
+  }
   local ok, out = pcall(batch_run, keys, argv)
   local flushed, err = pcall(call_flush) -- what ran is written, as in calls of their own
   CALL, CONF_S, CONF_SRC = nil, nil, nil

@@ -66,3 +66,39 @@ func TestInlinedReadsFollowTheLayouts(t *testing.T) {
 		}
 	}
 }
+
+// TestKeepCopiesTheFieldsAside: lib.lua's b_keep copies the breaker
+// record's fields aside (a lease count, the TTL's mark: stateRecord's
+// aside fields) into its saved copy on every save, inline (no copy_aside
+// call per save); the line must name exactly those fields, in order.
+func TestKeepCopiesTheFieldsAside(t *testing.T) {
+	const mark = "-- (BREC.copy_aside's)"
+	var line string
+	for _, l := range strings.Split(luaSources(t)["lib.lua"], "\n") {
+		if strings.Contains(l, mark) {
+			line = strings.TrimSpace(l)
+		}
+	}
+	if line == "" {
+		t.Fatalf("lib.lua: no line marked %q (b_keep's copy of the fields aside)", mark)
+	}
+	var want, to, from []string
+	for _, f := range stateRecord.fields {
+		if f.aside {
+			want = append(want, f.name)
+		}
+	}
+	lhs, rhs, ok := strings.Cut(strings.TrimSpace(strings.TrimSuffix(line, mark)), " = ")
+	if !ok {
+		t.Fatalf("lib.lua: %q is not an assignment", line)
+	}
+	for _, v := range strings.Split(lhs, ", ") {
+		to = append(to, strings.TrimPrefix(v, "d."))
+	}
+	for _, v := range strings.Split(rhs, ", ") {
+		from = append(from, strings.TrimPrefix(v, "b."))
+	}
+	if !slices.Equal(to, want) || !slices.Equal(from, want) {
+		t.Errorf("BREC's fields aside are %v, but lib.lua's b_keep copies %v from %v:\n  %s", want, to, from, line)
+	}
+}

@@ -490,7 +490,8 @@ type recField struct {
 	str  bool
 	// aside: not the breaker's (a lease count, the TTL's mark), which
 	// storedBreaker skips; lib.lua's b_keep copies them on every save
-	// (L.copy_aside), the others only when the breaker changed (bdirty).
+	// (inline, TestKeepCopiesTheFieldsAside), the others only when the
+	// breaker changed (bdirty).
 	aside bool
 }
 
@@ -635,9 +636,10 @@ func (r record) format() string {
 }
 
 // write defines the record's Lua table: ID, FIELD, FMT, read(s) (nil: the
-// zero record), pack(t), copy(t, d) (t's fields of the record into d,
-// which allocates nothing) and copy_aside(t, d) (its fields aside alone);
-// for a table record, see writeRows.
+// zero record), pack(t) and copy(t, d) (t's fields of the record into d,
+// which allocates nothing; its fields aside alone are copied by lib.lua's
+// b_keep, inline: TestKeepCopiesTheFieldsAside); for a table record, see
+// writeRows.
 func (r record) write(b *strings.Builder) {
 	if r.n > 0 {
 		r.writeRows(b)
@@ -660,15 +662,11 @@ func (r record) write(b *strings.Builder) {
 	fmt.Fprintf(b, "%s.read = function(s)\n  if not s then\n    return {%s}\n  end\n", r.id, strings.Join(zero, ", "))
 	fmt.Fprintf(b, "  local %s = S_UNPACK(%q, s)\n  return {%s}\nend\n", strings.Join(vars, ", "), r.format(), strings.Join(named, ", "))
 	fmt.Fprintf(b, "%s.pack = function(t)\n  return S_PACK(%q, %s)\nend\n", r.id, r.format(), strings.Join(packed, ", "))
-	var all, aside strings.Builder
+	var all strings.Builder
 	for _, f := range r.fields {
 		fmt.Fprintf(&all, "  d.%s = t.%s\n", f.name, f.name)
-		if f.aside {
-			fmt.Fprintf(&aside, "  d.%s = t.%s\n", f.name, f.name)
-		}
 	}
 	fmt.Fprintf(b, "%s.copy = function(t, d)\n%send\n", r.id, all.String())
-	fmt.Fprintf(b, "%s.copy_aside = function(t, d)\n%send\n", r.id, aside.String())
 }
 
 // writeRows defines a table record's Lua table: ID, FIELD, ROW (a row's

@@ -142,7 +142,9 @@ end
 -- unpacking them). Only for the blocks an op reads once, at the top of its
 -- run, and whose table nothing keeps past the op or a candidate's turn of
 -- the walk: SETTLE for the settle's walk (b_settle's o), the scope's and
--- a lone call's sources' configurations (CONF_H, SRC_CONF). The ops'
+-- a lone call's sources' configurations (CONF_H, SRC_CONF; CONF_H.T is
+-- also kept across calls, as conf_open's memo of the argument it holds,
+-- CONF_H.HELD, which only conf_open refills). The ops'
 -- heads on their common path (BATCH_OP, ADMIT, SETTLE) are unpacked into
 -- locals instead, with the generated format (L.FMT): a table's field
 -- written and read by name costs more than a register (docs/performance.md,
@@ -182,13 +184,37 @@ local CONF_S, CONF_I, CONF_AT, CONF_SRC = nil, 0, 0, nil
 
 -- conf_open reads the call's CONF argument s: the scope's block, and in a
 -- batch (batch true) every SRC_CONF block, at most max (the ops' sources).
+-- What the same argument's bytes would give again is not read again (one
+-- scope's calls send the same argument while its configuration stays):
+-- CONF_H.HELD is the argument whose scope block CONF_H.T holds (HELD_AT
+-- where its first SRC_CONF starts), CONF_H.LAST the last batch's argument
+-- and CONF_H.LAST_SRC its SRC_CONF blocks, which nothing writes into but
+-- bucket_width's memo of their own window (and LAST_MAX, the max they
+-- were read within). Fields of CONF_H, not library-level locals: the chunk
+-- is at Lua 5.1's 200. The last ones only: bounded. Each is forgotten
+-- before it is refilled and named again only once whole (the key stored
+-- last, a statement of its own: Lua 5.1 stores a multiple assignment right
+-- to left), so that an error between (a kill's hook) leaves no key paired
+-- with another argument's tables.
 local function conf_open(s, batch, max)
   if type(s) ~= 'string' then
     error('redisgate: no CONF argument')
   end
-  local _, at = CONF_H.into_at(s, 1, CONF_H.T)
+  local at = CONF_H.HELD_AT
+  if s ~= CONF_H.HELD then
+    CONF_H.HELD = nil -- (CONF_H.T refilled: held again once read whole)
+    local _
+    _, at = CONF_H.into_at(s, 1, CONF_H.T)
+    CONF_H.HELD_AT = at
+    CONF_H.HELD = s
+  end
   CONF_S, CONF_I, CONF_AT, CONF_SRC = s, 0, at, nil
   if batch then
+    if s == CONF_H.LAST and max == CONF_H.LAST_MAX then
+      CONF_SRC = CONF_H.LAST_SRC
+      return
+    end
+    CONF_H.LAST = nil
     local src = {}
     while at <= #s do
       if #src == max then
@@ -197,12 +223,16 @@ local function conf_open(s, batch, max)
       src[#src + 1], at = SRC_CONF.read_next(s, at)
     end
     CONF_SRC = src
+    CONF_H.LAST_SRC, CONF_H.LAST_MAX = src, max
+    CONF_H.LAST = s
   end
 end
 
 -- op_conf is the SRC_CONF block of an op's i-th source (from 1): in a
 -- batch the one its cmap names, read once per batch and shared by its ops
--- (nothing writes into it); in a call of its own the i-th of the call's,
+-- and by every later batch of the same CONF argument (conf_open's memo:
+-- nothing writes into it but bucket_width's memo of its own window); in a
+-- call of its own the i-th of the call's,
 -- in SRC_CONF.T, which the next op_conf refills: an op keeps it no longer
 -- than its source's turn (as CAND.T, see L.T) and asks for its sources in
 -- order.
@@ -293,7 +323,8 @@ local function b_keep(c, now, idle_ttl)
     BREC.copy(b, c.saved)
     b.bdirty, c.vdirty = false, true
   else
-    BREC.copy_aside(b, c.saved)
+    local d = c.saved
+    d.held, d.lease_min, d.expire_at = b.held, b.lease_min, b.expire_at -- (BREC.copy_aside's)
   end
   c.saved_win, c.saved_wold = b.win, b.wold
 end
@@ -361,19 +392,19 @@ local function b_first(key, pre)
   local b = BREC.read(v[1] or nil)
   b.key = key
   b.raw = v[1]
-  b.bdirty = true -- (for the first b_keep)
+  b.bdirty = false -- (saved below as b_keep would: the record read again)
   if pre.window == 1 then
     b.wold = v[2]
     b.win = v[2] or WIN.ZERO
   end
+  local f = {}
   local c = {
-    b = b, f = {}, dirty = {}, ttl = 0, idle_ttl = 0, saved = BREC.read(nil), saved_win = false, saved_wold = false,
-    vrec = false, vdirty = true,
+    b = b, f = f, dirty = {}, ttl = 0, idle_ttl = 0, saved = BREC.read(v[1] or nil), saved_win = b.win,
+    saved_wold = b.wold, vrec = false, vdirty = true,
   }
   for i = pre.from, pre.to do
-    c.f[argv[i]] = v[at + i - pre.from + 1]
+    f[argv[i]] = v[at + i - pre.from + 1]
   end
-  b_keep(c)
   CALL.h[key] = c
 end
 
@@ -508,29 +539,46 @@ end
 
 -- h_flush writes back what a batch changed in the state hash key (c =
 -- CALL.h[key]): the fields set and deleted, the breaker and its window
--- where they changed, and the TTL of the last b_save that set one.
-local function h_flush(key, c)
-  local b, set, del = c.b, {}, {}
+-- where they changed, and the TTL of the last b_save that set one. With
+-- last (the batch's end, call_flush: c is not used again) c keeps its
+-- list of fields to write, not made again empty.
+local function h_flush(key, c, last)
+  local b, set, del, cf, ns, nd = c.b, {}, {}, c.f, 0, 0
   for f in pairs(c.dirty) do
-    if c.f[f] then
-      set[#set + 1] = f
-      set[#set + 1] = c.f[f]
+    local v = cf[f]
+    if v then
+      set[ns + 1], set[ns + 2], ns = f, v, ns + 2
     else
-      del[#del + 1] = f
+      del[nd + 1], nd = f, nd + 1
     end
   end
-  c.dirty = {}
+  if not last then
+    c.dirty = {}
+  end
   b_changed(b, set)
-  for i = 1, #del, PAGE_H do
-    redis.call('HDEL', key, unpack(del, i, math.min(i + PAGE_H - 1, #del)))
+  ns = #set
+  -- (one command each where it holds every field: a batch's common case,
+  -- without the pages' math.min)
+  if nd > PAGE_H then
+    for i = 1, nd, PAGE_H do
+      redis.call('HDEL', key, unpack(del, i, math.min(i + PAGE_H - 1, nd)))
+    end
+  elseif nd > 0 then
+    redis.call('HDEL', key, unpack(del))
   end
-  for i = 1, #set, 2 * PAGE_H do
-    redis.call('HSET', key, unpack(set, i, math.min(i + 2 * PAGE_H - 1, #set)))
+  if ns > 2 * PAGE_H then
+    for i = 1, ns, 2 * PAGE_H do
+      redis.call('HSET', key, unpack(set, i, math.min(i + 2 * PAGE_H - 1, ns)))
+    end
+  elseif ns > 0 then
+    redis.call('HSET', key, unpack(set))
   end
-  if #set > 0 and c.ttl == 1 then
-    redis.call('PEXPIRE', key, I(c.idle_ttl))
-  elseif #set > 0 and c.ttl == -1 then
-    redis.call('PERSIST', key)
+  if ns > 0 and c.ttl ~= 0 then
+    if c.ttl == 1 then
+      redis.call('PEXPIRE', key, I(c.idle_ttl))
+    else
+      redis.call('PERSIST', key)
+    end
   end
   c.ttl = 0
 end
@@ -539,7 +587,7 @@ end
 -- what set_ms set.
 local function call_flush()
   for key, c in pairs(CALL.h) do
-    h_flush(key, c)
+    h_flush(key, c, true)
   end
   for key, ttl in pairs(CALL.put) do
     redis.call('SET', key, I(CALL.got[key]), 'PX', I(ttl))
@@ -636,7 +684,8 @@ end
 
 -- twin: gate.bucketWidth
 -- p keeps it for its window (p.wid for p.wwin): a batch's SRC_CONF is
--- one table for all its ops, a lone call's is refilled per source.
+-- one table for all its ops and the later batches of its argument
+-- (conf_open), a lone call's is refilled per source.
 local function bucket_width(p)
   if p.wwin ~= p.window then
     p.wwin, p.wid = p.window, gmax(idiv(p.window, BUCKETS), 1)
