@@ -35,9 +35,13 @@ test: tools redis-server chromium check-generated lint pytypes gotest fuzz pytes
 
 ci: test
 
-tools: $(BIN)/buf $(GO_TOOLS)
+tools: $(BIN)/buf $(GO_TOOLS) $(BIN)/ratelimit
 
-# Go tools at the versions pinned in tools/go.mod and tools/buf/go.mod.
+# Go tools at the versions pinned in tools/go.mod, tools/buf/go.mod and
+# tools/ratelimit/go.mod (envoy's ratelimit service: the peer make bench
+# measures, and internal/bench's tests start).
+$(BIN)/ratelimit: tools/ratelimit/go.mod
+	cd tools/ratelimit && go build -o $(BIN)/ratelimit github.com/envoyproxy/ratelimit/src/service_cmd
 $(BIN)/buf: tools/buf/go.mod
 	cd tools/buf && go build -o $(BIN)/ github.com/bufbuild/buf/cmd/buf
 $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/grpcurl: tools/go.mod
