@@ -22,13 +22,14 @@ run:
 	go run ./cmd/sidecar
 
 ## bench: what a decision costs (docs/performance.md): the real sidecar on the
-## memory and Redis backends against a bare grpc-go health server, ratios to it.
+## memory and Redis backends against a bare grpc-go health server, ratios to it,
+## and envoy's ratelimit service (the peer) against the same redis-server.
 ## Not part of test. BENCH_FLAGS passes flags to polybench (e.g. -cell 5s).
 BENCH_FLAGS ?=
-bench: redis-server
+bench: redis-server $(BIN)/ratelimit
 	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \
 	go build -o "$$d/sidecar" ./cmd/sidecar && go build -o "$$d/polybench" ./cmd/polybench && \
-	"$$d/polybench" -sidecar "$$d/sidecar" $(BENCH_FLAGS)
+	"$$d/polybench" -sidecar "$$d/sidecar" -ratelimit $(BIN)/ratelimit $(BENCH_FLAGS)
 
 ## test: everything CI runs
 test: tools redis-server chromium check-generated lint pytypes gotest fuzz pytest
@@ -97,7 +98,7 @@ pytypes: venv
 
 # The Go SDK (clientsdk/go) is a module of its own, which ./... leaves out.
 gotest:
-	go test -race -count=1 ./...
+	POLYGATE_RATELIMIT=$(BIN)/ratelimit go test -race -count=1 ./...
 	cd clientsdk/go && go vet ./... && go test -race -count=1 ./...
 
 ## fuzz: each fuzz target for FUZZTIME (seed corpora under testdata/fuzz run in gotest too)

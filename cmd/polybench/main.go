@@ -1,10 +1,12 @@
 // Command polybench measures what a decision costs: it drives the real
 // sidecar binary (memory and Redis backends) and a bare grpc-go health
 // server (the floor, served by polybench floor) with the same load and prints
-// the ratios. make bench builds the sidecar and runs it; see
+// the ratios; with -ratelimit, envoy's ratelimit service (the peer) against
+// the same redis-server, and the ratio of Redis's work per attempt cycle to
+// its per decision. make bench builds the sidecar and runs it; see
 // docs/performance.md.
 //
-//	polybench -sidecar PATH [flags]
+//	polybench -sidecar PATH [-ratelimit PATH] [flags]
 //	polybench floor [-listen ADDR]
 //	polybench sidecar [-cpuprofile FILE] [-memprofile FILE] -- [sidecar flags]
 //
@@ -76,6 +78,7 @@ func run(ctx context.Context, args []string) (err error) {
 	fs.DurationVar(&o.Settle, "settle", 2*time.Second, "time the sidecar gets to take the held calls in")
 	fs.DurationVar(&o.HoldWindow, "hold-window", 3*time.Second, "time the sidecar's CPU is measured over while calls are held")
 	fs.BoolVar(&noRedis, "no-redis", false, "skip the Redis backend")
+	fs.StringVar(&o.Ratelimit, "ratelimit", "", "envoy's ratelimit service's binary (make tools builds bin/ratelimit): the peer, measured against the same redis-server after each Redis attempt cell (empty: no peer)")
 	fs.StringVar(&ops, "ops", "health,retryafter,attempt", "operations measured on the sidecars, comma separated")
 	fs.StringVar(&env, "sidecar-env", "", "environment added to the sidecars only (not the floor), e.g. GOGC=50,GOMEMLIMIT=200MiB: NAME=VALUE, comma separated")
 	fs.StringVar(&profile, "cpuprofile", "", "write a CPU profile of the memory backend's sidecar (run inside polybench) to this file")
@@ -83,6 +86,9 @@ func run(ctx context.Context, args []string) (err error) {
 	_ = fs.Parse(args)
 	if o.Sidecar == "" {
 		return fmt.Errorf("-sidecar: the sidecar binary is required (go build -o PATH ./cmd/sidecar)")
+	}
+	if o.Ratelimit != "" && noRedis {
+		return fmt.Errorf("-ratelimit runs against the Redis backend's redis-server: drop -no-redis")
 	}
 	for _, s := range strings.Split(callers, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -33,6 +34,10 @@ type Options struct {
 	Ops []string
 	// RedisAddr is a redis-server the Redis rows use ("" skips them).
 	RedisAddr string
+	// Ratelimit is envoy's ratelimit service's binary ("": no peer). It runs
+	// against RedisAddr; each Redis attempt cell is followed by its
+	// decision cell at the same level.
+	Ratelimit string
 	// Conns is the number of connections every target gets.
 	Conns int
 	// Callers are the closed-loop concurrency levels; Rate (ops/s, shared by
@@ -108,6 +113,20 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 		backends = append(backends, "redis")
 	}
 	var sidecars []*target
+	// redisInfo reads the Redis work so far: the Redis rows and the peer's
+	// read it alike.
+	var redisInfo func(context.Context) (redisStats, error)
+	if o.RedisAddr != "" {
+		rdb := redis.NewClient(&redis.Options{Addr: o.RedisAddr})
+		defer rdb.Close()
+		redisInfo = func(ctx context.Context) (redisStats, error) {
+			s, err := rdb.Info(ctx, "commandstats", "cpu").Result()
+			if err != nil {
+				return redisStats{}, err
+			}
+			return parseInfo(s)
+		}
+	}
 	for _, b := range backends {
 		cfg := filepath.Join(o.Dir, b+".yaml")
 		if err := os.WriteFile(cfg, []byte(sidecarConfig(b, o.RedisAddr, o.Held)), 0o600); err != nil {
@@ -127,15 +146,7 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 			t.pr.allocs = func(ctx context.Context) (allocs, error) { return readAllocs(ctx, url) }
 		}
 		if b == "redis" {
-			rdb := redis.NewClient(&redis.Options{Addr: o.RedisAddr})
-			defer rdb.Close()
-			t.pr.redis = func(ctx context.Context) (redisStats, error) {
-				s, err := rdb.Info(ctx, "commandstats", "cpu").Result()
-				if err != nil {
-					return redisStats{}, err
-				}
-				return parseInfo(s)
-			}
+			t.pr.redis = redisInfo
 		}
 	}
 	var ops []op
@@ -144,6 +155,23 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 			return nil, fmt.Errorf("operation %q: allowed: health, retryafter, attempt", name)
 		}
 		ops = append(ops, op(name))
+	}
+	var peer *target
+	if o.Ratelimit != "" {
+		if o.RedisAddr == "" || !slices.Contains(ops, opAttempt) {
+			return nil, fmt.Errorf("the ratelimit peer is measured after each Redis attempt cell: it needs Redis and the attempt operation")
+		}
+		p, err := startRatelimit(ctx, o.Ratelimit, o.RedisAddr, o.Dir, peerLimit)
+		if err != nil {
+			return nil, err
+		}
+		cl, err := dial(p.addr, o.Conns)
+		if err != nil {
+			p.stop()
+			return nil, err
+		}
+		peer = &target{name: "ratelimit", p: p, cl: cl, pr: probe{pid: p.pid(), redis: redisInfo}}
+		started = append(started, peer)
 	}
 	rep := &Report{}
 	for _, t := range sidecars {
@@ -160,15 +188,28 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 						return rep, fmt.Errorf("%s %s at %v: %w", t.name, op, lv, err)
 					}
 					f.target, c.target, c.floor = floor.name, t.name, &f
-					pairs = append(pairs, c)
 					alloc := ""
 					if c.allocs != nil && c.ops > 0 {
 						alloc = fmt.Sprintf("  %.1f allocs/op %.0f B/op", c.allocs.objects/float64(c.ops), c.allocs.bytes/float64(c.ops))
 					}
 					fmt.Fprintf(progress, "%-7s %-10s %6v  %8.0f ops/s  %6.1f µs CPU/op (floor %8.0f ops/s %6.1f µs)%s  errors %d\n",
 						t.name, op, lv, c.perSec(), us(c.cpuPerOp()), f.perSec(), us(f.cpuPerOp()), alloc, c.errs)
+					if peer != nil && t.name == "redis" && op == opAttempt {
+						d, err := peer.cl.run(ctx, opDecide, lv, o.Warm, o.Cell, peer.pr)
+						if err != nil {
+							return rep, fmt.Errorf("ratelimit decide at %v: %w", lv, err)
+						}
+						d.target, d.floor, c.peer = peer.name, &f, &d
+						fmt.Fprintf(progress, "%-7s %-10s %6v  %8.0f ops/s  %6.1f µs CPU/op  redis %6.1f µs CPU/op (attempt: %.1f)  errors %d\n",
+							peer.name, opDecide, lv, d.perSec(), us(d.cpuPerOp()), d.redisCPUPerOp(), c.redisCPUPerOp(), d.errs)
+					}
+					pairs = append(pairs, c)
 				}
-				rep.cells = append(rep.cells, medianPair(pairs))
+				kept := medianPair(pairs)
+				rep.cells = append(rep.cells, kept)
+				if kept.peer != nil {
+					rep.cells = append(rep.cells, *kept.peer)
+				}
 			}
 		}
 		if o.Held > 0 {
@@ -241,6 +282,30 @@ scopes:
 	return b.String()
 }
 
+// printPeer writes, for each Redis attempt cell with a peer cell, the
+// ratio of redis-server's CPU per attempt cycle to its CPU per peer decision
+// (issue 11's target: ≤ 2), and the commands the peer sent Redis per
+// decision.
+func (r *Report) printPeer(w io.Writer) {
+	for _, c := range r.cells {
+		d := c.peer
+		if d == nil || d.ops == 0 || c.ops == 0 || d.redis == nil || c.redis == nil {
+			continue
+		}
+		ratio := "-"
+		if d.redisCPUPerOp() > 0 {
+			ratio = fmt.Sprintf("%.2f×", c.redisCPUPerOp()/d.redisCPUPerOp())
+		}
+		names := slices.Sorted(maps.Keys(d.redis.byName))
+		per := make([]string, 0, len(names))
+		for _, n := range names {
+			per = append(per, fmt.Sprintf("%s %.2f", n, float64(d.redis.byName[n])/float64(d.ops)))
+		}
+		fmt.Fprintf(w, "%s %s %v: redis CPU per attempt cycle %.1f µs ÷ ratelimit's per decision %.1f µs = %s (target ≤ 2×); ratelimit's Redis commands per decision %.2f (%s)\n",
+			c.target, c.op, c.level, c.redisCPUPerOp(), d.redisCPUPerOp(), ratio, float64(d.redis.calls)/float64(d.ops), strings.Join(per, ", "))
+	}
+}
+
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
 // Print writes the report: one table of every sidecar cell with the floor
@@ -282,6 +347,7 @@ func (r *Report) Print(w io.Writer) {
 			nallocs, nbytes, us(c.p50), us(c.p99), script, shared, rcpu, c.errs)
 	}
 	_ = tw.Flush()
+	r.printPeer(w)
 	for _, c := range r.cells {
 		if c.err != nil {
 			fmt.Fprintf(w, "first error of %s %s at %v: %v\n", c.target, c.op, c.level, c.err)

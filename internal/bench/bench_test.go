@@ -2,13 +2,18 @@ package bench
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/polygate/polygate/internal/redistest"
 	"github.com/polygate/polygate/internal/sidecartest"
@@ -117,8 +122,9 @@ func TestParseInfoAndDelta(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := after.sub(before)
-	want := redisDelta{cpu: 500 * time.Millisecond, calls: 32, usec: 1107, scriptCalls: 25, scriptUsec: 1100}
-	if got != want {
+	want := redisDelta{cpu: 500 * time.Millisecond, calls: 32, usec: 1107, scriptCalls: 25, scriptUsec: 1100,
+		byName: map[string]int64{"evalsha": 20, "fcall": 5, "get": 7}}
+	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("delta = %+v, want %+v (INFO itself excluded, scripts and functions counted)", got, want)
 	}
 	for _, bad := range []string{
@@ -143,16 +149,36 @@ func TestRunSmoke(t *testing.T) {
 		Sidecar: sidecartest.Binary(t), Floor: []string{os.Args[0], "floor"}, RedisAddr: redistest.Start(t).Addr,
 		Ops: []string{"health", "retryafter", "attempt"}, Rounds: 1, Conns: 2, Callers: []int{2}, Rate: 200, RateCallers: 2, Warm: 50 * time.Millisecond, Cell: 200 * time.Millisecond,
 		Held: 20, Settle: 100 * time.Millisecond, HoldWindow: 100 * time.Millisecond, Dir: t.TempDir(),
-		SidecarEnv: []string{"GOGC=37"},
+		SidecarEnv: []string{"GOGC=37"}, Ratelimit: ratelimitBinary(t),
 	}
 	rep, err := Run(ctx, o, t.Output())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := 2 * 3 * 2; len(rep.cells) != want {
-		t.Fatalf("%d cells, want %d (3 operations on memory and on Redis, 2 levels each)", len(rep.cells), want)
+	if want := 2*3*2 + 2; len(rep.cells) != want {
+		t.Fatalf("%d cells, want %d (3 operations on memory and on Redis, 2 levels each, and the peer's decisions after the Redis attempts)", len(rep.cells), want)
+	}
+	var peers int
+	for i, c := range rep.cells {
+		if c.target != "ratelimit" {
+			continue
+		}
+		peers++
+		// The peer's cell follows the Redis attempt cell it is compared with.
+		if i == 0 || rep.cells[i-1].peer == nil || rep.cells[i-1].target != "redis" || rep.cells[i-1].op != opAttempt || rep.cells[i-1].level != c.level {
+			t.Errorf("the peer's cell at %v does not follow a Redis attempt cell at its level", c.level)
+		}
+		if c.op != opDecide || c.ops == 0 || c.errs != 0 || c.redis == nil || c.redis.byName["incrby"] == 0 || c.floor == nil {
+			t.Errorf("ratelimit at %v: %+v; want decisions, no errors, INCRBYs in Redis and the attempt cell's floor", c.level, c)
+		}
+	}
+	if peers != 2 {
+		t.Errorf("%d peer cells, want 2 (one per level)", peers)
 	}
 	for _, c := range rep.cells {
+		if c.target == "ratelimit" {
+			continue
+		}
 		if c.floor == nil || c.floor.ops == 0 || c.floor.errs != 0 {
 			t.Errorf("%s %s at %v: the floor cell before it is %+v; want some operations and no errors", c.target, c.op, c.level, c.floor)
 		}
@@ -195,6 +221,9 @@ func TestRunSmoke(t *testing.T) {
 	rep.Print(&out)
 	if !strings.Contains(out.String(), "× floor CPU") || !strings.Contains(out.String(), "× floor RSS") || !strings.Contains(out.String(), "allocs/op") {
 		t.Errorf("the report has no ratio column:\n%s", out.String())
+	}
+	if n := strings.Count(out.String(), "÷ ratelimit's per decision"); n != 2 {
+		t.Errorf("the report has %d lines comparing Redis's work with the peer's, want 2:\n%s", n, out.String())
 	}
 }
 
@@ -250,4 +279,141 @@ go_memstats_alloc_bytes_total 56789
 	if _, err := readAllocs(ctx, serve(strings.Replace(counters, "go_memstats_mallocs_total 1234\n", "", 1))); err == nil {
 		t.Fatal("readAllocs without go_memstats_mallocs_total: no error")
 	}
+}
+
+// ratelimitBinary is envoy's ratelimit service's binary: $POLYGATE_RATELIMIT
+// (make gotest sets it), else bin/ratelimit at the repository's root. The
+// test fails without it: make tools builds it.
+func ratelimitBinary(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("POLYGATE_RATELIMIT"); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("POLYGATE_RATELIMIT=%s: %v (make tools builds bin/ratelimit)", p, err)
+		}
+		return p
+	}
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && strings.HasPrefix(string(b), "module github.com/polygate/polygate\n") {
+			break
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("no polygate repository root above the test's directory to find bin/ratelimit in; set POLYGATE_RATELIMIT")
+		}
+		dir = parent
+	}
+	p := filepath.Join(dir, "bin", "ratelimit")
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("envoy's ratelimit service is not built (%v): make tools builds bin/ratelimit from tools/ratelimit/go.mod", err)
+	}
+	return p
+}
+
+func TestDecisionWire(t *testing.T) {
+	// RateLimitRequest{domain: "polybench", descriptors: [{entries: [{key: "bench", value: "only"}]}], hits_addend: 1}
+	want := []byte("\x0a\x09polybench\x12\x0f\x0a\x0d\x0a\x05bench\x12\x04only\x18\x01")
+	if !bytes.Equal(decisionRequest, want) {
+		t.Fatalf("decisionRequest = %q, want %q", decisionRequest, want)
+	}
+	for _, tc := range []struct {
+		name string
+		in   string
+		want uint64
+		bad  bool
+	}{
+		// overall_code OK, then statuses (2) {code OK, current_limit {requests_per_unit 4e9, unit HOUR}, limit_remaining}.
+		{name: "ok with a status", in: "\x08\x01\x12\x0e\x08\x01\x12\x08\x08\x80\xd0\xac\xf3\x0e\x10\x03\x18\x05", want: codeOK},
+		{name: "status first", in: "\x12\x02\x08\x02\x08\x02", want: codeOverLimit},
+		{name: "unknown fields skipped", in: "\x3a\x03abc\x08\x01\x45\x01\x02\x03\x04", want: codeOK},
+		{name: "empty: no overall_code", in: "", bad: true},
+		{name: "overall_code as bytes", in: "\x0a\x01\x01", bad: true},
+		{name: "truncated varint", in: "\x08\x80", bad: true},
+		{name: "length past the end", in: "\x08\x01\x12\x7f\x08", bad: true},
+		{name: "bad tag", in: "\x00", bad: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := decisionCode([]byte(tc.in))
+			if tc.bad {
+				if err == nil {
+					t.Fatalf("decisionCode(%q) = %d, want an error", tc.in, got)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("decisionCode(%q) = %d, %v; want %d", tc.in, got, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestRatelimitPeer starts envoy's real ratelimit service against a real
+// redis-server and runs a short cell of decisions: every one answered OK,
+// each an INCRBY and an EXPIRE in Redis. Then, with a limit the cell passes,
+// the refusals are counted as errors: the check reads the answers. It
+// asserts no timing.
+func TestRatelimitPeer(t *testing.T) {
+	bin := ratelimitBinary(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cellOf := func(t *testing.T, limit uint32) (cell, redisStats) {
+		srv := redistest.Start(t)
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		t.Cleanup(func() { _ = rdb.Close() })
+		info := func(ctx context.Context) (redisStats, error) {
+			s, err := rdb.Info(ctx, "commandstats", "cpu").Result()
+			if err != nil {
+				return redisStats{}, err
+			}
+			return parseInfo(s)
+		}
+		p, err := startRatelimit(ctx, bin, srv.Addr, t.TempDir(), limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.stop)
+		cl, err := dial(p.addr, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(cl.close)
+		c, err := cl.run(ctx, opDecide, level{callers: 4}, 50*time.Millisecond, 300*time.Millisecond, probe{pid: p.pid(), redis: info})
+		if err != nil {
+			t.Fatal(err)
+		}
+		after, err := info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, after
+	}
+	t.Run("allowed", func(t *testing.T) {
+		c, _ := cellOf(t, peerLimit)
+		if c.ops == 0 || c.errs != 0 {
+			t.Fatalf("%d decisions, %d errors (first: %v); want some and none", c.ops, c.errs, c.err)
+		}
+		// Each decision is one INCRBY and one EXPIRE on the descriptor's key;
+		// a decision in flight when the cell's readings were taken may fall
+		// on either side of them.
+		if c.redis == nil || c.redis.byName["incrby"] < c.ops-4 || c.redis.byName["incrby"] > c.ops+4 ||
+			c.redis.byName["expire"] < c.ops-4 || c.redis.byName["expire"] > c.ops+4 {
+			t.Fatalf("Redis over %d decisions: %+v; want an INCRBY and an EXPIRE each", c.ops, c.redis)
+		}
+		if c.cpu <= 0 && c.redis.cpu <= 0 {
+			t.Errorf("no CPU read for the peer nor Redis over %d decisions", c.ops)
+		}
+	})
+	t.Run("over the limit", func(t *testing.T) {
+		const limit = 20
+		c, after := cellOf(t, limit)
+		if c.errs == 0 || c.err == nil || !strings.Contains(c.err.Error(), "OVER_LIMIT") {
+			t.Fatalf("limit %d: %d decisions allowed, %d errors (first: %v); want the refusals counted as errors", limit, c.ops, c.errs, c.err)
+		}
+		if c.ops >= limit || after.cmds["incrby"].calls <= limit {
+			t.Fatalf("limit %d: %d decisions counted as allowed, %d INCRBYs in all; want fewer allowed than the limit, more INCRBYs", limit, c.ops, after.cmds["incrby"].calls)
+		}
+	})
 }

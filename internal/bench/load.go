@@ -94,6 +94,8 @@ func (c *client) do(ctx context.Context, o op, i int) error {
 			Scope: benchScope, CallId: p.GetCallId(), PermitId: g.GetPermitId(), Outcome: admissionv1.Outcome_OUTCOME_SUCCESS,
 		})
 		return err
+	case opDecide:
+		return c.decide(ctx, k)
 	}
 	return fmt.Errorf("unknown operation %q", o)
 }
@@ -113,6 +115,9 @@ type cell struct {
 	err    error // the first error
 	redis  *redisDelta
 	floor  *cell // the floor's health cell measured just before, same level
+	// peer is, on a Redis attempt cell, the peer's decision cell measured
+	// just after it at the same level (nil: no peer).
+	peer *cell
 }
 
 func (c cell) perSec() float64 { return float64(c.ops) / c.wall.Seconds() }
@@ -123,6 +128,15 @@ func (c cell) cpuPerOp() time.Duration {
 		return 0
 	}
 	return c.cpu / time.Duration(c.ops)
+}
+
+// redisCPUPerOp is redis-server's CPU per operation over the cell, in µs (0:
+// no Redis reading, or nothing ran).
+func (c cell) redisCPUPerOp() float64 {
+	if c.redis == nil || c.ops == 0 {
+		return 0
+	}
+	return us(c.redis.cpu) / float64(c.ops)
 }
 
 // probe reads the state that a cell measures the change of.

@@ -74,13 +74,16 @@ var scriptCommands = []string{"evalsha", "eval", "evalsha_ro", "eval_ro", "fcall
 // sub returns the work done between before and s: CPU, every command's
 // calls and usec, except INFO itself (the bench's own reading).
 func (s redisStats) sub(before redisStats) redisDelta {
-	d := redisDelta{cpu: s.cpu - before.cpu}
+	d := redisDelta{cpu: s.cpu - before.cpu, byName: map[string]int64{}}
 	for name, c := range s.cmds {
 		if name == "info" {
 			continue
 		}
 		b := before.cmds[name]
 		calls, usec := c.calls-b.calls, c.usec-b.usec
+		if calls != 0 {
+			d.byName[name] = calls
+		}
 		d.calls += calls
 		d.usec += usec
 		for _, sc := range scriptCommands {
@@ -98,4 +101,5 @@ type redisDelta struct {
 	cpu                     time.Duration
 	calls, usec             int64 // every command but INFO
 	scriptCalls, scriptUsec int64
+	byName                  map[string]int64 // calls of each command run (INFO aside)
 }
