@@ -120,7 +120,7 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 		rdb := redis.NewClient(&redis.Options{Addr: o.RedisAddr})
 		defer rdb.Close()
 		redisInfo = func(ctx context.Context) (redisStats, error) {
-			s, err := rdb.Info(ctx, "commandstats", "cpu").Result()
+			s, err := rdb.Info(ctx, "commandstats", "cpu", "stats").Result()
 			if err != nil {
 				return redisStats{}, err
 			}
@@ -178,6 +178,7 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 		for _, op := range ops {
 			for _, lv := range levels {
 				var pairs []cell
+				var peerRatios []float64
 				for range max(1, o.Rounds) {
 					f, err := floor.cl.run(ctx, opHealth, lv, o.Warm, o.Cell, floor.pr)
 					if err != nil {
@@ -200,12 +201,16 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 							return rep, fmt.Errorf("ratelimit decide at %v: %w", lv, err)
 						}
 						d.target, d.floor, c.peer = peer.name, &f, &d
+						if d.redisCPUPerOp() > 0 {
+							peerRatios = append(peerRatios, c.redisCPUPerOp()/d.redisCPUPerOp())
+						}
 						fmt.Fprintf(progress, "%-7s %-10s %6v  %8.0f ops/s  %6.1f µs CPU/op  redis %6.1f µs CPU/op (attempt: %.1f)  errors %d\n",
 							peer.name, opDecide, lv, d.perSec(), us(d.cpuPerOp()), d.redisCPUPerOp(), c.redisCPUPerOp(), d.errs)
 					}
 					pairs = append(pairs, c)
 				}
 				kept := medianPair(pairs)
+				kept.peerRatios = peerRatios
 				rep.cells = append(rep.cells, kept)
 				if kept.peer != nil {
 					rep.cells = append(rep.cells, *kept.peer)
@@ -284,8 +289,9 @@ scopes:
 
 // printPeer writes, for each Redis attempt cell with a peer cell, the
 // ratio of redis-server's CPU per attempt cycle to its CPU per peer decision
-// (issue 11's target: ≤ 2), and the commands the peer sent Redis per
-// decision.
+// (issue 11's target: ≤ 2), each round's when there were several, then what
+// Redis did per operation for each: the commands the peer sent, and the
+// connection reads each side's requests took.
 func (r *Report) printPeer(w io.Writer) {
 	for _, c := range r.cells {
 		d := c.peer
@@ -296,13 +302,28 @@ func (r *Report) printPeer(w io.Writer) {
 		if d.redisCPUPerOp() > 0 {
 			ratio = fmt.Sprintf("%.2f×", c.redisCPUPerOp()/d.redisCPUPerOp())
 		}
+		if len(c.peerRatios) > 1 {
+			rounds := make([]string, len(c.peerRatios))
+			for i, x := range c.peerRatios {
+				rounds[i] = fmt.Sprintf("%.2f", x)
+			}
+			ratio += fmt.Sprintf(" (each round's: %s)", strings.Join(rounds, ", "))
+		}
+		fmt.Fprintf(w, "%s %s %v: redis CPU per attempt cycle %.1f µs ÷ ratelimit's per decision %.1f µs = %s (target ≤ 2×)\n",
+			c.target, c.op, c.level, c.redisCPUPerOp(), d.redisCPUPerOp(), ratio)
 		names := slices.Sorted(maps.Keys(d.redis.byName))
 		per := make([]string, 0, len(names))
 		for _, n := range names {
-			per = append(per, fmt.Sprintf("%s %.2f", n, float64(d.redis.byName[n])/float64(d.ops)))
+			if x := float64(d.redis.byName[n]) / float64(d.ops); x >= 0.005 {
+				per = append(per, fmt.Sprintf("%s %.2f", n, x))
+			}
 		}
-		fmt.Fprintf(w, "%s %s %v: redis CPU per attempt cycle %.1f µs ÷ ratelimit's per decision %.1f µs = %s (target ≤ 2×); ratelimit's Redis commands per decision %.2f (%s)\n",
-			c.target, c.op, c.level, c.redisCPUPerOp(), d.redisCPUPerOp(), ratio, float64(d.redis.calls)/float64(d.ops), strings.Join(per, ", "))
+		fmt.Fprintf(w, "    Redis per decision: %.2f commands (%s)", float64(d.redis.calls)/float64(d.ops), strings.Join(per, ", "))
+		if d.redis.reads >= 0 && c.redis.reads >= 0 {
+			fmt.Fprintf(w, ", %.2f reads; per attempt cycle: %.2f reads, %.2f script calls",
+				float64(d.redis.reads)/float64(d.ops), float64(c.redis.reads)/float64(c.ops), float64(c.redis.scriptCalls)/float64(c.ops))
+		}
+		fmt.Fprintln(w)
 	}
 }
 

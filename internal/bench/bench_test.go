@@ -109,7 +109,8 @@ func TestMedianPair(t *testing.T) {
 
 func TestParseInfoAndDelta(t *testing.T) {
 	before, err := parseInfo("# Commandstats\r\ncmdstat_evalsha:calls=10,usec=400,usec_per_call=40.00,rejected_calls=0,failed_calls=0\r\n" +
-		"cmdstat_info:calls=3,usec=90,usec_per_call=30.00\r\n\r\n# CPU\r\nused_cpu_sys:1.500000\r\nused_cpu_user:0.500000\r\nused_cpu_sys_children:9.0\r\n")
+		"cmdstat_info:calls=3,usec=90,usec_per_call=30.00\r\n\r\n# CPU\r\nused_cpu_sys:1.500000\r\nused_cpu_user:0.500000\r\nused_cpu_sys_children:9.0\r\n" +
+		"# Stats\r\ntotal_reads_processed:100\r\ntotal_writes_processed:90\r\n")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,17 +118,28 @@ func TestParseInfoAndDelta(t *testing.T) {
 		t.Fatalf("parseInfo = %+v", before)
 	}
 	after, err := parseInfo("cmdstat_evalsha:calls=30,usec=1400,usec_per_call=46.67\ncmdstat_fcall:calls=5,usec=100,usec_per_call=20.00\n" +
-		"cmdstat_get:calls=7,usec=7,usec_per_call=1.00\ncmdstat_info:calls=5,usec=150,usec_per_call=30.00\nused_cpu_sys:1.750000\nused_cpu_user:0.750000\n")
+		"cmdstat_get:calls=7,usec=7,usec_per_call=1.00\ncmdstat_info:calls=5,usec=150,usec_per_call=30.00\nused_cpu_sys:1.750000\nused_cpu_user:0.750000\n" +
+		"total_reads_processed:150\ntotal_writes_processed:130\n")
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := after.sub(before)
 	want := redisDelta{cpu: 500 * time.Millisecond, calls: 32, usec: 1107, scriptCalls: 25, scriptUsec: 1100,
-		byName: map[string]int64{"evalsha": 20, "fcall": 5, "get": 7}}
+		byName: map[string]int64{"evalsha": 20, "fcall": 5, "get": 7}, reads: 50, writes: 40}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("delta = %+v, want %+v (INFO itself excluded, scripts and functions counted)", got, want)
 	}
+	// Without the stats section, no reads nor writes: -1, not 0.
+	noStats, err := parseInfo("used_cpu_sys:1\nused_cpu_user:1\n")
+	if err != nil || noStats.reads != -1 || noStats.writes != -1 {
+		t.Fatalf("parseInfo without the stats section = %+v, %v; want reads and writes -1", noStats, err)
+	}
+	if d := noStats.sub(before); d.reads != -1 || d.writes != -1 {
+		t.Fatalf("delta from a reading without the stats section: reads %d, writes %d; want -1", d.reads, d.writes)
+	}
 	for _, bad := range []string{
+		"used_cpu_sys:1\nused_cpu_user:1\ntotal_reads_processed:-4\n",
+		"used_cpu_sys:1\nused_cpu_user:1\ntotal_writes_processed:x\n",
 		"cmdstat_get:calls=x,usec=1\nused_cpu_sys:1\nused_cpu_user:1\n",
 		"used_cpu_sys:1\n",
 		"used_cpu_sys:-1\nused_cpu_user:1\n",
@@ -364,7 +376,7 @@ func TestRatelimitPeer(t *testing.T) {
 		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 		t.Cleanup(func() { _ = rdb.Close() })
 		info := func(ctx context.Context) (redisStats, error) {
-			s, err := rdb.Info(ctx, "commandstats", "cpu").Result()
+			s, err := rdb.Info(ctx, "commandstats", "cpu", "stats").Result()
 			if err != nil {
 				return redisStats{}, err
 			}
@@ -401,6 +413,10 @@ func TestRatelimitPeer(t *testing.T) {
 		if c.redis == nil || c.redis.byName["incrby"] < c.ops-4 || c.redis.byName["incrby"] > c.ops+4 ||
 			c.redis.byName["expire"] < c.ops-4 || c.redis.byName["expire"] > c.ops+4 {
 			t.Fatalf("Redis over %d decisions: %+v; want an INCRBY and an EXPIRE each", c.ops, c.redis)
+		}
+		// The stats section was read: the decisions' connection reads.
+		if c.redis.reads <= 0 || c.redis.writes <= 0 {
+			t.Errorf("Redis over %d decisions: %d reads, %d writes; want some (INFO's stats section)", c.ops, c.redis.reads, c.redis.writes)
 		}
 		if c.cpu <= 0 && c.redis.cpu <= 0 {
 			t.Errorf("no CPU read for the peer nor Redis over %d decisions", c.ops)

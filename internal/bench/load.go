@@ -118,6 +118,9 @@ type cell struct {
 	// peer is, on a Redis attempt cell, the peer's decision cell measured
 	// just after it at the same level (nil: no peer).
 	peer *cell
+	// peerRatios are, with a peer, each round's redis CPU per operation
+	// of this cell's kind ÷ the peer's cell of the same round.
+	peerRatios []float64
 }
 
 func (c cell) perSec() float64 { return float64(c.ops) / c.wall.Seconds() }
