@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/polygate/polygate/config"
 	"github.com/polygate/polygate/internal/redistest"
 	"github.com/polygate/polygate/internal/sidecartest"
 )
@@ -293,14 +294,20 @@ go_memstats_alloc_bytes_total 56789
 	}
 }
 
-// ratelimitBinary is envoy's ratelimit service's binary: $POLYGATE_RATELIMIT
-// (make gotest sets it), else bin/ratelimit at the repository's root. The
-// test fails without it: make tools builds it.
+// ratelimitEnv names envoy's ratelimit service's binary for the tests (make
+// gotest sets it). Not POLYGATE_…: the sidecars the tests start inherit the
+// environment, and the sidecar reads every POLYGATE_ variable as its
+// configuration (config.EnvPrefix) and refuses one it does not know.
+const ratelimitEnv = "POLYBENCH_RATELIMIT"
+
+// ratelimitBinary is envoy's ratelimit service's binary: $POLYBENCH_RATELIMIT,
+// else bin/ratelimit at the repository's root. The test fails without it:
+// make tools builds it.
 func ratelimitBinary(t *testing.T) string {
 	t.Helper()
-	if p := os.Getenv("POLYGATE_RATELIMIT"); p != "" {
+	if p := os.Getenv(ratelimitEnv); p != "" {
 		if _, err := os.Stat(p); err != nil {
-			t.Fatalf("POLYGATE_RATELIMIT=%s: %v (make tools builds bin/ratelimit)", p, err)
+			t.Fatalf("%s=%s: %v (make tools builds bin/ratelimit)", ratelimitEnv, p, err)
 		}
 		return p
 	}
@@ -314,7 +321,7 @@ func ratelimitBinary(t *testing.T) string {
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			t.Fatal("no polygate repository root above the test's directory to find bin/ratelimit in; set POLYGATE_RATELIMIT")
+			t.Fatalf("no polygate repository root above the test's directory to find bin/ratelimit in; set %s", ratelimitEnv)
 		}
 		dir = parent
 	}
@@ -323,6 +330,21 @@ func ratelimitBinary(t *testing.T) string {
 		t.Fatalf("envoy's ratelimit service is not built (%v): make tools builds bin/ratelimit from tools/ratelimit/go.mod", err)
 	}
 	return p
+}
+
+// TestRatelimitEnv: the variable make gotest passes is the one the tests
+// read, and the sidecar does not take it for its own.
+func TestRatelimitEnv(t *testing.T) {
+	if strings.HasPrefix(ratelimitEnv, config.EnvPrefix) {
+		t.Fatalf("%s starts with the sidecar's %s: every sidecar a test starts would refuse it", ratelimitEnv, config.EnvPrefix)
+	}
+	mk, err := os.ReadFile("../../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(mk), ratelimitEnv+"=$(BIN)/ratelimit go test") {
+		t.Fatalf("the Makefile's gotest does not pass %s=$(BIN)/ratelimit", ratelimitEnv)
+	}
 }
 
 func TestDecisionWire(t *testing.T) {
