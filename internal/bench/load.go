@@ -211,24 +211,31 @@ func (c *client) run(ctx context.Context, o op, lv level, warm, dur time.Duratio
 		stopAll()
 		return res, ctx.Err()
 	}
-	cpu0, err := procCPU(pr.pid)
-	if err != nil {
-		stopAll()
-		return res, err
+	// The readings nest around the measured window, the cheap ones inside:
+	// the allocations (an HTTP scrape of the target, milliseconds) outside
+	// Redis's and the CPU's, so that neither Redis's work nor the target's
+	// CPU includes operations done while a scrape ran and not counted.
+	var (
+		a0  allocs
+		r0  redisStats
+		err error
+	)
+	if pr.allocs != nil {
+		if a0, err = pr.allocs(ctx); err != nil {
+			stopAll()
+			return res, err
+		}
 	}
-	var r0 redisStats
 	if pr.redis != nil {
 		if r0, err = pr.redis(ctx); err != nil {
 			stopAll()
 			return res, err
 		}
 	}
-	var a0 allocs
-	if pr.allocs != nil {
-		if a0, err = pr.allocs(ctx); err != nil {
-			stopAll()
-			return res, err
-		}
+	cpu0, err := procCPU(pr.pid)
+	if err != nil {
+		stopAll()
+		return res, err
 	}
 	t0 := time.Now()
 	measuring.Store(true)
@@ -242,14 +249,6 @@ func (c *client) run(ctx context.Context, o op, lv level, warm, dur time.Duratio
 		return res, err
 	}
 	res.cpu = cpu1 - cpu0
-	if pr.allocs != nil {
-		a1, err := pr.allocs(ctx)
-		if err != nil {
-			stopAll()
-			return res, err
-		}
-		res.allocs = &allocs{objects: a1.objects - a0.objects, bytes: a1.bytes - a0.bytes}
-	}
 	if pr.redis != nil {
 		r1, err := pr.redis(ctx)
 		if err != nil {
@@ -258,6 +257,14 @@ func (c *client) run(ctx context.Context, o op, lv level, warm, dur time.Duratio
 		}
 		d := r1.sub(r0)
 		res.redis = &d
+	}
+	if pr.allocs != nil {
+		a1, err := pr.allocs(ctx)
+		if err != nil {
+			stopAll()
+			return res, err
+		}
+		res.allocs = &allocs{objects: a1.objects - a0.objects, bytes: a1.bytes - a0.bytes}
 	}
 	stopAll()
 	if e := firstErr.Load(); e != nil {
