@@ -65,6 +65,7 @@ func run(ctx context.Context, args []string) (err error) {
 		profile string
 		memProf string
 		env     string
+		rlEnv   string
 	)
 	fs.StringVar(&o.Sidecar, "sidecar", "", "the sidecar binary (required; make bench builds it)")
 	fs.IntVar(&o.Conns, "conns", 1, "connections to each target")
@@ -78,7 +79,8 @@ func run(ctx context.Context, args []string) (err error) {
 	fs.DurationVar(&o.Settle, "settle", 2*time.Second, "time the sidecar gets to take the held calls in")
 	fs.DurationVar(&o.HoldWindow, "hold-window", 3*time.Second, "time the sidecar's CPU is measured over while calls are held")
 	fs.BoolVar(&noRedis, "no-redis", false, "skip the Redis backend")
-	fs.StringVar(&o.Ratelimit, "ratelimit", "", "envoy's ratelimit service's binary (make tools builds bin/ratelimit): the peer, measured against the same redis-server after each Redis attempt cell (empty: no peer)")
+	fs.StringVar(&o.Ratelimit, "ratelimit", "", "envoy's ratelimit service's binary (make tools builds bin/ratelimit): the peer, measured against the same redis-server beside each Redis attempt cell (empty: no peer)")
+	fs.StringVar(&rlEnv, "ratelimit-env", "", "settings of the peer, e.g. REDIS_POOL_SIZE=64: NAME=VALUE, comma separated (it gets nothing else of polybench's environment: its defaults otherwise)")
 	fs.StringVar(&ops, "ops", "health,retryafter,attempt", "operations measured on the sidecars, comma separated")
 	fs.StringVar(&env, "sidecar-env", "", "environment added to the sidecars only (not the floor), e.g. GOGC=50,GOMEMLIMIT=200MiB: NAME=VALUE, comma separated")
 	fs.StringVar(&profile, "cpuprofile", "", "write a CPU profile of the memory backend's sidecar (run inside polybench) to this file")
@@ -87,8 +89,18 @@ func run(ctx context.Context, args []string) (err error) {
 	if o.Sidecar == "" {
 		return fmt.Errorf("-sidecar: the sidecar binary is required (go build -o PATH ./cmd/sidecar)")
 	}
-	if o.Ratelimit != "" && noRedis {
-		return fmt.Errorf("-ratelimit runs against the Redis backend's redis-server: drop -no-redis")
+	if o.Ratelimit != "" {
+		if _, err := os.Stat(o.Ratelimit); err != nil {
+			return fmt.Errorf("-ratelimit: %w (make tools builds bin/ratelimit)", err)
+		}
+	}
+	if rlEnv != "" {
+		for _, kv := range strings.Split(rlEnv, ",") {
+			if name, _, ok := strings.Cut(kv, "="); !ok || name == "" || len(kv) > 1000 {
+				return fmt.Errorf("-ratelimit-env %q: want NAME=VALUE pairs, comma separated", clip(rlEnv))
+			}
+			o.RatelimitEnv = append(o.RatelimitEnv, kv)
+		}
 	}
 	for _, s := range strings.Split(callers, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
@@ -138,6 +150,9 @@ func run(ctx context.Context, args []string) (err error) {
 		fmt.Printf("\npolybench: %d connection(s), cells of %v after %v warm-up, median of %d round(s)", o.Conns, o.Cell, o.Warm, o.Rounds)
 		if o.Rate > 0 {
 			fmt.Printf(", paced level %g/s over %d callers", o.Rate, o.RateCallers)
+		}
+		if len(o.RatelimitEnv) > 0 {
+			fmt.Printf(", the peer with %s (not its defaults)", strings.Join(o.RatelimitEnv, " "))
 		}
 		fmt.Print("\n\n")
 		rep.Print(os.Stdout)

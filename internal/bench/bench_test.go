@@ -353,47 +353,59 @@ func TestDecisionWire(t *testing.T) {
 	if !bytes.Equal(decisionRequest, want) {
 		t.Fatalf("decisionRequest = %q, want %q", decisionRequest, want)
 	}
+	// A status: {code OK, current_limit {requests_per_unit 4e9, unit HOUR}, limit_remaining 5}.
+	const limitedOK = "\x12\x0e\x08\x01\x12\x08\x08\x80\xd0\xac\xf3\x0e\x10\x03\x18\x05"
 	for _, tc := range []struct {
-		name string
-		in   string
-		want uint64
-		bad  bool
+		name    string
+		in      string
+		want    uint64
+		limited bool
+		bad     bool
 	}{
-		// overall_code OK, then statuses (2) {code OK, current_limit {requests_per_unit 4e9, unit HOUR}, limit_remaining}.
-		{name: "ok with a status", in: "\x08\x01\x12\x0e\x08\x01\x12\x08\x08\x80\xd0\xac\xf3\x0e\x10\x03\x18\x05", want: codeOK},
-		{name: "status first", in: "\x12\x02\x08\x02\x08\x02", want: codeOverLimit},
-		{name: "unknown fields skipped", in: "\x3a\x03abc\x08\x01\x45\x01\x02\x03\x04", want: codeOK},
+		{name: "ok with a limit", in: "\x08\x01" + limitedOK, want: codeOK, limited: true},
+		{name: "status first", in: limitedOK + "\x08\x01", want: codeOK, limited: true},
+		{name: "over the limit", in: "\x12\x06\x08\x02\x12\x02\x08\x14\x08\x02", want: codeOverLimit, limited: true},
+		{name: "ok, no limit matched", in: "\x08\x01\x12\x02\x08\x01", want: codeOK},
+		{name: "ok, no status", in: "\x08\x01", want: codeOK},
+		{name: "one of two statuses without a limit", in: "\x08\x01" + limitedOK + "\x12\x00", want: codeOK},
+		{name: "unknown fields skipped", in: "\x3a\x03abc\x08\x01\x45\x01\x02\x03\x04" + limitedOK, want: codeOK, limited: true},
 		{name: "empty: no overall_code", in: "", bad: true},
 		{name: "overall_code as bytes", in: "\x0a\x01\x01", bad: true},
 		{name: "truncated varint", in: "\x08\x80", bad: true},
 		{name: "length past the end", in: "\x08\x01\x12\x7f\x08", bad: true},
+		{name: "a status that does not parse", in: "\x08\x01\x12\x02\x12\x05", bad: true},
 		{name: "bad tag", in: "\x00", bad: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := decisionCode([]byte(tc.in))
+			got, limited, err := decisionOf([]byte(tc.in))
 			if tc.bad {
 				if err == nil {
-					t.Fatalf("decisionCode(%q) = %d, want an error", tc.in, got)
+					t.Fatalf("decisionOf(%q) = %d, %v; want an error", tc.in, got, limited)
 				}
 				return
 			}
-			if err != nil || got != tc.want {
-				t.Fatalf("decisionCode(%q) = %d, %v; want %d", tc.in, got, err, tc.want)
+			if err != nil || got != tc.want || limited != tc.limited {
+				t.Fatalf("decisionOf(%q) = %d, %v, %v; want %d, %v", tc.in, got, limited, err, tc.want, tc.limited)
 			}
 		})
 	}
 }
 
 // TestRatelimitPeer starts envoy's real ratelimit service against a real
-// redis-server and runs a short cell of decisions: every one answered OK,
-// each an INCRBY and an EXPIRE in Redis. Then, with a limit the cell passes,
-// the refusals are counted as errors: the check reads the answers. It
-// asserts no timing.
+// redis-server: decisions one after the other are answered OK, each one
+// INCRBY and one EXPIRE in Redis, exactly; a cell of concurrent ones counts
+// no error. Then, once a small limit is used up, refusals are errors: the
+// check reads the answers. It asserts no timing.
 func TestRatelimitPeer(t *testing.T) {
 	bin := ratelimitBinary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cellOf := func(t *testing.T, limit uint32) (cell, redisStats) {
+	type peer struct {
+		cl   *client
+		pid  int
+		info func(context.Context) (redisStats, error)
+	}
+	start := func(t *testing.T, limit uint32) peer {
 		srv := redistest.Start(t)
 		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 		t.Cleanup(func() { _ = rdb.Close() })
@@ -404,7 +416,7 @@ func TestRatelimitPeer(t *testing.T) {
 			}
 			return parseInfo(s)
 		}
-		p, err := startRatelimit(ctx, bin, srv.Addr, t.TempDir(), limit)
+		p, err := startRatelimit(ctx, bin, srv.Addr, t.TempDir(), limit, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -414,44 +426,68 @@ func TestRatelimitPeer(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(cl.close)
-		c, err := cl.run(ctx, opDecide, level{callers: 4}, 50*time.Millisecond, 300*time.Millisecond, probe{pid: p.pid(), redis: info})
+		return peer{cl: cl, pid: p.pid(), info: info}
+	}
+	// sequential makes n decisions one after the other and returns what
+	// Redis ran meanwhile and the errors.
+	sequential := func(t *testing.T, p peer, n int) (redisDelta, []error) {
+		before, err := p.info(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		after, err := info(ctx)
+		var errs []error
+		for range n {
+			if err := p.cl.decide(ctx, 0); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		after, err := p.info(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return c, after
+		return after.sub(before), errs
 	}
 	t.Run("allowed", func(t *testing.T) {
-		c, _ := cellOf(t, peerLimit)
-		if c.ops == 0 || c.errs != 0 {
-			t.Fatalf("%d decisions, %d errors (first: %v); want some and none", c.ops, c.errs, c.err)
+		p := start(t, peerLimit)
+		const n = 50
+		d, errs := sequential(t, p, n)
+		if len(errs) != 0 {
+			t.Fatalf("%d of %d decisions failed, the first: %v", len(errs), n, errs[0])
 		}
-		// Each decision is one INCRBY and one EXPIRE on the descriptor's key;
-		// a decision in flight when the cell's readings were taken may fall
-		// on either side of them.
-		if c.redis == nil || c.redis.byName["incrby"] < c.ops-4 || c.redis.byName["incrby"] > c.ops+4 ||
-			c.redis.byName["expire"] < c.ops-4 || c.redis.byName["expire"] > c.ops+4 {
-			t.Fatalf("Redis over %d decisions: %+v; want an INCRBY and an EXPIRE each", c.ops, c.redis)
+		if d.byName["incrby"] != n || d.byName["expire"] != n {
+			t.Fatalf("Redis over %d decisions: %+v; want exactly one INCRBY and one EXPIRE each", n, d)
 		}
 		// The stats section was read: the decisions' connection reads.
-		if c.redis.reads <= 0 || c.redis.writes <= 0 {
-			t.Errorf("Redis over %d decisions: %d reads, %d writes; want some (INFO's stats section)", c.ops, c.redis.reads, c.redis.writes)
+		if d.reads < n || d.writes < n {
+			t.Errorf("Redis over %d decisions: %d reads, %d writes; want one of each per decision at least (INFO's stats section)", n, d.reads, d.writes)
 		}
-		if c.cpu <= 0 && c.redis.cpu <= 0 {
-			t.Errorf("no CPU read for the peer nor Redis over %d decisions", c.ops)
+		c, err := p.cl.run(ctx, opDecide, level{callers: 4}, 50*time.Millisecond, 300*time.Millisecond, probe{pid: p.pid, redis: p.info})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.ops == 0 || c.errs != 0 || c.redis == nil || c.redis.byName["incrby"] == 0 {
+			t.Fatalf("a cell of 4 callers: %d decisions, %d errors (first: %v), Redis %+v; want some, none, and INCRBYs", c.ops, c.errs, c.err, c.redis)
 		}
 	})
 	t.Run("over the limit", func(t *testing.T) {
 		const limit = 20
-		c, after := cellOf(t, limit)
-		if c.errs == 0 || c.err == nil || !strings.Contains(c.err.Error(), "OVER_LIMIT") {
-			t.Fatalf("limit %d: %d decisions allowed, %d errors (first: %v); want the refusals counted as errors", limit, c.ops, c.errs, c.err)
+		p := start(t, limit) // its start took one decision
+		d, errs := sequential(t, p, 2*limit)
+		// The limit is per hour: should the decisions straddle an hour's
+		// start (a new key, a new count), still at most 2·limit − 1 of them
+		// are allowed.
+		if len(errs) == 0 || !strings.Contains(errs[0].Error(), "OVER_LIMIT") {
+			t.Fatalf("limit %d: %d more decisions, %d refused (first: %v); want the refusals as errors naming OVER_LIMIT", limit, 2*limit, len(errs), errs)
 		}
-		if c.ops >= limit || after.cmds["incrby"].calls <= limit {
-			t.Fatalf("limit %d: %d decisions counted as allowed, %d INCRBYs in all; want fewer allowed than the limit, more INCRBYs", limit, c.ops, after.cmds["incrby"].calls)
+		if d.byName["incrby"] != 2*limit {
+			t.Errorf("limit %d: %d INCRBYs over %d decisions; want one each, refused or not", limit, d.byName["incrby"], 2*limit)
+		}
+		c, err := p.cl.run(ctx, opDecide, level{callers: 2}, 20*time.Millisecond, 200*time.Millisecond, probe{pid: p.pid})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.errs == 0 || c.err == nil || !strings.Contains(c.err.Error(), "OVER_LIMIT") {
+			t.Fatalf("limit %d, used up: a cell counted %d errors (first: %v), %d allowed; want the refusals counted as errors", limit, c.errs, c.err, c.ops)
 		}
 	})
 }

@@ -67,48 +67,87 @@ const (
 	codeOverLimit = 2
 )
 
-// decisionCode reads overall_code (field 1, a varint) from a
-// RateLimitResponse, skipping every other field; a reply that does not
-// parse, or has no overall_code, is an error.
-func decisionCode(b []byte) (uint64, error) {
-	code, seen := uint64(0), false
+// decisionOf reads a RateLimitResponse: overall_code (field 1, a varint),
+// and whether every descriptor's status (statuses, field 2) names the limit
+// it was counted against (current_limit, its field 2). The service answers
+// OK without a current_limit, and without asking Redis, for a descriptor
+// that matches no limit of its configuration: such a decision measures
+// nothing. Other fields are skipped; a reply that does not parse, or has no
+// overall_code, is an error.
+func decisionOf(b []byte) (code uint64, limited bool, err error) {
+	seen, statuses, withLimit := false, 0, 0
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return 0, fmt.Errorf("RateLimitResponse: bad tag: %w", protowire.ParseError(n))
+			return 0, false, fmt.Errorf("RateLimitResponse: bad tag: %w", protowire.ParseError(n))
 		}
 		b = b[n:]
-		if num == 1 {
-			if typ != protowire.VarintType {
-				return 0, fmt.Errorf("RateLimitResponse: overall_code has wire type %d, want a varint", typ)
-			}
+		switch {
+		case num == 1 && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(b)
 			if n < 0 {
-				return 0, fmt.Errorf("RateLimitResponse: overall_code: %w", protowire.ParseError(n))
+				return 0, false, fmt.Errorf("RateLimitResponse: overall_code: %w", protowire.ParseError(n))
 			}
 			code, seen, b = v, true, b[n:]
-			continue
+		case num == 1:
+			return 0, false, fmt.Errorf("RateLimitResponse: overall_code has wire type %d, want a varint", typ)
+		case num == 2 && typ == protowire.BytesType:
+			st, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return 0, false, fmt.Errorf("RateLimitResponse: statuses: %w", protowire.ParseError(n))
+			}
+			b = b[n:]
+			has, err := hasField(st, 2, protowire.BytesType)
+			if err != nil {
+				return 0, false, fmt.Errorf("RateLimitResponse: statuses: %w", err)
+			}
+			statuses++
+			if has {
+				withLimit++
+			}
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return 0, false, fmt.Errorf("RateLimitResponse: field %d: %w", num, protowire.ParseError(n))
+			}
+			b = b[n:]
 		}
-		n = protowire.ConsumeFieldValue(num, typ, b)
-		if n < 0 {
-			return 0, fmt.Errorf("RateLimitResponse: field %d: %w", num, protowire.ParseError(n))
-		}
-		b = b[n:]
 	}
 	if !seen {
-		return 0, errors.New("RateLimitResponse: no overall_code")
+		return 0, false, errors.New("RateLimitResponse: no overall_code")
 	}
-	return code, nil
+	return code, statuses > 0 && withLimit == statuses, nil
 }
 
-// decide sends one decision on conn k and checks it was allowed.
+// hasField reports whether message b has field num of wire type typ,
+// checking that all of b parses.
+func hasField(b []byte, num protowire.Number, typ protowire.Type) (bool, error) {
+	has := false
+	for len(b) > 0 {
+		n, t, l := protowire.ConsumeTag(b)
+		if l < 0 {
+			return false, protowire.ParseError(l)
+		}
+		b = b[l:]
+		l = protowire.ConsumeFieldValue(n, t, b)
+		if l < 0 {
+			return false, fmt.Errorf("field %d: %w", n, protowire.ParseError(l))
+		}
+		b = b[l:]
+		has = has || (n == num && t == typ)
+	}
+	return has, nil
+}
+
+// decide sends one decision on conn k and checks it was allowed, counted
+// against the configured limit.
 func (c *client) decide(ctx context.Context, k int) error {
 	var reply []byte
 	if err := c.conns[k].Invoke(ctx, shouldRateLimitMethod, decisionRequest, &reply,
 		grpc.ForceCodec(rawCodec{}), grpc.MaxCallRecvMsgSize(maxDecisionReply)); err != nil {
 		return err
 	}
-	code, err := decisionCode(reply)
+	code, limited, err := decisionOf(reply)
 	if err != nil {
 		return err
 	}
@@ -118,6 +157,9 @@ func (c *client) decide(ctx context.Context, k int) error {
 			name = "OVER_LIMIT"
 		}
 		return fmt.Errorf("ShouldRateLimit answered overall_code %d (%s), want OK", code, name)
+	}
+	if !limited {
+		return errors.New("ShouldRateLimit answered OK with no current_limit: the descriptor matched no limit of the service's configuration, and nothing was counted in Redis")
 	}
 	return nil
 }
@@ -162,13 +204,15 @@ descriptors:
 // startRatelimit starts envoy's ratelimit service (bin) against the
 // redis-server at redisAddr, its configuration under dir/ratelimit/config,
 // its log in dir/ratelimit.log, and waits until it answers a decision OK.
-// Only what the service needs to run here is set (where Redis is, where its
-// configuration is, free loopback ports, no statsd to send to); every
-// other setting keeps its default: the Redis pool (10 connections, a
-// caller waits for a free one), no write buffering (REDIS_PIPELINE_WINDOW
-// 0: a decision's commands are written together and flushed at once), the
-// expiry jitter, no local cache.
-func startRatelimit(ctx context.Context, bin, redisAddr, dir string, limit uint32) (*process, error) {
+// Its environment holds only what it needs to run here (where Redis is,
+// where its configuration is, free loopback ports, no statsd to send to),
+// then env (NAME=VALUE, later ones win): nothing of polybench's own
+// environment, so every other setting is the service's default unless env
+// says otherwise: the Redis pool (10 connections, shared: a decision's
+// INCRBY and EXPIRE go to a random one, written together with whatever
+// other decisions are on it), no write buffering (REDIS_PIPELINE_WINDOW
+// applies to clusters only), the expiry jitter, no local cache.
+func startRatelimit(ctx context.Context, bin, redisAddr, dir string, limit uint32, env []string) (*process, error) {
 	cfgDir := filepath.Join(dir, "ratelimit", "config")
 	if err := os.MkdirAll(cfgDir, 0o700); err != nil {
 		return nil, err
@@ -177,10 +221,13 @@ func startRatelimit(ctx context.Context, bin, redisAddr, dir string, limit uint3
 		return nil, err
 	}
 	var err error
-	// A port found free may be taken before the service binds it: try again.
+	// A port found free may be taken before the service binds it: try
+	// again. (It binds with SO_REUSEPORT: a port another ratelimit service
+	// took meanwhile would be shared, not refused. Rare: the ports come
+	// from bind :0 just before.)
 	for range 3 {
 		var p *process
-		if p, err = launchRatelimit(ctx, bin, redisAddr, dir); err == nil || !errors.Is(err, errPeerExited) {
+		if p, err = launchRatelimit(ctx, bin, redisAddr, dir, env); err == nil || !errors.Is(err, errPeerExited) {
 			return p, err
 		}
 	}
@@ -189,26 +236,27 @@ func startRatelimit(ctx context.Context, bin, redisAddr, dir string, limit uint3
 
 var errPeerExited = errors.New("exited")
 
-func launchRatelimit(ctx context.Context, bin, redisAddr, dir string) (*process, error) {
+func launchRatelimit(ctx context.Context, bin, redisAddr, dir string, env []string) (*process, error) {
 	ports, err := freePorts(3)
 	if err != nil {
 		return nil, err
 	}
 	logPath := filepath.Join(dir, "ratelimit.log")
-	logFile, err := os.Create(logPath)
+	// Appended to: a retry's log follows the failed start's.
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
 	}
 	defer logFile.Close() // the child holds its own descriptor
 	cmd := exec.Command(bin)
-	cmd.Env = append(os.Environ(),
-		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+redisAddr,
+	cmd.Env = append([]string{
+		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + redisAddr,
 		"USE_STATSD=false", "LOG_LEVEL=warn",
-		"RUNTIME_ROOT="+dir, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false",
-		"HOST=127.0.0.1", "PORT="+ports[0],
-		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+ports[1],
-		"GRPC_HOST=127.0.0.1", "GRPC_PORT="+ports[2],
-	)
+		"RUNTIME_ROOT=" + dir, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false",
+		"HOST=127.0.0.1", "PORT=" + ports[0],
+		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + ports[1],
+		"GRPC_HOST=127.0.0.1", "GRPC_PORT=" + ports[2],
+	}, env...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start ratelimit (%s): %w", bin, err)
