@@ -338,6 +338,11 @@ func (r *Report) printPeer(w io.Writer) {
 			}
 			ratio += fmt.Sprintf(" (each round's: %s)", strings.Join(rounds, ", "))
 		}
+		if c.errs > 0 || d.errs > 0 {
+			// A failed operation's Redis work is in the cell's CPU, not in
+			// its count of operations.
+			ratio += fmt.Sprintf(" (not comparable: %d attempt errors, %d ratelimit errors)", c.errs, d.errs)
+		}
 		fmt.Fprintf(w, "%s %s %v: redis CPU per attempt cycle %.1f µs ÷ ratelimit's per decision %.1f µs = %s (target ≤ 2×)\n",
 			c.target, c.op, c.level, c.redisCPUPerOp(), d.redisCPUPerOp(), ratio)
 		names := slices.Sorted(maps.Keys(d.redis.byName))

@@ -491,3 +491,36 @@ func TestRatelimitPeer(t *testing.T) {
 		}
 	})
 }
+
+// TestPrintPeer: the line under the table divides Redis's CPU per attempt
+// cycle by its CPU per peer decision, prints each round's ratio, and says
+// when errors make the two not comparable.
+func TestPrintPeer(t *testing.T) {
+	line := func(attemptErrs, peerErrs int64, rounds []float64) string {
+		peer := cell{target: "ratelimit", op: opDecide, level: level{callers: 64}, ops: 100, errs: peerErrs,
+			redis: &redisDelta{cpu: 2 * time.Millisecond, calls: 200, byName: map[string]int64{"incrby": 100, "expire": 100, "ping": 0}, reads: 70, writes: 70}}
+		attempt := cell{target: "redis", op: opAttempt, level: level{callers: 64}, ops: 100, errs: attemptErrs, peer: &peer, peerRatios: rounds,
+			redis: &redisDelta{cpu: 5 * time.Millisecond, calls: 10, scriptCalls: 10, reads: 10, writes: 10}}
+		var b strings.Builder
+		(&Report{cells: []cell{attempt, peer}}).printPeer(&b)
+		return b.String()
+	}
+	got := line(0, 0, []float64{2.5})
+	for _, want := range []string{
+		"redis attempt 64: redis CPU per attempt cycle 50.0 µs ÷ ratelimit's per decision 20.0 µs = 2.50× (target ≤ 2×)\n",
+		"Redis per decision: 2.00 commands (expire 1.00, incrby 1.00), 0.70 reads; per attempt cycle: 0.10 reads, 0.10 script calls\n",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("printPeer wrote\n%s\nwant a line with %q", got, want)
+		}
+	}
+	if got := line(0, 0, []float64{2.5, 2.1, 3}); !strings.Contains(got, "= 2.50× (each round's: 2.50, 2.10, 3.00)") {
+		t.Errorf("with rounds: %s", got)
+	}
+	if got := line(0, 3, nil); !strings.Contains(got, "not comparable: 0 attempt errors, 3 ratelimit errors") {
+		t.Errorf("with the peer's errors: %s", got)
+	}
+	if got := line(1, 0, nil); !strings.Contains(got, "not comparable: 1 attempt errors, 0 ratelimit errors") {
+		t.Errorf("with the attempts' errors: %s", got)
+	}
+}
