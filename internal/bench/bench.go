@@ -186,15 +186,11 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 				var pairs []cell
 				var peerRatios []float64
 				for round := range max(1, o.Rounds) {
-					f, err := floor.cl.run(ctx, opHealth, lv, o.Warm, o.Cell, floor.pr)
-					if err != nil {
-						return rep, fmt.Errorf("floor health at %v: %w", lv, err)
-					}
-					f.target = floor.name
 					// The peer's cell runs beside the Redis attempt cell:
-					// after it, and before it in every other round, so that
-					// a drift of the machine's speed within a round does not
-					// favour one side.
+					// after it, and in every other round before its floor
+					// cell (the attempt cell keeps its floor right before
+					// it), so that a drift of the machine's speed within a
+					// round does not favour one side.
 					var d *cell
 					decide := func() error {
 						if peer == nil || t.name != "redis" || op != opAttempt {
@@ -204,7 +200,7 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 						if err != nil {
 							return fmt.Errorf("ratelimit decide at %v: %w", lv, err)
 						}
-						c.target, c.floor, d = peer.name, &f, &c
+						c.target, d = peer.name, &c
 						fmt.Fprintf(progress, "%-7s %-10s %6v  %8.0f ops/s  %6.1f µs CPU/op  redis %6.1f µs CPU/op  errors %d\n",
 							peer.name, opDecide, lv, c.perSec(), us(c.cpuPerOp()), c.redisCPUPerOp(), c.errs)
 						return nil
@@ -214,6 +210,11 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 							return rep, err
 						}
 					}
+					f, err := floor.cl.run(ctx, opHealth, lv, o.Warm, o.Cell, floor.pr)
+					if err != nil {
+						return rep, fmt.Errorf("floor health at %v: %w", lv, err)
+					}
+					f.target = floor.name
 					c, err := t.cl.run(ctx, op, lv, o.Warm, o.Cell, t.pr)
 					if err != nil {
 						return rep, fmt.Errorf("%s %s at %v: %w", t.name, op, lv, err)
@@ -231,7 +232,7 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 						}
 					}
 					if d != nil {
-						c.peer = d
+						d.floor, c.peer = &f, d
 						if d.redisCPUPerOp() > 0 {
 							peerRatios = append(peerRatios, c.redisCPUPerOp()/d.redisCPUPerOp())
 						}
