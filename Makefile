@@ -22,22 +22,27 @@ run:
 	go run ./cmd/sidecar
 
 ## bench: what a decision costs (docs/performance.md): the real sidecar on the
-## memory and Redis backends against a bare grpc-go health server, ratios to it.
+## memory and Redis backends against a bare grpc-go health server, ratios to it,
+## and envoy's ratelimit service (the peer) against the same redis-server.
 ## Not part of test. BENCH_FLAGS passes flags to polybench (e.g. -cell 5s).
 BENCH_FLAGS ?=
-bench: redis-server
+bench: redis-server $(BIN)/ratelimit
 	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \
 	go build -o "$$d/sidecar" ./cmd/sidecar && go build -o "$$d/polybench" ./cmd/polybench && \
-	"$$d/polybench" -sidecar "$$d/sidecar" $(BENCH_FLAGS)
+	"$$d/polybench" -sidecar "$$d/sidecar" -ratelimit $(BIN)/ratelimit $(BENCH_FLAGS)
 
 ## test: everything CI runs
 test: tools redis-server chromium check-generated lint pytypes gotest fuzz pytest
 
 ci: test
 
-tools: $(BIN)/buf $(GO_TOOLS)
+tools: $(BIN)/buf $(GO_TOOLS) $(BIN)/ratelimit
 
-# Go tools at the versions pinned in tools/go.mod and tools/buf/go.mod.
+# Go tools at the versions pinned in tools/go.mod, tools/buf/go.mod and
+# tools/ratelimit/go.mod (envoy's ratelimit service: the peer make bench
+# measures, and internal/bench's tests start).
+$(BIN)/ratelimit: tools/ratelimit/go.mod
+	cd tools/ratelimit && go build -o $(BIN)/ratelimit github.com/envoyproxy/ratelimit/src/service_cmd
 $(BIN)/buf: tools/buf/go.mod
 	cd tools/buf && go build -o $(BIN)/ github.com/bufbuild/buf/cmd/buf
 $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/grpcurl: tools/go.mod
@@ -93,7 +98,7 @@ pytypes: venv
 
 # The Go SDK (clientsdk/go) is a module of its own, which ./... leaves out.
 gotest:
-	go test -race -count=1 ./...
+	POLYBENCH_RATELIMIT=$(BIN)/ratelimit go test -race -count=1 ./...
 	cd clientsdk/go && go vet ./... && go test -race -count=1 ./...
 
 ## fuzz: each fuzz target for FUZZTIME (seed corpora under testdata/fuzz run in gotest too)

@@ -1,10 +1,12 @@
 // Command polybench measures what a decision costs: it drives the real
 // sidecar binary (memory and Redis backends) and a bare grpc-go health
 // server (the floor, served by polybench floor) with the same load and prints
-// the ratios. make bench builds the sidecar and runs it; see
+// the ratios; with -ratelimit, envoy's ratelimit service (the peer) against
+// the same redis-server, and the ratio of Redis's work per attempt cycle to
+// its per decision. make bench builds the sidecar and runs it; see
 // docs/performance.md.
 //
-//	polybench -sidecar PATH [flags]
+//	polybench -sidecar PATH [-ratelimit PATH] [flags]
 //	polybench floor [-listen ADDR]
 //	polybench sidecar [-cpuprofile FILE] [-memprofile FILE] -- [sidecar flags]
 //
@@ -63,6 +65,7 @@ func run(ctx context.Context, args []string) (err error) {
 		profile string
 		memProf string
 		env     string
+		rlEnv   string
 	)
 	fs.StringVar(&o.Sidecar, "sidecar", "", "the sidecar binary (required; make bench builds it)")
 	fs.IntVar(&o.Conns, "conns", 1, "connections to each target")
@@ -76,6 +79,8 @@ func run(ctx context.Context, args []string) (err error) {
 	fs.DurationVar(&o.Settle, "settle", 2*time.Second, "time the sidecar gets to take the held calls in")
 	fs.DurationVar(&o.HoldWindow, "hold-window", 3*time.Second, "time the sidecar's CPU is measured over while calls are held")
 	fs.BoolVar(&noRedis, "no-redis", false, "skip the Redis backend")
+	fs.StringVar(&o.Ratelimit, "ratelimit", "", "envoy's ratelimit service's binary (make tools builds bin/ratelimit): the peer, measured against the same redis-server beside each Redis attempt cell (empty: no peer)")
+	fs.StringVar(&rlEnv, "ratelimit-env", "", "settings of the peer, e.g. REDIS_POOL_SIZE=64: NAME=VALUE, comma separated (it gets nothing else of polybench's environment: its defaults otherwise)")
 	fs.StringVar(&ops, "ops", "health,retryafter,attempt", "operations measured on the sidecars, comma separated")
 	fs.StringVar(&env, "sidecar-env", "", "environment added to the sidecars only (not the floor), e.g. GOGC=50,GOMEMLIMIT=200MiB: NAME=VALUE, comma separated")
 	fs.StringVar(&profile, "cpuprofile", "", "write a CPU profile of the memory backend's sidecar (run inside polybench) to this file")
@@ -83,6 +88,19 @@ func run(ctx context.Context, args []string) (err error) {
 	_ = fs.Parse(args)
 	if o.Sidecar == "" {
 		return fmt.Errorf("-sidecar: the sidecar binary is required (go build -o PATH ./cmd/sidecar)")
+	}
+	if o.Ratelimit != "" {
+		if _, err := os.Stat(o.Ratelimit); err != nil {
+			return fmt.Errorf("-ratelimit: %w (make tools builds bin/ratelimit)", err)
+		}
+	}
+	if rlEnv != "" {
+		for _, kv := range strings.Split(rlEnv, ",") {
+			if name, _, ok := strings.Cut(kv, "="); !ok || name == "" || len(kv) > 1000 {
+				return fmt.Errorf("-ratelimit-env %q: want NAME=VALUE pairs, comma separated", clip(rlEnv))
+			}
+			o.RatelimitEnv = append(o.RatelimitEnv, kv)
+		}
 	}
 	for _, s := range strings.Split(callers, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
@@ -132,6 +150,9 @@ func run(ctx context.Context, args []string) (err error) {
 		fmt.Printf("\npolybench: %d connection(s), cells of %v after %v warm-up, median of %d round(s)", o.Conns, o.Cell, o.Warm, o.Rounds)
 		if o.Rate > 0 {
 			fmt.Printf(", paced level %g/s over %d callers", o.Rate, o.RateCallers)
+		}
+		if len(o.RatelimitEnv) > 0 {
+			fmt.Printf(", the peer with %s (not its defaults)", strings.Join(o.RatelimitEnv, " "))
 		}
 		fmt.Print("\n\n")
 		rep.Print(os.Stdout)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -33,6 +34,13 @@ type Options struct {
 	Ops []string
 	// RedisAddr is a redis-server the Redis rows use ("" skips them).
 	RedisAddr string
+	// Ratelimit is envoy's ratelimit service's binary ("": no peer). It runs
+	// against RedisAddr, a decision cell beside each Redis attempt cell at
+	// the same level (none without Redis or the attempt operation: the
+	// report says so). RatelimitEnv (NAME=VALUE each) is added to the
+	// service's environment, which holds nothing else of polybench's.
+	Ratelimit    string
+	RatelimitEnv []string
 	// Conns is the number of connections every target gets.
 	Conns int
 	// Callers are the closed-loop concurrency levels; Rate (ops/s, shared by
@@ -58,6 +66,7 @@ type Options struct {
 type Report struct {
 	cells []cell
 	held  []held
+	note  string // why an asked-for part did not run
 }
 
 // Run starts the floor and the sidecar on memory and (with RedisAddr) on
@@ -108,6 +117,20 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 		backends = append(backends, "redis")
 	}
 	var sidecars []*target
+	// redisInfo reads the Redis work so far: the Redis rows and the peer's
+	// read it alike.
+	var redisInfo func(context.Context) (redisStats, error)
+	if o.RedisAddr != "" {
+		rdb := redis.NewClient(&redis.Options{Addr: o.RedisAddr})
+		defer rdb.Close()
+		redisInfo = func(ctx context.Context) (redisStats, error) {
+			s, err := rdb.Info(ctx, "commandstats", "cpu", "stats").Result()
+			if err != nil {
+				return redisStats{}, err
+			}
+			return parseInfo(s)
+		}
+	}
 	for _, b := range backends {
 		cfg := filepath.Join(o.Dir, b+".yaml")
 		if err := os.WriteFile(cfg, []byte(sidecarConfig(b, o.RedisAddr, o.Held)), 0o600); err != nil {
@@ -127,15 +150,7 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 			t.pr.allocs = func(ctx context.Context) (allocs, error) { return readAllocs(ctx, url) }
 		}
 		if b == "redis" {
-			rdb := redis.NewClient(&redis.Options{Addr: o.RedisAddr})
-			defer rdb.Close()
-			t.pr.redis = func(ctx context.Context) (redisStats, error) {
-				s, err := rdb.Info(ctx, "commandstats", "cpu").Result()
-				if err != nil {
-					return redisStats{}, err
-				}
-				return parseInfo(s)
-			}
+			t.pr.redis = redisInfo
 		}
 	}
 	var ops []op
@@ -146,29 +161,90 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 		ops = append(ops, op(name))
 	}
 	rep := &Report{}
+	var peer *target
+	if o.Ratelimit != "" && (o.RedisAddr == "" || !slices.Contains(ops, opAttempt)) {
+		// make bench always passes the peer; its one-cell recipes run no
+		// Redis attempt cell to measure it beside.
+		rep.note = "ratelimit (the peer) not started: it is measured beside the Redis attempt cells, and this run has none"
+		fmt.Fprintln(progress, rep.note)
+	} else if o.Ratelimit != "" {
+		p, err := startRatelimit(ctx, o.Ratelimit, o.RedisAddr, o.Dir, peerLimit, o.RatelimitEnv)
+		if err != nil {
+			return nil, err
+		}
+		cl, err := dial(p.addr, o.Conns)
+		if err != nil {
+			p.stop()
+			return nil, err
+		}
+		peer = &target{name: "ratelimit", p: p, cl: cl, pr: probe{pid: p.pid(), redis: redisInfo}}
+		started = append(started, peer)
+	}
 	for _, t := range sidecars {
 		for _, op := range ops {
 			for _, lv := range levels {
 				var pairs []cell
-				for range max(1, o.Rounds) {
+				var peerRatios []float64
+				for round := range max(1, o.Rounds) {
+					// The peer's cell runs beside the Redis attempt cell:
+					// after it, and in every other round before its floor
+					// cell (the attempt cell keeps its floor right before
+					// it), so that a drift of the machine's speed within a
+					// round does not favour one side.
+					var d *cell
+					decide := func() error {
+						if peer == nil || t.name != "redis" || op != opAttempt {
+							return nil
+						}
+						c, err := peer.cl.run(ctx, opDecide, lv, o.Warm, o.Cell, peer.pr)
+						if err != nil {
+							return fmt.Errorf("ratelimit decide at %v: %w", lv, err)
+						}
+						c.target, d = peer.name, &c
+						fmt.Fprintf(progress, "%-7s %-10s %6v  %8.0f ops/s  %6.1f µs CPU/op  redis %6.1f µs CPU/op  errors %d\n",
+							peer.name, opDecide, lv, c.perSec(), us(c.cpuPerOp()), c.redisCPUPerOp(), c.errs)
+						return nil
+					}
+					if round%2 == 1 {
+						if err := decide(); err != nil {
+							return rep, err
+						}
+					}
 					f, err := floor.cl.run(ctx, opHealth, lv, o.Warm, o.Cell, floor.pr)
 					if err != nil {
 						return rep, fmt.Errorf("floor health at %v: %w", lv, err)
 					}
+					f.target = floor.name
 					c, err := t.cl.run(ctx, op, lv, o.Warm, o.Cell, t.pr)
 					if err != nil {
 						return rep, fmt.Errorf("%s %s at %v: %w", t.name, op, lv, err)
 					}
-					f.target, c.target, c.floor = floor.name, t.name, &f
-					pairs = append(pairs, c)
+					c.target, c.floor = t.name, &f
 					alloc := ""
 					if c.allocs != nil && c.ops > 0 {
 						alloc = fmt.Sprintf("  %.1f allocs/op %.0f B/op", c.allocs.objects/float64(c.ops), c.allocs.bytes/float64(c.ops))
 					}
 					fmt.Fprintf(progress, "%-7s %-10s %6v  %8.0f ops/s  %6.1f µs CPU/op (floor %8.0f ops/s %6.1f µs)%s  errors %d\n",
 						t.name, op, lv, c.perSec(), us(c.cpuPerOp()), f.perSec(), us(f.cpuPerOp()), alloc, c.errs)
+					if round%2 == 0 {
+						if err := decide(); err != nil {
+							return rep, err
+						}
+					}
+					if d != nil {
+						d.floor, c.peer = &f, d
+						if d.redisCPUPerOp() > 0 {
+							peerRatios = append(peerRatios, c.redisCPUPerOp()/d.redisCPUPerOp())
+						}
+					}
+					pairs = append(pairs, c)
 				}
-				rep.cells = append(rep.cells, medianPair(pairs))
+				kept := medianPair(pairs)
+				kept.peerRatios = peerRatios
+				rep.cells = append(rep.cells, kept)
+				if kept.peer != nil {
+					rep.cells = append(rep.cells, *kept.peer)
+				}
 			}
 		}
 		if o.Held > 0 {
@@ -241,6 +317,51 @@ scopes:
 	return b.String()
 }
 
+// printPeer writes, for each Redis attempt cell with a peer cell, the
+// ratio of redis-server's CPU per attempt cycle to its CPU per peer decision
+// (issue 11's target: ≤ 2), each round's when there were several, then what
+// Redis did per operation for each: the commands the peer sent, and the
+// connection reads each side's requests took.
+func (r *Report) printPeer(w io.Writer) {
+	for _, c := range r.cells {
+		d := c.peer
+		if d == nil || d.ops == 0 || c.ops == 0 || d.redis == nil || c.redis == nil {
+			continue
+		}
+		ratio := "-"
+		if d.redisCPUPerOp() > 0 {
+			ratio = fmt.Sprintf("%.2f×", c.redisCPUPerOp()/d.redisCPUPerOp())
+		}
+		if len(c.peerRatios) > 1 {
+			rounds := make([]string, len(c.peerRatios))
+			for i, x := range c.peerRatios {
+				rounds[i] = fmt.Sprintf("%.2f", x)
+			}
+			ratio += fmt.Sprintf(" (each round's: %s)", strings.Join(rounds, ", "))
+		}
+		if c.errs > 0 || d.errs > 0 {
+			// A failed operation's Redis work is in the cell's CPU, not in
+			// its count of operations.
+			ratio += fmt.Sprintf(" (not comparable: %d attempt errors, %d ratelimit errors)", c.errs, d.errs)
+		}
+		fmt.Fprintf(w, "%s %s %v: redis CPU per attempt cycle %.1f µs ÷ ratelimit's per decision %.1f µs = %s (target ≤ 2×)\n",
+			c.target, c.op, c.level, c.redisCPUPerOp(), d.redisCPUPerOp(), ratio)
+		names := slices.Sorted(maps.Keys(d.redis.byName))
+		per := make([]string, 0, len(names))
+		for _, n := range names {
+			if x := float64(d.redis.byName[n]) / float64(d.ops); x >= 0.005 {
+				per = append(per, fmt.Sprintf("%s %.2f", n, x))
+			}
+		}
+		fmt.Fprintf(w, "    Redis per decision: %.2f commands (%s)", float64(d.redis.calls)/float64(d.ops), strings.Join(per, ", "))
+		if d.redis.reads >= 0 && c.redis.reads >= 0 {
+			fmt.Fprintf(w, ", %.2f reads; per attempt cycle: %.2f reads, %.2f script calls",
+				float64(d.redis.reads)/float64(d.ops), float64(c.redis.reads)/float64(c.ops), float64(c.redis.scriptCalls)/float64(c.ops))
+		}
+		fmt.Fprintln(w)
+	}
+}
+
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
 // Print writes the report: one table of every sidecar cell with the floor
@@ -282,6 +403,10 @@ func (r *Report) Print(w io.Writer) {
 			nallocs, nbytes, us(c.p50), us(c.p99), script, shared, rcpu, c.errs)
 	}
 	_ = tw.Flush()
+	r.printPeer(w)
+	if r.note != "" {
+		fmt.Fprintln(w, r.note)
+	}
 	for _, c := range r.cells {
 		if c.err != nil {
 			fmt.Fprintf(w, "first error of %s %s at %v: %v\n", c.target, c.op, c.level, c.err)

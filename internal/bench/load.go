@@ -94,6 +94,8 @@ func (c *client) do(ctx context.Context, o op, i int) error {
 			Scope: benchScope, CallId: p.GetCallId(), PermitId: g.GetPermitId(), Outcome: admissionv1.Outcome_OUTCOME_SUCCESS,
 		})
 		return err
+	case opDecide:
+		return c.decide(ctx, k)
 	}
 	return fmt.Errorf("unknown operation %q", o)
 }
@@ -113,6 +115,12 @@ type cell struct {
 	err    error // the first error
 	redis  *redisDelta
 	floor  *cell // the floor's health cell measured just before, same level
+	// peer is, on a Redis attempt cell, the peer's decision cell measured
+	// just after it at the same level (nil: no peer).
+	peer *cell
+	// peerRatios are, with a peer, each round's redis CPU per operation
+	// of this cell's kind ÷ the peer's cell of the same round.
+	peerRatios []float64
 }
 
 func (c cell) perSec() float64 { return float64(c.ops) / c.wall.Seconds() }
@@ -123,6 +131,15 @@ func (c cell) cpuPerOp() time.Duration {
 		return 0
 	}
 	return c.cpu / time.Duration(c.ops)
+}
+
+// redisCPUPerOp is redis-server's CPU per operation over the cell, in µs (0:
+// no Redis reading, or nothing ran).
+func (c cell) redisCPUPerOp() float64 {
+	if c.redis == nil || c.ops == 0 {
+		return 0
+	}
+	return us(c.redis.cpu) / float64(c.ops)
 }
 
 // probe reads the state that a cell measures the change of.
@@ -194,24 +211,31 @@ func (c *client) run(ctx context.Context, o op, lv level, warm, dur time.Duratio
 		stopAll()
 		return res, ctx.Err()
 	}
-	cpu0, err := procCPU(pr.pid)
-	if err != nil {
-		stopAll()
-		return res, err
+	// The readings nest around the measured window, the cheap ones inside:
+	// the allocations (an HTTP scrape of the target, milliseconds) outside
+	// Redis's and the CPU's, so that neither Redis's work nor the target's
+	// CPU includes operations done while a scrape ran and not counted.
+	var (
+		a0  allocs
+		r0  redisStats
+		err error
+	)
+	if pr.allocs != nil {
+		if a0, err = pr.allocs(ctx); err != nil {
+			stopAll()
+			return res, err
+		}
 	}
-	var r0 redisStats
 	if pr.redis != nil {
 		if r0, err = pr.redis(ctx); err != nil {
 			stopAll()
 			return res, err
 		}
 	}
-	var a0 allocs
-	if pr.allocs != nil {
-		if a0, err = pr.allocs(ctx); err != nil {
-			stopAll()
-			return res, err
-		}
+	cpu0, err := procCPU(pr.pid)
+	if err != nil {
+		stopAll()
+		return res, err
 	}
 	t0 := time.Now()
 	measuring.Store(true)
@@ -225,14 +249,6 @@ func (c *client) run(ctx context.Context, o op, lv level, warm, dur time.Duratio
 		return res, err
 	}
 	res.cpu = cpu1 - cpu0
-	if pr.allocs != nil {
-		a1, err := pr.allocs(ctx)
-		if err != nil {
-			stopAll()
-			return res, err
-		}
-		res.allocs = &allocs{objects: a1.objects - a0.objects, bytes: a1.bytes - a0.bytes}
-	}
 	if pr.redis != nil {
 		r1, err := pr.redis(ctx)
 		if err != nil {
@@ -241,6 +257,14 @@ func (c *client) run(ctx context.Context, o op, lv level, warm, dur time.Duratio
 		}
 		d := r1.sub(r0)
 		res.redis = &d
+	}
+	if pr.allocs != nil {
+		a1, err := pr.allocs(ctx)
+		if err != nil {
+			stopAll()
+			return res, err
+		}
+		res.allocs = &allocs{objects: a1.objects - a0.objects, bytes: a1.bytes - a0.bytes}
 	}
 	stopAll()
 	if e := firstErr.Load(); e != nil {
