@@ -1,32 +1,13 @@
 package redisgate_test
 
 import (
-	"context"
-	"fmt"
 	"strings"
 	"testing"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/polygate/polygate/gate"
 	"github.com/polygate/polygate/gate/gatetest"
 	"github.com/polygate/polygate/gate/redisgate"
-	"github.com/polygate/polygate/internal/redistest"
 )
-
-// batchHeadHook cuts the last op's argument of every batch to nothing: its
-// head (BATCH_OP) does not read.
-type batchHeadHook struct{ redistest.PassThrough }
-
-func (h *batchHeadHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		a := cmd.Args()
-		if len(a) >= 4 && strings.EqualFold(fmt.Sprint(a[0]), "fcall") && strings.HasSuffix(fmt.Sprint(a[1]), "_batch") {
-			a[len(a)-1] = []byte{}
-		}
-		return next(ctx, cmd)
-	}
-}
 
 // TestBatchOpHeadShortFailsTheBatch: an op whose head does not read fails
 // the batch as a whole (the call raises: every op of it answers with the
@@ -37,7 +18,8 @@ func TestBatchOpHeadShortFailsTheBatch(t *testing.T) {
 	ctx := testCtx(t)
 	const scope = "batch-head"
 	b, h, c := batchFixture(t, redisgate.Options{}, scope)
-	c.AddHook(&batchHeadHook{})
+	// The last op's argument cut to nothing: its head (BATCH_OP) does not read.
+	c.AddHook(&lastBatchOpHook{rewrite: func([]byte) []byte { return []byte{} }})
 	s1, s2 := gatetest.Src("s1"), gatetest.Src("s2")
 	var errs [2]error
 	release, wait := gather(t, b, h, scope, 2,

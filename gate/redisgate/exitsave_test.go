@@ -1,40 +1,16 @@
 package redisgate_test
 
 import (
-	"context"
-	"fmt"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/polygate/polygate/gate"
 	"github.com/polygate/polygate/gate/gatetest"
 	"github.com/polygate/polygate/gate/redisgate"
 	"github.com/polygate/polygate/internal/redistest"
 )
-
-// lastOpMapHook, while on, corrupts the key map of a batch's last op (it
-// raises: call_restore runs after it).
-type lastOpMapHook struct {
-	redistest.PassThrough
-	on atomic.Bool
-}
-
-func (h *lastOpMapHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		a := cmd.Args()
-		if h.on.Load() && len(a) >= 4 && strings.EqualFold(fmt.Sprint(a[0]), "fcall") && strings.HasSuffix(fmt.Sprint(a[1]), "_batch") {
-			op := slices.Clone(a[len(a)-1].([]byte))
-			op[8+4] = 99
-			a[len(a)-1] = op
-		}
-		return next(ctx, cmd)
-	}
-}
 
 // TestExitsSaveAsTheWalk: the early exits' inline saves (the TTL's mark, the
 // copy for call_restore) store what the walk's b_save stores: an op that
@@ -46,8 +22,10 @@ func TestExitsSaveAsTheWalk(t *testing.T) {
 	ctx := testCtx(t)
 	clock := gatetest.NewClock()
 	b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now, IdleTTL: 8 * time.Second}, "warm")
-	hook := &lastOpMapHook{}
-	c.AddHook(hook)
+	// While on, the batch's last op raises (its key map names a source the
+	// batch lacks): call_restore runs after it.
+	var on atomic.Bool
+	c.AddHook(&lastBatchOpHook{on: &on, rewrite: mapTo99})
 	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 3; s.Limits.Lease = time.Minute })
 	other := gatetest.Src("o")
 	for _, tc := range []struct {
@@ -79,10 +57,10 @@ func TestExitsSaveAsTheWalk(t *testing.T) {
 			})
 			if batched && tc.raise {
 				fs = append(fs, func() { _, _ = b.Admit(ctx, admitReq(scope, "z", src)) })
-				hook.on.Store(true)
+				on.Store(true)
 			}
 			runOps(t, b, h, scope, batched, fs)
-			hook.on.Store(false)
+			on.Store(false)
 		}
 		run("seq-"+tc.name, false)
 		run("bat-"+tc.name, true)

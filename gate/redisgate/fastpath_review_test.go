@@ -25,7 +25,7 @@ func TestBatchAdmitExitRaisesAsTheWalk(t *testing.T) {
 	const scope = "batch-exit-raise"
 	b, h, c := batchFixture(t, redisgate.Options{}, scope)
 	c.AddHook(&confHook{fn: "_batch"})
-	c.AddHook(&batchMapHook{})
+	c.AddHook(&lastBatchOpHook{rewrite: mapTo99})
 	s1, s2 := gatetest.Src("s1"), gatetest.Src("s2")
 	var errs [2]error
 	release, wait := gather(t, b, h, scope, 2,

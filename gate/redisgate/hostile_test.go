@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -212,20 +213,30 @@ func TestBatchConfIndexRefused(t *testing.T) {
 	}
 }
 
-// batchMapHook sets the first byte of the key map (BATCH_OP: kind, then
-// map) of the last op of every batch to 99, a source the batch lacks.
-type batchMapHook struct{ redistest.PassThrough }
+// lastBatchOpHook rewrites the last op's argument of every batch call with
+// rewrite, while on (nil: always).
+type lastBatchOpHook struct {
+	redistest.PassThrough
+	on      *atomic.Bool
+	rewrite func(op []byte) []byte
+}
 
-func (h *batchMapHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h *lastBatchOpHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		a := cmd.Args()
-		if len(a) >= 4 && strings.EqualFold(fmt.Sprint(a[0]), "fcall") && strings.HasSuffix(fmt.Sprint(a[1]), "_batch") {
-			op := slices.Clone(a[len(a)-1].([]byte))
-			op[8+4] = 99
-			a[len(a)-1] = op
+		if (h.on == nil || h.on.Load()) && len(a) >= 4 && strings.EqualFold(fmt.Sprint(a[0]), "fcall") && strings.HasSuffix(fmt.Sprint(a[1]), "_batch") {
+			a[len(a)-1] = h.rewrite(a[len(a)-1].([]byte))
 		}
 		return next(ctx, cmd)
 	}
+}
+
+// mapTo99 sets the first byte of an op's key map (BATCH_OP: kind, then
+// map) to 99, a source the batch lacks.
+func mapTo99(op []byte) []byte {
+	op = slices.Clone(op)
+	op[8+4] = 99
+	return op
 }
 
 // TestBatchMapOutOfRangeRefused: a batch op whose key map names a source
@@ -235,7 +246,7 @@ func TestBatchMapOutOfRangeRefused(t *testing.T) {
 	ctx := testCtx(t)
 	const scope = "batch-map"
 	b, h, c := batchFixture(t, redisgate.Options{}, scope)
-	c.AddHook(&batchMapHook{})
+	c.AddHook(&lastBatchOpHook{rewrite: mapTo99})
 	s1, s2 := gatetest.Src("s1"), gatetest.Src("s2")
 	var errs [2]error
 	var first gate.Admission

@@ -88,17 +88,21 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 		cl   *client
 		pr   probe
 	}
-	start := func(name string, argv, env []string) (*target, error) {
-		p, err := startProcess(name, argv, env, filepath.Join(o.Dir, name+".log"))
-		if err != nil {
-			return nil, err
-		}
+	// attach dials a started process (stopped if that fails).
+	attach := func(name string, p *process) (*target, error) {
 		cl, err := dial(p.addr, o.Conns)
 		if err != nil {
 			p.stop()
 			return nil, err
 		}
 		return &target{name: name, p: p, cl: cl, pr: probe{pid: p.pid()}}, nil
+	}
+	start := func(name string, argv, env []string) (*target, error) {
+		p, err := startProcess(name, argv, env, filepath.Join(o.Dir, name+".log"))
+		if err != nil {
+			return nil, err
+		}
+		return attach(name, p)
 	}
 	var started []*target
 	defer func() {
@@ -172,12 +176,10 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 		if err != nil {
 			return nil, err
 		}
-		cl, err := dial(p.addr, o.Conns)
-		if err != nil {
-			p.stop()
+		if peer, err = attach("ratelimit", p); err != nil {
 			return nil, err
 		}
-		peer = &target{name: "ratelimit", p: p, cl: cl, pr: probe{pid: p.pid(), redis: redisInfo}}
+		peer.pr.redis = redisInfo
 		started = append(started, peer)
 	}
 	for _, t := range sidecars {
