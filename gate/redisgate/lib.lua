@@ -235,7 +235,12 @@ end
 -- call of its own the i-th of the call's,
 -- in SRC_CONF.T, which the next op_conf refills: an op keeps it no longer
 -- than its source's turn (as CAND.T, see L.T) and asks for its sources in
--- order.
+-- order. A lone call's first source is read into CONF_H.ONE_T instead, and
+-- not read again while the calls send the same argument (CONF_H.ONE, its
+-- argument, ONE_AT where the second starts: a memo as conf_open's, kept
+-- the same way; fields of CONF_H, as conf_open's: a settle alone and an
+-- admit of one candidate read only that one: docs/performance.md, "less
+-- Lua per lone script call").
 local function op_conf(cmap, i)
   if cmap then
     local t = CONF_SRC[string.byte(cmap, i) or 0]
@@ -244,6 +249,10 @@ local function op_conf(cmap, i)
     end
     return t
   end
+  if i == 1 and CONF_I == 0 and CONF_S == CONF_H.ONE then
+    CONF_I, CONF_AT = 1, CONF_H.ONE_AT
+    return CONF_H.ONE_T
+  end
   if i < CONF_I then
     error('redisgate: source configuration ' .. I(i) .. ' asked for after ' .. I(CONF_I))
   end
@@ -251,10 +260,19 @@ local function op_conf(cmap, i)
     if CONF_AT > #CONF_S then
       error('redisgate: an op names source configuration ' .. I(i) .. ' of ' .. I(CONF_I))
     end
-    local _, at = SRC_CONF.into_at(CONF_S, CONF_AT, SRC_CONF.T)
-    CONF_I, CONF_AT = CONF_I + 1, at
+    if CONF_I == 0 then
+      CONF_H.ONE = nil -- (ONE_T refilled: held again once read whole)
+      local t = CONF_H.ONE_T or {}
+      CONF_H.ONE_T = t
+      local _, at = SRC_CONF.into_at(CONF_S, CONF_AT, t)
+      CONF_I, CONF_AT, CONF_H.ONE_AT = 1, at, at
+      CONF_H.ONE = CONF_S
+    else
+      local _, at = SRC_CONF.into_at(CONF_S, CONF_AT, SRC_CONF.T)
+      CONF_I, CONF_AT = CONF_I + 1, at
+    end
   end
-  return SRC_CONF.T
+  return CONF_I == 1 and CONF_H.ONE_T or SRC_CONF.T
 end
 
 -- block is the base of the i-th block (from 1) of layout L after a head of
