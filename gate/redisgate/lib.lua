@@ -41,15 +41,21 @@ local function now_ms(arg)
   if arg == 0 and CALL and CALL.now then
     return CALL.now -- a batch's op, in production
   end
-  local n = tonumber(arg)
-  if n ~= nil and n ~= 0 then
-    return n
+  if arg ~= 0 then -- (a test clock's; 0's tonumber is 0: the server's TIME)
+    local n = tonumber(arg)
+    if n ~= nil and n ~= 0 then
+      return n
+    end
   end
   if CALL and CALL.now then
     return CALL.now
   end
+  -- TIME's seconds and microseconds, whole numbers as strings: Lua's
+  -- arithmetic reads them as tonumber would, without its call, and the
+  -- microseconds' whole milliseconds are exact as idiv's (no math.floor).
   local t = redis.call('TIME')
-  n = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local us = t[2] + 0
+  local n = t[1] * 1000 + (us - us % 1000) / 1000
   if CALL then
     CALL.now = n
   end
@@ -1261,7 +1267,7 @@ end
 -- op_scope is an op's SCOPE_KEYS.
 local function op_scope(keys, map)
   if not map then
-    return read(SCOPE_KEYS, keys, 0)
+    return SCOPE_KEYS.read(keys, 0) -- (read's and block's answers without their calls, as below)
   end
   if not CALL.scope then
     CALL.scope = read(SCOPE_KEYS, keys, 0)
@@ -1274,7 +1280,7 @@ local function op_src(keys, map, i)
   if map then
     return batch_src(keys, string.byte(map, i)).q
   end
-  return read(SRC_KEYS, keys, block(SCOPE_KEYS, SRC_KEYS, i))
+  return SRC_KEYS.read(keys, SCOPE_KEYS.WIDTH + SRC_KEYS.WIDTH * (i - 1))
 end
 
 -- op_line is the LINE_KEYS of an op's i-th source, of n.
@@ -1282,7 +1288,7 @@ local function op_line(keys, map, n, i)
   if map then
     return batch_src(keys, string.byte(map, i)).l
   end
-  return read(LINE_KEYS, keys, block(SCOPE_KEYS, SRC_KEYS, n + 1) + LINE_KEYS.WIDTH * (i - 1))
+  return LINE_KEYS.read(keys, SCOPE_KEYS.WIDTH + SRC_KEYS.WIDTH * n + LINE_KEYS.WIDTH * (i - 1))
 end
 
 -- on_block is the block of layout L that starts after argv[base] when its
