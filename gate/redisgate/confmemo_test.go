@@ -77,3 +77,63 @@ end)()
 		t.Error(b)
 	}
 }
+
+// TestLoneConfMemo runs op_conf's memo of a lone call's first source
+// (CONF_H.ONE, lib.lua) in Redis's Lua: the same argument again (the memo,
+// not read again), another argument, one whose scope block is the same but
+// whose first source is not, one that raises while its first source is
+// read, and the order op_conf asks for: each must answer as a read of its
+// own argument does.
+func TestLoneConfMemo(t *testing.T) {
+	c := redistest.Start(t).Client(t)
+	script := prelude() + libLua + callStart + `
+return (function() -- (its locals its own: the library's chunk is at Lua's 200)
+local function src(name, conc)
+  return SRC_CONF.pack({ name = name, max_concurrency = conc, rpm = 0, tpm = 0, lease = 30000, fail_threshold = 5,
+    min_calls = 10, fail_rate = 0.5, window = 60000, cooldown = 1000, max_cooldown = 60000, probe_ttl = 5000 })
+end
+local function conf(ttl, scope, ...)
+  return CONF_H.pack({ idle_ttl = ttl, channel = 'ch-' .. scope, scope = scope }) .. table.concat({ ... })
+end
+local A = conf(1000, 'a', src('x', 1), src('y', 2))
+local A2 = conf(1000, 'a', src('x', 7), src('y', 2))
+local B = conf(2000, 'b', src('z', 3))
+local bad = {}
+local function want(step, s, i, name, conc)
+  local ok, p = pcall(op_conf, nil, i)
+  if not ok or p.name ~= name or p.max_concurrency ~= conc then
+    bad[#bad + 1] = step .. ': source ' .. i .. ' ' .. (ok and (p.name .. '=' .. p.max_concurrency) or tostring(p))
+      .. ', want ' .. name .. '=' .. conc
+  end
+  return p
+end
+conf_open(A, false); local first = want('A', A, 1, 'x', 1); want('A', A, 2, 'y', 2)
+conf_open(A, false); local again = want('A again', A, 1, 'x', 1)
+if again ~= first then bad[#bad + 1] = 'A again: its first source read again, not the memo' end
+want('A again', A, 2, 'y', 2)
+conf_open(A2, false); want('A2', A2, 1, 'x', 7); want('A2', A2, 2, 'y', 2)
+conf_open(A, false); want('A after A2', A, 1, 'x', 1)
+conf_open(B, false); want('B', B, 1, 'z', 3)
+if pcall(op_conf, nil, 2) then bad[#bad + 1] = 'B: a second source did not raise' end
+conf_open(A, false); want('A after B, its second first', A, 2, 'y', 2)
+if pcall(op_conf, nil, 1) then bad[#bad + 1] = 'A: its first source after its second did not raise' end
+conf_open(A, false); want('A after the raise', A, 1, 'x', 1)
+local T = conf(1000, 'a', string.sub(src('x', 9), 1, 12))
+conf_open(T, false)
+if pcall(op_conf, nil, 1) then bad[#bad + 1] = 'a cut first source did not raise' end
+conf_open(T, false)
+if pcall(op_conf, nil, 1) then bad[#bad + 1] = 'a cut first source again did not raise' end
+conf_open(A, false); want('A after a cut one', A, 1, 'x', 1)
+conf_open(A, false)
+if pcall(op_conf, nil, 1) ~= true then bad[#bad + 1] = 'A: op_conf raised' end
+return bad
+end)()
+`
+	bad, err := c.Eval(context.Background(), script, nil).StringSlice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range bad {
+		t.Error(b)
+	}
+}

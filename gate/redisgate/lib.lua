@@ -41,15 +41,21 @@ local function now_ms(arg)
   if arg == 0 and CALL and CALL.now then
     return CALL.now -- a batch's op, in production
   end
-  local n = tonumber(arg)
-  if n ~= nil and n ~= 0 then
-    return n
+  if arg ~= 0 then -- (a test clock's; 0's tonumber is 0: the server's TIME)
+    local n = tonumber(arg)
+    if n ~= nil and n ~= 0 then
+      return n
+    end
   end
   if CALL and CALL.now then
     return CALL.now
   end
+  -- TIME's seconds and microseconds, whole numbers as strings: Lua's
+  -- arithmetic reads them as tonumber would, without its call, and the
+  -- microseconds' whole milliseconds are exact as idiv's (no math.floor).
   local t = redis.call('TIME')
-  n = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local us = t[2] + 0
+  local n = t[1] * 1000 + (us - us % 1000) / 1000
   if CALL then
     CALL.now = n
   end
@@ -235,7 +241,12 @@ end
 -- call of its own the i-th of the call's,
 -- in SRC_CONF.T, which the next op_conf refills: an op keeps it no longer
 -- than its source's turn (as CAND.T, see L.T) and asks for its sources in
--- order.
+-- order. A lone call's first source is read into CONF_H.ONE_T instead, and
+-- not read again while the calls send the same argument (CONF_H.ONE, its
+-- argument, ONE_AT where the second starts: a memo as conf_open's, kept
+-- the same way; fields of CONF_H, as conf_open's: a settle alone and an
+-- admit of one candidate read only that one: docs/performance.md, "less
+-- Lua per lone script call").
 local function op_conf(cmap, i)
   if cmap then
     local t = CONF_SRC[string.byte(cmap, i) or 0]
@@ -244,6 +255,10 @@ local function op_conf(cmap, i)
     end
     return t
   end
+  if i == 1 and CONF_I == 0 and CONF_S == CONF_H.ONE then
+    CONF_I, CONF_AT = 1, CONF_H.ONE_AT
+    return CONF_H.ONE_T
+  end
   if i < CONF_I then
     error('redisgate: source configuration ' .. I(i) .. ' asked for after ' .. I(CONF_I))
   end
@@ -251,10 +266,19 @@ local function op_conf(cmap, i)
     if CONF_AT > #CONF_S then
       error('redisgate: an op names source configuration ' .. I(i) .. ' of ' .. I(CONF_I))
     end
-    local _, at = SRC_CONF.into_at(CONF_S, CONF_AT, SRC_CONF.T)
-    CONF_I, CONF_AT = CONF_I + 1, at
+    if CONF_I == 0 then
+      CONF_H.ONE = nil -- (ONE_T refilled: held again once read whole)
+      local t = CONF_H.ONE_T or {}
+      CONF_H.ONE_T = t
+      local _, at = SRC_CONF.into_at(CONF_S, CONF_AT, t)
+      CONF_I, CONF_AT, CONF_H.ONE_AT = 1, at, at
+      CONF_H.ONE = CONF_S
+    else
+      local _, at = SRC_CONF.into_at(CONF_S, CONF_AT, SRC_CONF.T)
+      CONF_I, CONF_AT = CONF_I + 1, at
+    end
   end
-  return SRC_CONF.T
+  return CONF_I == 1 and CONF_H.ONE_T or SRC_CONF.T
 end
 
 -- block is the base of the i-th block (from 1) of layout L after a head of
@@ -1243,7 +1267,7 @@ end
 -- op_scope is an op's SCOPE_KEYS.
 local function op_scope(keys, map)
   if not map then
-    return read(SCOPE_KEYS, keys, 0)
+    return SCOPE_KEYS.read(keys, 0) -- (read's and block's answers without their calls, as below)
   end
   if not CALL.scope then
     CALL.scope = read(SCOPE_KEYS, keys, 0)
@@ -1256,7 +1280,7 @@ local function op_src(keys, map, i)
   if map then
     return batch_src(keys, string.byte(map, i)).q
   end
-  return read(SRC_KEYS, keys, block(SCOPE_KEYS, SRC_KEYS, i))
+  return SRC_KEYS.read(keys, SCOPE_KEYS.WIDTH + SRC_KEYS.WIDTH * (i - 1))
 end
 
 -- op_line is the LINE_KEYS of an op's i-th source, of n.
@@ -1264,7 +1288,7 @@ local function op_line(keys, map, n, i)
   if map then
     return batch_src(keys, string.byte(map, i)).l
   end
-  return read(LINE_KEYS, keys, block(SCOPE_KEYS, SRC_KEYS, n + 1) + LINE_KEYS.WIDTH * (i - 1))
+  return LINE_KEYS.read(keys, SCOPE_KEYS.WIDTH + SRC_KEYS.WIDTH * n + LINE_KEYS.WIDTH * (i - 1))
 end
 
 -- on_block is the block of layout L that starts after argv[base] when its
