@@ -181,8 +181,9 @@ end
 -- its ops share, its blocks one after another, the scope's CONF_H and then
 -- SRC_CONF blocks. The scope's block is read into CONF_H.T. In a batch
 -- CONF_SRC holds every SRC_CONF block read, by number; in a call of its
--- own (CONF_SRC nil) its op reads them in order, each into SRC_CONF.T, and
--- CONF_S is the argument, CONF_I the number of the block read last and
+-- own (CONF_SRC nil) its op reads them in order, the first into
+-- CONF_H.ONE_T (op_conf's memo, kept across calls of the same argument),
+-- the others each into SRC_CONF.T, and CONF_S is the argument, CONF_I the number of the block read last and
 -- CONF_AT where the next starts. Set by conf_open at the start of every
 -- admit and settle called alone and of every batch; library-level locals,
 -- as CALL.
@@ -709,7 +710,10 @@ end
 -- twin: gate.bucketWidth
 -- p keeps it for its window (p.wid for p.wwin): a batch's SRC_CONF is
 -- one table for all its ops and the later batches of its argument
--- (conf_open), a lone call's is refilled per source.
+-- (conf_open), a lone call's first source's is kept across the calls of
+-- its argument (op_conf's CONF_H.ONE_T), its others refilled per source;
+-- p.wid stays right across a refill, since it is keyed by p.wwin ==
+-- p.window.
 local function bucket_width(p)
   if p.wwin ~= p.window then
     p.wwin, p.wid = p.window, gmax(idiv(p.window, BUCKETS), 1)
