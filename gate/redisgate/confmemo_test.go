@@ -7,6 +7,20 @@ import (
 	"github.com/polygate/polygate/internal/redistest"
 )
 
+// confMemoHead opens the memo tests' function (its locals its own: the
+// library's chunk is at Lua's 200) with src and conf, which pack a
+// SRC_CONF and a CONF argument.
+const confMemoHead = `
+return (function()
+local function src(name, conc)
+  return SRC_CONF.pack({ name = name, max_concurrency = conc, rpm = 0, tpm = 0, lease = 30000, fail_threshold = 5,
+    min_calls = 10, fail_rate = 0.5, window = 60000, cooldown = 1000, max_cooldown = 60000, probe_ttl = 5000 })
+end
+local function conf(ttl, scope, ...)
+  return CONF_H.pack({ idle_ttl = ttl, channel = 'ch-' .. scope, scope = scope }) .. table.concat({ ... })
+end
+`
+
 // TestConfOpenMemo runs conf_open, which keeps the last batch's CONF
 // argument read (lib.lua), in Redis's Lua: batches of the same argument,
 // of another, a lone call's between two batches of the same argument (it
@@ -16,15 +30,7 @@ import (
 // (op_conf) as a read of its own argument does.
 func TestConfOpenMemo(t *testing.T) {
 	c := redistest.Start(t).Client(t)
-	script := prelude() + libLua + callStart + `
-return (function() -- (its locals its own: the library's chunk is at Lua's 200)
-local function src(name, conc)
-  return SRC_CONF.pack({ name = name, max_concurrency = conc, rpm = 0, tpm = 0, lease = 30000, fail_threshold = 5,
-    min_calls = 10, fail_rate = 0.5, window = 60000, cooldown = 1000, max_cooldown = 60000, probe_ttl = 5000 })
-end
-local function conf(ttl, scope, ...)
-  return CONF_H.pack({ idle_ttl = ttl, channel = 'ch-' .. scope, scope = scope }) .. table.concat({ ... })
-end
+	script := prelude() + libLua + callStart + confMemoHead + `
 local A = conf(1000, 'a', src('x', 1), src('y', 2))
 local B = conf(2000, 'b', src('z', 3))
 local bad = {}
@@ -86,15 +92,7 @@ end)()
 // own argument does.
 func TestLoneConfMemo(t *testing.T) {
 	c := redistest.Start(t).Client(t)
-	script := prelude() + libLua + callStart + `
-return (function() -- (its locals its own: the library's chunk is at Lua's 200)
-local function src(name, conc)
-  return SRC_CONF.pack({ name = name, max_concurrency = conc, rpm = 0, tpm = 0, lease = 30000, fail_threshold = 5,
-    min_calls = 10, fail_rate = 0.5, window = 60000, cooldown = 1000, max_cooldown = 60000, probe_ttl = 5000 })
-end
-local function conf(ttl, scope, ...)
-  return CONF_H.pack({ idle_ttl = ttl, channel = 'ch-' .. scope, scope = scope }) .. table.concat({ ... })
-end
+	script := prelude() + libLua + callStart + confMemoHead + `
 local A = conf(1000, 'a', src('x', 1), src('y', 2))
 local A2 = conf(1000, 'a', src('x', 7), src('y', 2))
 local B = conf(2000, 'b', src('z', 3))
