@@ -88,7 +88,8 @@ end)()
 // (CONF_H.ONE, lib.lua) in Redis's Lua: the same argument again (the memo,
 // not read again), another argument, one whose scope block is the same but
 // whose first source is not, one that raises while its first source is
-// read, and the order op_conf asks for: each must answer as a read of its
+// read, a batch of the same argument between two lone calls (the memos are
+// disjoint), and the order op_conf asks for: each must answer as a read of its
 // own argument does.
 func TestLoneConfMemo(t *testing.T) {
 	c := redistest.Start(t).Client(t)
@@ -109,6 +110,9 @@ conf_open(A, false); local first = want('A', A, 1, 'x', 1); want('A', A, 2, 'y',
 conf_open(A, false); local again = want('A again', A, 1, 'x', 1)
 if again ~= first then bad[#bad + 1] = 'A again: its first source read again, not the memo' end
 want('A again', A, 2, 'y', 2)
+conf_open(A, true, 255); local batched = CONF_SRC[1]
+conf_open(A, false); local lone = want('A lone after a batch of A', A, 1, 'x', 1)
+if lone ~= first or lone == batched then bad[#bad + 1] = 'A lone after a batch of A: not its own memo (the batch\'s table, or read again)' end
 conf_open(A2, false); want('A2', A2, 1, 'x', 7); want('A2', A2, 2, 'y', 2)
 conf_open(A, false); want('A after A2', A, 1, 'x', 1)
 conf_open(B, false); want('B', B, 1, 'z', 3)
