@@ -1,7 +1,6 @@
 package redisgate
 
 import (
-	"context"
 	"testing"
 
 	"github.com/polygate/polygate/internal/redistest"
@@ -75,11 +74,7 @@ if pcall(conf_open, nil, true, 255) then bad[#bad + 1] = 'no CONF argument after
 return bad
 end)()
 `
-	bad, err := c.Eval(context.Background(), script, nil).StringSlice()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, b := range bad {
+	for _, b := range evalList(t, c, script) {
 		t.Error(b)
 	}
 }
@@ -131,11 +126,7 @@ if pcall(op_conf, nil, 1) ~= true then bad[#bad + 1] = 'A: op_conf raised' end
 return bad
 end)()
 `
-	bad, err := c.Eval(context.Background(), script, nil).StringSlice()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, b := range bad {
+	for _, b := range evalList(t, c, script) {
 		t.Error(b)
 	}
 }

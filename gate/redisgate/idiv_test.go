@@ -1,7 +1,6 @@
 package redisgate
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -47,10 +46,7 @@ local out, bad = {}, {}
 out[#out + 1] = table.concat(bad, ', ')
 return out
 `
-	got, err := c.Eval(context.Background(), script, nil).StringSlice()
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := evalList(t, c, script)
 	if len(got) != len(ints)+1 {
 		t.Fatalf("%d results, want %d", len(got), len(ints)+1)
 	}
@@ -103,11 +99,7 @@ end
 return bad
 end)()
 `
-	bad, err := c.Eval(context.Background(), script, nil).StringSlice()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(bad) > 0 {
+	if bad := evalList(t, c, script); len(bad) > 0 {
 		t.Errorf("b_record's row differs from the old division's at %v", bad)
 	}
 }

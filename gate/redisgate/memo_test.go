@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/polygate/polygate/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // TestPackMemoComparesEveryField runs each memoized layout's pack_memo in
@@ -15,6 +16,18 @@ import (
 // field in turn) packs as pack does, not as the memo of the first; and the
 // first again packs as itself. A field left out of the memo's comparison
 // would answer the earlier record's bytes.
+// evalList runs script, one of the tests that run the library's Lua in
+// Redis and answer a list of strings (most: what differed), and returns
+// the list.
+func evalList(t *testing.T, c *redis.Client, script string) []string {
+	t.Helper()
+	out, err := c.Eval(context.Background(), script, nil).StringSlice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
 func TestPackMemoComparesEveryField(t *testing.T) {
 	c := redistest.Start(t).Client(t)
 	n := 0
@@ -56,11 +69,7 @@ end
 %s
 return bad
 `, l.id, base.String(), strings.Join(vals, ", "), body.String())
-		bad, err := c.Eval(context.Background(), script, nil).StringSlice()
-		if err != nil {
-			t.Fatalf("%s: %v", l.id, err)
-		}
-		if len(bad) > 0 {
+		if bad := evalList(t, c, script); len(bad) > 0 {
 			t.Errorf("%s.pack_memo answered the earlier record's bytes for a record differing in %v", l.id, bad)
 		}
 	}

@@ -1,7 +1,6 @@
 package redisgate
 
 import (
-	"context"
 	"testing"
 
 	"github.com/polygate/polygate/internal/redistest"
@@ -39,11 +38,7 @@ return bad
 end)()
 `
 	for range 3 {
-		bad, err := c.Eval(context.Background(), script, nil).StringSlice()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, b := range bad {
+		for _, b := range evalList(t, c, script) {
 			t.Error(b)
 		}
 	}

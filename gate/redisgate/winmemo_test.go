@@ -1,7 +1,6 @@
 package redisgate
 
 import (
-	"context"
 	"testing"
 
 	"github.com/polygate/polygate/internal/redistest"
@@ -54,11 +53,7 @@ end
 return bad
 end)()
 `
-	bad, err := c.Eval(context.Background(), script, nil).StringSlice()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(bad) > 0 {
+	if bad := evalList(t, c, script); len(bad) > 0 {
 		t.Errorf("the window's memo differs from a row read or replaced without it: %v", bad)
 	}
 }
