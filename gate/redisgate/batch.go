@@ -19,8 +19,12 @@ import (
 // (admit.lua, settle.lua: a batch of one would cost Redis more Lua work);
 // under load an op waits at most for the call in flight, and never longer
 // than the Backend's timeout in all. Each RPC is still one round trip, its
-// op one of the batch's. A batch runs its ops in arrival order, atomically: the same as
-// separate calls back to back, a legal interleaving of concurrent requests.
+// op one of the batch's. A batch runs its settles first, then its admits,
+// each kind in arrival order (settlesFirst), atomically: the same as
+// separate calls back to back. All of a batch's ops were pending at once,
+// so any order of them is a legal interleaving of concurrent requests; this
+// one frees slots before the admits ask, and makes runs of one kind that
+// batch.lua decides together (batch_ops).
 //
 // What a batch owes Redis when its reply is lost is settled per op, as a
 // single call's would be: a failed or timed-out batch call sends each of
@@ -366,6 +370,9 @@ func (b *Backend) runBatch(ops []*batchOp) {
 		b.deliver(o, r)
 		return
 	}
+	if !b.arrival {
+		settlesFirst(ops)
+	}
 	sn := b.namesOf(ops[0].scope())
 	// The scope's keys, then each source's (room for one: most batches
 	// have one source).
@@ -456,6 +463,19 @@ func (b *Backend) runBatch(ops []*batchOp) {
 			}
 		}
 		b.deliver(o, r)
+	}
+}
+
+// settlesFirst orders ops, in place, settles first and then admits, each
+// kind in arrival order (a stable partition; ops are at most maxBatchOps).
+func settlesFirst(ops []*batchOp) {
+	n := 0 // the settles moved to the front so far
+	for i, o := range ops {
+		if o.kind == opSettle {
+			copy(ops[n+1:i+1], ops[n:i])
+			ops[n] = o
+			n++
+		}
 	}
 }
 

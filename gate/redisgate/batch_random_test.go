@@ -118,6 +118,7 @@ func TestBatchRandomReloads(t *testing.T) {
 // randomSameAsSequential runs the random batches; with variants, each
 // op's sources take one of two configurations, at random.
 func randomSameAsSequential(t *testing.T, b *redisgate.Backend, h *batchHook, c *redis.Client, clock *gatetest.Clock, variants bool) {
+	b.KeepArrivalOrder() // compared with the ops one at a time in arrival order
 	ctx := testCtx(t)
 	seeds := 40
 	if testing.Short() {

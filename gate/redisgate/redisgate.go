@@ -66,6 +66,9 @@ type Backend struct {
 	orphans *orphans
 	memory  memory
 	batches batcher
+	// arrival: a batch runs its ops in arrival order, not settles first
+	// (KeepArrivalOrder, tests only: see settlesFirst).
+	arrival bool
 	onLoss  func(scope string, restored int)
 	replica string // this Backend among those sharing a line
 	// peeks are the keys of each scope's peek (peekKeys), by scope; npeeks
