@@ -1,0 +1,211 @@
+package redisgate_test
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/polygate/polygate/gate"
+	"github.com/polygate/polygate/gate/gatetest"
+	"github.com/polygate/polygate/gate/redisgate"
+	"github.com/polygate/polygate/internal/redistest"
+)
+
+// A batch's ops run as runs (batch.lua's batch_ops, admit_run,
+// settle_run): an op and those after it of the same kind, map and cmap take
+// the early exit with what they share looked up once. These tests stand
+// where a run must end: a source change, a configuration change, a kind
+// change, an op that walks (a lease not held, a failure that trips the
+// breaker), an op that raises.
+
+// runsSource is a source of one slot count, lease and window, which trips
+// at its first failure.
+func runsSource(name string, lease, window time.Duration) *gate.Source {
+	return gatetest.Src(name, func(s *gate.Source) {
+		s.Limits = gate.Limits{MaxConcurrency: 16, Lease: lease}
+		s.Breaker.FailThreshold, s.Breaker.Cooldown, s.Breaker.Window = 1, time.Minute, window
+	})
+}
+
+// TestBatchRunsEndWhereTheyShould: a batch of settles and admits whose
+// runs end at each of a run's edges answers and stores as the same ops one
+// at a time, in the order they joined (KeepArrivalOrder: the kinds
+// interleaved). Fails with a run that does not end at a source change (the
+// second source's op decided with the first's breaker), at a configuration
+// change (x2's window and lease taken for x's), at a kind change, or that
+// takes a failure's settle (the breaker trips: the success after it in an
+// OPEN breaker walks).
+func TestBatchRunsEndWhereTheyShould(t *testing.T) {
+	ctx := testCtx(t)
+	clock := gatetest.NewClock()
+	b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "batched")
+	b.KeepArrivalOrder() // the kinds interleaved, as they joined
+	warm := gatetest.Src("warm")
+	settle(t, ctx, b, "sequential", warm, admit(t, ctx, b, "sequential", "warm", warm).Permit, gate.VerdictSuccess)
+	x, x2, y := runsSource("x", 10*time.Second, 10*time.Second), runsSource("x", 20*time.Second, 20*time.Second),
+		runsSource("y", 10*time.Second, 10*time.Second)
+	run := func(scope string, batched bool) []string {
+		ps := map[string]gate.Permit{}
+		for _, p := range []struct {
+			id  string
+			src *gate.Source
+		}{{"h1", x}, {"h2", x}, {"h3", y}, {"h4", x2}, {"h5", x}, {"h6", x}, {"h7", x}, {"h8", y}} {
+			ps[p.id] = admit(t, ctx, b, scope, p.id, p.src).Permit
+		}
+		clock.Advance(1500 * time.Millisecond) // the window's next bucket
+		type op struct {
+			admit bool
+			id    string
+			src   *gate.Source
+			v     gate.Verdict
+		}
+		ops := []op{
+			{false, "h1", x, gate.VerdictSuccess}, {false, "h2", x, gate.VerdictSuccess}, // a run
+			{false, "h4", x2, gate.VerdictSuccess}, // x's other configuration: the same map, another cmap
+			{false, "h3", y, gate.VerdictSuccess},  // another source
+			{true, "a1", x, 0}, {true, "a2", x, 0}, // a run
+			{true, "a3", x2, 0}, {true, "a4", y, 0},
+			{false, "h8", y, gate.VerdictSuccess}, // a kind change, the same map and cmap
+			{true, "a6", y, 0},
+			{false, "ghost", x, gate.VerdictSuccess}, // no lease held: walks (stale)
+			{false, "h5", x, gate.VerdictSuccess},
+			{false, "h6", x, gate.VerdictFailure}, // trips x
+			{false, "h7", x, gate.VerdictSuccess}, // x OPEN: walks
+			{true, "a5", x, 0},                    // refused
+		}
+		out := make([]string, len(ops))
+		fs := make([]func(), len(ops))
+		for i, o := range ops {
+			fs[i] = func() {
+				if o.admit {
+					a, err := b.Admit(ctx, admitReq(scope, o.id, o.src))
+					a.ProgressAge = 0
+					out[i] = fmt.Sprintf("%+v %v", a, err)
+					return
+				}
+				p, ok := ps[o.id]
+				if !ok {
+					p = gate.Permit{ID: o.id}
+				}
+				s, err := b.Settle(ctx, settleReq(scope, o.src, p, o.v))
+				s.ProgressAge = 0
+				out[i] = fmt.Sprintf("%+v %v", s, err)
+			}
+		}
+		runOps(t, b, h, scope, batched, fs)
+		return out
+	}
+	t0 := clock.Now()
+	seq := run("sequential", false)
+	clock.Set(t0)
+	bat := run("batched", true)
+	for i := range seq {
+		if seq[i] != bat[i] {
+			t.Errorf("op %d:\n batched    %s\n one at a time %s", i, bat[i], seq[i])
+		}
+	}
+	if !strings.Contains(seq[13], "Effect:stale") && !strings.Contains(seq[13], "Released:true Effect:ignored") {
+		t.Logf("(the settle after the trip: %s)", seq[13])
+	}
+	sb, ss := storedScope(t, ctx, b, c, "batched", []string{"x", "y"}), storedScope(t, ctx, b, c, "sequential", []string{"x", "y"})
+	for k, v := range ss {
+		if sb[k] != v {
+			t.Errorf("%s: batched %s, one at a time %s", k, sb[k], v)
+		}
+	}
+}
+
+// batchOpCutHook cuts, once, the argument of the k-th op of an n-op batch
+// call to its head (BATCH_OP), its position table and four bytes: its first
+// block does not read, and the op raises where it reads it, before it
+// changes anything.
+type batchOpCutHook struct {
+	redistest.PassThrough
+	on   atomic.Bool
+	k, n int
+}
+
+func (h *batchOpCutHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		a := cmd.Args()
+		if len(a) >= 4 && strings.EqualFold(fmt.Sprint(a[0]), "fcall") && strings.HasSuffix(fmt.Sprint(a[1]), "_batch") &&
+			h.on.CompareAndSwap(true, false) {
+			i := len(a) - h.n + h.k
+			op := slices.Clone(a[i].([]byte))
+			// BATCH_OP: kind (8 bytes), map and cmap (each a length in 4 bytes, then its bytes)
+			at := 8
+			for range 2 {
+				at += 4 + int(binary.LittleEndian.Uint32(op[at:]))
+			}
+			a[i] = op[:at+int(binary.LittleEndian.Uint32(op[at:]))+4]
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestBatchRunOpRaisesAlone: an op in the middle of a run whose argument
+// raises (cut short) fails alone; the ops before it in its run keep what
+// they did and the ops after it answer, as the same ops one at a time
+// without it. A settle's run and an admit's.
+func TestBatchRunOpRaisesAlone(t *testing.T) {
+	for _, kind := range []string{"settle", "admit"} {
+		t.Run(kind, func(t *testing.T) {
+			ctx := testCtx(t)
+			clock := gatetest.NewClock()
+			b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "batched")
+			warm := gatetest.Src("warm")
+			settle(t, ctx, b, "sequential", warm, admit(t, ctx, b, "sequential", "warm", warm).Permit, gate.VerdictSuccess)
+			x := runsSource("x", 10*time.Second, 10*time.Second)
+			cut := &batchOpCutHook{k: 2, n: 5} // the third op of five
+			c.AddHook(cut)
+			run := func(scope string, batched bool) []string {
+				ps := map[string]gate.Permit{}
+				for _, id := range []string{"h1", "h2", "h3", "h4", "h5"} {
+					ps[id] = admit(t, ctx, b, scope, id, x).Permit
+				}
+				out := make([]string, 5)
+				var fs []func()
+				for i, id := range []string{"o1", "o2", "o3", "o4", "o5"} {
+					if !batched && i == 2 {
+						continue // the op that raises in the batch
+					}
+					fs = append(fs, func() {
+						if kind == "admit" {
+							a, err := b.Admit(ctx, admitReq(scope, id, x))
+							a.ProgressAge = 0
+							out[i] = fmt.Sprintf("%+v %v", a, err)
+							return
+						}
+						s, err := b.Settle(ctx, settleReq(scope, x, ps[fmt.Sprint("h", i+1)], gate.VerdictSuccess))
+						s.ProgressAge = 0
+						out[i] = fmt.Sprintf("%+v %v", s, err)
+					})
+				}
+				if batched {
+					cut.on.Store(true)
+				}
+				runOps(t, b, h, scope, batched, fs)
+				return out
+			}
+			seq, bat := run("sequential", false), run("batched", true)
+			if cut.on.Load() {
+				t.Fatal("no op cut")
+			}
+			if !strings.Contains(bat[2], "bad argument") {
+				t.Errorf("the cut op: %s, want its own error", bat[2])
+			}
+			for i := range seq {
+				if i != 2 && seq[i] != bat[i] {
+					t.Errorf("op %d:\n batched       %s\n one at a time %s", i, bat[i], seq[i])
+				}
+			}
+		})
+	}
+}
