@@ -244,17 +244,18 @@ end
 -- raises as admit would (st[1] names it).
 BATCH_RUNS[OP_ADMIT] = function(keys, argv, ao, i, n, out, st, args, map, cmap, p0) -- admit_run
   local bsrc = CALL.src
-  local j = BYTE[map] or string.byte(map, 1) or 0
+  local j, cj = BYTE[map] or string.byte(map, 1) or 0, BYTE[cmap] or string.byte(cmap, 1) or 0
   local bs = j >= 1 and j <= #bsrc and bsrc[j] -- (not past the batch's sources: bsrc's metatable would raise)
   local hc = bs and CALL.h[bs.q.state]
   local b = hc and hc.b
-  local c = CONF_SRC[BYTE[cmap] or string.byte(cmap, 1) or 0]
+  local c = CONF_SRC[cj]
   if c and b and b.state == CLOSED and b.override == NO_OVERRIDE and c.rpm == 0 and c.tpm == 0 then
     local s, got, idle_ttl, cnow, f, dirty = CALL.scope, CALL.got, CONF_H.T.idle_ttl, CALL.now, hc.f, hc.dirty
     local maxc, clease, l = c.max_concurrency, c.lease, bs.l
     if not NO_LINE then
       NO_LINE = pack(LINE_ADMIT_R, { places = '' })
     end
+    local r, rnow, rprog = nil, nil, nil -- the last reply, its now and progress
     while #args >= p0 + 15 do -- (else admit reads the first position alone, raising as op_block)
       -- The position table (admit's): ADMIT, CAND, WAITER, PLACE.
       local q1, _, q3, q4 = S_UNPACK('<I4I4I4I4', args, p0)
@@ -300,7 +301,12 @@ BATCH_RUNS[OP_ADMIT] = function(keys, argv, ao, i, n, out, st, args, map, cmap, 
       f[field], dirty[field] = S_PACK('<d', e), true
       b_keep(hc, now, idle_ttl)
       -- ADMIT_R's granted, probe, epoch, rejections, events, progress, now, line
-      out[i] = ADMIT_R.pack_memo(1, 0, b.epoch, '', '', progress, now, NO_LINE)
+      -- (the op before's where now and progress are the same: a run's
+      -- exits change no epoch)
+      if now ~= rnow or progress ~= rprog then
+        r, rnow, rprog = ADMIT_R.pack_memo(1, 0, b.epoch, '', '', progress, now, NO_LINE), now, progress
+      end
+      out[i] = r
       -- the next op, while it is an admit of the same map and cmap
       st[1], i, ao = 0, i + 1, ao + 1
       if i > n then
@@ -308,8 +314,12 @@ BATCH_RUNS[OP_ADMIT] = function(keys, argv, ao, i, n, out, st, args, map, cmap, 
       end
       local nx = ao + 1
       args = argv[nx]
-      local kind, m, cm, q0 = S_UNPACK(BATCH_OP.FMT, args, 1) -- (batch_ops's)
-      if kind ~= OP_ADMIT or m ~= map or cm ~= cmap then
+      if #args < 18 then
+        return i -- (batch_ops reads its head, or raises)
+      end
+      -- (settle_run's)
+      local kind, ml, m, cl, cm, q0 = S_UNPACK('<dI4BI4B', args, 1)
+      if kind ~= OP_ADMIT or ml ~= 1 or cl ~= 1 or m ~= j or cm ~= cj then
         return i -- (its head read again by batch_ops)
       end
       st[1], p0 = i, q0

@@ -107,11 +107,11 @@ end
 -- Returns the number of the op after the run.
 BATCH_RUNS[OP_SETTLE] = function(keys, argv, ao, i, n, out, st, args, map, cmap, p0) -- settle_run
   local bsrc = CALL.src
-  local j = BYTE[map] or string.byte(map, 1) or 0
+  local j, cj = BYTE[map] or string.byte(map, 1) or 0, BYTE[cmap] or string.byte(cmap, 1) or 0
   local bs = j >= 1 and j <= #bsrc and bsrc[j] -- (not past the batch's sources: bsrc's metatable would raise)
   local hc = bs and CALL.h[bs.q.state]
   local b = hc and hc.b
-  local pc = CONF_SRC[BYTE[cmap] or string.byte(cmap, 1) or 0]
+  local pc = CONF_SRC[cj]
   if pc and b and b.win and b.state == CLOSED and b.override == NO_OVERRIDE then
     local sp, got, put, idle_ttl, cnow, f, dirty = CALL.scope.progress, CALL.got, CALL.put, CONF_H.T.idle_ttl,
       CALL.now, hc.f, hc.dirty
@@ -161,8 +161,13 @@ BATCH_RUNS[OP_SETTLE] = function(keys, argv, ao, i, n, out, st, args, map, cmap,
       end
       local nx = ao + 1
       args = argv[nx]
-      local kind, m, cm, q0 = S_UNPACK(BATCH_OP.FMT, args, 1) -- (batch_ops's)
-      if kind ~= OP_SETTLE or m ~= map or cm ~= cmap then
+      if #args < 18 then
+        return i -- (batch_ops reads its head, or raises)
+      end
+      -- BATCH_OP's kind, and its map and cmap of one byte each, as numbers
+      -- (no string each): BATCH_OP.FMT's with a byte where one is read.
+      local kind, ml, m, cl, cm, q0 = S_UNPACK('<dI4BI4B', args, 1)
+      if kind ~= OP_SETTLE or ml ~= 1 or cl ~= 1 or m ~= j or cm ~= cj then
         return i -- (its head read again by batch_ops)
       end
       st[1], p0 = i, q0
