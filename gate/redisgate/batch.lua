@@ -1,9 +1,11 @@
 
 -- batch.lua: the Admits and Settles of one scope that met while another
--- call of the scope was in flight (batch.go), run in arrival order, each by
--- its own function (admit.lua, settle.lua): one atomic run that is the same
--- as the ops run as separate calls back to back (batch.go sends its
--- settles first, then its admits). What the ops share is read
+-- call of the scope was in flight (batch.go), run in the order sent (its
+-- settles first, then its admits), a run of one kind, source and
+-- configuration at a time (batch_ops: admit_run, settle_run, each op the
+-- early exit or its own function, admit.lua, settle.lua): one atomic run
+-- that is the same as the ops run as separate calls back to back. What the
+-- ops share is read
 -- once (CALL in lib.lua): the server's TIME, the scope's marker and its
 -- progress, and each source's state hash (its breaker and the leases the
 -- ops touch), all written back once, at the end.
