@@ -448,6 +448,10 @@ func (b *Backend) runBatch(ops []*batchOp) {
 			bad = fmt.Errorf("want an array of %d replies, got %T of %d", len(ops), v, len(replies))
 		}
 	}
+	var later []laterReply
+	if err == nil && bad == nil {
+		later = laterReplies(ops, replies)
+	}
 	for i, o := range ops {
 		var r batchResult
 		switch {
@@ -455,6 +459,10 @@ func (b *Backend) runBatch(ops []*batchOp) {
 			r.err = b.wrap(context.Background(), o.name, err)
 		case bad != nil:
 			r.err = fmt.Errorf("redisgate: %s: batch reply: %w", o.name, bad)
+		case later != nil && later[i].err != nil:
+			r.err = fmt.Errorf("redisgate: %s: batch reply: %w", o.name, later[i].err)
+		case later != nil && later[i].fewer > 0:
+			r.v = later[i]
 		default:
 			if e, isErr := replies[i].(error); isErr {
 				r.err = b.wrap(context.Background(), o.name, e)
@@ -464,6 +472,54 @@ func (b *Backend) runBatch(ops []*batchOp) {
 		}
 		b.deliver(o, r)
 	}
+}
+
+// laterReply is a settle's reply given as a later op's (settle_run): the
+// settle d ops later, of the same source and configuration, answered with
+// the same SETTLE_R at the same time, its breaker's record and window
+// fewer calls later (fewer: a chain's sum).
+type laterReply struct {
+	v     any // that op's reply: an array
+	fewer int64
+	err   error
+}
+
+// laterReplies resolves a batch's settles that answered a positive number
+// d (settle_run: "the reply of the op d later, with d calls fewer"), from
+// the last op back: the op d later must be in the batch, a settle of the
+// same source and configuration whose reply is an array or resolves to
+// one. It is nil where no op answered a number; an op that answered one
+// badly gets its error alone.
+func laterReplies(ops []*batchOp, replies []any) []laterReply {
+	var later []laterReply
+	for i := len(ops) - 1; i >= 0; i-- {
+		d, ok := replies[i].(int64)
+		if !ok {
+			continue
+		}
+		if later == nil {
+			later = make([]laterReply, len(ops))
+		}
+		j := i + int(d)
+		switch {
+		case ops[i].kind != opSettle || d < 1 || d >= int64(len(ops)-i):
+			later[i].err = fmt.Errorf("reply %d: %d, not an op later in the batch", i+1, d)
+		case ops[j].kind != opSettle || ops[j].kmap != ops[i].kmap || ops[j].cmap != ops[i].cmap:
+			later[i].err = fmt.Errorf("reply %d: %d: op %d is not a settle of its source and configuration", i+1, d, j+1)
+		case later[j].err != nil || later[j].fewer > 0:
+			later[i] = later[j]
+			if later[i].err == nil {
+				later[i].fewer += d
+			}
+		default:
+			if _, isArr := replies[j].([]any); !isArr {
+				later[i].err = fmt.Errorf("reply %d: %d: op %d's reply is %T, not a settle's", i+1, d, j+1, replies[j])
+			} else {
+				later[i] = laterReply{v: replies[j], fewer: d}
+			}
+		}
+	}
+	return later
 }
 
 // settlesFirst orders ops, in place, settles first and then admits, each

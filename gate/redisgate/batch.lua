@@ -14,7 +14,8 @@
 -- argv: BATCH, the CONF argument (CONF_H and each distinct SRC_CONF of the
 -- ops, once: see op_conf), then per source BATCH_PRE and its lease fields,
 -- then per op one: its BATCH_OP block and then the op's own argument (opArg).
--- Reply: an array with each op's reply (ADMIT_R, SETTLE_R) or its error: an
+-- Reply: an array with each op's reply (ADMIT_R, SETTLE_R; or 1 for a
+-- settle whose reply is the next op's, one call fewer: settle_run) or its error: an
 -- op that raises an error answers with it and does not stop the others (what
 -- it wrote before the error stays, as in a call of its own: its Redis
 -- commands and what it saved, b_save, but not the changes to a breaker it
