@@ -110,3 +110,7 @@ func (b *Backend) LoseAdmit(req gate.AdmitRequest) { b.lostAdmit(req) }
 // batch granted, which production never batches (a settle follows its
 // admit's reply).
 func (b *Backend) KeepArrivalOrder() { b.arrival = true }
+
+// SetArrivalOrder sets whether b's batches run in arrival order (on) or as
+// production does, settles first (off); between batches only.
+func (b *Backend) SetArrivalOrder(on bool) { b.arrival = on }
