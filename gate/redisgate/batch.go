@@ -484,11 +484,12 @@ type laterReply struct {
 	err   error
 }
 
-// laterReplies resolves a batch's settles that answered a positive number
-// d (settle_run: "the reply of the op d later, with d calls fewer"), from
-// the last op back: the op d later must be in the batch, a settle of the
-// same source and configuration whose reply is an array or resolves to
-// one. It is nil where no op answered a number; an op that answered one
+// laterReplies resolves a batch's settles that answered 1 (settle_run:
+// "the next op's reply, with one call fewer"), from the last op back: the
+// next op must be in the batch, a settle of the same source and
+// configuration whose reply is an array or resolves to one (a chain: d
+// calls fewer for the op d later). A number other than 1 is refused, the
+// narrowest a hostile reply can claim. It is nil where no op answered a number; an op that answered one
 // badly gets its error alone.
 func laterReplies(ops []*batchOp, replies []any) []laterReply {
 	var later []laterReply
@@ -502,8 +503,8 @@ func laterReplies(ops []*batchOp, replies []any) []laterReply {
 		}
 		j := i + int(d)
 		switch {
-		case ops[i].kind != opSettle || d < 1 || d >= int64(len(ops)-i):
-			later[i].err = fmt.Errorf("reply %d: %d, not an op later in the batch", i+1, d)
+		case ops[i].kind != opSettle || d != 1 || d >= int64(len(ops)-i):
+			later[i].err = fmt.Errorf("reply %d: %d, not the next op of the batch", i+1, d)
 		case ops[j].kind != opSettle || ops[j].kmap != ops[i].kmap || ops[j].cmap != ops[i].cmap:
 			later[i].err = fmt.Errorf("reply %d: %d: op %d is not a settle of its source and configuration", i+1, d, j+1)
 		case later[j].err != nil || later[j].fewer > 0:

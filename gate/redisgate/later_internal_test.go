@@ -5,11 +5,11 @@ import (
 	"testing"
 )
 
-// TestLaterRepliesBounded: a batch's settle that answers a number (the
-// reply of the settle that many ops later, that many calls fewer) is
-// resolved only to a later settle of its source and configuration whose
-// reply is an array, through chains; anything else is that op's error
-// alone, and a batch with no number resolves nothing.
+// TestLaterRepliesBounded: a batch's settle that answers 1 (the next op's
+// reply, one call fewer) is resolved only to the next settle of its source
+// and configuration whose reply is an array, through chains; any other
+// number or target is that op's error alone, and a batch with no number
+// resolves nothing.
 func TestLaterRepliesBounded(t *testing.T) {
 	s := func(kmap, cmap string) *batchOp { return &batchOp{kind: opSettle, kmap: kmap, cmap: cmap} }
 	a := &batchOp{kind: opAdmit, kmap: "\x01", cmap: "\x01"}
@@ -22,16 +22,16 @@ func TestLaterRepliesBounded(t *testing.T) {
 	}{
 		{"none", []any{full, full, full, full, full, full, full}, nil},
 		{"chain", []any{int64(1), int64(1), full, full, full, full, full}, []string{"fewer 2", "fewer 1", "", "", "", "", ""}},
-		{"skip", []any{int64(2), full, full, full, full, full, full}, []string{"fewer 2", "", "", "", "", "", ""}},
-		{"zero", []any{int64(0), full, full, full, full, full, full}, []string{"not an op later", "", "", "", "", "", ""}},
-		{"negative", []any{full, int64(-1), full, full, full, full, full}, []string{"", "not an op later", "", "", "", "", ""}},
-		{"past the end", []any{full, full, full, full, full, full, int64(1)}, []string{"", "", "", "", "", "", "not an op later"}},
-		{"huge", []any{int64(1 << 62), full, full, full, full, full, full}, []string{"not an op later", "", "", "", "", "", ""}},
+		{"skip", []any{int64(2), full, full, full, full, full, full}, []string{"not the next op", "", "", "", "", "", ""}},
+		{"zero", []any{int64(0), full, full, full, full, full, full}, []string{"not the next op", "", "", "", "", "", ""}},
+		{"negative", []any{full, int64(-1), full, full, full, full, full}, []string{"", "not the next op", "", "", "", "", ""}},
+		{"past the end", []any{full, full, full, full, full, full, int64(1)}, []string{"", "", "", "", "", "", "not the next op"}},
+		{"huge", []any{int64(1 << 62), full, full, full, full, full, full}, []string{"not the next op", "", "", "", "", "", ""}},
 		{"another configuration", []any{full, full, int64(1), full, full, full, full}, []string{"", "", "is not a settle of its source", "", "", "", ""}},
 		{"an admit", []any{full, full, full, int64(1), full, full, full}, []string{"", "", "", "is not a settle of its source", "", "", ""}},
-		{"an admit answering a number", []any{full, full, full, full, int64(1), full, full}, []string{"", "", "", "", "not an op later", "", ""}},
+		{"an admit answering a number", []any{full, full, full, full, int64(1), full, full}, []string{"", "", "", "", "not the next op", "", ""}},
 		{"to an error", []any{int64(1), "x", full, full, full, full, full}, []string{"not a settle's", "", "", "", "", "", ""}},
-		{"chain to an error", []any{int64(1), int64(1), int64(0), full, full, full, full}, []string{"not an op later", "not an op later", "not an op later", "", "", "", ""}},
+		{"chain to an error", []any{int64(1), int64(1), int64(0), full, full, full, full}, []string{"not the next op", "not the next op", "not the next op", "", "", "", ""}},
 		{"far, the same source", []any{full, full, full, full, full, full, full}, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {

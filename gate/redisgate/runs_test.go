@@ -286,3 +286,52 @@ func TestBatchRunAdmitOfTwoCandidatesByItsHead(t *testing.T) {
 		t.Errorf("%q, want o1 and o3 granted, o2 op_check's error", out)
 	}
 }
+
+// TestBatchSettleRunHandoff (from review run11r): a settle run whose third
+// op hands its slot off to a waiter in line and whose fourth finds nobody
+// left: each answers its own handoff, as one at a time (h2 Handoff w1, h3
+// none). Fails with a settle's reply shared with a next op that hands off,
+// or after one that did.
+func TestBatchSettleRunHandoff(t *testing.T) {
+	ctx := testCtx(t)
+	clock := gatetest.NewClock()
+	b, h, _ := batchFixture(t, redisgate.Options{Clock: clock.Now}, "batched")
+	warm := gatetest.Src("warm")
+	settle(t, ctx, b, "sequential", warm, admit(t, ctx, b, "sequential", "warm", warm).Permit, gate.VerdictSuccess)
+	x := runsSource("x", 10*time.Second, 10*time.Second)
+	run := func(scope string, batched bool) []string {
+		ps := map[string]gate.Permit{}
+		for _, id := range []string{"h0", "h1", "h2", "h3"} {
+			ps[id] = admit(t, ctx, b, scope, id, x).Permit
+		}
+		w := &gate.Waiter{ID: "w1", Weight: 1, OtherWeight: 1, MaxTenants: 8, Lease: time.Minute}
+		must(b.Peek(ctx, gate.PeekRequest{Scope: scope, Sources: []*gate.Source{x},
+			Line: &gate.LineRead{Lease: time.Minute, Join: w, Joins: []string{"x"}}}))(t)
+		out := make([]string, 4)
+		var fs []func()
+		for i, id := range []string{"h0", "h1", "h2", "h3"} {
+			fs = append(fs, func() {
+				req := settleReq(scope, x, ps[id], gate.VerdictSuccess)
+				if id == "h2" || id == "h3" {
+					req.Line = &gate.LineHandoff{Lease: time.Minute}
+				}
+				s, err := b.Settle(ctx, req)
+				out[i] = fmt.Sprintf("%+v %v", s, err)
+			})
+		}
+		runOps(t, b, h, scope, batched, fs)
+		return out
+	}
+	t0 := clock.Now()
+	seq := run("sequential", false)
+	clock.Set(t0)
+	bat := run("batched", true)
+	if !strings.Contains(seq[2], "Handoff:w1") || !strings.Contains(seq[3], "Handoff:}") {
+		t.Errorf("one at a time: %q, want h2 handing off to w1, h3 to nobody", seq)
+	}
+	for i := range seq {
+		if seq[i] != bat[i] {
+			t.Errorf("op %d:\n batched       %s\n one at a time %s", i, bat[i], seq[i])
+		}
+	}
+}
