@@ -126,52 +126,8 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
   else
     waits = WAITER.on_at(args, wpos)
   end
-  -- The walk's early exit for the common op of a batch (docs/performance.md,
-  -- seventh session): one candidate, its state hash cached with the
-  -- permit's lease field (b_first read it), its breaker CLOSED without an
-  -- override, no lease ended to sweep, no minute's log (no RPM, no TPM), a
-  -- slot free below the ceiling, and no place in its line with the line
-  -- empty (or no waiter). It grants as the walk would, with the walk's
-  -- steps for this case in their order (b_load's b_cached, q_check, b_enter,
-  -- q_take) but not their calls; anything else walks, nothing changed.
-  if map and n == 1 then
-    -- (lookups that never raise: a hostile op walks, and raises the walk's
-    -- error in the walk's order)
-    -- (a source past the batch's, j > #bsrc, is not looked up: bsrc's
-    -- metatable would raise; batch_run fills 1 .. #bsrc)
-    local c, j = CONF_SRC[BYTE[cmap] or string.byte(cmap, 1)], BYTE[map] or string.byte(map, 1) or 0
-    local bs = c and j >= 1 and j <= #bsrc and bsrc[j]
-    local hc = bs and CALL.h[bs.q.state] or nil -- (nil, not false: lease nil below)
-    local field = hc and LEASE .. permit
-    local lease = hc and hc.f[field] -- (nil: not read, false: none)
-    local b = hc and hc.b
-    if lease ~= nil and b.state == CLOSED and b.override == NO_OVERRIDE and c.rpm == 0 and c.tpm == 0
-      and not (b.held > 0 and now >= b.lease_min) then
-      local ceiling, held = ceil or S_UNPACK(CAND.FMT, args, cpos), b.held
-      if held < c.max_concurrency and (ceiling >= c.max_concurrency or held < ceiling)
-        and not (waits and (S_UNPACK(PLACE.FMT, args, ppos) ~= '' or not (bs.l.empty or l_empty(bs.l)))) then
-        local e = now + c.lease
-        b.lease_of, b.lease_f, b.lease_v = lease or true, false, false
-        if not lease then
-          held = held + 1
-          b.held = held
-        end
-        if held == 1 or e < b.lease_min then
-          b.lease_min = e
-        end
-        -- b_save for this case (CLOSED, no override, the batch's cache hc:
-        -- c.b == b) without its tests, the lease written straight into
-        -- the cache.
-        hc.f[field], hc.dirty[field] = S_PACK('<d', e), true
-        b_keep(hc, now, sc.idle_ttl)
-        if not NO_LINE then
-          NO_LINE = pack(LINE_ADMIT_R, { places = '' })
-        end
-        -- ADMIT_R's granted, probe, epoch, rejections, events, progress, now, line
-        return ADMIT_R.pack_memo(1, 0, b.epoch, '', '', progress, now, NO_LINE)
-      end
-    end
-  end
+  -- (A batch's ops first try the early exit, admit_run: those it does
+  -- not take walk here.)
   -- With a waiter, walk[i] is what the walk found at candidate i: nil not
   -- reached, false the line empty and no place there (the waiter is not in
   -- line after the walk either: l_after is skipped), true reached and not
@@ -269,4 +225,106 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
   end
   -- ADMIT_R's granted, probe, epoch, rejections, events, progress, now, line
   return ADMIT_R.pack_memo(granted, probe, epoch, rejections, events, progress, now, places)
+end
+
+-- BATCH_RUNS[OP_ADMIT] (admit_run) is batch_ops's for an admit, the i-th op (as settle_run's), and
+-- the admits that follow it with the same map and cmap: what they share is
+-- looked up once (the source's keys, its cache entry and breaker, its
+-- configuration), each op reads only its own fields. The walk's early exit
+-- for the common op of a batch (docs/performance.md, seventh session): one
+-- candidate, its state hash cached with the permit's lease field (b_first
+-- read it), its breaker CLOSED without an override (a run's exits change
+-- neither), no lease ended to sweep, no minute's log (no RPM, no TPM), a
+-- slot free below the ceiling, and no place in its line with the line
+-- empty (or no waiter). It grants as the walk would, with the walk's steps
+-- for this case in their order (b_load's b_cached, q_check, b_enter,
+-- q_take) but not their calls; the first op that does not take it walks
+-- (admit) and ends the run, nothing changed. Each op's own reads are
+-- admit's, in its order, before it changes anything: an op that raises
+-- raises as admit would (st[1] names it).
+BATCH_RUNS[OP_ADMIT] = function(keys, argv, ao, i, n, out, st, args, map, cmap, p0) -- admit_run
+  local bsrc = CALL.src
+  local j, cj = BYTE[map] or string.byte(map, 1) or 0, BYTE[cmap] or string.byte(cmap, 1) or 0
+  local bs = j >= 1 and j <= #bsrc and bsrc[j] -- (not past the batch's sources: bsrc's metatable would raise)
+  local hc = bs and CALL.h[bs.q.state]
+  local b = hc and hc.b
+  local c = CONF_SRC[cj]
+  if c and b and b.state == CLOSED and b.override == NO_OVERRIDE and c.rpm == 0 and c.tpm == 0 then
+    local s, got, idle_ttl, cnow, f, dirty = CALL.scope, CALL.got, CONF_H.T.idle_ttl, CALL.now, hc.f, hc.dirty
+    local maxc, clease, l = c.max_concurrency, c.lease, bs.l
+    if not NO_LINE then
+      NO_LINE = pack(LINE_ADMIT_R, { places = '' })
+    end
+    local r, rnow, rprog = nil, nil, nil -- the last reply, its now and progress
+    while #args >= p0 + 15 do -- (else admit reads the first position alone, raising as op_block)
+      -- The position table (admit's): ADMIT, CAND, WAITER, PLACE.
+      local q1, _, q3, q4 = S_UNPACK('<I4I4I4I4', args, p0)
+      local at = p0 + q1
+      local hnow, permit, tokens, nc, seen, cpos = S_UNPACK(ADMIT.FMT, args, at)
+      if nc ~= 1 or q1 ~= 16 or cpos + 8 ~= p0 + q3 then
+        break -- (admit raises, op_check, or walks)
+      end
+      local marked = seen ~= '*'
+      local marker, progress
+      if CALL.scoped then -- (admit's)
+        marker, progress = got[s.marker], got[s.progress]
+      else
+        marker, progress = scope_read(s, marked)
+        if marked then
+          CALL.scoped = true
+        end
+      end
+      if marked and marker ~= seen then
+        break -- (admit answers UNMARKED)
+      end
+      local now = hnow == 0 and cnow or now_ms(hnow)
+      local ceil, waits = S_UNPACK('<dd', args, cpos)
+      local field = LEASE .. permit
+      local lease = f[field] -- (nil: not read, false: none)
+      local held = b.held
+      if lease == nil or held > 0 and now >= b.lease_min or not (held < maxc and (ceil >= maxc or held < ceil))
+        or waits == 1 and (S_UNPACK(PLACE.FMT, args, p0 + q4) ~= '' or not (l.empty or l_empty(l))) then
+        break
+      end
+      local e = now + clease
+      b.lease_of, b.lease_f, b.lease_v = lease or true, false, false
+      if not lease then
+        held = held + 1
+        b.held = held
+      end
+      if held == 1 or e < b.lease_min then
+        b.lease_min = e
+      end
+      -- b_save for this case (CLOSED, no override, the batch's cache hc:
+      -- c.b == b) without its tests, the lease written straight into the
+      -- cache.
+      f[field], dirty[field] = S_PACK('<d', e), true
+      b_keep(hc, now, idle_ttl)
+      -- ADMIT_R's granted, probe, epoch, rejections, events, progress, now, line
+      -- (the op before's where now and progress are the same: a run's
+      -- exits change no epoch)
+      if now ~= rnow or progress ~= rprog then
+        r, rnow, rprog = ADMIT_R.pack_memo(1, 0, b.epoch, '', '', progress, now, NO_LINE), now, progress
+      end
+      out[i] = r
+      -- the next op, while it is an admit of the same map and cmap
+      st[1], i, ao = 0, i + 1, ao + 1
+      if i > n then
+        return i
+      end
+      local nx = ao + 1
+      args = argv[nx]
+      if #args < 18 then
+        return i -- (batch_ops reads its head, or raises)
+      end
+      -- (settle_run's)
+      local kind, ml, m, cl, cm, q0 = S_UNPACK('<dI4BI4B', args, 1)
+      if kind ~= OP_ADMIT or ml ~= 1 or cl ~= 1 or m ~= j or cm ~= cj then
+        return i -- (its head read again by batch_ops)
+      end
+      st[1], p0 = i, q0
+    end
+  end
+  out[i] = admit(keys, argv, ao, map, p0, cmap, args)
+  return i + 1
 end

@@ -19,8 +19,12 @@ import (
 // (admit.lua, settle.lua: a batch of one would cost Redis more Lua work);
 // under load an op waits at most for the call in flight, and never longer
 // than the Backend's timeout in all. Each RPC is still one round trip, its
-// op one of the batch's. A batch runs its ops in arrival order, atomically: the same as
-// separate calls back to back, a legal interleaving of concurrent requests.
+// op one of the batch's. A batch runs its settles first, then its admits,
+// each kind in arrival order (settlesFirst), atomically: the same as
+// separate calls back to back. All of a batch's ops were pending at once,
+// so any order of them is a legal interleaving of concurrent requests; this
+// one frees slots before the admits ask, and makes runs of one kind that
+// batch.lua decides together (batch_ops).
 //
 // What a batch owes Redis when its reply is lost is settled per op, as a
 // single call's would be: a failed or timed-out batch call sends each of
@@ -366,6 +370,9 @@ func (b *Backend) runBatch(ops []*batchOp) {
 		b.deliver(o, r)
 		return
 	}
+	if !b.arrival {
+		settlesFirst(ops)
+	}
 	sn := b.namesOf(ops[0].scope())
 	// The scope's keys, then each source's (room for one: most batches
 	// have one source).
@@ -441,6 +448,10 @@ func (b *Backend) runBatch(ops []*batchOp) {
 			bad = fmt.Errorf("want an array of %d replies, got %T of %d", len(ops), v, len(replies))
 		}
 	}
+	var later []laterReply
+	if err == nil && bad == nil {
+		later = laterReplies(ops, replies)
+	}
 	for i, o := range ops {
 		var r batchResult
 		switch {
@@ -448,6 +459,10 @@ func (b *Backend) runBatch(ops []*batchOp) {
 			r.err = b.wrap(context.Background(), o.name, err)
 		case bad != nil:
 			r.err = fmt.Errorf("redisgate: %s: batch reply: %w", o.name, bad)
+		case later != nil && later[i].err != nil:
+			r.err = fmt.Errorf("redisgate: %s: batch reply: %w", o.name, later[i].err)
+		case later != nil && later[i].fewer > 0:
+			r.v = later[i]
 		default:
 			if e, isErr := replies[i].(error); isErr {
 				r.err = b.wrap(context.Background(), o.name, e)
@@ -456,6 +471,68 @@ func (b *Backend) runBatch(ops []*batchOp) {
 			}
 		}
 		b.deliver(o, r)
+	}
+}
+
+// laterReply is a settle's reply given as a later op's (settle_run): the
+// settle d ops later, of the same source and configuration, answered with
+// the same SETTLE_R at the same time, its breaker's record and window
+// fewer calls later (fewer: a chain's sum).
+type laterReply struct {
+	v     any // that op's reply: an array
+	fewer int64
+	err   error
+}
+
+// laterReplies resolves a batch's settles that answered 1 (settle_run:
+// "the next op's reply, with one call fewer"), from the last op back: the
+// next op must be in the batch, a settle of the same source and
+// configuration whose reply is an array or resolves to one (a chain: d
+// calls fewer for the op d later). A number other than 1 is refused, the
+// narrowest a hostile reply can claim. It is nil where no op answered a number; an op that answered one
+// badly gets its error alone.
+func laterReplies(ops []*batchOp, replies []any) []laterReply {
+	var later []laterReply
+	for i := len(ops) - 1; i >= 0; i-- {
+		d, ok := replies[i].(int64)
+		if !ok {
+			continue
+		}
+		if later == nil {
+			later = make([]laterReply, len(ops))
+		}
+		j := i + int(d)
+		switch {
+		case ops[i].kind != opSettle || d != 1 || d >= int64(len(ops)-i):
+			later[i].err = fmt.Errorf("reply %d: %d, not the next op of the batch", i+1, d)
+		case ops[j].kind != opSettle || ops[j].kmap != ops[i].kmap || ops[j].cmap != ops[i].cmap:
+			later[i].err = fmt.Errorf("reply %d: %d: op %d is not a settle of its source and configuration", i+1, d, j+1)
+		case later[j].err != nil || later[j].fewer > 0:
+			later[i] = later[j]
+			if later[i].err == nil {
+				later[i].fewer += d
+			}
+		default:
+			if _, isArr := replies[j].([]any); !isArr {
+				later[i].err = fmt.Errorf("reply %d: %d: op %d's reply is %T, not a settle's", i+1, d, j+1, replies[j])
+			} else {
+				later[i] = laterReply{v: replies[j], fewer: d}
+			}
+		}
+	}
+	return later
+}
+
+// settlesFirst orders ops, in place, settles first and then admits, each
+// kind in arrival order (a stable partition; ops are at most maxBatchOps).
+func settlesFirst(ops []*batchOp) {
+	n := 0 // the settles moved to the front so far
+	for i, o := range ops {
+		if o.kind == opSettle {
+			copy(ops[n+1:i+1], ops[n:i])
+			ops[n] = o
+			n++
+		}
 	}
 }
 

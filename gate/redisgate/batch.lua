@@ -1,8 +1,11 @@
 
 -- batch.lua: the Admits and Settles of one scope that met while another
--- call of the scope was in flight (batch.go), run in arrival order, each by
--- its own function (admit.lua, settle.lua): one atomic run that is the same
--- as the ops run as separate calls back to back. What the ops share is read
+-- call of the scope was in flight (batch.go), run in the order sent (its
+-- settles first, then its admits), a run of one kind, source and
+-- configuration at a time (batch_ops: admit_run, settle_run, each op the
+-- early exit or its own function, admit.lua, settle.lua): one atomic run
+-- that is the same as the ops run as separate calls back to back. What the
+-- ops share is read
 -- once (CALL in lib.lua): the server's TIME, the scope's marker and its
 -- progress, and each source's state hash (its breaker and the leases the
 -- ops touch), all written back once, at the end.
@@ -11,29 +14,32 @@
 -- argv: BATCH, the CONF argument (CONF_H and each distinct SRC_CONF of the
 -- ops, once: see op_conf), then per source BATCH_PRE and its lease fields,
 -- then per op one: its BATCH_OP block and then the op's own argument (opArg).
--- Reply: an array with each op's reply (ADMIT_R, SETTLE_R) or its error: an
+-- Reply: an array with each op's reply (ADMIT_R, SETTLE_R; or 1 for a
+-- settle whose reply is the next op's, one call fewer: settle_run) or its error: an
 -- op that raises an error answers with it and does not stop the others (what
 -- it wrote before the error stays, as in a call of its own: its Redis
 -- commands and what it saved, b_save, but not the changes to a breaker it
 -- made after its last save; see b_keep).
-local BATCH_FNS = { [OP_ADMIT] = admit, [OP_SETTLE] = settle }
-
 -- batch_ops runs the ops from the from-th (its argument argv[ao + 1]) to
--- the n-th, each one's reply into out; st[1] is the op running once its
--- head (BATCH_OP) is read, 0 between two: which op raised, for batch_run.
+-- the n-th, each one's reply into out, in runs: an op and those after it of
+-- the same kind, map and cmap (admit_run, settle_run: their early exits,
+-- with what the ops share looked up once per run). st[1] is the op running
+-- once its head (BATCH_OP) is read, 0 between two: which op raised, for
+-- batch_run.
 local function batch_ops(keys, argv, ao, from, n, out, st)
-  for i = from, n do
+  local i = from
+  while i <= n do
     local at = ao + 1
     local s = argv[at] -- (op_arg's, without its call)
     local kind, map, cmap, p0 = S_UNPACK(BATCH_OP.FMT, s, 1) -- (BATCH_OP.into_at's)
-    local fn = BATCH_FNS[kind]
+    local run = BATCH_RUNS[kind]
     st[1] = i
-    if not fn then
+    if not run then
       error('unknown op kind ' .. tostring(kind), 0)
     end
-    out[i] = fn(keys, argv, ao, map, p0, cmap, s) -- its argument read in place, from p0
+    local k = run(keys, argv, ao, i, n, out, st, s, map, cmap, p0) -- its argument read in place, from p0
     st[1] = 0
-    ao = ao + 1
+    ao, i = ao + k - i, k
   end
 end
 

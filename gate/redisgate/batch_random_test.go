@@ -118,6 +118,7 @@ func TestBatchRandomReloads(t *testing.T) {
 // randomSameAsSequential runs the random batches; with variants, each
 // op's sources take one of two configurations, at random.
 func randomSameAsSequential(t *testing.T, b *redisgate.Backend, h *batchHook, c *redis.Client, clock *gatetest.Clock, variants bool) {
+	defer b.SetArrivalOrder(false)
 	ctx := testCtx(t)
 	seeds := 40
 	if testing.Short() {
@@ -375,10 +376,27 @@ func randomSameAsSequential(t *testing.T, b *redisgate.Backend, h *batchHook, c 
 		}
 		var seqPermits []gate.Permit = make([]gate.Permit, nOps)
 		var seqGranted = make([]bool, nOps)
+		// Even seeds run the batch as production does, settles first (and
+		// the ops one at a time in that order: a settle of a permit granted
+		// in the same batch then runs before its admit, stale in both); odd
+		// seeds in arrival order. Each op's time is its own whatever runs it
+		// first (t1 and the steps up to it), and a batched settle settles the
+		// permit its sequential twin did.
+		prod := seed%2 == 0
+		b.SetArrivalOrder(!prod)
+		at := make([]time.Time, nOps)
+		for i := range at {
+			at[i] = t1
+			for _, d := range steps[:i+1] {
+				at[i] = at[i].Add(d)
+			}
+		}
+		usedPermit := make([]gate.Permit, nOps)
 		run := func(scope string, st setupT, batched bool) []string {
 			out := make([]string, nOps)
 			clock.Set(t1)
 			var fs []func()
+			var settles, admits []int
 			for i, o := range ops {
 				if o.admit {
 					req := admitReq(scope, o.id)
@@ -394,8 +412,9 @@ func randomSameAsSequential(t *testing.T, b *redisgate.Backend, h *batchHook, c 
 						}
 						req.Line = w
 					}
+					admits = append(admits, len(fs))
 					fs = append(fs, func() {
-						clock.Advance(steps[i])
+						clock.Set(at[i])
 						a, err := b.Admit(ctx, req)
 						out[i] = fmt.Sprint(a, err)
 						if !batched {
@@ -404,18 +423,27 @@ func randomSameAsSequential(t *testing.T, b *redisgate.Backend, h *batchHook, c 
 					})
 					continue
 				}
+				settles = append(settles, len(fs))
 				fs = append(fs, func() {
-					clock.Advance(steps[i])
+					clock.Set(at[i])
 					var p gate.Permit
 					src := srcs[o.src]
 					if o.settleK < 0 {
 						hd := st.held[-o.settleK-1]
 						p, src = hd.p, srcs[hd.src]
+					} else if batched {
+						p = usedPermit[i]
+						if p.Source != "" {
+							src = srcs[p.Source]
+						}
 					} else if seqGranted[o.settleK] {
 						p = seqPermits[o.settleK]
 						src = srcs[p.Source]
 					} else {
 						p = gate.Permit{ID: ops[o.settleK].id}
+					}
+					if !batched {
+						usedPermit[i] = p
 					}
 					src = conf(i, src.Name)
 					req := settleReq(scope, src, p, o.verdict)
@@ -427,6 +455,13 @@ func randomSameAsSequential(t *testing.T, b *redisgate.Backend, h *batchHook, c 
 					s, err := b.Settle(ctx, req)
 					out[i] = fmt.Sprint(s, err)
 				})
+			}
+			if prod && !batched { // one at a time in the order the batch runs them
+				var in []func()
+				for _, k := range append(settles, admits...) {
+					in = append(in, fs[k])
+				}
+				fs = in
 			}
 			runOps(t, b, h, scope, batched, fs)
 			return out
@@ -468,7 +503,7 @@ func randomSameAsSequential(t *testing.T, b *redisgate.Backend, h *batchHook, c 
 			}
 		}
 		if bad {
-			t.Fatalf("seed %d: setup held %v joins %+v leaves %v open %v broken %q steps %v alt %v\nops:\n%s", seed, heldSrc, joins, leaves, openSome, broken, steps[:nOps], altOf[:nOps], desc())
+			t.Fatalf("seed %d (settles first %v): setup held %v joins %+v leaves %v open %v broken %q steps %v alt %v\nops:\n%s", seed, prod, heldSrc, joins, leaves, openSome, broken, steps[:nOps], altOf[:nOps], desc())
 		}
 	}
 }

@@ -26,6 +26,7 @@ func TestSharedTablesMixedBatch(t *testing.T) {
 	ctx := testCtx(t)
 	clock := gatetest.NewClock()
 	b, h, _ := batchFixture(t, redisgate.Options{Clock: clock.Now}, "batched")
+	b.KeepArrivalOrder() // compared with the ops one at a time in arrival order
 	mem := inmem.New(clock.Now)
 	mk := func(name string, f func(s *gate.Source)) *gate.Source { return gatetest.Src(name, f) }
 	a := mk("a", func(s *gate.Source) {
@@ -134,6 +135,7 @@ func TestSharedTablesWaitersAndRaise(t *testing.T) {
 	ctx := testCtx(t)
 	clock := gatetest.NewClock()
 	b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "batched")
+	b.KeepArrivalOrder() // compared with the ops one at a time in arrival order
 	one := func(name string, lease time.Duration) *gate.Source {
 		return gatetest.Src(name, func(s *gate.Source) { s.Limits = gate.Limits{MaxConcurrency: 1, Lease: lease} })
 	}

@@ -657,6 +657,7 @@ func TestBatchKeysOncePerSource(t *testing.T) {
 	ctx := testCtx(t)
 	clock := gatetest.NewClock()
 	b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "batched")
+	b.KeepArrivalOrder() // compared with the ops one at a time in arrival order
 	warm := gatetest.Src("warm")
 	settle(t, ctx, b, "sequential", warm, admit(t, ctx, b, "sequential", "warm", warm).Permit, gate.VerdictSuccess)
 	one := func(s *gate.Source) { s.Limits.MaxConcurrency = 1 }
@@ -835,7 +836,8 @@ func TestBatchCluster(t *testing.T) {
 	)
 	release()
 	wait()
-	for i, want := range []string{"true <nil>", "false <nil>", "true <nil>", "true <nil>"} {
+	// (settles first: the settle frees the held slot, a1 and a2 take both, a3 finds them full)
+	for i, want := range []string{"true <nil>", "true <nil>", "true <nil>", "false <nil>"} {
 		if got[i] != want {
 			t.Errorf("op %d: %s, want %s", i, got[i], want)
 		}
@@ -924,6 +926,7 @@ func runOps(t *testing.T, b *redisgate.Backend, h *batchHook, scope string, batc
 func TestBatchLineJoinedInBatch(t *testing.T) {
 	ctx := testCtx(t)
 	b, h, _ := batchFixture(t, redisgate.Options{}, "batched")
+	b.KeepArrivalOrder() // compared with the ops one at a time in arrival order
 	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 1 })
 	warm := gatetest.Src("warm")
 	settle(t, ctx, b, "sequential", warm, admit(t, ctx, b, "sequential", "warm", warm).Permit, gate.VerdictSuccess)
@@ -1115,4 +1118,46 @@ func TestBatchGoneOpNotReused(t *testing.T) {
 		}
 	}
 	waitFor(t, "the orphan's grant given back", func() bool { return b.GiveBacks().Queued == 1 })
+}
+
+// TestBatchSettlesFirst: a batch runs its settles first, then its admits,
+// each kind in arrival order (settlesFirst): an admit that joined before
+// the settle that frees its source's slot is granted it, the admits after
+// it refused in their order, as the same ops one at a time in that order.
+// (Fails with the batch in arrival order: a1 refused, a3 granted.)
+func TestBatchSettlesFirst(t *testing.T) {
+	ctx := testCtx(t)
+	b, h, _ := batchFixture(t, redisgate.Options{}, "batched")
+	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 1 })
+	warm := gatetest.Src("warm")
+	settle(t, ctx, b, "sequential", warm, admit(t, ctx, b, "sequential", "warm", warm).Permit, gate.VerdictSuccess)
+	run := func(scope string, batched bool) []string {
+		held := admit(t, ctx, b, scope, "held", src).Permit // the slot: full
+		out := make([]string, 4)
+		adm := func(k int, id string) func() {
+			return func() {
+				a, err := b.Admit(ctx, admitReq(scope, id, src))
+				out[k] = fmt.Sprint(id, " ", a.Granted, a.Rejections, err)
+			}
+		}
+		set := func() {
+			s, err := b.Settle(ctx, settleReq(scope, src, held, gate.VerdictSuccess))
+			out[2] = fmt.Sprint("settle ", s.Released, s.Effect, err)
+		}
+		if batched { // in arrival order a1, a2, the settle, a3
+			runOps(t, b, h, scope, true, []func(){adm(0, "a1"), adm(1, "a2"), set, adm(3, "a3")})
+		} else { // one at a time in the order the batch runs them
+			runOps(t, b, h, scope, false, []func(){set, adm(0, "a1"), adm(1, "a2"), adm(3, "a3")})
+		}
+		return out
+	}
+	seq, bat := run("sequential", false), run("batched", true)
+	if !strings.HasPrefix(bat[0], "a1 true") || !strings.HasPrefix(bat[3], "a3 false") {
+		t.Errorf("batched: %q, want a1 granted (the settle first) and a3 refused", bat)
+	}
+	for i := range seq {
+		if seq[i] != bat[i] {
+			t.Errorf("op %d: batched %s, one at a time %s", i, bat[i], seq[i])
+		}
+	}
 }

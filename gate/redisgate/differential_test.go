@@ -136,7 +136,9 @@ func TestDifferentialBatched(t *testing.T) {
 	c.AddHook(h)
 	memory := func(t *testing.T, clock *gatetest.Clock) gate.Backend { return inmem.New(clock.Now) }
 	batched := func(t *testing.T, clock *gatetest.Clock) gate.Backend {
-		return batchedBackend{factory(c)(t, clock).(*redisgate.Backend), t, h, c}
+		rb := factory(c)(t, clock).(*redisgate.Backend)
+		rb.KeepArrivalOrder() // compared with the memory backend's ops in arrival order
+		return batchedBackend{rb, t, h, c}
 	}
 	gatetest.Differential(t, 60, 100, memory, batched)
 	calls := 0

@@ -8,7 +8,8 @@
 // each. Admits and Settles of one scope go out in batches (batch.go, group
 // commit): at most one batch call of a scope is in flight, and those that
 // arrive meanwhile go out together as the next, one run of batch.lua that
-// runs each by its own body in arrival order. The Lua bodies are admit.lua,
+// runs each by its own body, its settles first and then its admits, each
+// kind in arrival order. The Lua bodies are admit.lua,
 // settle.lua (parts of batch.lua), peek.lua and
 // override.lua, and restore.lua is the re-assertion of OPEN breakers and
 // overrides after Redis lost a scope (reassert.go: before an Admit that

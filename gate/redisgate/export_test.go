@@ -102,3 +102,15 @@ func (b *Backend) Hear(scope string, e gate.Event) { b.memory.see(scope, []gate.
 
 // LoseAdmit queues req's give-back, as an Admit whose reply was lost does.
 func (b *Backend) LoseAdmit(req gate.AdmitRequest) { b.lostAdmit(req) }
+
+// KeepArrivalOrder has b's batches run their ops in arrival order, not
+// settles first: for the tests that compare a batch with the same ops one
+// at a time in the order they joined it (the Lua's answers for any order of
+// a batch's ops), among them a settle of a permit an admit of the same
+// batch granted, which production never batches (a settle follows its
+// admit's reply).
+func (b *Backend) KeepArrivalOrder() { b.arrival = true }
+
+// SetArrivalOrder sets whether b's batches run in arrival order (on) or as
+// production does, settles first (off); between batches only.
+func (b *Backend) SetArrivalOrder(on bool) { b.arrival = on }

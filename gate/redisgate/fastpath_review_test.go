@@ -59,6 +59,7 @@ func TestEarlyExitsRandomAtTheirEdges(t *testing.T) {
 	ctx := testCtx(t)
 	clock := gatetest.NewClock()
 	b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "warm")
+	defer b.SetArrivalOrder(false)
 	seeds := 30
 	if testing.Short() {
 		seeds = 8
@@ -131,6 +132,20 @@ func TestEarlyExitsRandomAtTheirEdges(t *testing.T) {
 		inLine := rng.Intn(2) == 0 // "wl" joins the line before the batch
 		start := clock.Now()
 		used := make([]gate.Permit, len(ops))
+		// Even seeds run the batch as production does, settles first, and the
+		// ops one at a time in that order (a settle of a permit granted in the
+		// same batch stale in both); odd seeds in arrival order. Each op at
+		// its own time whichever runs first.
+		prod := seed%2 == 0
+		b.SetArrivalOrder(!prod)
+		at := make([]time.Time, len(ops))
+		for i, o := range ops {
+			at[i] = start
+			if i > 0 {
+				at[i] = at[i-1]
+			}
+			at[i] = at[i].Add(o.step)
+		}
 		run := func(scope string, batched bool, ps map[string]gate.Permit) []string {
 			clock.Set(start)
 			f := &fastRun{t: t, ctx: ctx, be: b, clock: clock, scope: scope, src: confs[0], ps: ps, keep: true}
@@ -151,10 +166,16 @@ func TestEarlyExitsRandomAtTheirEdges(t *testing.T) {
 			}
 			f.keep = !batched
 			out := make([]string, len(ops))
-			fs := []func(){func() { _, _ = b.Settle(ctx, staleSettle(scope, confs[0])) }} // loads the hash
+			fs := []func(){func() { clock.Set(start); _, _ = b.Settle(ctx, staleSettle(scope, confs[0])) }} // loads the hash
+			settles, admits := []int{0}, []int{}
 			for i, o := range ops {
+				if o.admit {
+					admits = append(admits, len(fs))
+				} else {
+					settles = append(settles, len(fs))
+				}
 				fs = append(fs, func() {
-					clock.Advance(o.step)
+					clock.Set(at[i])
 					src := confs[o.conf]
 					if o.admit {
 						req := admitReq(scope, o.id, src)
@@ -201,7 +222,17 @@ func TestEarlyExitsRandomAtTheirEdges(t *testing.T) {
 					out[i] = fmt.Sprintf("settle %s %+v %v", o.id, s, err)
 				})
 			}
+			if prod && !batched { // one at a time in the order the batch runs them
+				var in []func()
+				for _, k := range append(settles, admits...) {
+					in = append(in, fs[k])
+				}
+				fs = in
+			}
 			runOps(t, b, h, scope, batched, fs)
+			if len(at) > 0 {
+				clock.Set(at[len(at)-1])
+			}
 			return out
 		}
 		known := map[string]gate.Permit{}
@@ -213,7 +244,7 @@ func TestEarlyExitsRandomAtTheirEdges(t *testing.T) {
 		}
 		for i := range seq {
 			if seq[i] != bat[i] {
-				t.Errorf("seed %d op %d (%+v):\n batched    %s\n sequential %s", seed, i, ops[i], bat[i], seq[i])
+				t.Errorf("seed %d (settles first %v) op %d (%+v):\n batched    %s\n sequential %s", seed, prod, i, ops[i], bat[i], seq[i])
 			}
 		}
 		got, want := storedScope(t, ctx, b, c, fmt.Sprint("bat-x", seed), []string{"s"}), storedScope(t, ctx, b, c, fmt.Sprint("seq-x", seed), []string{"s"})

@@ -95,6 +95,7 @@ func TestEarlyExitsAnswerAsTheWalk(t *testing.T) {
 	ctx := testCtx(t)
 	clock := gatetest.NewClock()
 	b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "warm")
+	b.KeepArrivalOrder() // compared with the ops one at a time in arrival order
 	mem := inmem.New(clock.Now)
 	two := func(s *gate.Source) {
 		s.Limits = gate.Limits{MaxConcurrency: 2, Lease: 10 * time.Second}

@@ -29,7 +29,7 @@ func TestInlinedReadsFollowTheLayouts(t *testing.T) {
 		{"admit.lua", "ceil, waits = S_UNPACK('<dd', args, cpos)", "WAITER", []string{"on"}},
 		{"admit.lua", "return ADMIT_R.pack_memo(granted, probe, epoch, rejections, events, progress, now, places)",
 			"ADMIT_R", []string{"granted", "probe", "epoch", "rejections", "events", "progress", "now", "line"}},
-		{"admit.lua", "return ADMIT_R.pack_memo(1, 0, b.epoch, '', '', progress, now, NO_LINE)",
+		{"admit.lua", "r, rnow, rprog = ADMIT_R.pack_memo(1, 0, b.epoch, '', '', progress, now, NO_LINE)",
 			"ADMIT_R", []string{"granted", "probe", "epoch", "rejections", "events", "progress", "now", "line"}},
 		{"settle.lua", "local snow, permit, epoch, probe, verdict, floor, actual, pflag, hb = S_UNPACK(SETTLE.FMT, args, at)",
 			"SETTLE", []string{"now", "permit", "epoch", "probe", "verdict", "floor", "actual", "progress"}},
@@ -37,6 +37,13 @@ func TestInlinedReadsFollowTheLayouts(t *testing.T) {
 		{"settle.lua", "SETTLE_R.pack_memo(rel, effect, events, progress, now, handoff)",
 			"SETTLE_R", []string{"released", "effect", "events", "progress", "now", "handoff"}},
 		{"batch.lua", "local kind, map, cmap, p0 = S_UNPACK(BATCH_OP.FMT, s, 1)", "BATCH_OP", []string{"kind", "map", "cmap"}},
+		// the runs' (admit_run, settle_run)
+		{"admit.lua", "local hnow, permit, tokens, nc, seen, cpos = S_UNPACK(ADMIT.FMT, args, at)",
+			"ADMIT", []string{"now", "permit", "tokens", "n", "seen"}},
+		{"admit.lua", "local kind, ml, m, cl, cm, q0 = S_UNPACK('<dI4BI4B', args, 1)", "BATCH_OP", []string{"kind", "map", "cmap"}},
+		{"settle.lua", "local kind, ml, m, cl, cm, q0 = S_UNPACK('<dI4BI4B', args, 1)", "BATCH_OP", []string{"kind", "map", "cmap"}},
+		{"settle.lua", "out[i] = { SETTLE_R.pack_memo(1, F_APPLIED, '', progress, now, handoff), rec, b.win }",
+			"SETTLE_R", []string{"released", "effect", "events", "progress", "now", "handoff"}},
 	} {
 		if !strings.Contains(src[c.file], c.line) {
 			t.Errorf("%s: no line %q (this test names the lines that read %s by position: keep it in step)", c.file, c.line, c.id)

@@ -1247,6 +1247,11 @@ local LINE_TTL = 4
 -- tables once per batch; an op's map is a string of one byte per source of
 -- the op, its number among the batch's (nil in a call of its own).
 
+-- BATCH_RUNS runs a batch's ops by kind, a run at a time (batch_ops):
+-- admit_run and settle_run (admit.lua, settle.lua; a table, not two locals:
+-- the library's chunk holds at most 200).
+local BATCH_RUNS = {}
+
 -- NO_BATCH_SRC is the metatable of a batch's sources (CALL.src, by
 -- number): an op whose map names a source the batch does not have (a byte
 -- past its sources, or past the map's end) fails naming it. A lookup that

@@ -66,6 +66,9 @@ type Backend struct {
 	orphans *orphans
 	memory  memory
 	batches batcher
+	// arrival: a batch runs its ops in arrival order, not settles first
+	// (KeepArrivalOrder, tests only: see settlesFirst).
+	arrival bool
 	onLoss  func(scope string, restored int)
 	replica string // this Backend among those sharing a line
 	// peeks are the keys of each scope's peek (peekKeys), by scope; npeeks
@@ -422,6 +425,10 @@ func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 		return gate.Settlement{}, err // queued for the give-back if it failed (batch.go)
 	}
 	p := &parser{op: op}
+	fewer := int64(0)
+	if l, ok := v.(laterReply); ok { // a later settle's reply: this one's, fewer calls before (batch.go)
+		v, fewer = l.v, l.fewer
+	}
 	r := settleReply.parse(p, v)
 	out := gate.Settlement{
 		Released:    r.released == 1,
@@ -431,6 +438,10 @@ func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 		ProgressAge: r.clock.age(),
 		Handoff:     r.handoff,
 	}
+	if out.Breaker.Calls < fewer {
+		p.fail("a later settle's reply with %d calls, want at least %d", out.Breaker.Calls, fewer)
+	}
+	out.Breaker.Calls -= fewer
 	if p.err != nil {
 		b.orphans.add(req, 1)
 		return gate.Settlement{}, p.err
