@@ -3,6 +3,9 @@ package redisgate
 import (
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/polygate/polygate/gate"
 )
 
 // TestLaterRepliesBounded: a batch's settle that answers 1 (the next op's
@@ -56,5 +59,32 @@ func TestLaterRepliesBounded(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestLaterReplyCallsSubtracted: a settle answered with a later settle's
+// reply counts that reply's calls less the ops between; a reply that
+// counts fewer calls than that (no honest run answers it) is an error
+// naming both, not a negative count.
+func TestLaterReplyCallsSubtracted(t *testing.T) {
+	full := []any{packRecord(1, 1, "", 100, 1500, ""), breakerRec(0, 9, 1000, "", "", ""), windowRec(1, 5, 0)}
+	req := gate.SettleRequest{Source: &gate.Source{Name: "s", Breaker: gate.BreakerPolicy{Window: 10 * time.Second}}}
+	for _, c := range []struct {
+		fewer int64
+		calls int64
+		err   string
+	}{{0, 5, ""}, {2, 3, ""}, {5, 0, ""}, {6, 0, "a later settle's reply with 5 calls, want at least 6"}} {
+		p := &parser{op: "settle"}
+		var v any = full
+		if c.fewer > 0 {
+			v = laterReply{v: full, fewer: c.fewer}
+		}
+		out := settlementOf(p, v, req)
+		switch {
+		case c.err == "" && (p.err != nil || out.Breaker.Calls != c.calls || !out.Released):
+			t.Errorf("fewer %d: %+v, %v; want %d calls", c.fewer, out.Breaker, p.err, c.calls)
+		case c.err != "" && (p.err == nil || !strings.Contains(p.err.Error(), c.err)):
+			t.Errorf("fewer %d: error %v, want one with %q", c.fewer, p.err, c.err)
+		}
 	}
 }

@@ -425,8 +425,21 @@ func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 		return gate.Settlement{}, err // queued for the give-back if it failed (batch.go)
 	}
 	p := &parser{op: op}
+	out := settlementOf(p, v, req)
+	if p.err != nil {
+		b.orphans.add(req, 1)
+		return gate.Settlement{}, p.err
+	}
+	b.memory.see(req.Scope, out.Events, time.Now())
+	return out, nil
+}
+
+// settlementOf reads a settle's reply v: its own, or a later settle's of
+// the same run (laterReply, batch.go), whose breaker counts fewer calls
+// before it; an error is p's.
+func settlementOf(p *parser, v any, req gate.SettleRequest) gate.Settlement {
 	fewer := int64(0)
-	if l, ok := v.(laterReply); ok { // a later settle's reply: this one's, fewer calls before (batch.go)
+	if l, ok := v.(laterReply); ok {
 		v, fewer = l.v, l.fewer
 	}
 	r := settleReply.parse(p, v)
@@ -442,12 +455,7 @@ func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 		p.fail("a later settle's reply with %d calls, want at least %d", out.Breaker.Calls, fewer)
 	}
 	out.Breaker.Calls -= fewer
-	if p.err != nil {
-		b.orphans.add(req, 1)
-		return gate.Settlement{}, p.err
-	}
-	b.memory.see(req.Scope, out.Events, time.Now())
-	return out, nil
+	return out
 }
 
 // Peek implements gate.Backend.
