@@ -134,15 +134,13 @@ func TestSharedTablesMixedBatch(t *testing.T) {
 func TestSharedTablesWaitersAndRaise(t *testing.T) {
 	ctx := testCtx(t)
 	clock := gatetest.NewClock()
-	b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "batched")
+	b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "batched", "sequential")
 	b.KeepArrivalOrder() // compared with the ops one at a time in arrival order
 	one := func(name string, lease time.Duration) *gate.Source {
 		return gatetest.Src(name, func(s *gate.Source) { s.Limits = gate.Limits{MaxConcurrency: 1, Lease: lease} })
 	}
 	x, y, z := one("x", 3*time.Second), one("y", 5*time.Second), one("z", 7*time.Second)
 	bad := gatetest.Src("bad")
-	warm := gatetest.Src("warm")
-	settle(t, ctx, b, "sequential", warm, admit(t, ctx, b, "sequential", "warm", warm).Permit, gate.VerdictSuccess)
 	mkw := func(id string, places map[string]string) *gate.Waiter {
 		return &gate.Waiter{ID: id, Weight: 1, OtherWeight: 1, MaxTenants: 8, Lease: time.Minute, Places: places}
 	}

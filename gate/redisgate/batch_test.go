@@ -95,8 +95,8 @@ func (h *batchHook) setTimeout(on bool) {
 }
 
 // batchFixture is a Backend over a fresh server whose batch calls the hook
-// sees; the scope is warmed up (library loaded, marker seen).
-func batchFixture(t *testing.T, o redisgate.Options, scope string) (*redisgate.Backend, *batchHook, *redis.Client) {
+// sees; each scope is warmed up (library loaded, marker seen).
+func batchFixture(t *testing.T, o redisgate.Options, scopes ...string) (*redisgate.Backend, *batchHook, *redis.Client) {
 	t.Helper()
 	ctx := testCtx(t)
 	c := redistest.Start(t).Client(t)
@@ -105,7 +105,9 @@ func batchFixture(t *testing.T, o redisgate.Options, scope string) (*redisgate.B
 	c.AddHook(h)
 	b := newBackend(t, c, o)
 	warm := gatetest.Src("warm")
-	settle(t, ctx, b, scope, warm, admit(t, ctx, b, scope, "warm", warm).Permit, gate.VerdictSuccess)
+	for _, scope := range scopes {
+		settle(t, ctx, b, scope, warm, admit(t, ctx, b, scope, "warm", warm).Permit, gate.VerdictSuccess)
+	}
 	h.takeSizes()
 	return b, h, c
 }
@@ -548,14 +550,12 @@ func TestBatchCallerGivesUp(t *testing.T) {
 func TestBatchSameAsSequential(t *testing.T) {
 	ctx := testCtx(t)
 	clock := gatetest.NewClock()
-	b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "batched")
+	b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "batched", "sequential")
 	src := gatetest.Src("s", func(s *gate.Source) {
 		s.Limits.MaxConcurrency = 10
 		s.Limits.RPM = 1000
 		s.Breaker.FailThreshold = 2
 	})
-	warm := gatetest.Src("warm")
-	settle(t, ctx, b, "sequential", warm, admit(t, ctx, b, "sequential", "warm", warm).Permit, gate.VerdictSuccess)
 	run := func(scope string, batched bool) []string {
 		var ps []gate.Permit
 		for i := range 3 {
@@ -656,10 +656,8 @@ func TestBatchScripts(t *testing.T) {
 func TestBatchKeysOncePerSource(t *testing.T) {
 	ctx := testCtx(t)
 	clock := gatetest.NewClock()
-	b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "batched")
+	b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "batched", "sequential")
 	b.KeepArrivalOrder() // compared with the ops one at a time in arrival order
-	warm := gatetest.Src("warm")
-	settle(t, ctx, b, "sequential", warm, admit(t, ctx, b, "sequential", "warm", warm).Permit, gate.VerdictSuccess)
 	one := func(s *gate.Source) { s.Limits.MaxConcurrency = 1 }
 	a, bb, cc := gatetest.Src("a", one), gatetest.Src("b", one), gatetest.Src("c", one)
 	line := &gate.LineHandoff{Lease: time.Second}
@@ -925,11 +923,9 @@ func runOps(t *testing.T, b *redisgate.Backend, h *batchHook, scope string, batc
 // hands the released slot to that waiter, as the same ops one at a time do.
 func TestBatchLineJoinedInBatch(t *testing.T) {
 	ctx := testCtx(t)
-	b, h, _ := batchFixture(t, redisgate.Options{}, "batched")
+	b, h, _ := batchFixture(t, redisgate.Options{}, "batched", "sequential")
 	b.KeepArrivalOrder() // compared with the ops one at a time in arrival order
 	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 1 })
-	warm := gatetest.Src("warm")
-	settle(t, ctx, b, "sequential", warm, admit(t, ctx, b, "sequential", "warm", warm).Permit, gate.VerdictSuccess)
 	waiter := func(id, place string) *gate.Waiter {
 		return &gate.Waiter{ID: id, Weight: 1, OtherWeight: 1, MaxTenants: 8, Lease: time.Minute, Places: map[string]string{"s": place}}
 	}
@@ -1127,10 +1123,8 @@ func TestBatchGoneOpNotReused(t *testing.T) {
 // (Fails with the batch in arrival order: a1 refused, a3 granted.)
 func TestBatchSettlesFirst(t *testing.T) {
 	ctx := testCtx(t)
-	b, h, _ := batchFixture(t, redisgate.Options{}, "batched")
+	b, h, _ := batchFixture(t, redisgate.Options{}, "batched", "sequential")
 	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 1 })
-	warm := gatetest.Src("warm")
-	settle(t, ctx, b, "sequential", warm, admit(t, ctx, b, "sequential", "warm", warm).Permit, gate.VerdictSuccess)
 	run := func(scope string, batched bool) []string {
 		held := admit(t, ctx, b, scope, "held", src).Permit // the slot: full
 		out := make([]string, 4)

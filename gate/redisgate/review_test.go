@@ -218,9 +218,7 @@ func TestBatchStalledRunsOnceAfterResume(t *testing.T) {
 func TestBatchManySources(t *testing.T) {
 	ctx := testCtx(t)
 	clock := gatetest.NewClock()
-	b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "batched")
-	warm := gatetest.Src("warm")
-	settle(t, ctx, b, "sequential", warm, admit(t, ctx, b, "sequential", "warm", warm).Permit, gate.VerdictSuccess)
+	b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "batched", "sequential")
 	h.takeSizes()
 	tight := func(s *gate.Source) { s.Limits.TPM = 1 }
 	var names []string

@@ -49,10 +49,8 @@ func runsSource(name string, lease, window time.Duration) *gate.Source {
 func TestBatchRunsEndWhereTheyShould(t *testing.T) {
 	ctx := testCtx(t)
 	clock := gatetest.NewClock()
-	b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "batched")
+	b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "batched", "sequential")
 	b.KeepArrivalOrder() // the kinds interleaved, as they joined
-	warm := gatetest.Src("warm")
-	settle(t, ctx, b, "sequential", warm, admit(t, ctx, b, "sequential", "warm", warm).Permit, gate.VerdictSuccess)
 	x, x2, y := runsSource("x", 10*time.Second, 10*time.Second), runsSource("x", 20*time.Second, 20*time.Second),
 		runsSource("y", 10*time.Second, 10*time.Second)
 	run := func(scope string, batched bool) []string {
@@ -177,9 +175,7 @@ func TestBatchRunOpRaisesAlone(t *testing.T) {
 		t.Run(kind, func(t *testing.T) {
 			ctx := testCtx(t)
 			clock := gatetest.NewClock()
-			b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "batched")
-			warm := gatetest.Src("warm")
-			settle(t, ctx, b, "sequential", warm, admit(t, ctx, b, "sequential", "warm", warm).Permit, gate.VerdictSuccess)
+			b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "batched", "sequential")
 			x := runsSource("x", 10*time.Second, 10*time.Second)
 			cut := &batchOpCutHook{k: 2, n: 5} // the third op of five
 			c.AddHook(cut)
@@ -284,9 +280,7 @@ func TestBatchRunAdmitOfTwoCandidatesByItsHead(t *testing.T) {
 func TestBatchSettleRunHandoff(t *testing.T) {
 	ctx := testCtx(t)
 	clock := gatetest.NewClock()
-	b, h, _ := batchFixture(t, redisgate.Options{Clock: clock.Now}, "batched")
-	warm := gatetest.Src("warm")
-	settle(t, ctx, b, "sequential", warm, admit(t, ctx, b, "sequential", "warm", warm).Permit, gate.VerdictSuccess)
+	b, h, _ := batchFixture(t, redisgate.Options{Clock: clock.Now}, "batched", "sequential")
 	x := runsSource("x", 10*time.Second, 10*time.Second)
 	run := func(scope string, batched bool) []string {
 		ps := map[string]gate.Permit{}
