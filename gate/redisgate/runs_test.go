@@ -335,3 +335,76 @@ func TestBatchSettleRunHandoff(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchSettleRunRaisesInItsHandoff: a settle in the middle of a settle
+// run whose handoff block does not read (cut after its flag, a waiter in
+// the line) raises after its settle was kept (b_keep), as a call of its
+// own raises after b_save: its release and its count stay, with the count
+// the run had not yet recorded (BATCH_RUNS.flush's op that raised,
+// recorded after the op before's reply's window). Answers and stored
+// state against the same ops one at a time with that op handing nothing
+// off. (Fails with the raising op's own count dropped or recorded into the
+// op before's reply.)
+func TestBatchSettleRunRaisesInItsHandoff(t *testing.T) {
+	ctx := testCtx(t)
+	clock := gatetest.NewClock()
+	b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "batched", "sequential")
+	x := runsSource("x", 10*time.Second, 10*time.Second)
+	ids := []string{"h0", "h1", "h2", "h3", "h4"}
+	const cutAt = 3 // the first settle walks (its breaker's width not yet set), the run is h1 on
+	cut := &batchOpCutHook{k: cutAt, n: len(ids), rewrite: func(op []byte, p0 int) []byte {
+		// SETTLE at p0 + 8: now, permit (a length, its bytes), six numbers; then HANDOFF: its flag
+		at := p0 + 8 + 8
+		at += 4 + int(binary.LittleEndian.Uint32(op[at:]))
+		at += 6 * 8
+		return op[:at+8]
+	}}
+	c.AddHook(cut)
+	t0 := clock.Now()
+	run := func(scope string, batched bool) []string {
+		clock.Set(t0)
+		ps := map[string]gate.Permit{}
+		for _, id := range ids {
+			ps[id] = admit(t, ctx, b, scope, id, x).Permit
+		}
+		w := &gate.Waiter{ID: "w1", Weight: 1, OtherWeight: 1, MaxTenants: 8, Lease: time.Minute}
+		must(b.Peek(ctx, gate.PeekRequest{Scope: scope, Sources: []*gate.Source{x},
+			Line: &gate.LineRead{Lease: time.Minute, Join: w, Joins: []string{"x"}}}))(t)
+		out := make([]string, len(ids))
+		var fs []func()
+		for i, id := range ids {
+			fs = append(fs, func() {
+				req := settleReq(scope, x, ps[id], gate.VerdictSuccess)
+				if batched && i == cutAt {
+					req.Line = &gate.LineHandoff{Lease: time.Minute} // (its block cut by the hook)
+				}
+				s, err := b.Settle(ctx, req)
+				s.ProgressAge = 0
+				out[i] = fmt.Sprintf("%+v %v", s, err)
+			})
+		}
+		if batched {
+			cut.on.Store(true)
+		}
+		runOps(t, b, h, scope, batched, fs)
+		return out
+	}
+	seq, bat := run("sequential", false), run("batched", true)
+	if cut.on.Load() {
+		t.Fatal("no op cut")
+	}
+	if !strings.Contains(bat[cutAt], "bad argument") {
+		t.Errorf("the cut op: %s, want its own error", bat[cutAt])
+	}
+	for i := range seq {
+		if i != cutAt && seq[i] != bat[i] {
+			t.Errorf("op %d:\n batched       %s\n one at a time %s", i, bat[i], seq[i])
+		}
+	}
+	sb, ss := storedScope(t, ctx, b, c, "batched", []string{"x"}), storedScope(t, ctx, b, c, "sequential", []string{"x"})
+	for k, v := range ss {
+		if sb[k] != v {
+			t.Errorf("%s: batched %s, one at a time %s", k, sb[k], v)
+		}
+	}
+}
