@@ -98,7 +98,7 @@ end
 -- its lease (not in a minute's log, or no actual tokens to set), its state
 -- hash cached with that lease and the window (b_first read them), its
 -- breaker CLOSED without an override (a run's exits change neither) and no
--- lease ended to sweep. It releases and records as the walk would, with
+-- lease ended to sweep. It releases and records (the run's count once: below) as the walk would, with
 -- the walk's steps for this case in their order (b_load's b_cached,
 -- q_release, h_del, b_settle) but not their calls, and answers as the
 -- walk; the first op that does not take it walks (settle) and ends the
