@@ -75,6 +75,7 @@ local function batch_run(keys, argv)
     end
     st[1] = 0
     call_restore()
+    BATCH_RUNS.flush(k) -- (a settle run's count kept in CALL)
     if type(r) == 'table' and r.err then
       out[k] = r
     else
@@ -96,7 +97,7 @@ local function batch(keys, argv)
   -- size, not grown)
   CALL = {
     got = {}, put = {}, h = {}, src = setmetatable({}, NO_BATCH_SRC), pre = {}, argv = argv, scoped = false,
-    now = false, scope = false,
+    now = false, scope = false, rc = false, rpc = false, rnow = false, rt = false, rfrom = 0, rk = 0,
   }
   local ok, out = pcall(batch_run, keys, argv)
   local flushed, err = pcall(call_flush) -- what ran is written, as in calls of their own

@@ -81,7 +81,7 @@ local bad = {}
 local function check(now, w)
   local b = { win = WIN.ZERO, wold = WIN.ZERO, width = w }
   local p = { window = w * BUCKETS, wwin = w * BUCKETS, wid = w }
-  local ok = pcall(b_record, b, p, now, false)
+  local ok = pcall(b_record, b, p, now, false, 1)
   local idx = old(now, w)
   local slot = idx - old(idx, BUCKETS) * BUCKETS
   if idx == 0 then

@@ -42,7 +42,7 @@ func TestInlinedReadsFollowTheLayouts(t *testing.T) {
 			"ADMIT", []string{"now", "permit", "tokens", "n", "seen"}},
 		{"admit.lua", "local kind, ml, m, cl, cm, q0 = S_UNPACK('<dI4BI4B', args, 1)", "BATCH_OP", []string{"kind", "map", "cmap"}},
 		{"settle.lua", "local kind, ml, m, cl, cm, q0 = S_UNPACK('<dI4BI4B', args, 1)", "BATCH_OP", []string{"kind", "map", "cmap"}},
-		{"settle.lua", "out[i] = { SETTLE_R.pack_memo(1, F_APPLIED, '', progress, now, handoff), rec, b.win }",
+		{"settle.lua", "t = { SETTLE_R.pack_memo(1, F_APPLIED, '', progress, now, handoff), rec, false }",
 			"SETTLE_R", []string{"released", "effect", "events", "progress", "now", "handoff"}},
 	} {
 		if !strings.Contains(src[c.file], c.line) {

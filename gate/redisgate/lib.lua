@@ -724,7 +724,9 @@ end
 -- twin: gate.(*Breaker).record
 -- (bucket_width, b_buckets and idiv inline where they would return at
 -- once: a settle's cost is its Lua calls, docs/performance.md.)
-local function b_record(b, p, now, fail)
+-- k outcomes at once (1 per settle; settle_run's run of successes at one
+-- now, one bucket, records its count once: its calls + k, one row).
+local function b_record(b, p, now, fail, k)
   local w = p.wwin == p.window and p.wid or bucket_width(p)
   if b.width ~= w then
     b_clear_buckets(b)
@@ -748,9 +750,9 @@ local function b_record(b, p, now, fail)
   if index ~= idx then
     index, calls, fails = idx, 0, 0
   end
-  calls = calls + 1
+  calls = calls + k
   if fail then
-    fails = fails + 1
+    fails = fails + k
   end
   b.win = WIN.put(b.win, slot, index, calls, fails)
   if b.cwin == was and b.cidx == idx then
@@ -850,13 +852,13 @@ local function b_settle(b, p, o, now)
   end
   if b.state == CLOSED then
     if o.verdict == V_SUCCESS then
-      b_record(b, p, now, false)
+      b_record(b, p, now, false, 1)
       if b.consecutive ~= 0 then
         b.consecutive, b.bdirty = 0, true
       end
       return F_APPLIED, NO_EVENTS
     elseif o.verdict == V_FAILURE then
-      b_record(b, p, now, true)
+      b_record(b, p, now, true, 1)
       b.consecutive, b.bdirty = b.consecutive + 1, true
       if b.consecutive >= p.fail_threshold then
         return F_APPLIED, { b_open(b, p, now, floor, C_CONSECUTIVE_FAILURES) }
@@ -1251,6 +1253,37 @@ local LINE_TTL = 4
 -- admit_run and settle_run (admit.lua, settle.lua; a table, not two locals:
 -- the library's chunk holds at most 200).
 local BATCH_RUNS = {}
+
+-- BATCH_RUNS.flush (run_flush) records a settle run's successes counted and not yet
+-- recorded (settle_run: CALL.rc its cache entry, rpc its configuration,
+-- rnow their time, rfrom..rk the ops, rt the reply table of the last one
+-- answered) into the window, that reply's window set: at the run's end
+-- (k 0), and on batch_run's error path after call_restore (k the op that
+-- raised), so that an op raising mid-run leaves the window and the op
+-- before's reply as the ops one at a time would. The op k, if counted (it
+-- raised after its b_keep: its handoff's reads), is recorded after that
+-- reply's window, as its own.
+BATCH_RUNS.flush = function(k) -- run_flush (a field, not a local: the main function has 200 at most)
+  local C = CALL
+  local c = C.rc
+  if not c then
+    return
+  end
+  C.rc = false
+  local b, last = c.b, C.rk
+  local n = last - C.rfrom + 1
+  if last == k then
+    n = n - 1
+  end
+  if n > 0 then
+    b_record(b, C.rpc, C.rnow, false, n)
+    C.rt[3] = b.win
+  end
+  if last == k then
+    b_record(b, C.rpc, C.rnow, false, 1)
+  end
+  c.saved_win = b.win
+end
 
 -- NO_BATCH_SRC is the metatable of a batch's sources (CALL.src, by
 -- number): an op whose map names a source the batch does not have (a byte

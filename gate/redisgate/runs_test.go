@@ -170,24 +170,39 @@ func (h *batchOpCutHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // without it, and store the same.
 // A settle's run and an admit's. (Fails with an admit run that keeps,
 // b_keep, only at its end: the ops before the raise lose their slots.)
+// A settle run records its successes into the window once where a full
+// reply needs it (settle_run): "settle" raises with ops counted and not
+// recorded, "settle-progress" after a full reply mid-run (the third op
+// sets progress: the second's count recorded then, the third's pending;
+// the fourth raises).
+// (Fails with batch_run's BATCH_RUNS.flush dropped: counts lost and the op
+// before's reply without its window; with a count doubled; or with the
+// window b_keep saved not set again after the mid-run record.)
 func TestBatchRunOpRaisesAlone(t *testing.T) {
-	for _, kind := range []string{"settle", "admit"} {
+	for _, kind := range []string{"settle", "settle-progress", "admit"} {
 		t.Run(kind, func(t *testing.T) {
 			ctx := testCtx(t)
 			clock := gatetest.NewClock()
 			b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "batched", "sequential")
 			x := runsSource("x", 10*time.Second, 10*time.Second)
-			cut := &batchOpCutHook{k: 2, n: 5} // the third op of five
+			cutAt := 2 // the third op of five
+			if kind == "settle-progress" {
+				cutAt = 3 // (the first settle walks: its breaker's width not yet set; the run is the second's on)
+			}
+			cut := &batchOpCutHook{k: cutAt, n: 5}
 			c.AddHook(cut)
+			t0 := clock.Now()
 			run := func(scope string, batched bool) []string {
+				clock.Set(t0)
 				ps := map[string]gate.Permit{}
 				for _, id := range []string{"h1", "h2", "h3", "h4", "h5"} {
 					ps[id] = admit(t, ctx, b, scope, id, x).Permit
 				}
+				clock.Set(t0.Add(time.Millisecond)) // (the progress the second op sets is not the admits')
 				out := make([]string, 5)
 				var fs []func()
 				for i, id := range []string{"o1", "o2", "o3", "o4", "o5"} {
-					if !batched && i == 2 {
+					if !batched && i == cutAt {
 						continue // the op that raises in the batch
 					}
 					fs = append(fs, func() {
@@ -197,7 +212,9 @@ func TestBatchRunOpRaisesAlone(t *testing.T) {
 							out[i] = fmt.Sprintf("%+v %v", a, err)
 							return
 						}
-						s, err := b.Settle(ctx, settleReq(scope, x, ps[fmt.Sprint("h", i+1)], gate.VerdictSuccess))
+						req := settleReq(scope, x, ps[fmt.Sprint("h", i+1)], gate.VerdictSuccess)
+						req.Progress = kind == "settle-progress" && i == 2
+						s, err := b.Settle(ctx, req)
 						s.ProgressAge = 0
 						out[i] = fmt.Sprintf("%+v %v", s, err)
 					})
@@ -212,11 +229,11 @@ func TestBatchRunOpRaisesAlone(t *testing.T) {
 			if cut.on.Load() {
 				t.Fatal("no op cut")
 			}
-			if !strings.Contains(bat[2], "bad argument") {
-				t.Errorf("the cut op: %s, want its own error", bat[2])
+			if !strings.Contains(bat[cutAt], "bad argument") {
+				t.Errorf("the cut op: %s, want its own error", bat[cutAt])
 			}
 			for i := range seq {
-				if i != 2 && seq[i] != bat[i] {
+				if i != cutAt && seq[i] != bat[i] {
 					t.Errorf("op %d:\n batched       %s\n one at a time %s", i, bat[i], seq[i])
 				}
 			}
@@ -315,6 +332,79 @@ func TestBatchSettleRunHandoff(t *testing.T) {
 	for i := range seq {
 		if seq[i] != bat[i] {
 			t.Errorf("op %d:\n batched       %s\n one at a time %s", i, bat[i], seq[i])
+		}
+	}
+}
+
+// TestBatchSettleRunRaisesInItsHandoff: a settle in the middle of a settle
+// run whose handoff block does not read (cut after its flag, a waiter in
+// the line) raises after its settle was kept (b_keep), as a call of its
+// own raises after b_save: its release and its count stay, with the count
+// the run had not yet recorded (BATCH_RUNS.flush's op that raised,
+// recorded after the op before's reply's window). Answers and stored
+// state against the same ops one at a time with that op handing nothing
+// off. (Fails with the raising op's own count dropped or recorded into the
+// op before's reply.)
+func TestBatchSettleRunRaisesInItsHandoff(t *testing.T) {
+	ctx := testCtx(t)
+	clock := gatetest.NewClock()
+	b, h, c := batchFixture(t, redisgate.Options{Clock: clock.Now}, "batched", "sequential")
+	x := runsSource("x", 10*time.Second, 10*time.Second)
+	ids := []string{"h0", "h1", "h2", "h3", "h4"}
+	const cutAt = 3 // the first settle walks (its breaker's width not yet set), the run is h1 on
+	cut := &batchOpCutHook{k: cutAt, n: len(ids), rewrite: func(op []byte, p0 int) []byte {
+		// SETTLE at p0 + 8: now, permit (a length, its bytes), six numbers; then HANDOFF: its flag
+		at := p0 + 8 + 8
+		at += 4 + int(binary.LittleEndian.Uint32(op[at:]))
+		at += 6 * 8
+		return op[:at+8]
+	}}
+	c.AddHook(cut)
+	t0 := clock.Now()
+	run := func(scope string, batched bool) []string {
+		clock.Set(t0)
+		ps := map[string]gate.Permit{}
+		for _, id := range ids {
+			ps[id] = admit(t, ctx, b, scope, id, x).Permit
+		}
+		w := &gate.Waiter{ID: "w1", Weight: 1, OtherWeight: 1, MaxTenants: 8, Lease: time.Minute}
+		must(b.Peek(ctx, gate.PeekRequest{Scope: scope, Sources: []*gate.Source{x},
+			Line: &gate.LineRead{Lease: time.Minute, Join: w, Joins: []string{"x"}}}))(t)
+		out := make([]string, len(ids))
+		var fs []func()
+		for i, id := range ids {
+			fs = append(fs, func() {
+				req := settleReq(scope, x, ps[id], gate.VerdictSuccess)
+				if batched && i == cutAt {
+					req.Line = &gate.LineHandoff{Lease: time.Minute} // (its block cut by the hook)
+				}
+				s, err := b.Settle(ctx, req)
+				s.ProgressAge = 0
+				out[i] = fmt.Sprintf("%+v %v", s, err)
+			})
+		}
+		if batched {
+			cut.on.Store(true)
+		}
+		runOps(t, b, h, scope, batched, fs)
+		return out
+	}
+	seq, bat := run("sequential", false), run("batched", true)
+	if cut.on.Load() {
+		t.Fatal("no op cut")
+	}
+	if !strings.Contains(bat[cutAt], "bad argument") {
+		t.Errorf("the cut op: %s, want its own error", bat[cutAt])
+	}
+	for i := range seq {
+		if i != cutAt && seq[i] != bat[i] {
+			t.Errorf("op %d:\n batched       %s\n one at a time %s", i, bat[i], seq[i])
+		}
+	}
+	sb, ss := storedScope(t, ctx, b, c, "batched", []string{"x"}), storedScope(t, ctx, b, c, "sequential", []string{"x"})
+	for k, v := range ss {
+		if sb[k] != v {
+			t.Errorf("%s: batched %s, one at a time %s", k, sb[k], v)
 		}
 	}
 }

@@ -98,7 +98,7 @@ end
 -- its lease (not in a minute's log, or no actual tokens to set), its state
 -- hash cached with that lease and the window (b_first read them), its
 -- breaker CLOSED without an override (a run's exits change neither) and no
--- lease ended to sweep. It releases and records as the walk would, with
+-- lease ended to sweep. It releases and records (the run's count once: below) as the walk would, with
 -- the walk's steps for this case in their order (b_load's b_cached,
 -- q_release, h_del, b_settle) but not their calls, and answers as the
 -- walk; the first op that does not take it walks (settle) and ends the
@@ -112,10 +112,22 @@ BATCH_RUNS[OP_SETTLE] = function(keys, argv, ao, i, n, out, st, args, map, cmap,
   local hc = bs and CALL.h[bs.q.state]
   local b = hc and hc.b
   local pc = CONF_SRC[cj]
-  if pc and b and b.win and b.state == CLOSED and b.override == NO_OVERRIDE then
+  if pc and b and b.win and b.state == CLOSED and b.override == NO_OVERRIDE
+    and b.width == (pc.wwin == pc.window and pc.wid or bucket_width(pc)) then -- (b_record's first test: the walk's op sets it)
     local sp, got, put, idle_ttl, cnow, f, dirty = CALL.scope.progress, CALL.got, CALL.put, CONF_H.T.idle_ttl,
       CALL.now, hc.f, hc.dirty
     local prev, pnow, pprog = nil, nil, nil -- the op before in the run, answered in full, its now and progress
+    -- The run's successes are counted (the ops from..i, all at now pn) and
+    -- recorded into the window (b_record, one row: calls + k) once, where a
+    -- full reply needs it (the table t holds the last answered op's reply,
+    -- its window t[3] set then), not once per op. CALL says what is
+    -- pending (rc, rpc, rnow, rt, rfrom, rk: the ops counted, the last
+    -- rk), for batch_run's error path (run_flush): an op that raises
+    -- leaves them recorded as one at a time would. The window b_keep
+    -- saves is the recorded one (hc.saved_win set again after a record).
+    local from, pn, t = i, nil, nil
+    local C = CALL
+    C.rc, C.rpc, C.rfrom, C.rk = hc, pc, i, i - 1
     while true do
       local at = p0 + S_UNPACK('<I4', args, p0) -- (op_block's)
       if at ~= p0 + 8 then
@@ -134,7 +146,15 @@ BATCH_RUNS[OP_SETTLE] = function(keys, argv, ao, i, n, out, st, args, map, cmap,
       if b.held > 0 then
         b.held = b.held - 1
       end
-      b_record(b, pc, now, false)
+      if pn ~= now then -- another time: the count so far recorded (before this op's b_keep)
+        if from < i then
+          b_record(b, pc, pn, false, i - from)
+          t[3] = b.win
+        end
+        from, pn = i, now
+        C.rfrom, C.rnow = i, now
+      end
+      C.rk = i -- (counted: b_record's place)
       if b.consecutive ~= 0 then
         b.consecutive, b.bdirty = 0, true
       end
@@ -159,12 +179,20 @@ BATCH_RUNS[OP_SETTLE] = function(keys, argv, ao, i, n, out, st, args, map, cmap,
       -- call fewer in its window (a success in a CLOSED breaker changes
       -- nothing else its view shows; runBatch expands it). Its table is
       -- this op's: only the record and the window change.
-      local t = prev and out[prev]
-      if t and now == pnow and progress == pprog and handoff == '' then
-        out[prev], t[2], t[3] = 1, rec, b.win
+      -- (Its window t[3] set where the count is recorded.)
+      if t and prev and now == pnow and progress == pprog and handoff == '' then
+        out[prev], t[2] = 1, rec
         out[i] = t
       else
-        out[i] = { SETTLE_R.pack_memo(1, F_APPLIED, '', progress, now, handoff), rec, b.win }
+        if from < i then -- the ops before this one recorded, into the op before's reply
+          b_record(b, pc, pn, false, i - from)
+          t[3], hc.saved_win = b.win, b.win
+          from = i
+          C.rfrom = i
+        end
+        t = { SETTLE_R.pack_memo(1, F_APPLIED, '', progress, now, handoff), rec, false }
+        out[i] = t
+        C.rt = t
       end
       if handoff == '' then
         prev, pnow, pprog = i, now, progress
@@ -174,21 +202,25 @@ BATCH_RUNS[OP_SETTLE] = function(keys, argv, ao, i, n, out, st, args, map, cmap,
       -- the next op, while it is a settle of the same map and cmap
       st[1], i, ao = 0, i + 1, ao + 1
       if i > n then
+        BATCH_RUNS.flush(0)
         return i
       end
       local nx = ao + 1
       args = argv[nx]
       if #args < 18 then
+        BATCH_RUNS.flush(0)
         return i -- (batch_ops reads its head, or raises)
       end
       -- BATCH_OP's kind, and its map and cmap of one byte each, as numbers
       -- (no string each): BATCH_OP.FMT's with a byte where one is read.
       local kind, ml, m, cl, cm, q0 = S_UNPACK('<dI4BI4B', args, 1)
       if kind ~= OP_SETTLE or ml ~= 1 or cl ~= 1 or m ~= j or cm ~= cj then
+        BATCH_RUNS.flush(0)
         return i -- (its head read again by batch_ops)
       end
       st[1], p0 = i, q0
     end
+    BATCH_RUNS.flush(0) -- (before the walk's reads of the window)
   end
   out[i] = settle(keys, argv, ao, map, p0, cmap, args)
   return i + 1
