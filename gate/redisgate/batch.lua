@@ -71,6 +71,7 @@ local function batch_run(keys, argv)
     end
     local k = st[1]
     if k == 0 then
+      BATCH_RUNS.flush(0) -- (what ran is written, call_flush: its count too)
       error(r, 0)
     end
     st[1] = 0

@@ -77,7 +77,7 @@ func TestBatchRunsEndWhereTheyShould(t *testing.T) {
 			// a run whose replies are the next op's where their SETTLE_R is the same (settle_run): not
 			// across a time step, nor a progress set by one and not the other
 			{false, "h1", x, gate.VerdictSuccess, 0, false}, {false, "h2", x, gate.VerdictSuccess, 0, false},
-			{false, "h9", x, gate.VerdictSuccess, time.Millisecond, false},
+			{false, "h9", x, gate.VerdictSuccess, time.Second, false}, // another bucket of x's window (1 s)
 			{false, "h10", x, gate.VerdictSuccess, 0, true}, {false, "h11", x, gate.VerdictSuccess, 0, false},
 			{false, "h4", x2, gate.VerdictSuccess, 0, false},           // x's other configuration: the same map, another cmap
 			{false, "h3", y, gate.VerdictSuccess, 0, false},            // another source
