@@ -355,7 +355,9 @@ local function b_keep(c, now, idle_ttl)
 end
 
 -- call_restore sets every breaker of the batch back to its last b_keep,
--- after an op raised.
+-- after an op raised. (A settle run's successes counted and not yet in
+-- the window are not in the window b_keep saved either: settle_run and
+-- BATCH_RUNS.flush record them and set saved_win again.)
 local function call_restore()
   for _, c in pairs(CALL.h) do
     local b = c.b
