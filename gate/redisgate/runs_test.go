@@ -226,26 +226,7 @@ func TestBatchRunOpRaisesAlone(t *testing.T) {
 				return out
 			}
 			seq, bat := run("sequential", false), run("batched", true)
-			if cut.on.Load() {
-				t.Fatal("no op cut")
-			}
-			if !strings.Contains(bat[cutAt], "bad argument") {
-				t.Errorf("the cut op: %s, want its own error", bat[cutAt])
-			}
-			for i := range seq {
-				if i != cutAt && seq[i] != bat[i] {
-					t.Errorf("op %d:\n batched       %s\n one at a time %s", i, bat[i], seq[i])
-				}
-			}
-			// The stored state the same right after the batch (what the op
-			// that raised owes stays in the give-back queue: no test Backend
-			// runs its loop): what the ops before it did is kept.
-			sb, ss := storedScope(t, ctx, b, c, "batched", []string{"x"}), storedScope(t, ctx, b, c, "sequential", []string{"x"})
-			for k, v := range ss {
-				if sb[k] != v {
-					t.Errorf("%s: batched %s, one at a time %s", k, sb[k], v)
-				}
-			}
+			sameButTheCut(t, ctx, b, c, cut, seq, bat)
 		})
 	}
 }
@@ -390,14 +371,25 @@ func TestBatchSettleRunRaisesInItsHandoff(t *testing.T) {
 		return out
 	}
 	seq, bat := run("sequential", false), run("batched", true)
+	sameButTheCut(t, ctx, b, c, cut, seq, bat)
+}
+
+// sameButTheCut checks a batch ("batched") whose op cut.k was cut short
+// against the same ops one at a time ("sequential"): the cut op fails with
+// its own error, every other op answers the same, and source x's stored
+// state is the same right after the batch (what the op that raised owes
+// stays in the give-back queue: no test Backend runs its loop), so what
+// the ops before it did is kept.
+func sameButTheCut(t *testing.T, ctx context.Context, b *redisgate.Backend, c *redis.Client, cut *batchOpCutHook, seq, bat []string) {
+	t.Helper()
 	if cut.on.Load() {
 		t.Fatal("no op cut")
 	}
-	if !strings.Contains(bat[cutAt], "bad argument") {
-		t.Errorf("the cut op: %s, want its own error", bat[cutAt])
+	if !strings.Contains(bat[cut.k], "bad argument") {
+		t.Errorf("the cut op: %s, want its own error", bat[cut.k])
 	}
 	for i := range seq {
-		if i != cutAt && seq[i] != bat[i] {
+		if i != cut.k && seq[i] != bat[i] {
 			t.Errorf("op %d:\n batched       %s\n one at a time %s", i, bat[i], seq[i])
 		}
 	}
