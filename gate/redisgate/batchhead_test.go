@@ -64,13 +64,7 @@ func TestBatchFailsWithARunCounted(t *testing.T) {
 	const scope = "batch-head-run"
 	b, h, c := batchFixture(t, redisgate.Options{}, scope)
 	x := gatetest.Src("x")
-	// x's window made (a fresh breaker's first settle walks), then four leases.
-	settle(t, ctx, b, scope, x, admit(t, ctx, b, scope, "p0", x).Permit, gate.VerdictSuccess)
-	var ps []gate.Permit
-	for _, id := range []string{"p1", "p2", "p3", "p4"} {
-		ps = append(ps, admit(t, ctx, b, scope, id, x).Permit)
-	}
-	h.takeSizes()
+	ps := windowAndLeases(t, ctx, b, h, scope, x, 4)
 	c.AddHook(oneOpMore{})
 	var errs [4]error
 	var fs []func()
@@ -121,12 +115,7 @@ func TestBatchRunThenRaiseCountsOnce(t *testing.T) {
 	const scope = "batch-run-raise"
 	b, h, c := batchFixture(t, redisgate.Options{}, scope)
 	x := gatetest.Src("x")
-	settle(t, ctx, b, scope, x, admit(t, ctx, b, scope, "p0", x).Permit, gate.VerdictSuccess)
-	var ps []gate.Permit
-	for _, id := range []string{"p1", "p2", "p3"} {
-		ps = append(ps, admit(t, ctx, b, scope, id, x).Permit)
-	}
-	h.takeSizes()
+	ps := windowAndLeases(t, ctx, b, h, scope, x, 3)
 	var on atomic.Bool
 	on.Store(true)
 	c.AddHook(&lastBatchOpHook{on: &on, rewrite: mapTo99})
@@ -148,4 +137,18 @@ func TestBatchRunThenRaiseCountsOnce(t *testing.T) {
 	if v := peek(t, ctx, b, scope, x); v.Quota.InFlight != 0 || v.Breaker.Calls != 4 {
 		t.Errorf("after the batch: %d in flight, %d calls; want 0 and 4 (p0 and the run's three, once)", v.Quota.InFlight, v.Breaker.Calls)
 	}
+}
+
+// windowAndLeases makes x's window (a fresh breaker's first settle walks:
+// p0 admitted and settled), then n leases held (p1 …), and forgets the
+// batch sizes so far.
+func windowAndLeases(t *testing.T, ctx context.Context, b *redisgate.Backend, h *batchHook, scope string, x *gate.Source, n int) []gate.Permit {
+	t.Helper()
+	settle(t, ctx, b, scope, x, admit(t, ctx, b, scope, "p0", x).Permit, gate.VerdictSuccess)
+	var ps []gate.Permit
+	for i := range n {
+		ps = append(ps, admit(t, ctx, b, scope, fmt.Sprint("p", i+1), x).Permit)
+	}
+	h.takeSizes()
+	return ps
 }
