@@ -243,12 +243,7 @@ end
 -- admit's, in its order, before it changes anything: an op that raises
 -- raises as admit would (st[1] names it).
 BATCH_RUNS[OP_ADMIT] = function(keys, argv, ao, i, n, out, st, args, map, cmap, p0) -- admit_run
-  local bsrc = CALL.src
-  local j, cj = BYTE[map] or string.byte(map, 1) or 0, BYTE[cmap] or string.byte(cmap, 1) or 0
-  local bs = j >= 1 and j <= #bsrc and bsrc[j] -- (not past the batch's sources: bsrc's metatable would raise)
-  local hc = bs and CALL.h[bs.q.state]
-  local b = hc and hc.b
-  local c = CONF_SRC[cj]
+  local j, cj, bs, hc, b, c = BATCH_RUNS.src(map, cmap)
   if c and b and b.state == CLOSED and b.override == NO_OVERRIDE and c.rpm == 0 and c.tpm == 0 then
     local s, got, idle_ttl, cnow, f, dirty = CALL.scope, CALL.got, CONF_H.T.idle_ttl, CALL.now, hc.f, hc.dirty
     local maxc, clease, l = c.max_concurrency, c.lease, bs.l

@@ -1256,6 +1256,20 @@ local LINE_TTL = 4
 -- the library's chunk holds at most 200).
 local BATCH_RUNS = {}
 
+-- BATCH_RUNS.src is what a run of an op's one source shares (admit_run's
+-- and settle_run's, looked up once per run): the op's map and cmap bytes
+-- (j, cj), the source's keys (bs, false past the batch's sources: bsrc's
+-- metatable would raise), its cache entry (hc) and breaker (b), and its
+-- configuration (nil where any is missing). (A field, not a local: the
+-- main function has 200 at most.)
+BATCH_RUNS.src = function(map, cmap)
+  local bsrc = CALL.src
+  local j, cj = BYTE[map] or string.byte(map, 1) or 0, BYTE[cmap] or string.byte(cmap, 1) or 0
+  local bs = j >= 1 and j <= #bsrc and bsrc[j]
+  local hc = bs and CALL.h[bs.q.state]
+  return j, cj, bs, hc, hc and hc.b, CONF_SRC[cj]
+end
+
 -- BATCH_RUNS.flush (run_flush) records a settle run's successes counted and not yet
 -- recorded (settle_run: CALL.rc its cache entry, rpc its configuration,
 -- rnow their time, rfrom..rk the ops, rt the reply table of the last one

@@ -106,12 +106,7 @@ end
 -- anything, so an op that raises raises as settle would (st[1] names it).
 -- Returns the number of the op after the run.
 BATCH_RUNS[OP_SETTLE] = function(keys, argv, ao, i, n, out, st, args, map, cmap, p0) -- settle_run
-  local bsrc = CALL.src
-  local j, cj = BYTE[map] or string.byte(map, 1) or 0, BYTE[cmap] or string.byte(cmap, 1) or 0
-  local bs = j >= 1 and j <= #bsrc and bsrc[j] -- (not past the batch's sources: bsrc's metatable would raise)
-  local hc = bs and CALL.h[bs.q.state]
-  local b = hc and hc.b
-  local pc = CONF_SRC[cj]
+  local j, cj, bs, hc, b, pc = BATCH_RUNS.src(map, cmap)
   if pc and b and b.win and b.state == CLOSED and b.override == NO_OVERRIDE
     and b.width == (pc.wwin == pc.window and pc.wid or bucket_width(pc)) then -- (b_record's first test: the walk's op sets it)
     local sp, got, put, idle_ttl, cnow, f, dirty = CALL.scope.progress, CALL.got, CALL.put, CONF_H.T.idle_ttl,
