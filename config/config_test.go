@@ -54,6 +54,23 @@ func TestDefaultsAndDerivedValues(t *testing.T) {
 	}
 }
 
+// backend.redis.batch_linger is 2ms unless set; 0 turns it off.
+func TestRedisBatchLinger(t *testing.T) {
+	for yaml, want := range map[string]time.Duration{
+		"backend: {kind: redis, redis: {addrs: ['a:1']}}":                    2 * time.Millisecond,
+		"backend: {kind: redis, redis: {addrs: ['a:1'], batch_linger: 0s}}":  0,
+		"backend: {kind: redis, redis: {addrs: ['a:1'], batch_linger: 5ms}}": 5 * time.Millisecond,
+	} {
+		cfg, err := config.Parse([]byte(base+yaml), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cfg.Backend.Redis.BatchLinger; got != want {
+			t.Errorf("%s: batch_linger %v, want %v", yaml, got, want)
+		}
+	}
+}
+
 func TestMemoryStatePath(t *testing.T) {
 	cfg, err := config.Parse([]byte(base), nil)
 	if err != nil {
@@ -109,6 +126,10 @@ func TestBadValues(t *testing.T) {
 		{"redis replicas", "backend: {kind: redis, redis: {addrs: ['a:1'], replicas: 0}}", "backend.redis.replicas", "at least 1"},
 		{"redis pool size", "backend: {kind: redis, redis: {addrs: ['a:1'], pool_size: 10001}}", "backend.redis.pool_size", "must be from 0 to 10000"},
 		{"redis db", "backend: {kind: redis, redis: {addrs: ['a:1'], db: -1}}", "backend.redis.db", "at least 0"},
+		{"redis batch_linger", "backend: {kind: redis, redis: {addrs: ['a:1'], batch_linger: 101ms}}", "backend.redis.batch_linger", "must be from 0 (off) to 100ms"},
+		{"redis batch_linger past timeout", "backend: {kind: redis, redis: {addrs: ['a:1'], timeout: 20ms, batch_linger: 20ms}}", "backend.redis.batch_linger", "shorter than backend.redis.timeout (20ms)"},
+		{"redis batch_linger negative", "backend: {kind: redis, redis: {addrs: ['a:1'], batch_linger: -1ms}}", "backend.redis.batch_linger", "at least 0s"},
+		{"redis batch_linger not whole ms", "backend: {kind: redis, redis: {addrs: ['a:1'], batch_linger: 1500us}}", "backend.redis.batch_linger", "whole milliseconds"},
 		{"log.format", "log: {format: xml}", "log.format", "text, json"},
 		{"log.level", "log: {level: loud}", "log.level", "debug, info, warn, error"},
 		{"calls.max_live", "calls: {max_live: 0}", "calls.max_live", "at least 1"},

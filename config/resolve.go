@@ -62,6 +62,7 @@ type fileRedis struct {
 	OnUnavailable *string        `koanf:"on_unavailable"`
 	Replicas      *int           `koanf:"replicas"`
 	PoolSize      *int           `koanf:"pool_size"`
+	BatchLinger   *time.Duration `koanf:"batch_linger"`
 }
 
 type fileTelemetry struct {
@@ -178,14 +179,18 @@ const (
 	DefaultCallIdle       = 10 * time.Minute
 	DefaultRedisTimeout   = 500 * time.Millisecond
 	// MaxRedisPoolSize bounds backend.redis.pool_size.
-	MaxRedisPoolSize      = 10000
-	DefaultRetention      = 30 * 24 * time.Hour
-	DefaultTelemetryQueue = 8192
-	DefaultWatchBuffer    = 1024
-	DefaultMaxWatchers    = 64
-	DefaultMaxRetryAfter  = 10 * time.Minute
-	DefaultTenantWeight   = 1
-	DefaultMaxTenants     = 64
+	MaxRedisPoolSize = 10000
+	// DefaultRedisBatchLinger and MaxRedisBatchLinger are
+	// backend.redis.batch_linger's default and bound.
+	DefaultRedisBatchLinger = 2 * time.Millisecond
+	MaxRedisBatchLinger     = 100 * time.Millisecond
+	DefaultRetention        = 30 * 24 * time.Hour
+	DefaultTelemetryQueue   = 8192
+	DefaultWatchBuffer      = 1024
+	DefaultMaxWatchers      = 64
+	DefaultMaxRetryAfter    = 10 * time.Minute
+	DefaultTenantWeight     = 1
+	DefaultMaxTenants       = 64
 	// DefaultMaxRequestBytes is far above the largest valid request (a few
 	// KiB) and far below gRPC's 4 MiB.
 	DefaultMaxRequestBytes   = 64 << 10
@@ -413,6 +418,7 @@ func resolve(f *fileConfig) (*Config, error) {
 				OnUnavailable: or(f.Backend.Redis.OnUnavailable, "fail_closed"),
 				Replicas:      or(f.Backend.Redis.Replicas, 1),
 				PoolSize:      or(f.Backend.Redis.PoolSize, 0),
+				BatchLinger:   or(f.Backend.Redis.BatchLinger, DefaultRedisBatchLinger),
 			},
 		},
 		Telemetry: Telemetry{
@@ -457,6 +463,14 @@ func resolve(f *fileConfig) (*Config, error) {
 		c.oneOf("backend.redis.on_unavailable", r.OnUnavailable, "fail_closed", "local")
 		c.atLeast("backend.redis.replicas", int64(r.Replicas), 1)
 		c.between("backend.redis.pool_size", int64(r.PoolSize), 0, MaxRedisPoolSize)
+		switch l := r.BatchLinger; {
+		case l > MaxRedisBatchLinger:
+			c.fail("backend.redis.batch_linger", l, fmt.Sprintf("must be from 0 (off) to %v", MaxRedisBatchLinger))
+		case l > 0 && l >= r.Timeout:
+			c.fail("backend.redis.batch_linger", l, fmt.Sprintf("must be shorter than backend.redis.timeout (%v), which bounds an op's wait, linger included", r.Timeout))
+		default:
+			c.duration("backend.redis.batch_linger", l, 0)
+		}
 		if !r.TLS && (r.TLSCAFile != "" || r.TLSCertFile != "" || r.TLSKeyFile != "" || r.TLSServerName != "") {
 			c.fail("backend.redis.tls", false, "must be true when backend.redis.tls_ca_file, tls_cert_file, tls_key_file or tls_server_name is set")
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/polygate/polygate/gate"
@@ -18,7 +19,7 @@ import (
 // returns. A lone op goes out at once, as a call of its own function
 // (admit.lua, settle.lua: a batch of one would cost Redis more Lua work);
 // under load an op waits at most for the call in flight, and never longer
-// than the Backend's timeout in all. Each RPC is still one round trip, its
+// than the Backend's timeout in all (a linger included: below). Each RPC is still one round trip, its
 // op one of the batch's. A batch runs its settles first, then its admits,
 // each kind in arrival order (settlesFirst), atomically: the same as
 // separate calls back to back. All of a batch's ops were pending at once,
@@ -232,7 +233,26 @@ type batcher struct {
 	ops, timers sync.Pool
 }
 
-type batchQueue struct{ ops []*batchOp }
+type batchQueue struct {
+	ops []*batchOp
+	// want is, while the drain lingers, the count of waiting ops that ends
+	// the linger (0: not lingering); full is told when do reaches it.
+	want int
+	full chan struct{}
+}
+
+// Lingering. Most of a batch call's cost to Redis does not depend on its
+// size (~340 k instructions, of ~90 k per attempt cycle at the sidecars'
+// 8 cycles per call: docs/performance.md, twelfth session), and a batch
+// holds the ops that arrived while the call before it was in flight. So
+// after a call that carried two ops or more (the scope has company: more
+// will come), the drain waits before the next one, as long as that call
+// took and at most the Backend's linger (Options.BatchLinger), and less once
+// maxBatchOps ops wait: an op's time in the backend at most doubles, and the
+// next batch holds what arrives meanwhile too. After an op alone (a quiet
+// scope), or with the linger off, the next goes at once. A caller's wait,
+// linger included, stays bounded by its context and the Backend's timeout
+// (do). BatchStats counts the calls, their ops and the time lingered.
 
 // do runs o in the scope's next batch and waits for its reply, until ctx,
 // the caller's, ends or until passes (the Backend's timeout from the
@@ -274,6 +294,10 @@ func (b *Backend) do(ctx context.Context, until time.Time, tag string, o *batchO
 		return nil, err
 	}
 	q.ops = append(q.ops, o)
+	if q.want > 0 && len(q.ops) >= q.want {
+		q.want = 0
+		q.full <- struct{}{} // (buffered, and told once per linger)
+	}
 	c.mu.Unlock()
 	if start {
 		go b.drain(tag, q)
@@ -324,11 +348,16 @@ func (b *Backend) gaveUp(ctx context.Context, name string) error {
 	return b.wrap(ctx, name, err)
 }
 
-// drain sends the scope's batches, one at a time, until none is waiting.
+// drain sends the scope's batches, one at a time, until none is waiting,
+// lingering before each after a call of two ops or more.
 func (b *Backend) drain(tag string, q *batchQueue) {
 	c := &b.batches
+	var last time.Duration // the last call's time, if it was a batch
 	for {
 		c.mu.Lock()
+		if d := min(last, b.linger); d > 0 && len(q.ops) > 0 && len(q.ops) < maxBatchOps {
+			b.lingerFor(q, d)
+		}
 		if len(q.ops) == 0 {
 			delete(c.scopes, tag)
 			c.mu.Unlock()
@@ -345,8 +374,59 @@ func (b *Backend) drain(tag string, q *batchQueue) {
 		ops := q.ops[:n:n]
 		q.ops = q.ops[n:]
 		c.mu.Unlock()
+		start := time.Now()
 		b.runBatch(ops)
+		last = 0
+		if n > 1 {
+			last = time.Since(start)
+		}
+		b.stats.calls.Add(1)
+		b.stats.ops.Add(uint64(n))
 	}
+}
+
+// lingerFor waits, with c.mu held on entry and on return (not meanwhile),
+// until d has passed or maxBatchOps ops wait in q.
+func (b *Backend) lingerFor(q *batchQueue, d time.Duration) {
+	c := &b.batches
+	if q.full == nil {
+		q.full = make(chan struct{}, 1)
+	}
+	q.want = maxBatchOps
+	c.mu.Unlock()
+	start := time.Now()
+	t := c.startTimer(d)
+	select {
+	case <-q.full:
+	case <-t.C:
+	}
+	c.stopTimer(t)
+	b.stats.lingered.Add(uint64(time.Since(start)))
+	c.mu.Lock()
+	q.want = 0
+	select { // (told after the timer fired, before want was cleared)
+	case <-q.full:
+	default:
+	}
+}
+
+// batchStats counts the drains' calls (BatchStats).
+type batchStats struct {
+	calls, ops, lingered atomic.Uint64
+}
+
+// BatchStats counts the calls that carried Admits and Settles.
+type BatchStats struct {
+	// Calls counts the script calls of Admits and Settles (a batch, or an
+	// op alone), Ops the ops they carried: Ops/Calls is the mean batch.
+	Calls, Ops uint64
+	// Lingered is the drains' time spent lingering (Options.BatchLinger).
+	Lingered time.Duration
+}
+
+// BatchStats reports the batch counters.
+func (b *Backend) BatchStats() BatchStats {
+	return BatchStats{Calls: b.stats.calls.Load(), Ops: b.stats.ops.Load(), Lingered: time.Duration(b.stats.lingered.Load())}
 }
 
 // runBatch makes one batch call of ops, all of one scope, and hands each
