@@ -181,7 +181,8 @@ const (
 	// MaxRedisPoolSize bounds backend.redis.pool_size.
 	MaxRedisPoolSize = 10000
 	// DefaultRedisBatchLinger and MaxRedisBatchLinger are
-	// backend.redis.batch_linger's default and bound.
+	// backend.redis.batch_linger's default and bound (redisgate's
+	// DefaultBatchLinger and MaxBatchLinger: TestBatchLingerBounds).
 	DefaultRedisBatchLinger = 2 * time.Millisecond
 	MaxRedisBatchLinger     = 100 * time.Millisecond
 	DefaultRetention        = 30 * 24 * time.Hour
@@ -463,13 +464,10 @@ func resolve(f *fileConfig) (*Config, error) {
 		c.oneOf("backend.redis.on_unavailable", r.OnUnavailable, "fail_closed", "local")
 		c.atLeast("backend.redis.replicas", int64(r.Replicas), 1)
 		c.between("backend.redis.pool_size", int64(r.PoolSize), 0, MaxRedisPoolSize)
-		switch l := r.BatchLinger; {
-		case l > MaxRedisBatchLinger:
-			c.fail("backend.redis.batch_linger", l, fmt.Sprintf("must be from 0 (off) to %v", MaxRedisBatchLinger))
-		case l > 0 && l >= r.Timeout:
-			c.fail("backend.redis.batch_linger", l, fmt.Sprintf("must be shorter than backend.redis.timeout (%v), which bounds an op's wait, linger included", r.Timeout))
-		default:
-			c.duration("backend.redis.batch_linger", l, 0)
+		// (No bound by timeout: a linger is never longer than the call
+		// before it, which timeout bounds.)
+		if l := r.BatchLinger; l%time.Millisecond != 0 || l < 0 || l > MaxRedisBatchLinger {
+			c.fail("backend.redis.batch_linger", l, fmt.Sprintf("must be whole milliseconds from 0 (off) to %v", MaxRedisBatchLinger))
 		}
 		if !r.TLS && (r.TLSCAFile != "" || r.TLSCertFile != "" || r.TLSKeyFile != "" || r.TLSServerName != "") {
 			c.fail("backend.redis.tls", false, "must be true when backend.redis.tls_ca_file, tls_cert_file, tls_key_file or tls_server_name is set")

@@ -182,3 +182,66 @@ func TestBatchLingerCallerGivesUp(t *testing.T) {
 		t.Errorf("D answered %v at %v; want its deadline at 10ms", gaveErr, gaveUp)
 	}
 }
+
+// A full batch waiting when the call before returns goes at once: 70 ops
+// queued at 5ms, while B and C's batch is in flight, go as 64 at 8ms, no
+// linger; the 6 left linger after them (from 12ms).
+func TestBatchNoLingerWhenFull(t *testing.T) {
+	calls, stats := lingerBubble(t, 10*time.Millisecond, func(b *redisgate.Backend, src *gate.Source, at func(time.Duration, func())) {
+		admitAt(t, b, src, at, 0, "A")
+		admitAt(t, b, src, at, time.Millisecond, "B")
+		admitAt(t, b, src, at, time.Millisecond, "C")
+		for i := range 70 {
+			admitAt(t, b, src, at, 5*time.Millisecond, fmt.Sprint("D", i))
+		}
+	})
+	want := []string{"0s: 1", "4ms: 2", "8ms: 64", "16ms: 6"}
+	if !slices.Equal(calls, want) || stats.Lingered != 4*time.Millisecond {
+		t.Errorf("calls %q, lingered %v; want %q, 4ms (the last only)", calls, stats.Lingered, want)
+	}
+}
+
+// More ops than a batch arriving during a linger end it and wait for the
+// next (none blocks): D waits from 8ms, 70 more come at 9ms, 64 go then
+// and the other 7 linger after them (from 13ms).
+func TestBatchLingerMoreThanFull(t *testing.T) {
+	calls, _ := lingerBubble(t, 10*time.Millisecond, func(b *redisgate.Backend, src *gate.Source, at func(time.Duration, func())) {
+		admitAt(t, b, src, at, 0, "A")
+		admitAt(t, b, src, at, time.Millisecond, "B")
+		admitAt(t, b, src, at, time.Millisecond, "C")
+		admitAt(t, b, src, at, 5*time.Millisecond, "D")
+		for i := range 70 {
+			admitAt(t, b, src, at, 9*time.Millisecond, fmt.Sprint("E", i))
+		}
+	})
+	want := []string{"0s: 1", "4ms: 2", "9ms: 64", "17ms: 7"}
+	if !slices.Equal(calls, want) {
+		t.Errorf("calls %q; want %q", calls, want)
+	}
+}
+
+// A batch full by its keys (maxBatchKeys) is full too: 60 admits of three
+// candidates each queued at 5ms go at 8ms, as many as fit, with no linger;
+// the rest linger after them.
+func TestBatchNoLingerWhenFullByKeys(t *testing.T) {
+	calls, stats := lingerBubble(t, 10*time.Millisecond, func(b *redisgate.Backend, src *gate.Source, at func(time.Duration, func())) {
+		admitAt(t, b, src, at, 0, "A")
+		admitAt(t, b, src, at, time.Millisecond, "B")
+		admitAt(t, b, src, at, time.Millisecond, "C")
+		srcs := []*gate.Source{src, gatetest.Src("b"), gatetest.Src("c")}
+		for i := range 60 {
+			at(5*time.Millisecond, func() {
+				if _, err := b.Admit(context.Background(), admitReq("s", fmt.Sprint("D", i), srcs...)); err != nil {
+					t.Errorf("admit D%d: %v", i, err)
+				}
+			})
+		}
+	})
+	var n int
+	if len(calls) < 3 || !strings.HasPrefix(calls[2], "8ms: ") || stats.Lingered != 4*time.Millisecond {
+		t.Fatalf("calls %q, lingered %v; want the third at 8ms, and only the last to linger (4ms)", calls, stats.Lingered)
+	}
+	if _, err := fmt.Sscanf(calls[2], "8ms: %d", &n); err != nil || n >= 60 {
+		t.Errorf("calls %q: want the third cut by its keys, fewer than 60 ops", calls)
+	}
+}

@@ -55,8 +55,10 @@ type Options struct {
 const (
 	DefaultPrefix  = "polygate:"
 	DefaultIdleTTL = 24 * time.Hour
-	// DefaultBatchLinger is the value of a zero Options.BatchLinger.
+	// DefaultBatchLinger is the value of a zero Options.BatchLinger, and
+	// MaxBatchLinger its most.
 	DefaultBatchLinger = 2 * time.Millisecond
+	MaxBatchLinger     = 100 * time.Millisecond
 )
 
 // Backend is a gate.Backend over Redis: a standalone server, a Sentinel
@@ -114,6 +116,9 @@ func New(client redis.UniversalClient, o Options) (*Backend, error) {
 	}
 	if o.BatchLinger == 0 {
 		o.BatchLinger = DefaultBatchLinger
+	}
+	if o.BatchLinger > MaxBatchLinger {
+		return nil, fmt.Errorf("redisgate: batch linger %v: must be at most %v (negative: none)", o.BatchLinger, MaxBatchLinger)
 	}
 	b := &Backend{client: client, prefix: o.Prefix, idleTTL: o.IdleTTL.Milliseconds(), clock: o.Clock,
 		timeout: o.Timeout, linger: max(o.BatchLinger, 0), orphans: newOrphans(o.GiveBackQueue, o.Log), onLoss: o.OnStateLoss, replica: newReplica()}
