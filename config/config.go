@@ -78,6 +78,10 @@ type Redis struct {
 	// default, 10 per CPU). A call waits up to Timeout for one when all are
 	// busy, then answers UNAVAILABLE.
 	PoolSize int
+	// BatchLinger is the most a scope's next batch of Admits and Settles
+	// waits for more after a call that carried two or more, never longer
+	// than that call took (0: off; redisgate.Options.BatchLinger).
+	BatchLinger time.Duration
 }
 
 // Telemetry configures the per-call record.

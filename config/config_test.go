@@ -54,6 +54,24 @@ func TestDefaultsAndDerivedValues(t *testing.T) {
 	}
 }
 
+// backend.redis.batch_linger is 2ms unless set; 0 turns it off.
+func TestRedisBatchLinger(t *testing.T) {
+	for yaml, want := range map[string]time.Duration{
+		"backend: {kind: redis, redis: {addrs: ['a:1']}}":                    2 * time.Millisecond,
+		"backend: {kind: redis, redis: {addrs: ['a:1'], batch_linger: 0s}}":  0,
+		"backend: {kind: redis, redis: {addrs: ['a:1'], batch_linger: 5ms}}": 5 * time.Millisecond,
+		"backend: {kind: redis, redis: {addrs: ['a:1'], timeout: 1ms}}":      2 * time.Millisecond, // (never longer than a call: no bound by timeout)
+	} {
+		cfg, err := config.Parse([]byte(base+yaml), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cfg.Backend.Redis.BatchLinger; got != want {
+			t.Errorf("%s: batch_linger %v, want %v", yaml, got, want)
+		}
+	}
+}
+
 func TestMemoryStatePath(t *testing.T) {
 	cfg, err := config.Parse([]byte(base), nil)
 	if err != nil {
@@ -109,6 +127,9 @@ func TestBadValues(t *testing.T) {
 		{"redis replicas", "backend: {kind: redis, redis: {addrs: ['a:1'], replicas: 0}}", "backend.redis.replicas", "at least 1"},
 		{"redis pool size", "backend: {kind: redis, redis: {addrs: ['a:1'], pool_size: 10001}}", "backend.redis.pool_size", "must be from 0 to 10000"},
 		{"redis db", "backend: {kind: redis, redis: {addrs: ['a:1'], db: -1}}", "backend.redis.db", "at least 0"},
+		{"redis batch_linger", "backend: {kind: redis, redis: {addrs: ['a:1'], batch_linger: 101ms}}", "backend.redis.batch_linger", "must be whole milliseconds from 0 (off) to 100ms"},
+		{"redis batch_linger negative", "backend: {kind: redis, redis: {addrs: ['a:1'], batch_linger: -1ms}}", "backend.redis.batch_linger", "must be whole milliseconds from 0 (off) to 100ms"},
+		{"redis batch_linger not whole ms", "backend: {kind: redis, redis: {addrs: ['a:1'], batch_linger: 1500us}}", "backend.redis.batch_linger", "must be whole milliseconds from 0 (off) to 100ms"},
 		{"log.format", "log: {format: xml}", "log.format", "text, json"},
 		{"log.level", "log: {level: loud}", "log.level", "debug, info, warn, error"},
 		{"calls.max_live", "calls: {max_live: 0}", "calls.max_live", "at least 1"},

@@ -62,6 +62,7 @@ type fileRedis struct {
 	OnUnavailable *string        `koanf:"on_unavailable"`
 	Replicas      *int           `koanf:"replicas"`
 	PoolSize      *int           `koanf:"pool_size"`
+	BatchLinger   *time.Duration `koanf:"batch_linger"`
 }
 
 type fileTelemetry struct {
@@ -178,14 +179,19 @@ const (
 	DefaultCallIdle       = 10 * time.Minute
 	DefaultRedisTimeout   = 500 * time.Millisecond
 	// MaxRedisPoolSize bounds backend.redis.pool_size.
-	MaxRedisPoolSize      = 10000
-	DefaultRetention      = 30 * 24 * time.Hour
-	DefaultTelemetryQueue = 8192
-	DefaultWatchBuffer    = 1024
-	DefaultMaxWatchers    = 64
-	DefaultMaxRetryAfter  = 10 * time.Minute
-	DefaultTenantWeight   = 1
-	DefaultMaxTenants     = 64
+	MaxRedisPoolSize = 10000
+	// DefaultRedisBatchLinger and MaxRedisBatchLinger are
+	// backend.redis.batch_linger's default and bound (redisgate's
+	// DefaultBatchLinger and MaxBatchLinger: TestBatchLingerBounds).
+	DefaultRedisBatchLinger = 2 * time.Millisecond
+	MaxRedisBatchLinger     = 100 * time.Millisecond
+	DefaultRetention        = 30 * 24 * time.Hour
+	DefaultTelemetryQueue   = 8192
+	DefaultWatchBuffer      = 1024
+	DefaultMaxWatchers      = 64
+	DefaultMaxRetryAfter    = 10 * time.Minute
+	DefaultTenantWeight     = 1
+	DefaultMaxTenants       = 64
 	// DefaultMaxRequestBytes is far above the largest valid request (a few
 	// KiB) and far below gRPC's 4 MiB.
 	DefaultMaxRequestBytes   = 64 << 10
@@ -413,6 +419,7 @@ func resolve(f *fileConfig) (*Config, error) {
 				OnUnavailable: or(f.Backend.Redis.OnUnavailable, "fail_closed"),
 				Replicas:      or(f.Backend.Redis.Replicas, 1),
 				PoolSize:      or(f.Backend.Redis.PoolSize, 0),
+				BatchLinger:   or(f.Backend.Redis.BatchLinger, DefaultRedisBatchLinger),
 			},
 		},
 		Telemetry: Telemetry{
@@ -457,6 +464,11 @@ func resolve(f *fileConfig) (*Config, error) {
 		c.oneOf("backend.redis.on_unavailable", r.OnUnavailable, "fail_closed", "local")
 		c.atLeast("backend.redis.replicas", int64(r.Replicas), 1)
 		c.between("backend.redis.pool_size", int64(r.PoolSize), 0, MaxRedisPoolSize)
+		// (No bound by timeout: a linger is never longer than the call
+		// before it, which timeout bounds.)
+		if l := r.BatchLinger; l%time.Millisecond != 0 || l < 0 || l > MaxRedisBatchLinger {
+			c.fail("backend.redis.batch_linger", l, fmt.Sprintf("must be whole milliseconds from 0 (off) to %v", MaxRedisBatchLinger))
+		}
 		if !r.TLS && (r.TLSCAFile != "" || r.TLSCertFile != "" || r.TLSKeyFile != "" || r.TLSServerName != "") {
 			c.fail("backend.redis.tls", false, "must be true when backend.redis.tls_ca_file, tls_cert_file, tls_key_file or tls_server_name is set")
 		}

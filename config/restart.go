@@ -43,6 +43,7 @@ var restartKeys = []struct {
 	{key: "backend.redis.on_unavailable", field: func(c *Config) any { return &c.Backend.Redis.OnUnavailable }},
 	{key: "backend.redis.replicas", field: func(c *Config) any { return &c.Backend.Redis.Replicas }},
 	{key: "backend.redis.pool_size", field: func(c *Config) any { return &c.Backend.Redis.PoolSize }},
+	{key: "backend.redis.batch_linger", field: func(c *Config) any { return &c.Backend.Redis.BatchLinger }},
 	{key: "telemetry.path", field: func(c *Config) any { return &c.Telemetry.Path }},
 	{key: "telemetry.retention", field: func(c *Config) any { return &c.Telemetry.Retention }},
 	{key: "telemetry.queue_size", field: func(c *Config) any { return &c.Telemetry.QueueSize }},

@@ -132,8 +132,12 @@ func TestBackendOutageIsWatchedAndCounted(t *testing.T) {
 		}
 	}
 	// The connection pool is shown against its limit (backend.redis.pool_size
-	// 0: go-redis's 10 per CPU), and none of its waits timed out.
-	for sample, positive := range map[string]bool{"polygate_redis_pool_size": true, "polygate_redis_pool_connections": true, "polygate_redis_pool_timeouts_total": false} {
+	// 0: go-redis's 10 per CPU), and none of its waits timed out; the
+	// requests sent to Redis and their calls are counted.
+	for sample, positive := range map[string]bool{
+		"polygate_redis_pool_size": true, "polygate_redis_pool_connections": true, "polygate_redis_pool_timeouts_total": false,
+		"polygate_redis_op_calls_total": true, "polygate_redis_ops_total": true,
+	} {
 		line := scrapeLine(t, ctx, metricsAddr, sample)
 		v, err := strconv.ParseFloat(strings.TrimPrefix(line, sample+" "), 64)
 		if err != nil || positive != (v > 0) || v < 0 {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/polygate/polygate/gate"
@@ -14,12 +15,12 @@ import (
 // per decision: the FCALL itself, TIME, the scope's marker and progress. So
 // the Admits and Settles of one scope (one hash tag) go out together: at
 // most one batch call (batch.lua) of a scope is in flight, the ops that
-// arrive meanwhile gather, and they go out as the next call the moment it
-// returns. A lone op goes out at once, as a call of its own function
-// (admit.lua, settle.lua: a batch of one would cost Redis more Lua work);
-// under load an op waits at most for the call in flight, and never longer
-// than the Backend's timeout in all. Each RPC is still one round trip, its
-// op one of the batch's. A batch runs its settles first, then its admits,
+// arrive meanwhile gather, and they go out as the next call when it
+// returns (after a linger: below). A lone op goes out at once, as a call of
+// its own function (admit.lua, settle.lua: a batch of one would cost Redis
+// more Lua work); under load an op waits for the call in flight and a
+// linger, and never longer than the Backend's timeout in all. Each RPC is
+// still one round trip, its op one of the batch's. A batch runs its settles first, then its admits,
 // each kind in arrival order (settlesFirst), atomically: the same as
 // separate calls back to back. All of a batch's ops were pending at once,
 // so any order of them is a legal interleaving of concurrent requests; this
@@ -232,7 +233,41 @@ type batcher struct {
 	ops, timers sync.Pool
 }
 
-type batchQueue struct{ ops []*batchOp }
+type batchQueue struct {
+	ops []*batchOp
+	// full, while the drain lingers, is closed (and set nil) by the op
+	// that makes a full batch wait (nil: not lingering).
+	full chan struct{}
+}
+
+// cut is how many of the ops waiting go in the next batch, and whether
+// that batch is full: bounded by maxBatchOps or by maxBatchKeys with ops
+// left over.
+func (q *batchQueue) cut() (n int, full bool) {
+	nk := 0
+	for _, o := range q.ops {
+		if n == maxBatchOps || n > 0 && nk+len(o.keys) > maxBatchKeys {
+			return n, true
+		}
+		n, nk = n+1, nk+len(o.keys)
+	}
+	return n, n == maxBatchOps
+}
+
+// Lingering. Most of a batch call's cost to Redis does not depend on its
+// size (~339 k instructions a call, besides ~47 k per attempt cycle: at the
+// sidecars' ~9 cycles per call, close to half of Redis's work per attempt;
+// docs/performance.md, twelfth session), and a batch holds the ops that
+// arrived while the call before it was in flight. So after a call that
+// carried two ops or more (the scope has company: more will come), the
+// drain waits before the next one, as long as that call took and at most
+// the Backend's linger (Options.BatchLinger), and less once a full batch
+// waits (maxBatchOps ops, or maxBatchKeys keys: cut): an op's time in the
+// backend at most doubles, and the next batch holds what arrives meanwhile
+// too. After an op alone (a quiet scope), or with the linger off, the next
+// goes at once. A caller's wait, linger included, stays bounded by its
+// context and the Backend's timeout (do). BatchStats counts the calls,
+// their ops and the time lingered.
 
 // do runs o in the scope's next batch and waits for its reply, until ctx,
 // the caller's, ends or until passes (the Backend's timeout from the
@@ -274,6 +309,12 @@ func (b *Backend) do(ctx context.Context, until time.Time, tag string, o *batchO
 		return nil, err
 	}
 	q.ops = append(q.ops, o)
+	if q.full != nil {
+		if _, full := q.cut(); full {
+			close(q.full)
+			q.full = nil
+		}
+	}
 	c.mu.Unlock()
 	if start {
 		go b.drain(tag, q)
@@ -324,29 +365,79 @@ func (b *Backend) gaveUp(ctx context.Context, name string) error {
 	return b.wrap(ctx, name, err)
 }
 
-// drain sends the scope's batches, one at a time, until none is waiting.
+// drain sends the scope's batches, one at a time, until none is waiting,
+// lingering before each after a call of two ops or more.
 func (b *Backend) drain(tag string, q *batchQueue) {
 	c := &b.batches
+	var last time.Duration // the last call's time, if it was a batch
 	for {
 		c.mu.Lock()
+		if d := min(last, b.linger); d > 0 && len(q.ops) > 0 {
+			if _, full := q.cut(); !full {
+				b.lingerFor(q, d)
+			}
+		}
 		if len(q.ops) == 0 {
 			delete(c.scopes, tag)
 			c.mu.Unlock()
 			return
 		}
-		n, nk := 0, 0
-		for _, o := range q.ops {
-			if n == maxBatchOps || n > 0 && nk+len(o.keys) > maxBatchKeys {
-				break
-			}
-			o.sent = true
-			n, nk = n+1, nk+len(o.keys)
-		}
+		n, _ := q.cut()
 		ops := q.ops[:n:n]
+		for _, o := range ops {
+			o.sent = true
+		}
 		q.ops = q.ops[n:]
 		c.mu.Unlock()
+		// (counted before its callers have their replies: a caller that
+		// has one sees its call counted)
+		b.stats.calls.Add(1)
+		b.stats.ops.Add(uint64(n))
+		start := time.Now()
 		b.runBatch(ops)
+		last = 0
+		if n > 1 {
+			last = time.Since(start)
+		}
 	}
+}
+
+// lingerFor waits, with c.mu held on entry and on return (not meanwhile),
+// until d has passed or a full batch waits in q (do closes full).
+func (b *Backend) lingerFor(q *batchQueue, d time.Duration) {
+	c := &b.batches
+	full := make(chan struct{})
+	q.full = full
+	c.mu.Unlock()
+	start := time.Now()
+	t := c.startTimer(d)
+	select {
+	case <-full:
+	case <-t.C:
+	}
+	c.stopTimer(t)
+	b.stats.lingered.Add(uint64(time.Since(start)))
+	c.mu.Lock()
+	q.full = nil // (closed already, or never to be)
+}
+
+// batchStats counts the drains' calls (BatchStats).
+type batchStats struct {
+	calls, ops, lingered atomic.Uint64
+}
+
+// BatchStats counts the calls that carried Admits and Settles.
+type BatchStats struct {
+	// Calls counts the script calls of Admits and Settles (a batch, or an
+	// op alone), Ops the ops they carried: Ops/Calls is the mean batch.
+	Calls, Ops uint64
+	// Lingered is the drains' time spent lingering (Options.BatchLinger).
+	Lingered time.Duration
+}
+
+// BatchStats reports the batch counters.
+func (b *Backend) BatchStats() BatchStats {
+	return BatchStats{Calls: b.stats.calls.Load(), Ops: b.stats.ops.Load(), Lingered: time.Duration(b.stats.lingered.Load())}
 }
 
 // runBatch makes one batch call of ops, all of one scope, and hands each

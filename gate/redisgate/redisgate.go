@@ -36,6 +36,10 @@ type Options struct {
 	// each script run and ping, which the client honours on its socket when
 	// its ContextTimeoutEnabled is set (the sidecar sets it).
 	Timeout time.Duration
+	// BatchLinger is the most a scope's next batch waits for more ops after
+	// a call that carried two or more, and never longer than that call took
+	// (see batch.go, Lingering); zero: DefaultBatchLinger; negative: none.
+	BatchLinger time.Duration
 	// GiveBackQueue bounds the settles kept for Redis while it does not
 	// answer (see RunGiveBacks); default DefaultGiveBackQueue.
 	GiveBackQueue int
@@ -51,6 +55,10 @@ type Options struct {
 const (
 	DefaultPrefix  = "polygate:"
 	DefaultIdleTTL = 24 * time.Hour
+	// DefaultBatchLinger is the value of a zero Options.BatchLinger, and
+	// MaxBatchLinger its most.
+	DefaultBatchLinger = 2 * time.Millisecond
+	MaxBatchLinger     = 100 * time.Millisecond
 )
 
 // Backend is a gate.Backend over Redis: a standalone server, a Sentinel
@@ -66,6 +74,8 @@ type Backend struct {
 	orphans *orphans
 	memory  memory
 	batches batcher
+	linger  time.Duration // Options.BatchLinger, 0 for none
+	stats   batchStats
 	// arrival: a batch runs its ops in arrival order, not settles first
 	// (KeepArrivalOrder, tests only: see settlesFirst).
 	arrival bool
@@ -104,8 +114,14 @@ func New(client redis.UniversalClient, o Options) (*Backend, error) {
 	if o.Timeout < 0 {
 		return nil, fmt.Errorf("redisgate: timeout %v: must not be negative", o.Timeout)
 	}
+	if o.BatchLinger == 0 {
+		o.BatchLinger = DefaultBatchLinger
+	}
+	if o.BatchLinger > MaxBatchLinger {
+		return nil, fmt.Errorf("redisgate: batch linger %v: must be at most %v (negative: none)", o.BatchLinger, MaxBatchLinger)
+	}
 	b := &Backend{client: client, prefix: o.Prefix, idleTTL: o.IdleTTL.Milliseconds(), clock: o.Clock,
-		timeout: o.Timeout, orphans: newOrphans(o.GiveBackQueue, o.Log), onLoss: o.OnStateLoss, replica: newReplica()}
+		timeout: o.Timeout, linger: max(o.BatchLinger, 0), orphans: newOrphans(o.GiveBackQueue, o.Log), onLoss: o.OnStateLoss, replica: newReplica()}
 	b.memory.wake = b.orphans.wake
 	return b, nil
 }

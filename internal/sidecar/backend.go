@@ -88,7 +88,11 @@ func openRedis(r config.Redis, every time.Duration, log *slog.Logger, onChange f
 	}
 	opts.TLSConfig = tc
 	client := redis.NewUniversalClient(opts)
-	shared, err := redisgate.New(client, redisgate.Options{Prefix: r.KeyPrefix, Timeout: r.Timeout, Log: log, OnStateLoss: onLoss})
+	linger := r.BatchLinger
+	if linger == 0 {
+		linger = -1 // (off: a zero Options.BatchLinger is the default)
+	}
+	shared, err := redisgate.New(client, redisgate.Options{Prefix: r.KeyPrefix, Timeout: r.Timeout, BatchLinger: linger, Log: log, OnStateLoss: onLoss})
 	if err != nil {
 		_ = client.Close()
 		return nil, fmt.Errorf("backend.redis.key_prefix: %w", err)
@@ -183,6 +187,12 @@ func redisMetrics(b *redisgate.Backend) []prometheus.Collector {
 			func() float64 { return float64(b.GiveBacks().Released) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "polygate_redis_give_backs_overflowed_total", Help: "Settles lost to a full give-back queue (their slots end with their leases)."},
 			func() float64 { return float64(b.GiveBacks().Overflowed) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "polygate_redis_op_calls_total", Help: "Script calls that carried Admits and Settles: a batch, or one alone (polygate_redis_ops_total / this is the mean batch)."},
+			func() float64 { return float64(b.BatchStats().Calls) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "polygate_redis_ops_total", Help: "Admits and Settles sent to Redis, in batches or alone."},
+			func() float64 { return float64(b.BatchStats().Ops) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "polygate_redis_batch_linger_seconds_total", Help: "Time the scopes' next batches waited for more ops (backend.redis.batch_linger)."},
+			func() float64 { return b.BatchStats().Lingered.Seconds() }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "polygate_redis_state_losses_total", Help: "Scopes found lost by Redis (restart without persistence, failover to an empty replica) and re-asserted."},
 			func() float64 { return float64(b.StateLosses()) }),
 	}

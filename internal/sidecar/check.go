@@ -50,7 +50,7 @@ func printConfig(w io.Writer, cfg *config.Config) error {
 				"password": secret(r.Password), "db": r.DB, "key_prefix": r.KeyPrefix, "timeout": dur(r.Timeout),
 				"tls": r.TLS, "tls_ca_file": r.TLSCAFile, "tls_cert_file": r.TLSCertFile, "tls_key_file": r.TLSKeyFile,
 				"tls_server_name": r.TLSServerName, "on_unavailable": r.OnUnavailable, "replicas": r.Replicas,
-				"pool_size": r.PoolSize,
+				"pool_size": r.PoolSize, "batch_linger": dur(r.BatchLinger),
 			},
 		},
 		"telemetry": map[string]any{"path": cfg.Telemetry.Path, "retention": dur(cfg.Telemetry.Retention), "queue_size": cfg.Telemetry.QueueSize},
