@@ -1270,6 +1270,29 @@ BATCH_RUNS.src = function(map, cmap)
   return j, cj, bs, hc, hc and hc.b, CONF_SRC[cj]
 end
 
+-- BATCH_RUNS.first is a settle run's first load of its source's state hash
+-- key (b_first; its cache entry and breaker, nil where the batch did not
+-- name the key: b_load's own way), where the walk would load it: after the
+-- op's head (its argument args from p0: SETTLE's position and fields)
+-- reads, so that an op whose head does not read raises as settle would
+-- (nothing loaded: settle raises, op_check). Every settle of a batch's
+-- first run walked before (its hash not yet in CALL.h), ~450 bytecodes a
+-- call (docs/performance.md, twelfth session).
+BATCH_RUNS.first = function(key, args, p0)
+  local pre = CALL.pre[key]
+  if not pre then
+    return nil, nil
+  end
+  local at = p0 + S_UNPACK('<I4', args, p0) -- (op_block's)
+  if at ~= p0 + 8 then
+    return nil, nil
+  end
+  S_UNPACK(SETTLE.FMT, args, at) -- (raises where settle's does, before its b_load)
+  b_first(key, pre)
+  local c = CALL.h[key]
+  return c, c.b
+end
+
 -- BATCH_RUNS.flush (run_flush) records a settle run's successes counted and not yet
 -- recorded (settle_run: CALL.rc its cache entry, rpc its configuration,
 -- rnow their time, rfrom..rk the ops, rt the reply table of the last one
@@ -1288,14 +1311,17 @@ BATCH_RUNS.flush = function(k) -- run_flush (a field, not a local: the main func
   C.rc = false
   local b, last = c.b, C.rk
   local n = last - C.rfrom + 1
-  if last == k then
+  -- (k 0 is the run's end, no op: a run from the batch's first op that
+  -- counted none has rk 0 too, BATCH_RUNS.first's case)
+  local own = k ~= 0 and last == k
+  if own then
     n = n - 1
   end
   if n > 0 then
     b_record(b, C.rpc, C.rnow, false, n)
     C.rt[3] = b.win
   end
-  if last == k then
+  if own then
     b_record(b, C.rpc, C.rnow, false, 1)
   end
   c.saved_win = b.win
