@@ -118,3 +118,48 @@ func TestBatchFirstSettleRaisesByItsHeadFirst(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchFirstAdmitBehindALineReadsNoState: a batch of admits alone
+// whose first waits behind a line that is not empty loads its source's
+// state hash no more than the walk does (BATCH_RUNS.admit_first tests the
+// line first, as admit_run's exit: the walk refuses it in line, l_check,
+// without reading the hash). The hash is a string here: a read would
+// answer WRONGTYPE. (Fails with admit_first's line test dropped.)
+func TestBatchFirstAdmitBehindALineReadsNoState(t *testing.T) {
+	ctx := testCtx(t)
+	const scope = "batched"
+	b, h, c := batchFixture(t, redisgate.Options{}, scope)
+	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 1 })
+	waiter := func(id, place string) *gate.Waiter {
+		return &gate.Waiter{ID: id, Weight: 1, OtherWeight: 1, MaxTenants: 8, Lease: time.Minute, Places: map[string]string{"s": place}}
+	}
+	admit(t, ctx, b, scope, "held", src) // the slot: full
+	req := admitReq(scope, "a", src)
+	req.Line = waiter("w1", "earlier") // in line
+	if a, err := b.Admit(ctx, req); err != nil || a.Granted || len(a.Places) == 0 {
+		t.Fatalf("w1: %+v %v, want refused with a place", a, err)
+	}
+	key := b.SourceKey(scope, "s", "")
+	if err := c.Del(ctx, key).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Set(ctx, key, "not a hash", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]string, 2)
+	var fs []func()
+	for i, id := range []string{"w2", "w3"} {
+		fs = append(fs, func() {
+			req := admitReq(scope, id, src)
+			req.Line = waiter(id, "")
+			a, err := b.Admit(ctx, req)
+			out[i] = fmt.Sprint(a.Granted, " ", err)
+		})
+	}
+	runOps(t, b, h, scope, true, fs)
+	for i, o := range out {
+		if o != "false <nil>" {
+			t.Errorf("admit %d: %s, want refused in line without reading the state hash", i, o)
+		}
+	}
+}
