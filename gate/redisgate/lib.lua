@@ -334,7 +334,10 @@ end
 -- b_reset_round, b_record, b_open, b_settle, b_apply, restore.lua); the
 -- fields aside (the lease counts, the TTL's mark), which most ops change,
 -- every time. A copy of the whole record per save was ~5 k instructions,
--- a tenth of a settle's (docs/performance.md).
+-- a tenth of a settle's (docs/performance.md). c.saved starts with the
+-- fields aside alone where b_first read the record (c.srec, the record's
+-- string, nil for none: the other fields are its), and holds every field
+-- from the first copy of a changed breaker on (c.srec false).
 -- With now, it is also b_save's TTL mark for a CLOSED breaker without an
 -- override (idle_ttl, set again once an eighth of it has passed): the
 -- whole of b_save in the batch's cache for the early exits' case
@@ -346,7 +349,7 @@ local function b_keep(c, now, idle_ttl)
   end
   if b.bdirty then
     BREC.copy(b, c.saved)
-    b.bdirty, c.vdirty = false, true
+    b.bdirty, c.vdirty, c.srec = false, true, false
   else
     local d = c.saved
     d.held, d.lease_min, d.expire_at = b.held, b.lease_min, b.expire_at -- (BREC.copy_aside's)
@@ -361,6 +364,11 @@ end
 local function call_restore()
   for _, c in pairs(CALL.h) do
     local b = c.b
+    if c.srec ~= false then -- (saved holds the fields aside alone: the others are the record read, b_first)
+      for k, v in pairs(BREC.read(c.srec)) do
+        b[k] = v
+      end
+    end
     for k, v in pairs(c.saved) do
       b[k] = v
     end
@@ -425,9 +433,12 @@ local function b_first(key, pre)
     b.win = v[2] or WIN.ZERO
   end
   local f = {}
+  -- (saved as b_keep copies aside, its other fields the record read, srec:
+  -- the breaker's record is not unpacked twice; the first b_keep of a
+  -- changed breaker copies it whole, srec false)
   local c = {
-    b = b, f = f, dirty = {}, ttl = 0, idle_ttl = 0, saved = BREC.read(v[1] or nil), saved_win = b.win,
-    saved_wold = b.wold, vrec = false, vdirty = true,
+    b = b, f = f, dirty = {}, ttl = 0, idle_ttl = 0, saved = { held = b.held, lease_min = b.lease_min,
+    expire_at = b.expire_at }, srec = v[1] or nil, saved_win = b.win, saved_wold = b.wold, vrec = false, vdirty = true,
   }
   for i = pre.from, pre.to do
     f[argv[i]] = v[at + i - pre.from + 1]
@@ -469,8 +480,8 @@ local function b_load(key, window, lease)
   end
   if CALL then
     local c = {
-      b = b, f = {}, dirty = {}, ttl = 0, idle_ttl = 0, saved = BREC.read(nil), saved_win = false, saved_wold = false,
-      vrec = false, vdirty = true,
+      b = b, f = {}, dirty = {}, ttl = 0, idle_ttl = 0, saved = BREC.read(nil), srec = false, saved_win = false,
+      saved_wold = false, vrec = false, vdirty = true,
     }
     if lease then
       c.f[LEASE .. lease] = v[2]
