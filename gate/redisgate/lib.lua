@@ -1287,7 +1287,7 @@ end
 -- op's head (its argument args from p0: SETTLE's position and fields)
 -- reads, so that an op whose head does not read raises as settle would
 -- (nothing loaded: settle raises, op_check). Every settle of a batch's
--- first run walked before (its hash not yet in CALL.h), ~450 bytecodes a
+-- first run walked before (its hash not yet in CALL.h), ~400 bytecodes a
 -- call (docs/performance.md, twelfth session).
 BATCH_RUNS.first = function(key, args, p0)
   local pre = CALL.pre[key]
