@@ -227,6 +227,47 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
   return ADMIT_R.pack_memo(granted, probe, epoch, rejections, events, progress, now, places)
 end
 
+-- BATCH_RUNS.admit_first is an admit run's first load of its source's
+-- state hash (bs.q.state; b_first: its cache entry and breaker), settle's
+-- BATCH_RUNS.first for an admit: only where the walk of the op (args, from
+-- p0) would load it, after the reads that come before its b_load there,
+-- each as admit_run reads it (the head of one candidate, the scope's marker
+-- and progress, the ceiling and waiter's flag, the line's test); nil where
+-- the walk would not load it (the op raises, answers UNMARKED, or tests
+-- its line first): admit_run then walks, as before.
+BATCH_RUNS.admit_first = function(bs, args, p0)
+  local key = bs.q.state
+  local pre = CALL.pre[key]
+  if not pre or #args < p0 + 15 then
+    return nil, nil
+  end
+  local q1, _, q3, q4 = S_UNPACK('<I4I4I4I4', args, p0)
+  local _, _, _, nc, seen, cpos = S_UNPACK(ADMIT.FMT, args, p0 + q1)
+  if nc ~= 1 or q1 ~= 16 or cpos + 8 ~= p0 + q3 then
+    return nil, nil
+  end
+  local marked = seen ~= '*'
+  if not CALL.scoped then -- (admit_run's)
+    local marker = scope_read(CALL.scope, marked)
+    if marked then
+      CALL.scoped = true
+    end
+    if marked and marker ~= seen then
+      return nil, nil
+    end
+  elseif marked and CALL.got[CALL.scope.marker] ~= seen then
+    return nil, nil
+  end
+  local _, waits = S_UNPACK('<dd', args, cpos)
+  local l = bs.l
+  if waits == 1 and (S_UNPACK(PLACE.FMT, args, p0 + q4) ~= '' or not (l.empty or l_empty(l))) then
+    return nil, nil
+  end
+  b_first(key, pre)
+  local hc = CALL.h[key]
+  return hc, hc.b
+end
+
 -- BATCH_RUNS[OP_ADMIT] (admit_run) is batch_ops's for an admit, the i-th op (as settle_run's), and
 -- the admits that follow it with the same map and cmap: what they share is
 -- looked up once (the source's keys, its cache entry and breaker, its
@@ -244,6 +285,11 @@ end
 -- raises as admit would (st[1] names it).
 BATCH_RUNS[OP_ADMIT] = function(keys, argv, ao, i, n, out, st, args, map, cmap, p0) -- admit_run
   local j, cj, bs, hc, b, c = BATCH_RUNS.src(map, cmap)
+  if not hc and c and bs and c.rpm == 0 and c.tpm == 0 then
+    -- The source's state hash not loaded yet (a batch of admits alone):
+    -- loaded as the walk's b_load would, so that the run starts here.
+    hc, b = BATCH_RUNS.admit_first(bs, args, p0)
+  end
   if c and b and b.state == CLOSED and b.override == NO_OVERRIDE and c.rpm == 0 and c.tpm == 0 then
     local s, got, idle_ttl, cnow, f, dirty = CALL.scope, CALL.got, CONF_H.T.idle_ttl, CALL.now, hc.f, hc.dirty
     local maxc, clease, l = c.max_concurrency, c.lease, bs.l

@@ -334,7 +334,10 @@ end
 -- b_reset_round, b_record, b_open, b_settle, b_apply, restore.lua); the
 -- fields aside (the lease counts, the TTL's mark), which most ops change,
 -- every time. A copy of the whole record per save was ~5 k instructions,
--- a tenth of a settle's (docs/performance.md).
+-- a tenth of a settle's (docs/performance.md). c.saved starts with the
+-- fields aside alone where b_first read the record (c.srec, the record's
+-- string, nil for none: the other fields are its), and holds every field
+-- from the first copy of a changed breaker on (c.srec false).
 -- With now, it is also b_save's TTL mark for a CLOSED breaker without an
 -- override (idle_ttl, set again once an eighth of it has passed): the
 -- whole of b_save in the batch's cache for the early exits' case
@@ -346,7 +349,7 @@ local function b_keep(c, now, idle_ttl)
   end
   if b.bdirty then
     BREC.copy(b, c.saved)
-    b.bdirty, c.vdirty = false, true
+    b.bdirty, c.vdirty, c.srec = false, true, false
   else
     local d = c.saved
     d.held, d.lease_min, d.expire_at = b.held, b.lease_min, b.expire_at -- (BREC.copy_aside's)
@@ -361,6 +364,11 @@ end
 local function call_restore()
   for _, c in pairs(CALL.h) do
     local b = c.b
+    if c.srec ~= false then -- (saved holds the fields aside alone: the others are the record read, b_first)
+      for k, v in pairs(BREC.read(c.srec)) do
+        b[k] = v
+      end
+    end
     for k, v in pairs(c.saved) do
       b[k] = v
     end
@@ -425,9 +433,12 @@ local function b_first(key, pre)
     b.win = v[2] or WIN.ZERO
   end
   local f = {}
+  -- (saved as b_keep copies aside, its other fields the record read, srec:
+  -- the breaker's record is not unpacked twice; the first b_keep of a
+  -- changed breaker copies it whole, srec false)
   local c = {
-    b = b, f = f, dirty = {}, ttl = 0, idle_ttl = 0, saved = BREC.read(v[1] or nil), saved_win = b.win,
-    saved_wold = b.wold, vrec = false, vdirty = true,
+    b = b, f = f, dirty = {}, ttl = 0, idle_ttl = 0, saved = { held = b.held, lease_min = b.lease_min,
+    expire_at = b.expire_at }, srec = v[1] or nil, saved_win = b.win, saved_wold = b.wold, vrec = false, vdirty = true,
   }
   for i = pre.from, pre.to do
     f[argv[i]] = v[at + i - pre.from + 1]
@@ -469,8 +480,8 @@ local function b_load(key, window, lease)
   end
   if CALL then
     local c = {
-      b = b, f = {}, dirty = {}, ttl = 0, idle_ttl = 0, saved = BREC.read(nil), saved_win = false, saved_wold = false,
-      vrec = false, vdirty = true,
+      b = b, f = {}, dirty = {}, ttl = 0, idle_ttl = 0, saved = BREC.read(nil), srec = false, saved_win = false,
+      saved_wold = false, vrec = false, vdirty = true,
     }
     if lease then
       c.f[LEASE .. lease] = v[2]
@@ -1270,6 +1281,29 @@ BATCH_RUNS.src = function(map, cmap)
   return j, cj, bs, hc, hc and hc.b, CONF_SRC[cj]
 end
 
+-- BATCH_RUNS.first is a settle run's first load of its source's state hash
+-- key (b_first; its cache entry and breaker, nil where the batch did not
+-- name the key: b_load's own way), where the walk would load it: after the
+-- op's head (its argument args from p0: SETTLE's position and fields)
+-- reads, so that an op whose head does not read raises as settle would
+-- (nothing loaded: settle raises, op_check). Every settle of a batch's
+-- first run walked before (its hash not yet in CALL.h), ~400 bytecodes a
+-- call (docs/performance.md, twelfth session).
+BATCH_RUNS.first = function(key, args, p0)
+  local pre = CALL.pre[key]
+  if not pre then
+    return nil, nil
+  end
+  local at = p0 + S_UNPACK('<I4', args, p0) -- (op_block's)
+  if at ~= p0 + 8 then
+    return nil, nil
+  end
+  S_UNPACK(SETTLE.FMT, args, at) -- (raises where settle's does, before its b_load)
+  b_first(key, pre)
+  local c = CALL.h[key]
+  return c, c.b
+end
+
 -- BATCH_RUNS.flush (run_flush) records a settle run's successes counted and not yet
 -- recorded (settle_run: CALL.rc its cache entry, rpc its configuration,
 -- rnow their time, rfrom..rk the ops, rt the reply table of the last one
@@ -1288,14 +1322,17 @@ BATCH_RUNS.flush = function(k) -- run_flush (a field, not a local: the main func
   C.rc = false
   local b, last = c.b, C.rk
   local n = last - C.rfrom + 1
-  if last == k then
+  -- (k 0 is the run's end, no op: a run from the batch's first op that
+  -- counted none has rk 0 too, BATCH_RUNS.first's case)
+  local own = k ~= 0 and last == k
+  if own then
     n = n - 1
   end
   if n > 0 then
     b_record(b, C.rpc, C.rnow, false, n)
     C.rt[3] = b.win
   end
-  if last == k then
+  if own then
     b_record(b, C.rpc, C.rnow, false, 1)
   end
   c.saved_win = b.win

@@ -107,6 +107,12 @@ end
 -- Returns the number of the op after the run.
 BATCH_RUNS[OP_SETTLE] = function(keys, argv, ao, i, n, out, st, args, map, cmap, p0) -- settle_run
   local j, cj, bs, hc, b, pc = BATCH_RUNS.src(map, cmap)
+  if not hc and pc and bs then
+    -- The source's state hash not loaded yet (the batch's first op of the
+    -- source): loaded here as the walk's b_load would (b_first), so that
+    -- the run starts at this op rather than after its walk.
+    hc, b = BATCH_RUNS.first(bs.q.state, args, p0)
+  end
   if pc and b and b.win and b.state == CLOSED and b.override == NO_OVERRIDE
     and b.width == (pc.wwin == pc.window and pc.wid or bucket_width(pc)) then -- (b_record's first test: the walk's op sets it)
     local sp, got, put, idle_ttl, cnow, f, dirty = CALL.scope.progress, CALL.got, CALL.put, CONF_H.T.idle_ttl,
