@@ -100,6 +100,15 @@ func admitAt(t *testing.T, b *redisgate.Backend, src *gate.Source, at func(time.
 	})
 }
 
+// firstBatch starts every scenario: A admitted at 0 goes alone (back at
+// 4ms), B and C admitted at 1ms go together at 4ms (back at 8ms), and the
+// drain lingers after them.
+func firstBatch(t *testing.T, b *redisgate.Backend, src *gate.Source, at func(time.Duration, func())) {
+	admitAt(t, b, src, at, 0, "A")
+	admitAt(t, b, src, at, time.Millisecond, "B")
+	admitAt(t, b, src, at, time.Millisecond, "C")
+}
+
 // After a call of two ops or more, the next batch waits as long as that
 // call took (4ms), at most the linger, for the ops that arrive meanwhile;
 // after an op alone, or with the linger off, it goes at once. A sent at 0
@@ -107,9 +116,7 @@ func admitAt(t *testing.T, b *redisgate.Backend, src *gate.Source, at func(time.
 // 8ms), D queued at 5ms waits, and E queued at 9ms joins it.
 func TestBatchLingers(t *testing.T) {
 	ops := func(b *redisgate.Backend, src *gate.Source, at func(time.Duration, func())) {
-		admitAt(t, b, src, at, 0, "A")
-		admitAt(t, b, src, at, time.Millisecond, "B")
-		admitAt(t, b, src, at, time.Millisecond, "C")
+		firstBatch(t, b, src, at)
 		admitAt(t, b, src, at, 5*time.Millisecond, "D")
 		admitAt(t, b, src, at, 9*time.Millisecond, "E")
 	}
@@ -141,9 +148,7 @@ func TestBatchLingers(t *testing.T) {
 // linger, go at 9ms.
 func TestBatchLingerEndsFull(t *testing.T) {
 	calls, stats := lingerBubble(t, 10*time.Millisecond, func(b *redisgate.Backend, src *gate.Source, at func(time.Duration, func())) {
-		admitAt(t, b, src, at, 0, "A")
-		admitAt(t, b, src, at, time.Millisecond, "B")
-		admitAt(t, b, src, at, time.Millisecond, "C")
+		firstBatch(t, b, src, at)
 		for i := range 63 {
 			admitAt(t, b, src, at, 5*time.Millisecond, fmt.Sprint("D", i))
 		}
@@ -163,9 +168,7 @@ func TestBatchLingerCallerGivesUp(t *testing.T) {
 	var gaveErr error
 	calls, stats := lingerBubble(t, 10*time.Millisecond, func(b *redisgate.Backend, src *gate.Source, at func(time.Duration, func())) {
 		start := time.Now()
-		admitAt(t, b, src, at, 0, "A")
-		admitAt(t, b, src, at, time.Millisecond, "B")
-		admitAt(t, b, src, at, time.Millisecond, "C")
+		firstBatch(t, b, src, at)
 		at(5*time.Millisecond, func() {
 			ctx, cancel := context.WithDeadline(context.Background(), start.Add(10*time.Millisecond))
 			defer cancel()
@@ -188,9 +191,7 @@ func TestBatchLingerCallerGivesUp(t *testing.T) {
 // linger; the 6 left linger after them (from 12ms).
 func TestBatchNoLingerWhenFull(t *testing.T) {
 	calls, stats := lingerBubble(t, 10*time.Millisecond, func(b *redisgate.Backend, src *gate.Source, at func(time.Duration, func())) {
-		admitAt(t, b, src, at, 0, "A")
-		admitAt(t, b, src, at, time.Millisecond, "B")
-		admitAt(t, b, src, at, time.Millisecond, "C")
+		firstBatch(t, b, src, at)
 		for i := range 70 {
 			admitAt(t, b, src, at, 5*time.Millisecond, fmt.Sprint("D", i))
 		}
@@ -206,9 +207,7 @@ func TestBatchNoLingerWhenFull(t *testing.T) {
 // and the other 7 linger after them (from 13ms).
 func TestBatchLingerMoreThanFull(t *testing.T) {
 	calls, _ := lingerBubble(t, 10*time.Millisecond, func(b *redisgate.Backend, src *gate.Source, at func(time.Duration, func())) {
-		admitAt(t, b, src, at, 0, "A")
-		admitAt(t, b, src, at, time.Millisecond, "B")
-		admitAt(t, b, src, at, time.Millisecond, "C")
+		firstBatch(t, b, src, at)
 		admitAt(t, b, src, at, 5*time.Millisecond, "D")
 		for i := range 70 {
 			admitAt(t, b, src, at, 9*time.Millisecond, fmt.Sprint("E", i))
@@ -225,9 +224,7 @@ func TestBatchLingerMoreThanFull(t *testing.T) {
 // the rest linger after them.
 func TestBatchNoLingerWhenFullByKeys(t *testing.T) {
 	calls, stats := lingerBubble(t, 10*time.Millisecond, func(b *redisgate.Backend, src *gate.Source, at func(time.Duration, func())) {
-		admitAt(t, b, src, at, 0, "A")
-		admitAt(t, b, src, at, time.Millisecond, "B")
-		admitAt(t, b, src, at, time.Millisecond, "C")
+		firstBatch(t, b, src, at)
 		srcs := []*gate.Source{src, gatetest.Src("b"), gatetest.Src("c")}
 		for i := range 60 {
 			at(5*time.Millisecond, func() {
