@@ -127,7 +127,8 @@ local function admit(keys, argv, ao, map, p0, cmap, args)
     waits = WAITER.on_at(args, wpos)
   end
   -- (A batch's ops first try the early exit, admit_run: those it does
-  -- not take walk here.)
+  -- not take walk here. BATCH_RUNS.admit_first repeats the reads above,
+  -- in their order, before its b_load: change both.)
   -- With a waiter, walk[i] is what the walk found at candidate i: nil not
   -- reached, false the line empty and no place there (the waiter is not in
   -- line after the walk either: l_after is skipped), true reached and not
@@ -286,7 +287,8 @@ end
 BATCH_RUNS[OP_ADMIT] = function(keys, argv, ao, i, n, out, st, args, map, cmap, p0) -- admit_run
   local j, cj, bs, hc, b, c = BATCH_RUNS.src(map, cmap)
   if not hc and c and bs and c.rpm == 0 and c.tpm == 0 then
-    -- The source's state hash not loaded yet (a batch of admits alone):
+    -- The source's state hash not loaded yet (the batch's first op of its
+    -- source, e.g. a batch of admits alone):
     -- loaded as the walk's b_load would, so that the run starts here.
     hc, b = BATCH_RUNS.admit_first(bs, args, p0)
   end

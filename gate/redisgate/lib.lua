@@ -427,7 +427,7 @@ local function b_first(key, pre)
   local b = BREC.read(v[1] or nil)
   b.key = key
   b.raw = v[1]
-  b.bdirty = false -- (saved below as b_keep would: the record read again)
+  b.bdirty = false -- (saved below as b_keep would: its fields aside, the others srec's)
   if pre.window == 1 then
     b.wold = v[2]
     b.win = v[2] or WIN.ZERO

@@ -31,7 +31,8 @@ local function settle(keys, argv, ao, map, p0, cmap, args)
   local pc = cmap and CONF_SRC[BYTE[cmap] or string.byte(cmap, 1)] or op_conf(cmap, 1)
 
   -- (A batch's ops first try the early exit, settle_run: those it does
-  -- not take walk here.)
+  -- not take walk here. BATCH_RUNS.first repeats the reads above, in
+  -- their order, before its b_load: change both.)
   local hc = map and CALL.h[q.state]
   local a = SETTLE.T -- (SETTLE.into_at's table, b_settle's o)
   a.now, a.permit, a.epoch, a.probe, a.verdict, a.floor, a.actual, a.progress = snow, permit, epoch, probe, verdict,
