@@ -20,9 +20,9 @@ import (
 // its own function (admit.lua, settle.lua: a batch of one would cost Redis
 // more Lua work); under load an op waits for the call in flight and a
 // linger, and never longer than the Backend's timeout in all. Each RPC is
-// still one round trip, its op one of the batch's. A batch runs its settles first, then its admits,
-// each kind in arrival order (settlesFirst), atomically: the same as
-// separate calls back to back. All of a batch's ops were pending at once,
+// still one round trip, its op one of the batch's. A batch runs its
+// settles first, then its admits, each kind in arrival order
+// (settlesFirst), atomically: the same as separate calls back to back. All of a batch's ops were pending at once,
 // so any order of them is a legal interleaving of concurrent requests; this
 // one frees slots before the admits ask, and makes runs of one kind that
 // batch.lua decides together (batch_ops).
