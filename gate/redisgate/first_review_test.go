@@ -2,13 +2,8 @@ package redisgate_test
 
 import (
 	"encoding/binary"
-	"fmt"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/polygate/polygate/gate"
-	"github.com/polygate/polygate/gate/redisgate"
 )
 
 // TestBatchFirstSettleBadPositionTableRaisesAsTheWalk (review lua12r): the
@@ -17,29 +12,11 @@ import (
 // naming the blocks), not the unpack's: BATCH_RUNS.first reads SETTLE only
 // where at == p0 + 8. (Fails with first's `at ~= p0 + 8` test dropped.)
 func TestBatchFirstSettleBadPositionTableRaisesAsTheWalk(t *testing.T) {
-	ctx := testCtx(t)
-	const scope = "batched"
-	b, h, c := batchFixture(t, redisgate.Options{}, scope)
-	x := runsSource("x", 10*time.Second, 10*time.Second)
-	ps := make([]gate.Permit, 2)
-	for i := range ps {
-		ps[i] = admit(t, ctx, b, scope, fmt.Sprint("h", i), x).Permit
-	}
 	cut := &batchOpCutHook{k: 0, n: 2, rewrite: func(op []byte, p0 int) []byte {
 		binary.LittleEndian.PutUint32(op[p0:], 4000) // SETTLE's position: past the end
 		return op
 	}}
-	c.AddHook(cut)
-	cut.on.Store(true)
-	out := make([]string, 2)
-	var fs []func()
-	for i := range ps {
-		fs = append(fs, func() {
-			_, err := b.Settle(ctx, settleReq(scope, x, ps[i], gate.VerdictSuccess))
-			out[i] = fmt.Sprint(err)
-		})
-	}
-	runOps(t, b, h, scope, true, fs)
+	out := firstSettles(t, 2, false, cut)
 	if cut.on.Load() {
 		t.Fatal("no op rewritten")
 	}
@@ -59,31 +36,9 @@ func TestBatchFirstSettleBadPositionTableRaisesAsTheWalk(t *testing.T) {
 // hash, BATCH_RUNS.first, without its configuration: `pc` dropped from
 // its test.)
 func TestBatchFirstSettleWithoutItsConfRaisesAsTheWalk(t *testing.T) {
-	ctx := testCtx(t)
-	const scope = "batched"
-	b, h, c := batchFixture(t, redisgate.Options{}, scope)
-	x := runsSource("x", 10*time.Second, 10*time.Second)
-	ps := make([]gate.Permit, 2)
-	for i := range ps {
-		ps[i] = admit(t, ctx, b, scope, fmt.Sprint("h", i), x).Permit
-	}
-	key := b.SourceKey(scope, "x", "")
-	if err := c.Del(ctx, key).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Set(ctx, key, "not a hash", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-	c.AddHook(&confHook{fn: "_batch"})
-	errs := make([]error, 2)
-	var fs []func()
-	for i := range ps {
-		fs = append(fs, func() { _, errs[i] = b.Settle(ctx, settleReq(scope, x, ps[i], gate.VerdictSuccess)) })
-	}
-	runOps(t, b, h, scope, true, fs)
-	for i, err := range errs {
-		if err == nil || !strings.Contains(err.Error(), "an op names source configuration 1 of 0") {
-			t.Errorf("settle %d: %v, want the missing configuration named (the walk's first error)", i, err)
+	for i, err := range firstSettles(t, 2, true, &confHook{fn: "_batch"}) {
+		if !strings.Contains(err, "an op names source configuration 1 of 0") {
+			t.Errorf("settle %d: %s, want the missing configuration named (the walk's first error)", i, err)
 		}
 	}
 }

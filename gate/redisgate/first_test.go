@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/polygate/polygate/gate"
 	"github.com/polygate/polygate/gate/gatetest"
 	"github.com/polygate/polygate/gate/redisgate"
@@ -79,33 +81,8 @@ func TestBatchFirstOpRunEndsAtOnce(t *testing.T) {
 // error). (Fails with BATCH_RUNS.first loading before the op's SETTLE
 // reads: the first op's error is WRONGTYPE.)
 func TestBatchFirstSettleRaisesByItsHeadFirst(t *testing.T) {
-	ctx := testCtx(t)
-	const scope = "batched"
-	b, h, c := batchFixture(t, redisgate.Options{}, scope)
-	x := runsSource("x", 10*time.Second, 10*time.Second)
-	ps := make([]gate.Permit, 3)
-	for i := range ps {
-		ps[i] = admit(t, ctx, b, scope, fmt.Sprint("h", i), x).Permit
-	}
-	key := b.SourceKey(scope, "x", "")
-	if err := c.Del(ctx, key).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Set(ctx, key, "not a hash", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
 	cut := &batchOpCutHook{k: 0, n: 3}
-	c.AddHook(cut)
-	cut.on.Store(true)
-	out := make([]string, 3)
-	var fs []func()
-	for i := range ps {
-		fs = append(fs, func() {
-			_, err := b.Settle(ctx, settleReq(scope, x, ps[i], gate.VerdictSuccess))
-			out[i] = fmt.Sprint(err)
-		})
-	}
-	runOps(t, b, h, scope, true, fs)
+	out := firstSettles(t, 3, true, cut)
 	if cut.on.Load() {
 		t.Fatal("no op cut")
 	}
@@ -117,6 +94,45 @@ func TestBatchFirstSettleRaisesByItsHeadFirst(t *testing.T) {
 			t.Errorf("op %d: %s, want WRONGTYPE", i, out[i])
 		}
 	}
+}
+
+// firstSettles admits n permits of a source in a scope of their own, makes
+// its state key a string when corrupt, adds hook to the client (a
+// batchOpCutHook turned on), and settles the n as one batch: each one's
+// error, as text ("<nil>" for none).
+func firstSettles(t *testing.T, n int, corrupt bool, hook redis.Hook) []string {
+	t.Helper()
+	ctx := testCtx(t)
+	const scope = "batched"
+	b, h, c := batchFixture(t, redisgate.Options{}, scope)
+	x := runsSource("x", 10*time.Second, 10*time.Second)
+	ps := make([]gate.Permit, n)
+	for i := range ps {
+		ps[i] = admit(t, ctx, b, scope, fmt.Sprint("h", i), x).Permit
+	}
+	if corrupt {
+		key := b.SourceKey(scope, "x", "")
+		if err := c.Del(ctx, key).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Set(ctx, key, "not a hash", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.AddHook(hook)
+	if cut, ok := hook.(*batchOpCutHook); ok {
+		cut.on.Store(true)
+	}
+	out := make([]string, n)
+	var fs []func()
+	for i := range ps {
+		fs = append(fs, func() {
+			_, err := b.Settle(ctx, settleReq(scope, x, ps[i], gate.VerdictSuccess))
+			out[i] = fmt.Sprint(err)
+		})
+	}
+	runOps(t, b, h, scope, true, fs)
+	return out
 }
 
 // TestBatchFirstAdmitBehindALineReadsNoState: a batch of admits alone
