@@ -58,6 +58,16 @@ func openBackend(cfg *config.Config, log *slog.Logger, onChange func(degraded bo
 	return nil, fmt.Errorf("backend.kind %q is not supported", cfg.Backend.Kind)
 }
 
+// batchLinger is redisgate's Options.BatchLinger for backend.redis.batch_linger:
+// the same, but 0 (off) is negative there (a zero Options.BatchLinger is
+// its default).
+func batchLinger(configured time.Duration) time.Duration {
+	if configured == 0 {
+		return -1
+	}
+	return configured
+}
+
 // retryEvery is how often owed settles are retried while Redis does not
 // answer: the shortest poll_interval of the scopes at start, so a slot comes
 // back within one poll interval plus the Redis timeout of Redis's return.
@@ -88,11 +98,7 @@ func openRedis(r config.Redis, every time.Duration, log *slog.Logger, onChange f
 	}
 	opts.TLSConfig = tc
 	client := redis.NewUniversalClient(opts)
-	linger := r.BatchLinger
-	if linger == 0 {
-		linger = -1 // (off: a zero Options.BatchLinger is the default)
-	}
-	shared, err := redisgate.New(client, redisgate.Options{Prefix: r.KeyPrefix, Timeout: r.Timeout, BatchLinger: linger, Log: log, OnStateLoss: onLoss})
+	shared, err := redisgate.New(client, redisgate.Options{Prefix: r.KeyPrefix, Timeout: r.Timeout, BatchLinger: batchLinger(r.BatchLinger), Log: log, OnStateLoss: onLoss})
 	if err != nil {
 		_ = client.Close()
 		return nil, fmt.Errorf("backend.redis.key_prefix: %w", err)
