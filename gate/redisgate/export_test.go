@@ -3,7 +3,6 @@ package redisgate
 import (
 	"encoding/binary"
 	"math"
-	"time"
 
 	"github.com/polygate/polygate/gate"
 )
@@ -84,6 +83,9 @@ func (b *Backend) Gathering(scope string) int {
 // MaxBatchOps is the bound on a batch's ops.
 const MaxBatchOps = maxBatchOps
 
+// MaxRemembered bounds the scopes and the records a Backend remembers.
+const MaxRemembered = maxRemembered
+
 // SetMaxQueuedOps sets the bound on the ops waiting for a scope's next
 // batch until the test ends.
 func SetMaxQueuedOps(t interface{ Cleanup(func()) }, n int) {
@@ -98,7 +100,7 @@ func (b *Backend) TicksToWork(tick, recordTicks uint64) uint64 {
 }
 
 // Hear takes e as another replica's announcement on scope.
-func (b *Backend) Hear(scope string, e gate.Event) { b.memory.see(scope, []gate.Event{e}, time.Now()) }
+func (b *Backend) Hear(scope string, e gate.Event) { b.hear(scope, e) }
 
 // LoseAdmit queues req's give-back, as an Admit whose reply was lost does.
 func (b *Backend) LoseAdmit(req gate.AdmitRequest) { b.lostAdmit(req) }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -43,7 +44,11 @@ import (
 // every 50 ms tick cost a sidecar ~0.7% of a core for each such scope.
 
 // maxRemembered bounds the records (sources) and the scopes kept; names
-// come from announcements too, which any replica with the same prefix sends.
+// come from announcements too, which any replica with the same prefix sends
+// (or anyone who can PUBLISH to its Redis). A scope only heard of gives its
+// room up to one this Backend asks Redis of (memory.scope), so that the
+// announcements of other replicas' scopes never leave one of its own
+// unchecked after a loss.
 const maxRemembered = 10000
 
 // lossCheckEvery is how many ticks pass between two checks of a scope with
@@ -96,6 +101,12 @@ type memory struct {
 	// wake is rung when a scope is to be marked or re-asserted
 	// (RunGiveBacks's ticksToWork): the Backend's orphans.wake.
 	wake alarm
+	// heard counts the scopes only heard of (scopeMemory.own false).
+	heard int
+	// log notes a scope forgotten for room, and the first scope of this
+	// Backend's own refused room (full: nothing more is logged).
+	log  *slog.Logger
+	full bool
 }
 
 type scopeMemory struct {
@@ -104,21 +115,61 @@ type scopeMemory struct {
 	// before its first look.
 	marker string
 	loss   StateLoss
+	// own: this Backend asked Redis of the scope (an Admit, or the reply
+	// of one of its calls); false for a scope only heard of in
+	// announcements.
+	own bool
 }
 
 // scope is the named scope's memory, created if there is room; nil if not.
-// The caller holds m.mu.
-func (m *memory) scope(name string) *scopeMemory {
+// own: this Backend's own call asks, which takes the room of a scope only
+// heard of when there is none (forget). The caller holds m.mu.
+func (m *memory) scope(name string, own bool) *scopeMemory {
 	if m.scopes == nil {
 		m.scopes = map[string]*scopeMemory{}
 	}
 	sm := m.scopes[name]
-	if sm == nil && len(m.scopes) < maxRemembered {
+	if sm == nil {
+		if len(m.scopes) >= maxRemembered && !(own && m.forget(name, false)) {
+			if own && !m.full {
+				m.full = true
+				m.log.Error("no room to remember the scope's breakers: it is not checked for a loss of Redis's state",
+					"scope", name, "scopes_remembered", len(m.scopes), "max", maxRemembered)
+			}
+			return nil
+		}
 		sm = &scopeMemory{sources: map[string]*remembered{}}
 		m.scopes[name] = sm
+		m.heard++
 		m.wake.ring() // unmarked
 	}
+	if own && !sm.own {
+		sm.own = true
+		m.heard--
+	}
 	return sm
+}
+
+// forget drops one scope only heard of, with its records, to make room for
+// the scope own, this Backend's (records: room for a record, so a scope
+// that has some): whether there was one. The replicas that serve it
+// remember it and re-assert it themselves. The caller holds m.mu.
+func (m *memory) forget(own string, records bool) bool {
+	if m.heard == 0 {
+		return false // (the scan would find none)
+	}
+	for name, sm := range m.scopes {
+		if sm.own || records && len(sm.sources) == 0 {
+			continue
+		}
+		m.n -= len(sm.sources)
+		m.heard--
+		delete(m.scopes, name)
+		m.log.Warn("forgot a scope only heard of in announcements, to make room for one this replica serves",
+			"forgotten", name, "for", own, "records", len(sm.sources), "max", maxRemembered)
+		return true
+	}
+	return false
 }
 
 // unchecked is the marker an Admit passes for a scope this Backend has no
@@ -130,7 +181,7 @@ const unchecked = "*"
 func (m *memory) marker(scope string) string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	sm := m.scope(scope)
+	sm := m.scope(scope, true)
 	if sm == nil {
 		return unchecked
 	}
@@ -149,11 +200,11 @@ func (m *memory) suspect(scope string) {
 	}
 }
 
-// see records the breaker events of one reply or announcement.
-func (m *memory) see(scope string, events []gate.Event, now time.Time) {
+// see records the breaker events of one reply (own) or announcement.
+func (m *memory) see(scope string, events []gate.Event, now time.Time, own bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	sm := m.scope(scope)
+	sm := m.scope(scope, own)
 	if sm == nil {
 		return
 	}
@@ -163,6 +214,9 @@ func (m *memory) see(scope string, events []gate.Event, now time.Time) {
 		}
 		r := sm.sources[e.Source]
 		if r == nil {
+			if m.n >= maxRemembered && sm.own {
+				m.forget(scope, true)
+			}
 			if m.n >= maxRemembered {
 				continue
 			}
@@ -320,7 +374,7 @@ func (b *Backend) restore(ctx, rctx context.Context, scope string) error {
 
 	now := time.Now()
 	b.memory.mu.Lock()
-	sm := b.memory.scope(scope)
+	sm := b.memory.scope(scope, false)
 	if sm == nil {
 		b.memory.mu.Unlock()
 		return nil

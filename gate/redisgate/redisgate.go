@@ -122,7 +122,7 @@ func New(client redis.UniversalClient, o Options) (*Backend, error) {
 	}
 	b := &Backend{client: client, prefix: o.Prefix, idleTTL: o.IdleTTL.Milliseconds(), clock: o.Clock,
 		timeout: o.Timeout, linger: max(o.BatchLinger, 0), orphans: newOrphans(o.GiveBackQueue, o.Log), onLoss: o.OnStateLoss, replica: newReplica()}
-	b.memory.wake = b.orphans.wake
+	b.memory.wake, b.memory.log = b.orphans.wake, b.orphans.log
 	return b, nil
 }
 
@@ -333,7 +333,7 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 		b.lostAdmit(req) // it may have granted: nobody holds the permit
 		return gate.Admission{}, p.err
 	}
-	b.memory.see(req.Scope, out.Events, time.Now())
+	b.memory.see(req.Scope, out.Events, time.Now(), true)
 	return out, nil
 }
 
@@ -446,7 +446,7 @@ func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 		b.orphans.add(req, 1)
 		return gate.Settlement{}, p.err
 	}
-	b.memory.see(req.Scope, out.Events, time.Now())
+	b.memory.see(req.Scope, out.Events, time.Now(), true)
 	return out, nil
 }
 
@@ -648,7 +648,7 @@ func (b *Backend) Override(ctx context.Context, req gate.OverrideRequest) (gate.
 	if p.err != nil {
 		return gate.OverrideResult{}, p.err
 	}
-	b.memory.see(req.Scope, out.Events, time.Now())
+	b.memory.see(req.Scope, out.Events, time.Now(), true)
 	return out, nil
 }
 

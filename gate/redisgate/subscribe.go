@@ -40,11 +40,17 @@ func (b *Backend) Subscribe(ctx context.Context, handle func(scope string, e gat
 				return nil
 			}
 			if scope, e, err := decodeAnnouncement(m.Payload); err == nil {
-				b.memory.see(scope, []gate.Event{e}, time.Now())
+				b.hear(scope, e)
 				handle(scope, e)
 			}
 		}
 	}
+}
+
+// hear remembers another replica's announcement: of a scope this Backend
+// may not serve, so it takes no room from one it does (memory.scope).
+func (b *Backend) hear(scope string, e gate.Event) {
+	b.memory.see(scope, []gate.Event{e}, time.Now(), false)
 }
 
 // decodeAnnouncement reads the record ANN (a JSON array), as lib.lua's
