@@ -45,10 +45,10 @@ import (
 
 // maxRemembered bounds the records (sources) and the scopes kept; names
 // come from announcements too, which any replica with the same prefix sends
-// (or anyone who can PUBLISH to its Redis). A scope only heard of gives its
-// room up to one this Backend asks Redis of (memory.scope), so that the
-// announcements of other replicas' scopes never leave one of its own
-// unchecked after a loss.
+// (or anyone who can PUBLISH to its Redis). What was only heard of gives its
+// room up to what this Backend's own calls saw (memory.scope, memory.see),
+// never the other way round, so that announcements never leave one of its
+// scopes, or one of its breakers, unprotected after a loss.
 const maxRemembered = 10000
 
 // lossCheckEvery is how many ticks pass between two checks of a scope with
@@ -62,6 +62,9 @@ const recordCheckPeriod = 250 * time.Millisecond
 // remembered is what one source's breaker last said, as seen here.
 type remembered struct {
 	source *string
+	// own: an event of one of this Backend's replies said it; false for a
+	// record only heard of in announcements.
+	own bool
 	// openUntil is zero unless the breaker was last seen OPEN.
 	openUntil, openedAt time.Time
 	reopens             int
@@ -101,12 +104,38 @@ type memory struct {
 	// wake is rung when a scope is to be marked or re-asserted
 	// (RunGiveBacks's ticksToWork): the Backend's orphans.wake.
 	wake alarm
-	// heard counts the scopes only heard of (scopeMemory.own false).
-	heard int
-	// log notes a scope forgotten for room, and the first scope of this
-	// Backend's own refused room (full: nothing more is logged).
-	log  *slog.Logger
-	full bool
+	// heard counts the scopes only heard of (scopeMemory.own false), and
+	// heardRecs the records (remembered.own false, in any scope): what
+	// can make room for this Backend's own.
+	heard, heardRecs int
+	// log tells what was forgotten for room, and the first scope and the
+	// first record of this Backend's own refused room (refusedScope,
+	// refusedRecord: nothing more is logged); notes wait for m.mu's
+	// release (unlock), so that no caller waits on the log under it.
+	log                         *slog.Logger
+	notes                       []note
+	refusedScope, refusedRecord bool
+}
+
+// note is a line to log once m.mu is released.
+type note struct {
+	level slog.Level
+	msg   string
+	args  []any
+}
+
+// unlock releases m.mu, then logs the notes taken under it.
+func (m *memory) unlock() {
+	notes := m.notes
+	m.notes = nil
+	m.mu.Unlock()
+	log := m.log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	for _, n := range notes {
+		log.Log(context.Background(), n.level, n.msg, n.args...)
+	}
 }
 
 type scopeMemory struct {
@@ -123,18 +152,19 @@ type scopeMemory struct {
 
 // scope is the named scope's memory, created if there is room; nil if not.
 // own: this Backend's own call asks, which takes the room of a scope only
-// heard of when there is none (forget). The caller holds m.mu.
+// heard of when there is none (forget), and makes a scope heard of first
+// its own. The caller holds m.mu.
 func (m *memory) scope(name string, own bool) *scopeMemory {
 	if m.scopes == nil {
 		m.scopes = map[string]*scopeMemory{}
 	}
 	sm := m.scopes[name]
 	if sm == nil {
-		if len(m.scopes) >= maxRemembered && !(own && m.forget(name, false)) {
-			if own && !m.full {
-				m.full = true
-				m.log.Error("no room to remember the scope's breakers: it is not checked for a loss of Redis's state",
-					"scope", name, "scopes_remembered", len(m.scopes), "max", maxRemembered)
+		if len(m.scopes) >= maxRemembered && !(own && m.forget(name)) {
+			if own && !m.refusedScope {
+				m.refusedScope = true
+				m.notes = append(m.notes, note{slog.LevelError, "no room to remember the scope's breakers: it is not checked for a loss of Redis's state",
+					[]any{"scope", name, "scopes_remembered", len(m.scopes), "max", maxRemembered}})
 			}
 			return nil
 		}
@@ -150,24 +180,55 @@ func (m *memory) scope(name string, own bool) *scopeMemory {
 	return sm
 }
 
-// forget drops one scope only heard of, with its records, to make room for
-// the scope own, this Backend's (records: room for a record, so a scope
-// that has some): whether there was one. The replicas that serve it
-// remember it and re-assert it themselves. The caller holds m.mu.
-func (m *memory) forget(own string, records bool) bool {
+// forget drops a scope only heard of, with its records, to make room for
+// the scope own, this Backend's: one without records if there is one.
+// Whether there was one. The replicas that serve it remember it and
+// re-assert it themselves. The caller holds m.mu.
+func (m *memory) forget(own string) bool {
 	if m.heard == 0 {
 		return false // (the scan would find none)
 	}
-	for name, sm := range m.scopes {
-		if sm.own || records && len(sm.sources) == 0 {
-			continue
+	var name string
+	var gone *scopeMemory
+	for n, sm := range m.scopes {
+		if !sm.own && (gone == nil || len(sm.sources) < len(gone.sources)) {
+			name, gone = n, sm
+			if len(sm.sources) == 0 {
+				break
+			}
 		}
-		m.n -= len(sm.sources)
-		m.heard--
-		delete(m.scopes, name)
-		m.log.Warn("forgot a scope only heard of in announcements, to make room for one this replica serves",
-			"forgotten", name, "for", own, "records", len(sm.sources), "max", maxRemembered)
-		return true
+	}
+	if gone == nil {
+		return false // (heard miscounted: never, by TestMemoryRoomForScopes's counts)
+	}
+	m.n -= len(gone.sources)
+	m.heardRecs -= len(gone.sources) // (a scope heard of has no record of its own)
+	m.heard--
+	delete(m.scopes, name)
+	m.notes = append(m.notes, note{slog.LevelWarn, "forgot a scope only heard of in announcements, to make room for one this replica serves",
+		[]any{"forgotten", name, "records", len(gone.sources), "for", own, "max", maxRemembered}})
+	return true
+}
+
+// forgetRecord drops a record only heard of, to make room for one of this
+// Backend's own, of the source src of scope own: whether there was one.
+// The caller holds m.mu.
+func (m *memory) forgetRecord(own, src string) bool {
+	if m.heardRecs == 0 {
+		return false // (the scan would find none)
+	}
+	for name, sm := range m.scopes {
+		for s, r := range sm.sources {
+			if r.own {
+				continue
+			}
+			delete(sm.sources, s)
+			m.n--
+			m.heardRecs--
+			m.notes = append(m.notes, note{slog.LevelWarn, "forgot a breaker only heard of in announcements, to make room for one of this replica's own",
+				[]any{"forgotten_scope", name, "forgotten_source", s, "for_scope", own, "for_source", src, "max", maxRemembered}})
+			return true
+		}
 	}
 	return false
 }
@@ -180,7 +241,7 @@ const unchecked = "*"
 // marker is the scope's marker as this Backend last saw it, for Admit.
 func (m *memory) marker(scope string) string {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	sm := m.scope(scope, true)
 	if sm == nil {
 		return unchecked
@@ -200,10 +261,12 @@ func (m *memory) suspect(scope string) {
 	}
 }
 
-// see records the breaker events of one reply (own) or announcement.
+// see records the breaker events of one reply (own) or announcement. An
+// event that leaves a source nothing to re-assert (a transition to other
+// than OPEN, an override cleared) makes no record where there is none.
 func (m *memory) see(scope string, events []gate.Event, now time.Time, own bool) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	sm := m.scope(scope, own)
 	if sm == nil {
 		return
@@ -214,16 +277,26 @@ func (m *memory) see(scope string, events []gate.Event, now time.Time, own bool)
 		}
 		r := sm.sources[e.Source]
 		if r == nil {
-			if m.n >= maxRemembered && sm.own {
-				m.forget(scope, true)
+			if e.Kind == gate.EventTransition && e.To != gate.Open || e.Kind == gate.EventOverride && e.Override == gate.NoOverride {
+				continue
 			}
-			if m.n >= maxRemembered {
+			if m.n >= maxRemembered && !(own && m.forgetRecord(scope, e.Source)) {
+				if own && !m.refusedRecord {
+					m.refusedRecord = true
+					m.notes = append(m.notes, note{slog.LevelError, "no room to remember the breaker: it is not re-asserted after a loss of Redis's state",
+						[]any{"scope", scope, "source", e.Source, "records", m.n, "max", maxRemembered}})
+				}
 				continue
 			}
 			name := e.Source
 			r = &remembered{source: &name}
 			sm.sources[e.Source] = r
 			m.n++
+			m.heardRecs++
+		}
+		if own && !r.own {
+			r.own = true
+			m.heardRecs--
 		}
 		switch e.Kind {
 		case gate.EventTransition:
@@ -252,6 +325,9 @@ func (m *memory) restoreArgs(sm *scopeMemory, now time.Time) []remembered {
 		if r.empty(now) {
 			delete(sm.sources, name)
 			m.n--
+			if !r.own {
+				m.heardRecs--
+			}
 			continue
 		}
 		out = append(out, *r)
@@ -374,7 +450,7 @@ func (b *Backend) restore(ctx, rctx context.Context, scope string) error {
 
 	now := time.Now()
 	b.memory.mu.Lock()
-	sm := b.memory.scope(scope, false)
+	sm := b.memory.scopes[scope] // (marker made an Admit's; reassert's are there, unless forgotten since)
 	if sm == nil {
 		b.memory.mu.Unlock()
 		return nil

@@ -11,89 +11,161 @@ import (
 	"github.com/polygate/polygate/gate"
 )
 
-// TestMemoryRoom: a scope only heard of gives its room, scope or records, to
-// one this Backend asks Redis of, never the other way round; a scope heard
-// of first and asked of since is its own; one asked of with no room left is
-// logged once.
-func TestMemoryRoom(t *testing.T) {
-	var logged bytes.Buffer
-	newMemory := func() *memory {
-		logged.Reset()
-		return &memory{log: slog.New(slog.NewTextHandler(&logged, nil))}
-	}
-	now := time.Now()
-	opened := func(src string) []gate.Event {
-		return []gate.Event{{Kind: gate.EventTransition, Source: src, To: gate.Open, Cooldown: time.Hour}}
-	}
-	count := func(what string, want int) {
-		t.Helper()
-		if got := strings.Count(logged.String(), what); got != want {
-			t.Errorf("%d lines logged with %q, want %d:\n%s", got, what, want, logged.String())
+// roomFixture is a memory whose log is kept, with checks of its counts.
+type roomFixture struct {
+	t      *testing.T
+	m      *memory
+	logged bytes.Buffer
+}
+
+func newRoomFixture(t *testing.T) *roomFixture {
+	f := &roomFixture{t: t}
+	f.m = &memory{log: slog.New(slog.NewTextHandler(&f.logged, nil))}
+	return f
+}
+
+// counts checks the memory's counters against its maps, and its size.
+func (f *roomFixture) counts(scopes, heard, records, heardRecs int) {
+	f.t.Helper()
+	m := f.m
+	h, n, hr := 0, 0, 0
+	for _, sm := range m.scopes {
+		if !sm.own {
+			h++
+		}
+		for _, r := range sm.sources {
+			n++
+			if !r.own {
+				hr++
+			}
+			if r.own && !sm.own {
+				f.t.Errorf("a record of its own in a scope only heard of")
+			}
 		}
 	}
+	if h != m.heard || n != m.n || hr != m.heardRecs {
+		f.t.Fatalf("counters heard %d, n %d, heardRecs %d; the maps hold %d, %d, %d", m.heard, m.n, m.heardRecs, h, n, hr)
+	}
+	if len(m.scopes) != scopes || h != heard || n != records || hr != heardRecs {
+		f.t.Fatalf("%d scopes (%d heard of), %d records (%d heard of); want %d (%d), %d (%d)", len(m.scopes), h, n, hr, scopes, heard, records, heardRecs)
+	}
+}
 
-	// A scope's room.
-	m := newMemory()
-	m.see("served", nil, now, false) // heard of first,
-	m.see("served", nil, now, true)  // then asked of: its own
-	for i := range maxRemembered - 1 {
-		m.see(fmt.Sprintf("heard-%d", i), nil, now, false)
+// logs checks how many lines with what were logged since the last call.
+func (f *roomFixture) logs(what string, want int) {
+	f.t.Helper()
+	if got := strings.Count(f.logged.String(), what); got != want {
+		f.t.Errorf("%d lines logged with %q, want %d:\n%s", got, what, want, f.logged.String())
 	}
-	if len(m.scopes) != maxRemembered || m.heard != maxRemembered-1 {
-		t.Fatalf("%d scopes, %d only heard of; want %d, %d", len(m.scopes), m.heard, maxRemembered, maxRemembered-1)
-	}
-	m.see("late", opened("a"), now, false) // no room, and only heard of: dropped
-	if m.scopes["late"] != nil || m.n != 0 {
-		t.Fatal("a scope heard of took the room of another heard of")
-	}
-	m.see("new", opened("a"), now, true)
-	if sm := m.scopes["new"]; sm == nil || len(sm.sources) != 1 || !sm.own {
-		t.Fatal("a scope asked of found no room among scopes only heard of")
-	}
-	if m.scopes["served"] == nil {
-		t.Fatal("a scope heard of, then asked of, was forgotten for another")
-	}
-	if len(m.scopes) != maxRemembered || m.heard != maxRemembered-2 || m.n != 1 {
-		t.Errorf("%d scopes, %d only heard of, %d records; want %d, %d, 1", len(m.scopes), m.heard, m.n, maxRemembered, maxRemembered-2)
-	}
-	count("forgot a scope only heard of", 1)
+}
 
-	// A record's room: the scope forgotten is one with records, among a
-	// hundred without (which would free none).
-	m = newMemory()
-	m.see("served", opened("a"), now, false)
-	m.see("served", nil, now, true)
-	for i := range 100 {
-		m.see(fmt.Sprintf("bare-%d", i), nil, now, false)
-	}
-	for i := range maxRemembered - 1 {
-		m.see("other", opened(fmt.Sprintf("s-%d", i)), now, false)
-	}
-	m.see("bare-0", opened("a"), now, false) // no room for a record only heard of
-	if m.n != maxRemembered || len(m.scopes["bare-0"].sources) != 0 {
-		t.Fatalf("%d records, bare-0 has %d; want %d, 0", m.n, len(m.scopes["bare-0"].sources), maxRemembered)
-	}
-	m.see("served", opened("b"), now, true)
-	if sm := m.scopes["served"]; len(sm.sources) != 2 {
-		t.Fatalf("a record of a scope asked of found no room: %d records", len(sm.sources))
-	}
-	if m.scopes["other"] != nil || len(m.scopes) != 101 || m.n != 2 || m.heard != 100 {
-		t.Errorf("other kept %v, %d scopes, %d records, %d only heard of: want the scope with records forgotten, none of those without; 101, 2, 100",
-			m.scopes["other"] != nil, len(m.scopes), m.n, m.heard)
-	}
-	count("forgot a scope only heard of", 1)
+func opened(src string) []gate.Event {
+	return []gate.Event{{Kind: gate.EventTransition, Source: src, To: gate.Open, Cooldown: time.Hour}}
+}
 
-	// Every scope its own: none is forgotten, and the first refused is logged.
-	m = newMemory()
-	for i := range maxRemembered {
-		m.scope(fmt.Sprintf("own-%d", i), true)
+// own asks for the scope as this Backend's own call does (marker).
+func (f *roomFixture) own(scope string) *scopeMemory {
+	f.m.mu.Lock()
+	defer f.m.unlock()
+	return f.m.scope(scope, true)
+}
+
+// TestMemoryRoomForScopes: a scope only heard of gives its room to one
+// this Backend asks Redis of, one without records first; never the other
+// way round, and never a scope of its own, even one heard of first.
+func TestMemoryRoomForScopes(t *testing.T) {
+	const own, withRecord = maxRemembered / 2, 100
+	const bare = maxRemembered - 1 - own - withRecord
+	f := newRoomFixture(t)
+	now := time.Now()
+	f.m.see("served", opened("a"), now, false) // heard of first, with a record,
+	f.m.see("served", nil, now, true)          // then its own
+	for i := range own {
+		f.own(fmt.Sprintf("own-%d", i))
 	}
-	if m.scope("heard", false) != nil || m.scope("own-more", true) != nil || m.scope("own-more-2", true) != nil {
-		t.Fatal("room found past the bound among scopes all asked of")
+	for i := range withRecord {
+		f.m.see(fmt.Sprintf("rec-%d", i), opened("a"), now, false)
 	}
-	if m.marker("own-more") != unchecked {
-		t.Error("an Admit of a scope without room checks a marker the Backend never saw")
+	for i := range bare {
+		f.m.see(fmt.Sprintf("bare-%d", i), nil, now, false)
 	}
-	count("no room to remember", 1)
-	count("forgot", 0)
+	f.counts(maxRemembered, withRecord+bare, withRecord+1, withRecord+1)
+	f.m.see("late", opened("a"), now, false) // only heard of: no room
+	if f.m.scopes["late"] != nil {
+		t.Fatal("a scope heard of took the room of another")
+	}
+
+	for i := range bare { // the scopes without records go first
+		f.own(fmt.Sprintf("new-%d", i))
+	}
+	f.counts(maxRemembered, withRecord, withRecord+1, withRecord+1)
+	for i := range withRecord {
+		if f.m.scopes[fmt.Sprintf("rec-%d", i)] == nil {
+			t.Fatalf("rec-%d, heard of with a record, was forgotten while scopes without records were there", i)
+		}
+	}
+	for i := range withRecord { // then those with records
+		f.own(fmt.Sprintf("new-rec-%d", i))
+	}
+	f.counts(maxRemembered, 0, 1, 1) // served's record, heard of
+	if f.own("new-more") != nil || f.own("new-more-2") != nil || f.m.marker("new-more-3") != unchecked {
+		t.Fatal("room found past the bound among scopes all its own")
+	}
+	if f.m.scopes["served"] == nil {
+		t.Fatal("a scope heard of first, then its own, was forgotten")
+	}
+	for i := range own {
+		if f.m.scopes[fmt.Sprintf("own-%d", i)] == nil {
+			t.Fatalf("own-%d, a scope of its own, was forgotten for another", i)
+		}
+	}
+	f.logs("forgot a scope only heard of", bare+withRecord)
+	f.logs("no room to remember the scope's breakers", 1)
+}
+
+// TestMemoryRoomForRecords: a record only heard of gives its room to one of
+// this Backend's own (in any scope); a record of its own never does; an
+// event that leaves nothing to re-assert makes no record; a record pruned
+// as empty is counted out.
+func TestMemoryRoomForRecords(t *testing.T) {
+	f := newRoomFixture(t)
+	now := time.Now()
+	f.m.see("served", opened("a"), now, true)
+	f.m.see("served", opened("b"), now, false) // heard of, in a scope of its own
+	for i := range maxRemembered - 3 {
+		f.m.see("mine", opened(fmt.Sprintf("s-%d", i)), now, true)
+	}
+	f.m.see("other", []gate.Event{{Kind: gate.EventTransition, Source: "c", To: gate.Open, Cooldown: time.Millisecond}}, now, false)
+	f.counts(3, 1, maxRemembered, 2)
+
+	f.m.see("served", []gate.Event{{Kind: gate.EventTransition, Source: "z", To: gate.Closed}}, now, true)
+	f.m.see("served", []gate.Event{{Kind: gate.EventOverride, Source: "z", Override: gate.NoOverride}}, now, true)
+	f.counts(3, 1, maxRemembered, 2) // nothing to re-assert: no record, nothing forgotten
+	f.logs("forgot", 0)
+
+	f.m.see("heard", opened("d"), now, false) // a record only heard of: no room
+	f.m.see("served", opened("e"), now, true) // its own: takes a heard record's room
+	f.counts(4, 2, maxRemembered, 1)
+	f.logs("forgot a breaker only heard of", 1)
+	f.m.see("served", opened("b"), now, true) // a record heard of, said by its own reply since
+	f.counts(4, 2, maxRemembered, 0)
+	if r := f.m.scopes["served"].sources["b"]; r == nil || !r.own {
+		t.Fatal("a record heard of, then said by its own reply, is not its own")
+	}
+
+	f.m.see("served", opened("f"), now, true) // every record its own: no room
+	f.m.see("served", opened("g"), now, true)
+	if f.m.scopes["served"].sources["f"] != nil {
+		t.Fatal("a record of its own took the room of another of its own")
+	}
+	f.counts(4, 2, maxRemembered, 0)
+	f.logs("no room to remember the breaker", 1)
+
+	// A record heard of whose OPEN is over is pruned and counted out.
+	f2 := newRoomFixture(t)
+	f2.m.see("other", []gate.Event{{Kind: gate.EventTransition, Source: "c", To: gate.Open, Cooldown: time.Millisecond}}, now, false)
+	f2.m.see("served", opened("a"), now, true)
+	f2.counts(2, 1, 2, 1)
+	f2.m.restoreArgs(f2.m.scopes["other"], now.Add(time.Second))
+	f2.counts(2, 1, 1, 0)
 }
