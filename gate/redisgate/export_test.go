@@ -1,8 +1,10 @@
 package redisgate
 
 import (
+	"context"
 	"encoding/binary"
 	"math"
+	"time"
 
 	"github.com/polygate/polygate/gate"
 )
@@ -116,3 +118,28 @@ func (b *Backend) KeepArrivalOrder() { b.arrival = true }
 // SetArrivalOrder sets whether b's batches run in arrival order (on) or as
 // production does, settles first (off); between batches only.
 func (b *Backend) SetArrivalOrder(on bool) { b.arrival = on }
+
+// Reassert runs one pass of the background loss check, as RunGiveBacks's
+// tick number tick does.
+func (b *Backend) Reassert(ctx context.Context, tick, recordTicks uint64) error {
+	return b.reassert(ctx, tick, recordTicks)
+}
+
+// ExpireRemembered ends the OPEN of every record b remembers, as time
+// passing would.
+func (b *Backend) ExpireRemembered() {
+	b.memory.mu.Lock()
+	defer b.memory.mu.Unlock()
+	for _, sm := range b.memory.scopes {
+		for _, r := range sm.sources {
+			r.openUntil = time.Now().Add(-time.Millisecond)
+		}
+	}
+}
+
+// Remembered is how many scopes and records b remembers.
+func (b *Backend) Remembered() (scopes, records int) {
+	b.memory.mu.Lock()
+	defer b.memory.mu.Unlock()
+	return len(b.memory.scopes), b.memory.n
+}

@@ -104,10 +104,12 @@ type memory struct {
 	// wake is rung when a scope is to be marked or re-asserted
 	// (RunGiveBacks's ticksToWork): the Backend's orphans.wake.
 	wake alarm
-	// heard counts the scopes only heard of (scopeMemory.own false), and
-	// heardRecs the records (remembered.own false, in any scope): what
-	// can make room for this Backend's own.
-	heard, heardRecs int
+	// heardScopes are the scopes only heard of (scopeMemory.own false),
+	// each with a record at least, and heardRecs the records only heard of
+	// (remembered.own false, in any scope) with their scopes: what makes
+	// room for this Backend's own, any one of them taken at once.
+	heardScopes map[string]*scopeMemory
+	heardRecs   map[*remembered]*scopeMemory
 	// log tells what was forgotten for room, and the first scope and the
 	// first record of this Backend's own refused room (refusedScope,
 	// refusedRecord: nothing more is logged); notes wait for m.mu's
@@ -129,6 +131,9 @@ func (m *memory) unlock() {
 	notes := m.notes
 	m.notes = nil
 	m.mu.Unlock()
+	if len(notes) == 0 {
+		return
+	}
 	log := m.log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -139,6 +144,7 @@ func (m *memory) unlock() {
 }
 
 type scopeMemory struct {
+	name    string
 	sources map[string]*remembered
 	// marker is the value of the scope's marker this Backend last saw; ""
 	// before its first look.
@@ -146,17 +152,20 @@ type scopeMemory struct {
 	loss   StateLoss
 	// own: this Backend asked Redis of the scope (an Admit, or the reply
 	// of one of its calls); false for a scope only heard of in
-	// announcements.
+	// announcements, which is remembered while it has records.
 	own bool
 }
 
 // scope is the named scope's memory, created if there is room; nil if not.
 // own: this Backend's own call asks, which takes the room of a scope only
 // heard of when there is none (forget), and makes a scope heard of first
-// its own. The caller holds m.mu.
+// its own; else the caller adds a record to the scope at once (see). The
+// caller holds m.mu.
 func (m *memory) scope(name string, own bool) *scopeMemory {
 	if m.scopes == nil {
 		m.scopes = map[string]*scopeMemory{}
+		m.heardScopes = map[string]*scopeMemory{}
+		m.heardRecs = map[*remembered]*scopeMemory{}
 	}
 	sm := m.scopes[name]
 	if sm == nil {
@@ -168,67 +177,57 @@ func (m *memory) scope(name string, own bool) *scopeMemory {
 			}
 			return nil
 		}
-		sm = &scopeMemory{sources: map[string]*remembered{}}
+		sm = &scopeMemory{name: name, sources: map[string]*remembered{}, own: own}
 		m.scopes[name] = sm
-		m.heard++
+		if !own {
+			m.heardScopes[name] = sm
+		}
 		m.wake.ring() // unmarked
 	}
 	if own && !sm.own {
 		sm.own = true
-		m.heard--
+		delete(m.heardScopes, name)
 	}
 	return sm
 }
 
 // forget drops a scope only heard of, with its records, to make room for
-// the scope own, this Backend's: one without records if there is one.
-// Whether there was one. The replicas that serve it remember it and
-// re-assert it themselves. The caller holds m.mu.
+// the scope own, this Backend's: whether there was one. The replicas that
+// serve it remember it and re-assert it themselves. The caller holds m.mu.
 func (m *memory) forget(own string) bool {
-	if m.heard == 0 {
-		return false // (the scan would find none)
-	}
-	var name string
-	var gone *scopeMemory
-	for n, sm := range m.scopes {
-		if !sm.own && (gone == nil || len(sm.sources) < len(gone.sources)) {
-			name, gone = n, sm
-			if len(sm.sources) == 0 {
-				break
-			}
+	for _, sm := range m.heardScopes {
+		for _, r := range sm.sources {
+			delete(m.heardRecs, r) // (a scope heard of has no record of its own)
 		}
+		m.drop(sm)
+		m.notes = append(m.notes, note{slog.LevelWarn, "forgot a scope only heard of in announcements, to make room for one this replica serves",
+			[]any{"forgotten", sm.name, "records", len(sm.sources), "for", own, "max", maxRemembered}})
+		return true
 	}
-	if gone == nil {
-		return false // (heard miscounted: never, by TestMemoryRoomForScopes's counts)
-	}
-	m.n -= len(gone.sources)
-	m.heardRecs -= len(gone.sources) // (a scope heard of has no record of its own)
-	m.heard--
-	delete(m.scopes, name)
-	m.notes = append(m.notes, note{slog.LevelWarn, "forgot a scope only heard of in announcements, to make room for one this replica serves",
-		[]any{"forgotten", name, "records", len(gone.sources), "for", own, "max", maxRemembered}})
-	return true
+	return false
+}
+
+// drop forgets the scope sm. The caller holds m.mu.
+func (m *memory) drop(sm *scopeMemory) {
+	m.n -= len(sm.sources)
+	delete(m.scopes, sm.name)
+	delete(m.heardScopes, sm.name)
 }
 
 // forgetRecord drops a record only heard of, to make room for one of this
-// Backend's own, of the source src of scope own: whether there was one.
-// The caller holds m.mu.
+// Backend's own, of the source src of scope own: whether there was one. A
+// scope only heard of goes with its last record. The caller holds m.mu.
 func (m *memory) forgetRecord(own, src string) bool {
-	if m.heardRecs == 0 {
-		return false // (the scan would find none)
-	}
-	for name, sm := range m.scopes {
-		for s, r := range sm.sources {
-			if r.own {
-				continue
-			}
-			delete(sm.sources, s)
-			m.n--
-			m.heardRecs--
-			m.notes = append(m.notes, note{slog.LevelWarn, "forgot a breaker only heard of in announcements, to make room for one of this replica's own",
-				[]any{"forgotten_scope", name, "forgotten_source", s, "for_scope", own, "for_source", src, "max", maxRemembered}})
-			return true
+	for r, sm := range m.heardRecs {
+		delete(m.heardRecs, r)
+		delete(sm.sources, *r.source)
+		m.n--
+		if !sm.own && len(sm.sources) == 0 {
+			m.drop(sm)
 		}
+		m.notes = append(m.notes, note{slog.LevelWarn, "forgot a breaker only heard of in announcements, to make room for one of this replica's own",
+			[]any{"forgotten_scope", sm.name, "forgotten_source", *r.source, "for_scope", own, "for_source", src, "max", maxRemembered}})
+		return true
 	}
 	return false
 }
@@ -263,19 +262,27 @@ func (m *memory) suspect(scope string) {
 
 // see records the breaker events of one reply (own) or announcement. An
 // event that leaves a source nothing to re-assert (a transition to other
-// than OPEN, an override cleared) makes no record where there is none.
+// than OPEN, an override cleared) makes no record where there is none, and
+// an announcement no scope.
 func (m *memory) see(scope string, events []gate.Event, now time.Time, own bool) {
 	m.mu.Lock()
 	defer m.unlock()
-	sm := m.scope(scope, own)
-	if sm == nil {
-		return
+	var sm *scopeMemory
+	if own {
+		if sm = m.scope(scope, true); sm == nil {
+			return
+		}
+	} else {
+		sm = m.scopes[scope] // nil: made with its first record
 	}
 	for _, e := range events {
 		if e.Kind != gate.EventTransition && e.Kind != gate.EventOverride {
 			continue
 		}
-		r := sm.sources[e.Source]
+		var r *remembered
+		if sm != nil {
+			r = sm.sources[e.Source]
+		}
 		if r == nil {
 			if e.Kind == gate.EventTransition && e.To != gate.Open || e.Kind == gate.EventOverride && e.Override == gate.NoOverride {
 				continue
@@ -288,15 +295,22 @@ func (m *memory) see(scope string, events []gate.Event, now time.Time, own bool)
 				}
 				continue
 			}
+			if sm == nil {
+				if sm = m.scope(scope, false); sm == nil {
+					continue
+				}
+			}
 			name := e.Source
-			r = &remembered{source: &name}
+			r = &remembered{source: &name, own: own}
 			sm.sources[e.Source] = r
 			m.n++
-			m.heardRecs++
+			if !own {
+				m.heardRecs[r] = sm
+			}
 		}
 		if own && !r.own {
 			r.own = true
-			m.heardRecs--
+			delete(m.heardRecs, r)
 		}
 		switch e.Kind {
 		case gate.EventTransition:
@@ -318,19 +332,21 @@ func (m *memory) see(scope string, events []gate.Event, now time.Time, own bool)
 }
 
 // restoreArgs is what restore.lua needs for one scope: the records still
-// worth re-asserting (others are forgotten).
+// worth re-asserting. The others are forgotten, and a scope only heard of
+// with them (m.scopes[sm.name] != sm after). The caller holds m.mu.
 func (m *memory) restoreArgs(sm *scopeMemory, now time.Time) []remembered {
 	var out []remembered
 	for name, r := range sm.sources {
 		if r.empty(now) {
 			delete(sm.sources, name)
+			delete(m.heardRecs, r)
 			m.n--
-			if !r.own {
-				m.heardRecs--
-			}
 			continue
 		}
 		out = append(out, *r)
+	}
+	if !sm.own && len(sm.sources) == 0 {
+		m.drop(sm)
 	}
 	return out
 }
@@ -360,10 +376,16 @@ func (b *Backend) reassert(ctx context.Context, tick, recordTicks uint64) error 
 	b.memory.mu.Lock()
 	now := time.Now()
 	for name, sm := range b.memory.scopes {
-		switch {
-		case sm.marker == "" || sm.loss.Pending:
+		if sm.marker == "" || sm.loss.Pending {
 			due = append(due, name)
-		case tick%lossCheckEvery == 0 || tick%recordTicks == 0 && len(b.memory.restoreArgs(sm, now)) > 0:
+			continue
+		}
+		// Records are pruned at every record tick, a loss check's too.
+		records := tick%recordTicks == 0 && len(b.memory.restoreArgs(sm, now)) > 0
+		if b.memory.scopes[name] != sm {
+			continue // only heard of, and nothing left to re-assert: forgotten
+		}
+		if records || tick%lossCheckEvery == 0 {
 			check, seen = append(check, name), append(seen, sm.marker)
 		}
 	}
@@ -456,6 +478,10 @@ func (b *Backend) restore(ctx, rctx context.Context, scope string) error {
 		return nil
 	}
 	seen, recs := sm.marker, b.memory.restoreArgs(sm, now)
+	if b.memory.scopes[scope] != sm {
+		b.memory.mu.Unlock()
+		return nil // only heard of, and nothing left to re-assert: forgotten
+	}
 	b.memory.mu.Unlock()
 
 	tag := b.tag(scope)

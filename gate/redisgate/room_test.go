@@ -56,3 +56,25 @@ func TestOwnScopeTakesTheRoomOfScopesOnlyHeardOf(t *testing.T) {
 		})
 	}
 }
+
+// TestRecordTickPrunesOnALossCheckToo: a record whose OPEN is over is
+// pruned at every record tick, one that is also a loss check's included
+// (the two coincide at every record tick where recordTicks is
+// lossCheckEvery, as with a 12 ms poll_interval: nothing was pruned then
+// but by a loss), and a scope only heard of goes with its last record.
+func TestRecordTickPrunesOnALossCheckToo(t *testing.T) {
+	const lossCheckEvery = 20 // reassert.go's
+	ctx := testCtx(t)
+	srv := redistest.Start(t)
+	b := newBackend(t, srv.Client(t), redisgate.Options{})
+	b.Hear("other", gate.Event{Kind: gate.EventTransition, Source: "s", From: gate.Closed, To: gate.Open, Cooldown: time.Hour})
+	must(struct{}{}, b.Reassert(ctx, 1, lossCheckEvery))(t) // its first look: marked
+	if scopes, records := b.Remembered(); scopes != 1 || records != 1 {
+		t.Fatalf("remembered %d scopes, %d records; want 1, 1", scopes, records)
+	}
+	b.ExpireRemembered()
+	must(struct{}{}, b.Reassert(ctx, lossCheckEvery, lossCheckEvery))(t)
+	if scopes, records := b.Remembered(); scopes != 0 || records != 0 {
+		t.Errorf("after a record tick that is a loss check's too, remembered %d scopes, %d records; want the OPEN over pruned, and its scope only heard of", scopes, records)
+	}
+}
