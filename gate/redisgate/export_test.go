@@ -88,6 +88,10 @@ const MaxBatchOps = maxBatchOps
 // MaxRemembered bounds the scopes and the records a Backend remembers.
 const MaxRemembered = maxRemembered
 
+// LossCheckEvery is how many RunGiveBacks ticks pass between two checks of
+// a scope with nothing to re-assert.
+const LossCheckEvery = lossCheckEvery
+
 // SetMaxQueuedOps sets the bound on the ops waiting for a scope's next
 // batch until the test ends.
 func SetMaxQueuedOps(t interface{ Cleanup(func()) }, n int) {

@@ -777,6 +777,9 @@ type call[R any] struct {
 	b            *Backend
 	req          *R
 	tag, channel string // the scope's (names)
+	// seen: an admit's scope's marker as this Backend last saw it
+	// (memory.marker), read once for the argument's size and its bytes.
+	seen string
 }
 
 // admitArgs head the admit call; n candidates (candArgs) follow. What the
@@ -787,7 +790,7 @@ var admitArgs = args[call[gate.AdmitRequest]]{"ADMIT", []arg[call[gate.AdmitRequ
 	str("permit", func(c *call[gate.AdmitRequest]) string { return c.req.PermitID }),
 	num("tokens", func(c *call[gate.AdmitRequest]) int64 { return c.req.Tokens }),
 	num("n", func(c *call[gate.AdmitRequest]) int { return len(c.req.Candidates) }),
-	str("seen", func(c *call[gate.AdmitRequest]) string { return c.b.memory.marker(c.req.Scope) }), // see admit.lua's unmarked
+	str("seen", func(c *call[gate.AdmitRequest]) string { return c.seen }), // see admit.lua's unmarked
 }}
 
 // candArgs is one candidate of the admit call: what is the request's own;

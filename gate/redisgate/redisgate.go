@@ -354,7 +354,7 @@ func (b *Backend) admit(ctx context.Context, until time.Time, r *gate.AdmitReque
 	}
 	o.srcs = slices.Grow(o.srcs, n)[:n]
 	pk := &o.pk
-	pk.admit, pk.line = call[gate.AdmitRequest]{b, req, sn.tag, sn.channel}, lineArg{b, req.Line}
+	pk.admit, pk.line = call[gate.AdmitRequest]{b: b, req: req, tag: sn.tag, channel: sn.channel, seen: b.memory.marker(req.Scope)}, lineArg{b, req.Line}
 	size := admitArgs.size(&pk.admit) + waiterArgs.size(&pk.line)
 	for i := range req.Candidates {
 		c := &req.Candidates[i]
@@ -427,7 +427,7 @@ func (b *Backend) settle(ctx context.Context, req gate.SettleRequest) (gate.Sett
 	o.sreq = req
 	o.settle = &o.sreq
 	pk := &o.pk
-	pk.settle, pk.handoff, pk.src = call[gate.SettleRequest]{b, o.settle, sn.tag, sn.channel}, handoffArg{b, req.Line}, [1]string{req.Source.Name}
+	pk.settle, pk.handoff, pk.src = call[gate.SettleRequest]{b: b, req: o.settle, tag: sn.tag, channel: sn.channel}, handoffArg{b, req.Line}, [1]string{req.Source.Name}
 	o.srcs = pk.src[:]
 	o.keys = sn.appendKeys(append(o.keys, sn.scope...), o.srcs)
 	o.arg.start(o.headRoom(), 2, settleArgs.size(&pk.settle)+handoffArgs.size(&pk.handoff)) // SETTLE, HANDOFF
@@ -489,7 +489,7 @@ func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot
 	pk := b.peekKeysOf(req.Scope, req.Sources)
 	tag, keys := pk.tag, pk.keys
 	words := append(make([]any, 0, len(pk.words)+peekArgs.width()+(peekSourceArgs.width()+joinArgs.width())*n+lineReadArgs.width()+waiterArgs.width()), pk.words...)
-	args := peekArgs.pack(words, &call[gate.PeekRequest]{b, &req, tag, ""})
+	args := peekArgs.pack(words, &call[gate.PeekRequest]{b: b, req: &req, tag: tag})
 	for i := range req.Sources {
 		c := req.Candidate(i)
 		args = peekSourceArgs.pack(args, &c)
@@ -634,7 +634,7 @@ func (b *Backend) Override(ctx context.Context, req gate.OverrideRequest) (gate.
 	}
 	tag := b.tag(req.Scope)
 	keys := appendSourceKeys(make([]string, 0, len(sourceKeys.suffixes)), tag, req.Source.Name)
-	args := overrideArgs.pack(make([]any, 0, overrideArgs.width()), &call[gate.OverrideRequest]{b, &req, tag, tag + channelSuffix})
+	args := overrideArgs.pack(make([]any, 0, overrideArgs.width()), &call[gate.OverrideRequest]{b: b, req: &req, tag: tag, channel: tag + channelSuffix})
 	v, err := b.run(ctx, op, overrideScript, keys, args)
 	if err != nil {
 		return gate.OverrideResult{}, err

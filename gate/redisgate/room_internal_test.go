@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -223,4 +224,31 @@ func TestMemoryRoomForRecords(t *testing.T) {
 	f.m.restoreArgs(f.m.scopes["other"], now.Add(2*time.Hour))
 	f.m.restoreArgs(f.m.scopes["served"], now.Add(2*time.Hour))
 	f.counts(1, 0, 0, 0)
+}
+
+// BenchmarkMemoryOwnRecordWhenFull: a record of this Backend's own on a
+// memory full of records: it takes the room of a record only heard of, or
+// is refused where there is none. Each op of "heard" also puts a record
+// heard of back (the same again), "none" only refuses.
+func BenchmarkMemoryOwnRecordWhenFull(b *testing.B) {
+	now := time.Now()
+	for _, heard := range []bool{true, false} {
+		b.Run(map[bool]string{true: "heard", false: "none"}[heard], func(b *testing.B) {
+			m := &memory{}
+			for i := range maxRemembered - 1 {
+				m.see(fmt.Sprintf("own-%d", i%(maxRemembered/2)), opened("s-"+strconv.Itoa(i)), now, true)
+			}
+			m.see("other", opened("c"), now, !heard)
+			b.ResetTimer()
+			for i := range b.N {
+				m.see("own-0", opened("new"), now, true)
+				if heard {
+					sm := m.scopes["own-0"]
+					delete(sm.sources, "new")
+					m.n--
+					m.see("other", opened(fmt.Sprint("c", i)), now, false)
+				}
+			}
+		})
+	}
 }

@@ -63,7 +63,7 @@ func TestOwnScopeTakesTheRoomOfScopesOnlyHeardOf(t *testing.T) {
 // lossCheckEvery, as with a 12 ms poll_interval: nothing was pruned then
 // but by a loss), and a scope only heard of goes with its last record.
 func TestRecordTickPrunesOnALossCheckToo(t *testing.T) {
-	const lossCheckEvery = 20 // reassert.go's
+	const lossCheckEvery = redisgate.LossCheckEvery
 	ctx := testCtx(t)
 	srv := redistest.Start(t)
 	b := newBackend(t, srv.Client(t), redisgate.Options{})
