@@ -1,8 +1,6 @@
 package config
 
-import (
-	"time"
-)
+import "time"
 
 // Defaults, as documented in docs/configuration.md.
 const (

@@ -1,8 +1,6 @@
 package config
 
-import (
-	"time"
-)
+import "time"
 
 // The file shape: what YAML, environment and flags may say. Pointers tell an
 // absent key (the default applies) from an explicit value (used as given,
