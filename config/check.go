@@ -3,7 +3,6 @@ package config
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"regexp"
@@ -11,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/polygate/polygate/internal/boundedfile"
 )
 
 // Bounds of the fair share: a tenant's weight, the tenants a scope names or
@@ -150,7 +151,7 @@ func (c *checker) secret(key string, inline, file *string) string {
 		}
 		return *inline
 	case file != nil:
-		b, err := readBounded(*file, maxSecret)
+		b, err := boundedfile.Read(*file, maxSecret)
 		if err != nil {
 			c.fail(key+"_file", *file, fmt.Sprintf("a readable file of at most %d bytes holding the token (%v)", maxSecret, err))
 			return ""
@@ -162,22 +163,6 @@ func (c *checker) secret(key string, inline, file *string) string {
 		return tok
 	}
 	return ""
-}
-
-func readBounded(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, errors.Unwrap(err)
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("longer than %d bytes", limit)
-	}
-	return b, nil
 }
 
 // fileMode reads a unix socket mode written as an octal string ("0660").

@@ -14,6 +14,8 @@ import (
 	"github.com/knadh/koanf/providers/env/v2"
 	"github.com/knadh/koanf/providers/rawbytes"
 	"github.com/knadh/koanf/v2"
+
+	"github.com/polygate/polygate/internal/boundedfile"
 )
 
 //go:embed demo.yaml
@@ -93,7 +95,7 @@ func Load(o Options, environ []string) (*Config, error) {
 		err = k.Load(rawbytes.Provider(demo), yaml.Parser())
 	} else {
 		var data []byte
-		if data, err = readBounded(o.File, MaxFileBytes); err == nil {
+		if data, err = boundedfile.Read(o.File, MaxFileBytes); err == nil {
 			err = k.Load(rawbytes.Provider(data), yaml.Parser())
 		}
 	}

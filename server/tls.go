@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/polygate/polygate/config"
+	"github.com/polygate/polygate/internal/boundedfile"
 )
 
 // TLSConfig is the gRPC listener's TLS configuration, or nil when
@@ -111,13 +112,9 @@ func (f *certFiles) stampNow() string {
 }
 
 func certPool(key, path string) (*x509.CertPool, error) {
-	pem, err := os.ReadFile(path)
+	pool, err := boundedfile.CertPool(path)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", key, err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("%s %s: no PEM certificate in it", key, path)
+		return nil, fmt.Errorf("%s %s: %w", key, path, err)
 	}
 	return pool, nil
 }
