@@ -331,16 +331,7 @@ func sourceLine(l policy.LineState) *admissionv1.SourceLine {
 	return out
 }
 
-// StateLoss is what this replica saw of a shared backend losing a scope's
-// state (see redisgate.StateLoss).
-type StateLoss struct {
-	Count    uint64
-	Last     time.Time
-	Restored int
-	Pending  bool
-}
-
-func stateLoss(l StateLoss) *admissionv1.StateLoss {
+func stateLoss(l gate.StateLoss) *admissionv1.StateLoss {
 	out := &admissionv1.StateLoss{Count: l.Count, Restored: int32(min(l.Restored, math.MaxInt32)), ReassertPending: l.Pending}
 	if l.Count > 0 {
 		out.Last = timestamppb.New(l.Last)

@@ -21,7 +21,7 @@ type Server struct {
 
 	backend     gate.Backend
 	backendName func() string
-	stateLoss   func(scope string) StateLoss
+	stateLoss   func(scope string) gate.StateLoss
 	log         *slog.Logger
 	observer    observers
 	events      *hub
@@ -45,7 +45,7 @@ type Options struct {
 	BackendName func() string
 	// StateLoss, for a shared backend that can lose a scope's state (Redis),
 	// is what this replica saw of it, for DescribeScope.
-	StateLoss func(scope string) StateLoss
+	StateLoss func(scope string) gate.StateLoss
 	// Observers are told every decision, after the built-in log observer
 	// and event hub. An observer that also implements Abandoned(*policy.Call,
 	// string) is told of calls that end without a decision (expired idle,

@@ -69,7 +69,7 @@ type harnessOpts struct {
 	// loopback serves on a real TCP port instead of bufconn (benchmarks).
 	loopback bool
 	// stateLoss is Options.StateLoss.
-	stateLoss func(scope string) StateLoss
+	stateLoss func(scope string) gate.StateLoss
 }
 
 func start(t testing.TB, o harnessOpts) *harness {
