@@ -139,10 +139,11 @@ func (ch *unaryChain) admit(ctx context.Context, req any, handler grpc.UnaryHand
 	return handler(ctx, req)
 }
 
-// panicked logs a recovered panic with its stack and answers INTERNAL.
+// panicked logs a recovered panic with its stack and returns errPanic,
+// which the error edge (toStatus) answers as INTERNAL.
 func panicked(ctx context.Context, log *slog.Logger, p any) error {
 	log.ErrorContext(ctx, "panic in handler", "panic", p, "stack", string(debug.Stack()))
-	return status.Error(codes.Internal, "internal error")
+	return errPanic
 }
 
 // streamWorkers is the number of goroutines kept to serve RPCs. A new
