@@ -12,7 +12,7 @@ import (
 
 // printPeer writes, for each Redis attempt cell with a peer cell, the
 // ratio of redis-server's CPU per attempt cycle to its CPU per peer decision
-// (issue 11's target: ≤ 2), each round's when there were several, then what
+// (the target: at most 2), each round's when there were several, then what
 // Redis did per operation for each: the commands the peer sent, and the
 // connection reads each side's requests took.
 func (r *Report) printPeer(w io.Writer) {
