@@ -14,7 +14,7 @@ import (
 // TestErrorsShowValuesBounded: a configuration error names the key and
 // shows the value, but a hostile value (a 100 KB string from the file, the
 // environment or a flag) is cut, so that a rejected reload's log line stays
-// small. On main each of these errors echoed the whole value.
+// small.
 func TestErrorsShowValuesBounded(t *testing.T) {
 	long := strings.Repeat("A", 100_000)
 	const ok = "scopes:\n  s:\n    sources: [{name: a}]\n"
@@ -54,10 +54,10 @@ func TestErrorsShowValuesBounded(t *testing.T) {
 }
 
 // TestMaxConcurrencyIsBounded: max_concurrency is at most 2^53 (exact in
-// Lua's doubles and in the pacer's float64 ceiling). On main 2^63-1,
-// written to mean "no real limit", was accepted and the pacer's ceiling,
-// float64(2^63-1) converted back to int, wrapped to its floor of 1: the
-// source served one attempt at a time.
+// Lua's doubles and in the pacer's float64 ceiling). Were 2^63-1, written
+// to mean "no real limit", accepted, the pacer's ceiling, float64(2^63-1)
+// converted back to int, would wrap to its floor of 1: the source would
+// serve one attempt at a time.
 func TestMaxConcurrencyIsBounded(t *testing.T) {
 	for _, tc := range []struct {
 		value string
