@@ -30,7 +30,7 @@ func TestErrorsShowValuesBounded(t *testing.T) {
 		{"duration", "scopes:\n  s:\n    backoff: {base: " + long + "}\n    sources: [{name: a}]\n", nil, "backoff.base"},
 		{"number", "scopes:\n  s:\n    max_attempts: " + long + "\n    sources: [{name: a}]\n", nil, "max_attempts"},
 		{"environment value", ok, []string{"POLYGATE_SCOPES__S__CIRCUIT_OPEN=" + long}, "scopes.s.circuit_open"},
-		{"environment key", ok, []string{"POLYGATE_" + long + "=1"}, "invalid keys"},
+		{"environment key", ok, []string{"POLYGATE_" + long + "=1"}, "unknown key"},
 		{"environment source", ok, []string{"POLYGATE_SCOPES__S__SOURCES__" + long + "__RPM=1"}, "POLYGATE_SCOPES__S__SOURCES__"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -129,8 +129,8 @@ func TestManyErrorsAreCounted(t *testing.T) {
 	}
 }
 
-// TestManyDecodeErrorsAreCounted: the decoder's message (unknown keys,
-// wrong types) is cut to config.MaxErrors lines too.
+// TestManyDecodeErrorsAreCounted: the decoder's problems (unknown keys,
+// wrong types) are cut to config.MaxErrors too.
 func TestManyDecodeErrorsAreCounted(t *testing.T) {
 	var b strings.Builder
 	b.WriteString("scopes:\n  s:\n    sources:\n")
@@ -144,7 +144,7 @@ func TestManyDecodeErrorsAreCounted(t *testing.T) {
 	if lines := strings.Count(err.Error(), "\n"); lines > config.MaxErrors+1 {
 		t.Errorf("an error of %d lines, want at most config.MaxErrors + 1 = %d", lines, config.MaxErrors+1)
 	}
-	if !strings.Contains(err.Error(), "weight") || !strings.Contains(err.Error(), "more lines") {
+	if !strings.Contains(err.Error(), "weight") || !strings.Contains(err.Error(), "more problems") {
 		t.Errorf("error %.300s…, want the key named and the rest counted", err)
 	}
 }

@@ -58,16 +58,31 @@ func joinAtMost(errs []error) error {
 }
 
 // checker collects every problem of a configuration, so that one start
-// reports all of them.
-type checker struct{ errs []error }
+// reports all of them, each once: a scope's value that every source
+// inherits is one problem, where it is written, not one per source.
+type checker struct {
+	errs []error
+	seen map[string]bool
+}
 
 func (c *checker) fail(key string, value any, allowed string) {
-	c.errs = append(c.errs, &FieldError{Key: key, Value: value, Allowed: allowed})
+	e := &FieldError{Key: key, Value: value, Allowed: allowed}
+	if c.seen == nil {
+		c.seen = map[string]bool{}
+	}
+	if msg := e.Error(); !c.seen[msg] {
+		c.seen[msg] = true
+		c.errs = append(c.errs, e)
+	}
 }
 
 func (c *checker) oneOf(key, value string, allowed ...string) {
 	if !slices.Contains(allowed, value) {
-		c.fail(key, value, "allowed: "+strings.Join(allowed, ", "))
+		msg := "allowed: " + strings.Join(allowed, ", ")
+		if near := closest(value, allowed); near != "" {
+			msg += "; did you mean " + near + "?"
+		}
+		c.fail(key, value, msg)
 	}
 }
 
@@ -90,9 +105,9 @@ func (c *checker) duration(key string, d, least time.Duration) {
 	case d%time.Millisecond != 0:
 		c.fail(key, d, "durations are whole milliseconds (a Go duration with a unit, e.g. 60s or 250ms)")
 	case d < least:
-		c.fail(key, d, fmt.Sprintf("must be at least %v", least))
+		c.fail(key, d, "must be at least "+formatDuration(least))
 	case d > MaxDuration:
-		c.fail(key, d, fmt.Sprintf("must be at most %v (365 days)", MaxDuration))
+		c.fail(key, d, "must be at most "+formatDuration(MaxDuration)+" (365 days)")
 	}
 }
 
@@ -146,6 +161,10 @@ func (c *checker) secret(key string, inline, file *string) string {
 		c.fail(key+"_file", *file, "set "+key+" or "+key+"_file, not both")
 		return ""
 	case inline != nil:
+		if *inline == Redacted {
+			c.fail(key, *inline, "--check prints this in place of a secret; write the secret here, or set "+key+"_file or "+envName(key))
+			return ""
+		}
 		if strings.TrimSpace(*inline) == "" {
 			c.fail(key, "(blank)", "a token must not be blank; remove the key to turn it off")
 		}
@@ -173,6 +192,9 @@ func (c *checker) fileMode(key string, v any) os.FileMode {
 	case nil:
 		return 0
 	case string:
+		if v == "" {
+			return 0 // as --check prints an unset mode
+		}
 		m, err := strconv.ParseUint(strings.TrimPrefix(v, "0o"), 8, 32)
 		if err != nil || m > 0o777 || m == 0 {
 			c.fail(key, v, allowed)

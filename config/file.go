@@ -93,21 +93,22 @@ type fileCalls struct {
 }
 
 type fileScope struct {
-	CircuitOpen  *string          `koanf:"circuit_open"`
-	SourceDead   *string          `koanf:"source_dead"`
-	QuotaFull    *string          `koanf:"quota_full"`
-	MaxAttempts  *int             `koanf:"max_attempts"`
-	Backoff      fileBackoff      `koanf:"backoff"`
-	Backpressure fileBackpressure `koanf:"backpressure"`
-	LeaseGrace   *time.Duration   `koanf:"lease_grace"`
-	Breaker      fileBreaker      `koanf:"breaker"`
-	Sources      []fileSource     `koanf:"sources"`
-
-	Mode                *string        `koanf:"mode"`
-	Tenants             map[string]int `koanf:"tenants"`
-	DefaultTenantWeight *int           `koanf:"default_tenant_weight"`
-	MaxTenants          *int           `koanf:"max_tenants"`
-	PriorityAging       *time.Duration `koanf:"priority_aging"`
+	Mode                *string          `koanf:"mode"`
+	CircuitOpen         *string          `koanf:"circuit_open"`
+	SourceDead          *string          `koanf:"source_dead"`
+	QuotaFull           *string          `koanf:"quota_full"`
+	MaxAttempts         *int             `koanf:"max_attempts"`
+	Backoff             fileBackoff      `koanf:"backoff"`
+	Backpressure        fileBackpressure `koanf:"backpressure"`
+	LeaseGrace          *time.Duration   `koanf:"lease_grace"`
+	Tenants             map[string]int   `koanf:"tenants"`
+	DefaultTenantWeight *int             `koanf:"default_tenant_weight"`
+	MaxTenants          *int             `koanf:"max_tenants"`
+	PriorityAging       *time.Duration   `koanf:"priority_aging"`
+	// Breaker is nil when the file sets none; --check shows a scope's
+	// breaker keys on each of its sources, where they apply.
+	Breaker *fileBreaker `koanf:"breaker"`
+	Sources []fileSource `koanf:"sources"`
 }
 
 type fileBackoff struct {

@@ -91,7 +91,7 @@ func resolve(f *fileConfig) (*Config, error) {
 		// (No bound by timeout: a linger is never longer than the call
 		// before it, which timeout bounds.)
 		if l := r.BatchLinger; l%time.Millisecond != 0 || l < 0 || l > MaxRedisBatchLinger {
-			c.fail("backend.redis.batch_linger", l, fmt.Sprintf("must be whole milliseconds from 0 (off) to %v", MaxRedisBatchLinger))
+			c.fail("backend.redis.batch_linger", l, "must be whole milliseconds from 0 (off) to "+formatDuration(MaxRedisBatchLinger))
 		}
 		if !r.TLS && (r.TLSCAFile != "" || r.TLSCertFile != "" || r.TLSKeyFile != "" || r.TLSServerName != "") {
 			c.fail("backend.redis.tls", false, "must be true when backend.redis.tls_ca_file, tls_cert_file, tls_key_file or tls_server_name is set")
@@ -124,6 +124,10 @@ func resolve(f *fileConfig) (*Config, error) {
 	c.atLeast("events.max_watchers", int64(cfg.Events.MaxWatchers), 1)
 	cfg.Auth.Token = c.secret("auth.token", f.Auth.Token, f.Auth.TokenFile)
 	cfg.Auth.OperatorToken = c.secret("auth.operator_token", f.Auth.OperatorToken, f.Auth.OperatorTokenFile)
+	cfg.Auth.TokenFile, cfg.Auth.OperatorTokenFile = or(f.Auth.TokenFile, ""), or(f.Auth.OperatorTokenFile, "")
+	if cfg.Backend.Redis.Password == Redacted {
+		c.fail("backend.redis.password", Redacted, "--check prints this in place of a secret; write the password here, or set "+envName("backend.redis.password"))
+	}
 	if cfg.Auth.OperatorToken != "" && cfg.Auth.OperatorToken == cfg.Auth.Token {
 		c.fail("auth.operator_token", "(same as auth.token)", "must differ from auth.token, or the application could act as the operator")
 	}
@@ -165,7 +169,7 @@ func resolve(f *fileConfig) (*Config, error) {
 	}
 	if longest > 0 && cfg.Calls.IdleTimeout <= longest {
 		c.fail("calls.idle_timeout", cfg.Calls.IdleTimeout, fmt.Sprintf(
-			"must be longer than the longest permit lease (%s: timeout + lease_grace = %v), or a call would be forgotten during its own attempt", longestKey, longest))
+			"must be longer than the longest permit lease (%s: timeout + lease_grace = %s), or a call would be forgotten during its own attempt", longestKey, formatDuration(longest)))
 	}
 	if len(c.errs) > 0 {
 		return nil, joinAtMost(c.errs)
@@ -217,13 +221,13 @@ func resolveScope(c *checker, name string, f *fileScope) *Scope {
 	c.duration(key+".backoff.base", s.BackoffBase, time.Millisecond)
 	c.duration(key+".backoff.max", s.BackoffMax, time.Millisecond)
 	if s.BackoffMax < s.BackoffBase {
-		c.fail(key+".backoff.max", s.BackoffMax, fmt.Sprintf("must be at least backoff.base (%v)", s.BackoffBase))
+		c.fail(key+".backoff.max", s.BackoffMax, "must be at least backoff.base ("+formatDuration(s.BackoffBase)+")")
 	}
 	c.duration(key+".backoff.max_retry_after", s.MaxRetryAfter, time.Millisecond)
 	c.duration(key+".backpressure.stall_window", s.StallWindow, time.Millisecond)
 	c.duration(key+".backpressure.poll_interval", s.PollInterval, time.Millisecond)
 	if s.PollInterval > s.StallWindow {
-		c.fail(key+".backpressure.poll_interval", s.PollInterval, fmt.Sprintf("must be at most stall_window (%v)", s.StallWindow))
+		c.fail(key+".backpressure.poll_interval", s.PollInterval, "must be at most stall_window ("+formatDuration(s.StallWindow)+")")
 	}
 	c.duration(key+".lease_grace", s.LeaseGrace, 0)
 
@@ -263,7 +267,7 @@ func resolveScope(c *checker, name string, f *fileScope) *Scope {
 		c.atLeast(skey+".rpm", src.RPM, 0)
 		c.atLeast(skey+".tpm", src.TPM, 0)
 		c.duration(skey+".timeout", src.Timeout, time.Millisecond)
-		src.Breaker, src.ProbeTTLDerived = resolveBreaker(c, key, skey, &f.Breaker, &fs.Breaker, src.Timeout, slowest)
+		src.Breaker, src.ProbeTTLDerived = resolveBreaker(c, key, skey, or(f.Breaker, fileBreaker{}), &fs.Breaker, src.Timeout, slowest)
 		s.Sources = append(s.Sources, src)
 	}
 	return s
@@ -271,7 +275,7 @@ func resolveScope(c *checker, name string, f *fileScope) *Scope {
 
 // resolveBreaker merges a source's breaker keys over its scope's, key by key,
 // and derives probe_ttl when neither sets it.
-func resolveBreaker(c *checker, scopeKey, sourceKey string, scope, src *fileBreaker, timeout, slowest time.Duration) (p gate.BreakerPolicy, derived bool) {
+func resolveBreaker(c *checker, scopeKey, sourceKey string, scope fileBreaker, src *fileBreaker, timeout, slowest time.Duration) (p gate.BreakerPolicy, derived bool) {
 	// Errors name the key that set the value: the source's, else the scope's.
 	pick := func(bySource bool, name string) string {
 		if bySource {
@@ -294,9 +298,9 @@ func resolveBreaker(c *checker, scopeKey, sourceKey string, scope, src *fileBrea
 	c.duration(pick(src.Cooldown != nil, "cooldown"), p.Cooldown, time.Millisecond)
 	c.duration(pick(src.MaxCooldown != nil, "max_cooldown"), p.MaxCooldown, time.Millisecond)
 	if p.MaxCooldown < p.Cooldown {
-		allowed := fmt.Sprintf("must be at least cooldown (%v)", p.Cooldown)
+		allowed := "must be at least cooldown (" + formatDuration(p.Cooldown) + ")"
 		if src.MaxCooldown == nil && scope.MaxCooldown == nil {
-			allowed += fmt.Sprintf("; it is the default %v here, so set breaker.max_cooldown too", DefaultMaxCooldown)
+			allowed += "; it is the default " + formatDuration(DefaultMaxCooldown) + " here, so set breaker.max_cooldown too"
 		}
 		c.fail(pick(src.MaxCooldown != nil, "max_cooldown"), p.MaxCooldown, allowed)
 	}
