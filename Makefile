@@ -36,13 +36,15 @@ test: tools redis-server chromium check-generated lint pytypes gotest fuzz pytes
 
 ci: test
 
-tools: $(BIN)/buf $(GO_TOOLS) $(BIN)/ratelimit
+tools: $(BIN)/buf $(GO_TOOLS) $(BIN)/ratelimit $(BIN)/staticcheck
 
-# Go tools at the versions pinned in tools/go.mod, tools/buf/go.mod and
-# tools/ratelimit/go.mod (envoy's ratelimit service: the peer make bench
-# measures, and internal/bench's tests start).
+# Go tools at the versions pinned in tools/go.mod, tools/buf/go.mod,
+# tools/staticcheck/go.mod and tools/ratelimit/go.mod (envoy's ratelimit
+# service: the peer make bench measures, and internal/bench's tests start).
 $(BIN)/ratelimit: tools/ratelimit/go.mod
 	cd tools/ratelimit && go build -o $(BIN)/ratelimit github.com/envoyproxy/ratelimit/src/service_cmd
+$(BIN)/staticcheck: tools/staticcheck/go.mod
+	cd tools/staticcheck && go build -o $(BIN)/ honnef.co/go/tools/cmd/staticcheck
 $(BIN)/buf: tools/buf/go.mod
 	cd tools/buf && go build -o $(BIN)/ github.com/bufbuild/buf/cmd/buf
 $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/grpcurl: tools/go.mod
@@ -85,10 +87,12 @@ check-generated: generate
 	@git diff --exit-code --stat -- gen/ $(PYGEN) || { echo "generated code is stale: run make generate and commit"; exit 1; }
 	@test -z "$$(git status --porcelain -- gen/ $(PYGEN))" || { git status --porcelain -- gen/ $(PYGEN); echo "untracked generated files: run make generate and commit"; exit 1; }
 
-## lint: gofmt, go vet, buf lint and buf breaking against main
+## lint: gofmt, go vet, staticcheck (every package but gen/, a module of its
+## own), buf lint and buf breaking against main
 lint: tools
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '^gen/'); echo "gofmt needed"; exit 1; }
 	go vet ./...
+	$(BIN)/staticcheck ./...
 	$(BIN)/buf lint
 	@if git rev-parse --verify -q main >/dev/null; then $(BIN)/buf breaking --against '$(BUF_AGAINST)'; else echo "no main branch: buf breaking skipped"; fi
 

@@ -3,12 +3,10 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
 
@@ -21,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/internal/boundedfile"
 )
 
 const usageText = `usage: polygatectl [options] COMMAND [ARGS] [options]
@@ -233,9 +232,9 @@ func (o *options) check(getenv func(string) string) (string, error) {
 	}
 	token, from := o.token, "--token"
 	if o.tokenFile != "" {
-		b, err := readBounded(o.tokenFile, maxTokenFileLen)
+		b, err := boundedfile.Read(o.tokenFile, maxTokenFileLen)
 		if err != nil {
-			return "", fmt.Errorf("--token-file: %w", err)
+			return "", fmt.Errorf("--token-file %s: %w", o.tokenFile, err)
 		}
 		token, from = strings.TrimSpace(string(b)), "--token-file "+o.tokenFile
 		if token == "" {
@@ -263,14 +262,11 @@ func (o *options) dial() (*grpc.ClientConn, error) {
 	if o.tls {
 		cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: o.serverName}
 		if o.caFile != "" {
-			pem, err := readBounded(o.caFile, 1<<20)
+			pool, err := boundedfile.CertPool(o.caFile)
 			if err != nil {
-				return nil, fmt.Errorf("--ca-file: %w", err)
+				return nil, fmt.Errorf("--ca-file %s: %w", o.caFile, err)
 			}
-			cfg.RootCAs = x509.NewCertPool()
-			if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("--ca-file %s: no PEM certificate in it", o.caFile)
-			}
+			cfg.RootCAs = pool
 		}
 		if o.certFile != "" {
 			cert, err := tls.LoadX509KeyPair(o.certFile, o.keyFile)
@@ -286,22 +282,6 @@ func (o *options) dial() (*grpc.ClientConn, error) {
 		return nil, fmt.Errorf("--addr %q: %w", bounded(o.addr, 64), err)
 	}
 	return conn, nil
-}
-
-func readBounded(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("%s is larger than %d bytes", path, limit)
-	}
-	return b, nil
 }
 
 // cli runs one command against a connected sidecar.

@@ -1,5 +1,5 @@
 """Harness of the Python end-to-end tests: the real sidecar binary and the
-fake upstream of e2e/upstream, both built with `go build` once per session
+fake upstream of e2e/upstream, both built with `go build` once per test run
 (or taken from POLYGATE_SIDECAR_BIN / POLYGATE_FAKEUPSTREAM_BIN), started on
 free ports and stopped when each test ends."""
 

@@ -42,9 +42,9 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return err
 	}
 	if opts.Check {
-		// stdout carries the JSON document alone, for scripts.
+		// stdout carries the document alone, for scripts.
 		fmt.Fprintf(stderr, "configuration OK: %s\n", configName(opts))
-		return printConfig(stdout, cfg)
+		return config.Print(stdout, cfg, opts.Output)
 	}
 	level := new(slog.LevelVar)
 	log := newLogger(cfg.Log, level, stderr)

@@ -59,7 +59,7 @@ type sidecarDeps struct {
 	watchBuffer  int
 	// stateLoss, for a backend that can lose a scope's state (Redis), is
 	// what it saw of that, for DescribeScope (nil: none).
-	stateLoss func(scope string) server.StateLoss
+	stateLoss func(scope string) gate.StateLoss
 	// created is told the server as soon as it exists, before anything
 	// listens (a scrape reads the backend, which may report its health).
 	created func(*server.Server)
