@@ -72,6 +72,7 @@ def test_the_package_imports_without_a_cycle() -> None:
     mods = modules()
     graph = {name: imports(name, path, set(mods)) for name, path in mods.items()}
     assert graph["polygate._types"] >= {"polygate._outcome", "polygate._classify"}, "the walk finds imports (else it proves nothing)"
+    assert "polygate.httpx" in graph["polygate.transport"], "imports inside the package are resolved"
     assert cycle(graph) == []
 
 
