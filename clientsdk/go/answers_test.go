@@ -339,3 +339,18 @@ func tlsFreeSidecar(t *testing.T, token string) (string, func()) {
 	t.Cleanup(srv.Stop)
 	return lis.Addr().String(), srv.Stop
 }
+
+// A request that could not be made (a source without base_url) ends in an
+// error naming why, not in a response standing for the verdict.
+func TestTransport_AnUnsentRequestIsAnError(t *testing.T) {
+	sc := &scripted{}
+	addr, _ := serveScripted(t, sc)
+	c := dial(t, addr)
+	sc.set(grantOn("bare", ""), &admissionv1.RecordOutcomeResponse{Next: &admissionv1.RecordOutcomeResponse_Failure{
+		Failure: failure(admissionv1.FailureReason_FAILURE_REASON_NON_RETRYABLE, 0)}}, nil)
+	resp, err := post(t, c)
+	var f *polygate.FailureError
+	if resp != nil || err == nil || !strings.Contains(err.Error(), "not an absolute URL") || !errors.As(err, &f) {
+		t.Errorf("Do = %v, %v; want an error naming the base_url, wrapping the verdict", resp, err)
+	}
+}

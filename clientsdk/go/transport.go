@@ -133,7 +133,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			resp.resp.Header.Set(HeaderCallID, resp.callID)
 		}
 		return resp.resp, nil
-	case errors.As(err, &failure):
+	case errors.As(err, &failure) && (resp == nil || resp.unsent == nil):
 		if resp != nil && resp.resp != nil {
 			return withFailure(resp.resp, req, failure), nil // the upstream's own words
 		}
@@ -146,6 +146,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	if resp != nil {
 		resp.close()
+		if resp.unsent != nil {
+			err = fmt.Errorf("polygate: %w (%w)", resp.unsent, err)
+		}
 	}
 	if err == nil {
 		err = fmt.Errorf("polygate: call of scope %s ended without a response: %s", t.Scope, resp.result.Detail)
@@ -187,6 +190,10 @@ type sent struct {
 	result Result
 	cancel context.CancelFunc // cancels the request
 	callID string
+	// unsent is why the request could not be made (no usable base_url,
+	// Prepare's error, the body's): the call's end is then an error, not a
+	// response standing for a verdict.
+	unsent error
 }
 
 func (s *sent) close() {
@@ -209,19 +216,23 @@ func (t *Transport) attempt(ctx context.Context, base http.RoundTripper, orig *h
 		s.result = Result{Outcome: outcome, Detail: err.Error()}
 		return s
 	}
+	unsent := func(err error) *sent {
+		s.unsent = err
+		return fail(ClientError, err)
+	}
 	req := orig.Clone(rctx)
 	if err := pointAt(req, a); err != nil {
-		return fail(ClientError, err)
+		return unsent(err)
 	}
 	body, err := getBody()
 	if err != nil {
-		return fail(ClientError, fmt.Errorf("request body: %w", err))
+		return unsent(fmt.Errorf("request body: %w", err))
 	}
 	req.Body = body
 	if t.Prepare != nil {
 		if err := t.Prepare(req, a); err != nil {
 			req.Body.Close()
-			return fail(ClientError, fmt.Errorf("Transport.Prepare for source %s: %w", a.Source, err))
+			return unsent(fmt.Errorf("Transport.Prepare for source %s: %w", a.Source, err))
 		}
 	}
 	resp, err := base.RoundTrip(req)
@@ -246,7 +257,8 @@ func (t *Transport) attempt(ctx context.Context, base http.RoundTripper, orig *h
 		}
 	}
 	head, complete, err := peek(resp, limit)
-	if err != nil {
+	if err != nil { // peek closed the body: there is no response to hand over
+		s.resp = nil
 		s.result = ResultOf(nil, nil, fmt.Errorf("reading the response of source %s: %w", a.Source, err))
 		s.result.HTTPStatus = resp.StatusCode
 		return s
