@@ -9,6 +9,7 @@ BUF_AGAINST ?= .git\#branch=main
 # test dependencies, and the stubs generated into the package.
 PYTHON ?= python3
 VENV := $(CURDIR)/.venv
+VENV2 := $(CURDIR)/.venv-openai2
 PY := $(VENV)/bin/python
 PYSDK := clientsdk/python
 PYGEN := $(PYSDK)/src/polygate/_gen
@@ -60,11 +61,18 @@ chromium:
 	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	@chromium --version
 
-## venv: .venv with the Python SDK's pinned tools and test dependencies
-venv: $(VENV)/.installed
-$(VENV)/.installed: $(PYSDK)/requirements-dev.txt
+## venv: the Python test environments, from pinned requirements: .venv (the
+## SDK's tools and tests, openai 3 on httpx2, httpx beside it) and
+## .venv-openai2 (openai 2 on httpx: one distribution cannot be at two
+## versions in one environment)
+venv: $(VENV)/.installed $(VENV2)/.installed
+$(VENV)/.installed: $(PYSDK)/requirements-dev.txt e2e/python/requirements-openai3.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -r $(PYSDK)/requirements-dev.txt
+	$(PY) -m pip install -q --disable-pip-version-check -r e2e/python/requirements-openai3.txt
+	touch $@
+$(VENV2)/.installed: $(PYSDK)/requirements-dev.txt e2e/python/requirements-openai2.txt
+	$(PYTHON) -m venv $(VENV2)
+	$(VENV2)/bin/python -m pip install -q --disable-pip-version-check -r e2e/python/requirements-openai2.txt
 	touch $@
 
 ## generate: regenerate gen/ (Go, buf) and the Python SDK's stubs (grpcio-tools) from proto/
@@ -122,7 +130,12 @@ fuzz:
 		go -C "$${t%%:*}" test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) . || exit 1; \
 	done
 
-## pytest: install the Python SDK into .venv and run its tests and the Python e2e tests
+## pytest: install the Python SDK into both environments; run its tests and the
+## Python e2e tests with openai 3 (.venv), then the e2e tests with openai 2
+## (.venv-openai2)
+PYTEST_ARGS := -c $(PYSDK)/pyproject.toml --rootdir $(CURDIR) -p no:cacheprovider
 pytest: venv
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation ./$(PYSDK)
-	$(PY) -m pytest -c $(PYSDK)/pyproject.toml --rootdir $(CURDIR) -p no:cacheprovider $(PYSDK)/tests e2e/python
+	$(VENV2)/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation ./$(PYSDK)
+	$(PY) -m pytest $(PYTEST_ARGS) $(PYSDK)/tests e2e/python
+	$(VENV2)/bin/python -m pytest $(PYTEST_ARGS) e2e/python

@@ -35,6 +35,10 @@ type Step struct {
 	// Times is how many requests the step answers before the next step
 	// takes over; 0 means every request from here on. The last step repeats.
 	Times int `json:"times,omitempty"`
+	// Stream answers a server-sent event stream in place of Body: one
+	// "data:" event per element, each flushed as it is written, then
+	// "data: [DONE]".
+	Stream []string `json:"stream,omitempty"`
 }
 
 // Received is one logged request.
@@ -182,6 +186,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	for k, v := range step.Headers {
 		w.Header().Set(k, v)
+	}
+	if len(step.Stream) > 0 {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(step.Status)
+		for _, data := range append(step.Stream, "[DONE]") {
+			_, _ = fmt.Fprintf(w, "data: %s\n\n", data)
+			w.(http.Flusher).Flush()
+		}
+		return
 	}
 	body := step.Body
 	if body == "" {
