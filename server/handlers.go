@@ -185,12 +185,7 @@ func (s *Server) describe(ctx context.Context, sc *policy.Scope) (*admissionv1.S
 	if err != nil {
 		return nil, err
 	}
-	names := make([]string, len(d.Tenants))
-	for i, t := range d.Tenants {
-		names[i] = t.Name
-	}
-	live := s.calls.tenantsLive(sc.Name(), names, d.Config.Tenants)
-	out := scopeDescription(d, s.calls.liveIn(sc.Name()), live, s.backendName(), *s.confs.Load())
+	out := scopeDescription(d, s.calls.liveIn(sc.Name()), s.TenantLiveCalls(sc.Name(), d), s.backendName(), *s.confs.Load())
 	if s.stateLoss != nil {
 		out.StateLoss = stateLoss(s.stateLoss(sc.Name()))
 	}

@@ -50,7 +50,7 @@ func scopeStates(srv *server.Server) metrics.ReadStates {
 				continue // removed by a reload meanwhile
 			}
 			d, err := sc.Describe(ctx)
-			out = append(out, metrics.ScopeState{Name: name, Description: d, LiveCalls: srv.LiveCalls(name), Err: err})
+			out = append(out, metrics.ScopeState{Name: name, Description: d, LiveCalls: srv.LiveCalls(name), TenantLiveCalls: srv.TenantLiveCalls(name, d), Err: err})
 		}
 		return out
 	}

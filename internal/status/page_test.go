@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
@@ -48,5 +49,26 @@ func TestPageSaysWhenRedisLostTheScope(t *testing.T) {
 	}
 	if page := render(&admissionv1.StateLoss{ReassertPending: true}); !strings.Contains(page, "re-assert pending") {
 		t.Errorf("the page does not say the re-assert is pending:\n%s", page)
+	}
+}
+
+// TestPageShowsTenants: each tenant's limits as used / limit, and its next
+// pick's verdict with the wait.
+func TestPageShowsTenants(t *testing.T) {
+	now := time.Date(2026, 12, 1, 3, 4, 5, 0, time.UTC)
+	d := &admissionv1.ScopeDescription{Config: &admissionv1.ScopeConfig{Name: "chat"}, Backend: "memory", Tenants: []*admissionv1.TenantState{
+		{Name: "team", Config: &admissionv1.TenantConfig{Weight: 2, MaxPriority: 3, Rpm: 3, MaxLiveCalls: 20, BudgetTokens: 1000, BudgetPer: durationpb.New(time.Hour)},
+			LiveCalls: 4, RequestsLastMinute: 3, BudgetUsed: 700, Reason: admissionv1.Reason_REASON_TENANT_LIMIT, RetryAfter: durationpb.New(42 * time.Second)},
+		{Name: "~other", Config: &admissionv1.TenantConfig{Weight: 1}},
+	}}
+	p := New(oneScope{d}, NewRecorder(func() time.Time { return now }), func() time.Time { return now }, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	w := httptest.NewRecorder()
+	p.serveHTML(w, httptest.NewRequest("GET", "/status", nil))
+	body, _ := io.ReadAll(w.Result().Body)
+	page := string(body)
+	for _, want := range []string{"<td>team</td>", "4 / 20", "3 / 3", "700 / 1000 per 1h0m0s", "tenant_limit, 42s", "<td>~other</td>", "0 / ∞"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the page lacks %q:\n%s", want, page)
+		}
 	}
 }
