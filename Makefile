@@ -134,8 +134,12 @@ fuzz:
 ## Python e2e tests with openai 3 (.venv), then the e2e tests with openai 2
 ## (.venv-openai2)
 PYTEST_ARGS := -c $(PYSDK)/pyproject.toml --rootdir $(CURDIR) -p no:cacheprovider
+# (An environment made before the distribution was named polygate-sdk holds
+# it as polygate too: that one is removed first.)
 pytest: venv
+	$(PY) -m pip uninstall -q -y --disable-pip-version-check polygate
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation ./$(PYSDK)
+	$(VENV2)/bin/python -m pip uninstall -q -y --disable-pip-version-check polygate
 	$(VENV2)/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation ./$(PYSDK)
 	$(PY) -m pytest $(PYTEST_ARGS) $(PYSDK)/tests e2e/python
 	$(VENV2)/bin/python -m pytest $(PYTEST_ARGS) e2e/python
