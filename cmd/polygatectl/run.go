@@ -21,9 +21,11 @@ import (
 	"google.golang.org/grpc/status"
 
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/internal/buildinfo"
 )
 
 const usageText = `usage: polygatectl [options] COMMAND [ARGS] [options]
+       polygatectl --version
 
 commands:
   scopes                       every scope: backend, live calls, each source's breaker state
@@ -63,6 +65,7 @@ type options struct {
 	serverName string
 	timeout    time.Duration
 	json       bool
+	version    bool
 }
 
 // register adds the options to fs, with their current values as defaults,
@@ -78,6 +81,7 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.serverName, "server-name", o.serverName, "the name the sidecar's certificate must carry (default: the host of --addr)")
 	fs.DurationVar(&o.timeout, "timeout", o.timeout, "limit on each request (for watch: on opening the stream)")
 	fs.BoolVar(&o.json, "json", o.json, "print the sidecar's answer as protojson, every field shown (watch: one object per line)")
+	fs.BoolVar(&o.version, "version", o.version, "print polygatectl's version and exit")
 }
 
 // run is the whole command; main only supplies the process's arguments,
@@ -87,6 +91,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	top := newFlagSet("polygatectl", o, stderr)
 	if err := top.Parse(args); err != nil {
 		return flagError(err)
+	}
+	if o.version {
+		_, err := fmt.Fprintln(stdout, buildinfo.Read().Line("polygatectl"))
+		return err
 	}
 	if top.NArg() == 0 {
 		top.Usage()

@@ -34,7 +34,7 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return err
 	}
 	if opts.Version {
-		_, err := fmt.Fprintln(stdout, buildInfo())
+		_, err := fmt.Fprintln(stdout, buildInfo().Line("polygate"))
 		return err
 	}
 	cfg, err := config.Load(opts, environ)
