@@ -28,7 +28,8 @@ RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/polygate /usr/local/bin/polygate
 # The operator CLI, for kubectl exec POD -c polygate -- polygatectl describe SCOPE
-# (it dials 127.0.0.1:50051 and uses the sidecar's POLYGATE_AUTH__TOKEN).
+# (it dials 127.0.0.1:50051 with the sidecar's POLYGATE_AUTH__OPERATOR_TOKEN, else
+# its POLYGATE_AUTH__TOKEN).
 COPY --from=build /out/polygatectl /usr/local/bin/polygatectl
 # Writable places for the telemetry database and a unix socket; in Kubernetes
 # mount volumes there (the root filesystem can then be read-only).
