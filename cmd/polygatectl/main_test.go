@@ -285,7 +285,7 @@ func TestWatchPrintsOverrides(t *testing.T) {
 	} else if !strings.Contains(got, "forced_open") {
 		t.Errorf("override printed:\n%s", got)
 	}
-	want := `chat override backup forced_open actor="alice" reason="INC-42 backup returns garbage" state=CLOSED epoch=0`
+	want := `chat override backup force_open override=forced_open actor="alice" reason="INC-42 backup returns garbage" state=CLOSED epoch=0`
 	waitFor(t, ctx, "the override event", func() bool { return strings.Contains(out.String(), want) })
 	openPrimary(t, ctx, s)
 	transition := "chat breaker primary CLOSED -> OPEN cause=source_dead epoch=0 reopens=1 cooldown=10m0s"
@@ -303,7 +303,7 @@ func TestWatchPrintsOverrides(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b := section(t, desc, "BREAKERS")["backup"]; b["STATE"] != "CLOSED(forced_open)" || b["OVERRIDE"] != "forced_open" || b["NEXT ATTEMPT"] != "refused: forced_open" {
+	if b := section(t, desc, "BREAKERS")["backup"]; b["STATE"] != "OPEN (forced; breaker CLOSED)" || b["OVERRIDE"] != "forced_open" || b["NEXT ATTEMPT"] != "refused: forced_open" {
 		t.Errorf("backup after the override: %v", b)
 	}
 	if !strings.Contains(desc, `override of backup: forced_open by "alice": "INC-42 backup returns garbage"`) {
