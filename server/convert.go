@@ -122,6 +122,15 @@ var actions = map[admissionv1.OverrideAction]gate.Action{
 	admissionv1.OverrideAction_OVERRIDE_ACTION_RESET:        gate.ActionReset,
 }
 
+// actionNames is actions the other way round, for OverrideChanged events.
+var actionNames = func() map[gate.Action]admissionv1.OverrideAction {
+	m := make(map[gate.Action]admissionv1.OverrideAction, len(actions))
+	for k, v := range actions {
+		m[v] = k
+	}
+	return m
+}()
+
 var onRefusal = map[config.OnRefusal]admissionv1.OnRefusal{
 	config.FailFast: admissionv1.OnRefusal_ON_REFUSAL_FAIL_FAST,
 	config.Wait:     admissionv1.OnRefusal_ON_REFUSAL_WAIT,

@@ -1,11 +1,11 @@
 package redisgate
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/polygate/polygate/gate"
 )
@@ -23,12 +23,10 @@ var globEscaper = strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`
 //
 // The announcements use PUBLISH and one PSUBSCRIBE pattern rather than
 // sharded SPUBLISH/SSUBSCRIBE: a replica must hear every scope without being
-// told their names, and sharded pub/sub has no pattern subscription (it
-// would need one subscription per scope, each on the node that owns the
-// scope's slot, renewed on every resharding). On a Cluster a PUBLISH reaches
-// every node; breakers change state rarely, so that costs nothing.
+// told their names, and sharded pub/sub has no pattern subscription. On a
+// Cluster a PUBLISH reaches every node; breakers change state rarely.
 func (b *Backend) Subscribe(ctx context.Context, handle func(scope string, e gate.Event)) error {
-	ps := b.client.PSubscribe(ctx, globEscaper.Replace(b.prefix)+"{*}"+channelSuffix)
+	ps := b.client.PSubscribe(ctx, globEscaper.Replace(b.prefix)+"{*}:events")
 	defer ps.Close()
 	ch := ps.Channel()
 	for {
@@ -39,54 +37,62 @@ func (b *Backend) Subscribe(ctx context.Context, handle func(scope string, e gat
 			if !ok {
 				return nil
 			}
-			if scope, e, err := decodeAnnouncement(m.Payload); err == nil {
-				b.hear(scope, e)
-				handle(scope, e)
+			a, err := decodeAnnouncement(m.Payload)
+			if err != nil {
+				continue
 			}
+			b.loss.marked(a.Scope, a.Marker)
+			b.loss.heard(a.Scope, []gate.Event{a.event()})
+			handle(a.Scope, a.event())
 		}
 	}
 }
 
-// hear remembers another replica's announcement: of a scope this Backend
-// may not serve, so it takes no room from one it does (memory.scope).
-func (b *Backend) hear(scope string, e gate.Event) {
-	b.memory.see(scope, []gate.Event{e}, time.Now(), false)
+// announcement is lua/store.lua's announce: an event, its scope and the
+// scope's marker. It is checked as a reply is: what a replica hears it may
+// re-assert after a loss.
+type announcement struct {
+	V        int            `json:"v"`
+	Scope    string         `json:"scope"`
+	Source   string         `json:"source"`
+	Marker   string         `json:"marker"`
+	Kind     gate.EventKind `json:"kind"`
+	From     gate.State     `json:"from"`
+	To       gate.State     `json:"to"`
+	Cause    gate.Cause     `json:"cause"`
+	Epoch    uint64         `json:"epoch"`
+	Reopens  int            `json:"reopens"`
+	Cooldown int64          `json:"cooldown"`
+	Permit   string         `json:"permit"`
+	Override gate.Override  `json:"override"`
+	Actor    string         `json:"actor"`
+	Why      string         `json:"why"`
 }
 
-// decodeAnnouncement reads the record ANN (a JSON array), as lib.lua's
-// announce writes it.
-func decodeAnnouncement(payload string) (string, gate.Event, error) {
-	var a []any
-	d := json.NewDecoder(strings.NewReader(payload))
-	d.UseNumber()
+func (a *announcement) event() gate.Event {
+	return gate.Event{Kind: a.Kind, Source: a.Source, From: a.From, To: a.To, Cause: a.Cause, Epoch: a.Epoch,
+		Reopens: a.Reopens, Cooldown: gate.Millis(a.Cooldown), PermitID: a.Permit, Override: a.Override, Actor: a.Actor, Why: a.Why}
+}
+
+func decodeAnnouncement(payload string) (*announcement, error) {
+	var a announcement
+	d := json.NewDecoder(bytes.NewReader([]byte(payload)))
 	if err := d.Decode(&a); err != nil {
-		return "", gate.Event{}, fmt.Errorf("redisgate: announcement: %w", err)
+		return nil, fmt.Errorf("redisgate: announcement: %w", err)
 	}
-	if len(a) != len(announcement.fields) {
-		return "", gate.Event{}, fmt.Errorf("redisgate: announcement of %d fields, want %d", len(a), len(announcement.fields))
+	switch {
+	case a.V != 1:
+		return nil, fmt.Errorf("redisgate: announcement of version %d, want 1", a.V)
+	case a.Kind < gate.EventTransition || a.Kind > gate.EventOverride || a.From > gate.HalfOpen || a.To > gate.HalfOpen ||
+		a.Cause > gate.CauseReset || a.Override > gate.Disabled:
+		return nil, fmt.Errorf("redisgate: announcement with a value outside its enum")
+	case a.Reopens < 0 || a.Cooldown < 0:
+		return nil, fmt.Errorf("redisgate: announcement with a negative count")
 	}
-	for i, v := range a {
-		if n, ok := v.(json.Number); ok {
-			a[i] = jsonInt(n)
+	for _, s := range []string{a.Scope, a.Source, a.Marker, a.Permit, a.Actor, a.Why} {
+		if len(s) > gate.MaxText {
+			return nil, fmt.Errorf("redisgate: announcement with a text of %d bytes, at most %d", len(s), gate.MaxText)
 		}
 	}
-	p := &parser{op: "announcement"}
-	r := announcement.parse(p, a)
-	if p.err == nil && r.version != 1 {
-		p.fail("version %d, want 1", r.version)
-	}
-	if p.err != nil {
-		return "", gate.Event{}, p.err
-	}
-	return r.scope, r.e, nil
-}
-
-// jsonInt is n as an int64, or n itself (which the parser refuses) when it
-// is not an integer in range.
-func jsonInt(n json.Number) any {
-	i, err := n.Int64()
-	if err != nil {
-		return n
-	}
-	return i
+	return &a, nil
 }

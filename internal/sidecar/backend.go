@@ -135,7 +135,7 @@ func openRedis(r config.Redis, every time.Duration, log *slog.Logger, onChange f
 			}
 			return "redis (unavailable: fail_closed)"
 		},
-		stateLoss:  stateLosses(shared),
+		stateLoss:  shared.StateLoss,
 		subscribe:  shared.Subscribe,
 		check:      fb.Check,
 		giveBacks:  func(ctx context.Context) { shared.RunGiveBacks(ctx, every) },
@@ -168,15 +168,6 @@ func redisTLS(r config.Redis) (*tls.Config, error) {
 		c.Certificates = []tls.Certificate{cert}
 	}
 	return c, nil
-}
-
-// stateLosses reads what b saw of Redis losing a scope's state, for
-// DescribeScope.
-func stateLosses(b *redisgate.Backend) func(scope string) gate.StateLoss {
-	return func(scope string) gate.StateLoss {
-		l := b.StateLoss(scope)
-		return gate.StateLoss{Count: l.Count, Last: l.Last, Restored: l.Restored, Pending: l.Pending}
-	}
 }
 
 // announcements delivers other replicas' breaker announcements to the
