@@ -21,11 +21,7 @@ import (
 
 // Tenants as principals over the wire, on the real binary: a credential
 // names the tenant, each tenant's limits and ceiling hold, and configured
-// weights survive any number of one-off tenants. The tests that need the
-// backend's tenant limits or its share table skip on Redis until its
-// scripts keep them.
-
-const redisTenantsSkip = "redis backend: per-tenant limits not ported yet"
+// weights survive any number of one-off tenants, on each backend.
 
 // asToken is ctx carrying a bearer token.
 func asToken(ctx context.Context, token string) context.Context {
@@ -142,9 +138,6 @@ func TestTenantRPMAcrossSidecars(t *testing.T) {
 }
 
 func testTenantRPM(t *testing.T, be orderBackend, sidecars int) {
-	if be.name == "Redis" {
-		t.Skip(redisTenantsSkip)
-	}
 	scope := `  chat:
     quota_full: fail_fast
     tenants: {team: {rpm: 3}}
@@ -263,9 +256,6 @@ func TestTokenBudgetAcrossSidecars(t *testing.T) {
 }
 
 func testTokenBudget(t *testing.T, be orderBackend, sidecars int) {
-	if be.name == "Redis" {
-		t.Skip(redisTenantsSkip)
-	}
 	scope := `  chat:
     tenants: {team: {token_budget: {tokens: 1000, per: 1h}}}
     sources: [{name: only}]
@@ -326,9 +316,6 @@ func TestWeightsSurviveOneOffTenantsAcrossSidecars(t *testing.T) {
 }
 
 func testWeightsSurviveOneOffTenants(t *testing.T, be orderBackend, sidecars int) {
-	if be.name == "Redis" {
-		t.Skip(redisTenantsSkip)
-	}
 	scope := `  chat:
     backpressure: {poll_interval: 100ms}
     tenants: {gold: 4, x: 1}

@@ -8,12 +8,12 @@ import (
 	"github.com/polygate/polygate/gate"
 )
 
-// RunTenants runs the contract of a scope's tenants (gate/tenant.go) and of
+// runTenants runs the contract of a scope's tenants (gate/tenant.go) and of
 // the line's share table against the backends factory makes: limits that
 // hold across every source of a scope, refusals with the exact time until
 // the tenant's capacity frees, the token budget's window, and configured
 // tenants that keep their fair share whatever tenants pass through.
-func RunTenants(t *testing.T, factory Factory) {
+func runTenants(t *testing.T, factory Factory) {
 	t.Run("Limits", func(t *testing.T) { runTenantLimits(t, factory) })
 	t.Run("Budget", func(t *testing.T) { runTenantBudget(t, factory) })
 	t.Run("ShareTable", func(t *testing.T) { runShareTable(t, factory) })

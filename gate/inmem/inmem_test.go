@@ -13,9 +13,3 @@ func TestContract(t *testing.T) {
 		return inmem.New(clock.Now)
 	})
 }
-
-func TestTenants(t *testing.T) {
-	gatetest.RunTenants(t, func(t *testing.T, clock *gatetest.Clock) gate.Backend {
-		return inmem.New(clock.Now)
-	})
-}

@@ -57,7 +57,7 @@ func (b *Backend) admission(req *gate.AdmitRequest, v any) (out gate.Admission, 
 			continue
 		}
 		i := c.num("candidate", 1, n)
-		rj := gate.Rejection{Reason: cenum(c, "reason", gate.ReasonQueued), RetryAfter: gate.Millis(c.count("retry"))}
+		rj := gate.Rejection{Reason: cenum(c, "reason", gate.ReasonTenantBudget), RetryAfter: gate.Millis(c.count("retry"))}
 		switch {
 		case c.err != nil:
 			continue
@@ -125,7 +125,7 @@ func (b *Backend) snapshot(req *gate.PeekRequest, v any) (gate.Snapshot, error) 
 		sv := gate.SourceView{Source: src.Name}
 		brs[i], sv.Breaker = c.breaker(src.Breaker, now)
 		sv.Quota = c.quota()
-		sv.Verdict = gate.Rejection{Source: src.Name, Reason: cenum(c, "reason", gate.ReasonQueued), RetryAfter: gate.Millis(c.count("retry"))}
+		sv.Verdict = gate.Rejection{Source: src.Name, Reason: cenum(c, "reason", gate.ReasonTenantBudget), RetryAfter: gate.Millis(c.count("retry"))}
 		if sv.Verdict.Reason == gate.ReasonNone {
 			// The quota would admit: the breaker's verdict.
 			sv.Verdict.Reason, sv.Verdict.RetryAfter = sv.Breaker.Reason, sv.Breaker.RetryAfter
@@ -134,6 +134,11 @@ func (b *Backend) snapshot(req *gate.PeekRequest, v any) (gate.Snapshot, error) 
 			sv.Line = c.line()
 		}
 		out.Sources = append(out.Sources, sv)
+	}
+	for _, tc := range req.Tenants {
+		v := gate.TenantView{Tenant: tc.Name, Quota: c.quota(), BudgetUsed: c.count("budget_used")}
+		v.Verdict = gate.Rejection{Reason: cenum(c, "reason", gate.ReasonTenantBudget), RetryAfter: gate.Millis(c.count("retry"))}
+		out.Tenants = append(out.Tenants, v)
 	}
 	if c.done(); c.err != nil {
 		return gate.Snapshot{}, c.err
