@@ -104,9 +104,11 @@ func (m *lossWatch) seen(scope string) string {
 	return m.scope(scope).seen
 }
 
-// marked notes the marker a read found: a first look adopts it; another
-// one than seen (or none) is a loss to re-assert (checkLosses).
-func (m *lossWatch) marked(scope, marker string) {
+// marked notes the marker a read found, and reports whether the read shows
+// the scope this Backend saw: a first look adopts the marker; another one
+// (or none) is a loss to re-assert (checkLosses), and what a lost scope
+// reads must not make the Backend forget what it saw.
+func (m *lossWatch) marked(scope, marker string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	sm := m.scope(scope)
@@ -117,6 +119,7 @@ func (m *lossWatch) marked(scope, marker string) {
 	default:
 		sm.pending = true
 	}
+	return marker != "" && marker == sm.seen
 }
 
 // see remembers br, a breaker Redis showed at its time now (ms).

@@ -102,13 +102,16 @@ func (b *Backend) settlement(req *gate.SettleRequest, v any) (gate.Settlement, e
 	out := gate.Settlement{Released: c.num("released", 0, 1) == 1, Effect: cenum(c, "effect", gate.EffectIgnored)}
 	progress, now := c.time("progress"), c.time("now")
 	out.ProgressAge, out.Handoff = progressAge(progress, now), c.str("handoff")
+	marker := c.str("marker")
 	br, view := c.breaker(req.Source.Breaker, now)
 	out.Breaker = view
 	out.Events = c.events(func(int64) string { return req.Source.Name })
 	if c.done(); c.err != nil {
 		return gate.Settlement{}, c.err
 	}
-	b.loss.see(req.Scope, req.Source.Name, br, now)
+	if b.loss.marked(req.Scope, marker) {
+		b.loss.see(req.Scope, req.Source.Name, br, now)
+	}
 	return out, nil
 }
 
@@ -143,10 +146,11 @@ func (b *Backend) snapshot(req *gate.PeekRequest, v any) (gate.Snapshot, error) 
 	if c.done(); c.err != nil {
 		return gate.Snapshot{}, c.err
 	}
-	for i, s := range req.Sources {
-		b.loss.see(req.Scope, s.Name, brs[i], now)
+	if b.loss.marked(req.Scope, marker) {
+		for i, s := range req.Sources {
+			b.loss.see(req.Scope, s.Name, brs[i], now)
+		}
 	}
-	b.loss.marked(req.Scope, marker)
 	return out, nil
 }
 
@@ -164,7 +168,8 @@ func (b *Backend) overridden(req *gate.OverrideRequest, v any) (gate.OverrideRes
 	if c.done(); c.err != nil {
 		return gate.OverrideResult{}, c.err
 	}
-	b.loss.see(req.Scope, req.Source.Name, br, now)
-	b.loss.marked(req.Scope, marker)
+	if b.loss.marked(req.Scope, marker) {
+		b.loss.see(req.Scope, req.Source.Name, br, now)
+	}
 	return out, nil
 }

@@ -172,8 +172,8 @@ local function admit(r, x, xi, a, ai)
 end
 
 -- twin: inmem.(*Backend).Settle
--- Its reply: released effect progress now handoff, put_breaker's, then the
--- events; it returns whether the permit held its slot.
+-- Its reply: released effect progress now handoff marker, put_breaker's,
+-- then the events; it returns whether the permit held its slot.
 local function settle_op(r, src_i, permit, epoch, probe, verdict, floor, actual, success, hands, replica, lease, ti)
   local now = now_ms()
   if ti ~= 0 then
@@ -204,7 +204,7 @@ local function settle_op(r, src_i, permit, epoch, probe, verdict, floor, actual,
     handoff = l_handoff(s, { replica = replica_or(replica), lease = lease }, now)
   end
   local n = #r
-  r[n + 1], r[n + 2], r[n + 3], r[n + 4], r[n + 5] = released and 1 or 0, effect, progress(), now, handoff
+  r[n + 1], r[n + 2], r[n + 3], r[n + 4], r[n + 5], r[n + 6] = released and 1 or 0, effect, progress(), now, handoff, marker() or ''
   put_events(put_breaker(r, b, c, now), 1, c.name, evs)
   return released
 end
