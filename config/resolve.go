@@ -50,7 +50,8 @@ func resolve(f *fileConfig) (*Config, error) {
 			Path: or(f.Telemetry.Path, ""), Retention: or(f.Telemetry.Retention, DefaultRetention),
 			QueueSize: or(f.Telemetry.QueueSize, DefaultTelemetryQueue),
 		},
-		TLS: TLS{CertFile: or(f.TLS.CertFile, ""), KeyFile: or(f.TLS.KeyFile, ""), ClientCAFile: or(f.TLS.ClientCAFile, "")},
+		TLS:  TLS{CertFile: or(f.TLS.CertFile, ""), KeyFile: or(f.TLS.KeyFile, ""), ClientCAFile: or(f.TLS.ClientCAFile, "")},
+		Auth: Auth{TenantFrom: or(f.TLS.TenantFrom, "")},
 		Limits: Limits{
 			MaxRequestBytes:         or(f.Limits.MaxRequestBytes, DefaultMaxRequestBytes),
 			MaxStreamsPerConnection: or(f.Limits.MaxStreamsPerConnection, DefaultMaxStreamsPerConn),
@@ -131,6 +132,13 @@ func resolve(f *fileConfig) (*Config, error) {
 	if cfg.Auth.OperatorToken != "" && cfg.Auth.OperatorToken == cfg.Auth.Token {
 		c.fail("auth.operator_token", "(same as auth.token)", "must differ from auth.token, or the application could act as the operator")
 	}
+	cfg.Auth.TenantTokens = resolveTenantTokens(c, f.Auth.TenantTokens, cfg.Auth.Token, cfg.Auth.OperatorToken)
+	if from := cfg.Auth.TenantFrom; from != "" {
+		c.oneOf("tls.tenant_from", from, TenantFromURISAN, TenantFromCommonName)
+		if cfg.TLS.ClientCAFile == "" {
+			c.fail("tls.tenant_from", from, "needs tls.client_ca_file: the tenant is read from a verified client certificate")
+		}
+	}
 	c.duration("telemetry.retention", cfg.Telemetry.Retention, time.Minute)
 	if cfg.Telemetry.Path != "" && strings.TrimSpace(cfg.Telemetry.Path) == "" {
 		c.fail("telemetry.path", "(blank)", "a path must not be blank; leave it empty to turn telemetry off")
@@ -192,25 +200,13 @@ func resolveScope(c *checker, name string, f *fileScope) *Scope {
 		PollInterval:  or(f.Backpressure.PollInterval, DefaultPollInterval),
 		LeaseGrace:    or(f.LeaseGrace, DefaultLeaseGrace),
 
-		Mode:                Mode(or(f.Mode, string(Enforce))),
-		Tenants:             f.Tenants,
-		DefaultTenantWeight: or(f.DefaultTenantWeight, DefaultTenantWeight),
-		MaxTenants:          or(f.MaxTenants, DefaultMaxTenants),
-		PriorityAging:       or(f.PriorityAging, 0),
+		Mode:          Mode(or(f.Mode, string(Enforce))),
+		MaxTenants:    or(f.MaxTenants, DefaultMaxTenants),
+		PriorityAging: or(f.PriorityAging, 0),
 	}
+	s.Tenants, s.DefaultTenant = resolveTenants(c, key, f)
 	c.oneOf(key+".mode", string(s.Mode), string(Enforce), string(Shadow))
-	c.between(key+".default_tenant_weight", int64(s.DefaultTenantWeight), 1, MaxTenantWeight)
 	c.between(key+".max_tenants", int64(s.MaxTenants), 1, MaxTenants)
-	if len(s.Tenants) > MaxTenants {
-		c.fail(key+".tenants", len(s.Tenants), fmt.Sprintf("at most %d tenants", MaxTenants))
-	}
-	for _, t := range slices.Sorted(maps.Keys(s.Tenants)) {
-		if !nameRE.MatchString(t) {
-			c.fail(key+".tenants."+t, t, "a tenant "+nameAllowed[len("a "):])
-			continue
-		}
-		c.between(key+".tenants."+t, int64(s.Tenants[t]), 1, MaxTenantWeight)
-	}
 	if s.PriorityAging != 0 {
 		c.duration(key+".priority_aging", s.PriorityAging, time.Millisecond)
 	}

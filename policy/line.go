@@ -60,9 +60,10 @@ func lineLease(cfg *config.Scope) time.Duration {
 
 // waiter is c as the line's waiter. Called with c.mu held.
 func (s *Scope) waiter(c *Call, cfg *config.Scope) *gate.Waiter {
+	t, named := cfg.Tenant(c.Tenant)
 	return &gate.Waiter{
-		ID: c.ID, Priority: c.Priority, Tenant: c.Tenant,
-		Weight: cfg.TenantWeight(c.Tenant), OtherWeight: cfg.TenantWeight(gate.OverflowTenant),
+		ID: c.ID, Priority: c.Priority, Tenant: c.Tenant, Named: named,
+		Weight: t.Weight, OtherWeight: cfg.DefaultTenant.Weight,
 		MaxTenants: cfg.MaxTenants, Aging: cfg.PriorityAging, Lease: lineLease(cfg), Places: c.places,
 	}
 }

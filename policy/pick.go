@@ -94,7 +94,11 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 		cands = append(cands, gate.Candidate{Source: &src.gate, Ceiling: src.pacer.Ceiling()})
 	}
 	if !fits {
-		return Pick{}, nil, fmt.Errorf("%w: %d tokens in scope %s", ErrEstimateTooLarge, c.Tokens, cfg.Name)
+		return Pick{}, nil, fmt.Errorf("%w: %d tokens exceed the tpm of every source of scope %s", ErrEstimateTooLarge, c.Tokens, cfg.Name)
+	}
+	tc := s.tenant(c.Tenant)
+	if err := tooBigForTenant(tc, c.Tokens); err != nil {
+		return Pick{}, nil, err
 	}
 
 	shadow := cfg.Mode == config.Shadow
@@ -105,7 +109,7 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 			w = s.waiter(c, cfg)
 		}
 		var err error
-		adm, err = s.backend.Admit(context.WithoutCancel(ctx), gate.AdmitRequest{Scope: s.name, PermitID: NewID("p"), Tokens: c.Tokens, Candidates: cands, Line: w})
+		adm, err = s.backend.Admit(context.WithoutCancel(ctx), gate.AdmitRequest{Scope: s.name, PermitID: NewID("p"), Tokens: c.Tokens, Candidates: cands, Line: w, Tenant: tc})
 		if err != nil {
 			return Pick{}, nil, err
 		}
@@ -114,7 +118,7 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 		}
 		if adm.Granted && ctx.Err() != nil {
 			i := slices.IndexFunc(cands, func(c gate.Candidate) bool { return c.Source.Name == adm.Permit.Source })
-			events, err := s.giveBack(ctx, adm.Permit, cands[i].Source)
+			events, err := s.giveBack(ctx, adm.Permit, cands[i].Source, tc)
 			return Pick{}, append(adm.Events, events...), errors.Join(ctx.Err(), err)
 		}
 		now = time.Now()
@@ -170,15 +174,16 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 	return p, adm.Events, nil
 }
 
-// giveBack releases a permit of src nobody will report, without a verdict (a
-// probe's lease ends, the next entrant may probe).
-func (s *Scope) giveBack(ctx context.Context, p gate.Permit, src *gate.Source) ([]gate.Event, error) {
+// giveBack releases a permit of src (and of tenant tc) nobody will report,
+// without a verdict (a probe's lease ends, the next entrant may probe).
+func (s *Scope) giveBack(ctx context.Context, p gate.Permit, src *gate.Source, tc *gate.TenantCall) ([]gate.Event, error) {
 	st, err := s.backend.Settle(context.WithoutCancel(ctx), gate.SettleRequest{
 		Scope: s.name, Source: src, PermitID: p.ID, Epoch: p.Epoch, Probe: p.Probe, Verdict: gate.VerdictNone, ActualTokens: -1,
-		Line: s.lineHandoff(),
+		Line: s.lineHandoff(), Tenant: tc,
 	})
 	if err == nil && st.Released {
 		s.freed(st.Handoff)
+		s.tenantFreed(tc, true)
 	}
 	return st.Events, err
 }
@@ -193,7 +198,7 @@ func (s *Scope) Release(ctx context.Context, c *Call) error {
 	if p == nil {
 		return nil
 	}
-	events, err := s.giveBack(ctx, *p, src)
+	events, err := s.giveBack(ctx, *p, src, s.tenant(c.Tenant))
 	s.absorb(events)
 	return err
 }

@@ -22,6 +22,8 @@ type Decision struct {
 	// Uncertain: there was no certain time to wait for (a probe in flight, a
 	// full pool), so the sidecar held the caller until something changed.
 	Uncertain bool
+	// forTenant: the call waits for its tenant's limits (holdTenant).
+	forTenant bool
 }
 
 // OnNoRunnable decides, after a NoRunnable Pick, whether the call waits or
@@ -52,6 +54,13 @@ func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 	// the read and the hold can be missed.
 	t := s.wait.ticket()
 	defer s.wait.release(t)
+	var bell <-chan struct{}
+	if tenantRefusal(c.lastSources()).Reason != gate.ReasonNone {
+		if tc := s.tenant(c.Tenant); tc != nil {
+			bell = s.bells.take(tc.Name)
+			defer s.bells.done(tc.Name)
+		}
+	}
 	d, circuit, first, err := s.decide(ctx, c)
 	if err != nil {
 		return Decision{}, err
@@ -69,7 +78,17 @@ func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 			nap = min(nap, max(0, left-min(left/10, 50*time.Millisecond)))
 		}
 		start := time.Now()
-		if d.Woken, err = s.wait.hold(ctx, t, nap, circuit, d.Uncertain); err != nil {
+		if d.forTenant {
+			// A call refused by its tenant waits for its tenant alone.
+			s.wait.release(t)
+			if !d.Uncertain {
+				bell = nil // its minute or budget frees at the end of the nap
+			}
+			d.Woken, err = s.holdTenant(ctx, bell, nap)
+		} else {
+			d.Woken, err = s.wait.hold(ctx, t, nap, circuit, d.Uncertain)
+		}
+		if err != nil {
 			c.mu.Lock()
 			s.leave(c) // the client is gone
 			c.mu.Unlock()
@@ -100,6 +119,11 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 	}
 	cfg, srcs := s.snapshot()
 	circuit = nr.GateRejections == len(srcs)
+	refusal := tenantRefusal(nr.Sources)
+	var tc *gate.TenantCall
+	if refusal.Reason != gate.ReasonNone {
+		tc = s.tenant(c.Tenant)
+	}
 	var snap gate.Snapshot
 	me := ""
 	if names := joins(cfg, srcs, c, nr, circuit); len(names) > 0 {
@@ -123,11 +147,20 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 		}
 		s.joined(c, names, snap)
 		me = c.ID
+	} else if tc != nil {
+		// The call's own read, with its tenant; apart, as the shared one.
+		if snap, err = s.readTenant(ctx, srcs, c.Tokens, tc); err != nil {
+			return d, false, false, err
+		}
 	} else if _, snap, err = s.reads.peek(ctx, c.Tokens, true); err != nil { // the caller may park for long: read apart
 		return d, false, false, err
 	}
 	now := time.Now()
 	hint := s.breakerWait(snap, now)
+	var tenantWait gate.Rejection // the tenant's refusal now
+	if tc != nil {
+		tenantWait = tenantVerdict(snap, refusal)
+	}
 	fail := func(reason FailureReason, retryAfter time.Duration) (Decision, bool, bool, error) {
 		f := &Failure{Reason: reason, RetryAfter: max(retryAfter, 0), Sources: nr.Sources}
 		c.finish(Action{Failure: f})
@@ -142,7 +175,7 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 	}
 	peeked := c.peeked
 	c.peeked = false
-	if s.admissible(snap, me) && !peeked && (me != "" || !queuedRefusal(nr)) {
+	if s.admissible(snap, me) && tenantWait.Reason == gate.ReasonNone && !peeked && (me != "" || !queuedRefusal(nr)) {
 		// Something changed between the Pick and this read (a permit released,
 		// a breaker closed or reset elsewhere), before the wake-ups were
 		// taken: that is a wake-up, not a reason to fail or to wait. Only
@@ -156,17 +189,32 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 		// whatever circuit_open says.
 		return fail(FailSourceDead, hint)
 	}
-	if circuit {
+	stalled := c.stalledFor(now)
+	switch {
+	case circuit:
 		if cfg.CircuitOpen == config.FailFast {
 			return fail(FailCircuitOpen, hint)
 		}
-	} else {
+	case tenantWait.Reason == gate.ReasonTenantBudget:
+		// A spent budget ends the call, unless waiting for the window to
+		// free enough is a wait the scope's policy takes: quota_full wait,
+		// and the time fits in the rest of the stall budget.
+		wait := tenantWait.RetryAfter
+		if cfg.QuotaFull == config.FailFast || wait <= 0 || wait > cfg.StallWindow-stalled {
+			return fail(FailBudgetExhausted, wait)
+		}
+		hint = wait
+	case tenantWait.Reason == gate.ReasonTenantLimit:
+		if cfg.QuotaFull == config.FailFast {
+			return fail(FailQuotaExhausted, tenantWait.RetryAfter)
+		}
+		hint = tenantWait.RetryAfter // the tenant's minute frees then; 0: one of its permits must end
+	default:
 		if cfg.QuotaFull == config.FailFast {
 			return fail(FailQuotaExhausted, minRetryAfter(nr.Sources))
 		}
 		hint = 0
 	}
-	stalled := c.stalledFor(now)
 	if stalled > cfg.StallWindow && snap.ProgressAge > cfg.StallWindow {
 		return fail(FailStalled, hint)
 	}
@@ -188,7 +236,22 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 	}
 	first = !c.waiting
 	c.waiting = true
-	return Decision{Sleep: ceilMs(sleep), Uncertain: uncertain}, circuit, first, nil
+	return Decision{Sleep: ceilMs(sleep), Uncertain: uncertain, forTenant: tenantWait.Reason != gate.ReasonNone}, circuit, first, nil
+}
+
+// readTenant reads srcs and the tenant tc for an attempt of tokens, on a
+// goroutine of its own (as reads.peek reads apart: the caller may park for
+// long after it) and without ctx's cancellation (the backend bounds it).
+func (s *Scope) readTenant(ctx context.Context, srcs []*source, tokens int64, tc *gate.TenantCall) (snap gate.Snapshot, err error) {
+	req := s.peekRequest(srcs, tokens)
+	req.Tenants = []gate.TenantCall{*tc}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		snap, err = s.backend.Peek(context.WithoutCancel(ctx), req)
+	}()
+	<-done
+	return snap, err
 }
 
 // pollOnce is the poller's read of the backend: whether some source with
@@ -202,10 +265,12 @@ func (s *Scope) pollOnce() bool {
 	defer cancel()
 	req := s.peekRequest(srcs, 0)
 	req.Line = &gate.LineRead{Lease: lineLease(cfg)}
+	ringTenants := s.pollTenants(&req)
 	snap, err := s.backend.Peek(ctx, req)
 	if err != nil {
 		return false
 	}
+	ringTenants(snap)
 	found := s.admissible(snap, "")
 	for _, v := range snap.Sources {
 		// A slot handed to a waiter here by another replica is its to ask

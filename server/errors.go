@@ -27,10 +27,46 @@ var (
 	errTooManyCalls    = errors.New("too many live calls")
 	errTooManyWatchers = errors.New("too many WatchEvents streams")
 	errUnauthenticated = errors.New("missing or wrong bearer token")
+	// errTenantMismatch and errTenantTooManyCalls come as a tenantError.
+	errTenantMismatch     = errors.New("the tenant is not the credential's")
+	errTenantTooManyCalls = errors.New("too many live calls of the tenant")
 	// errPanic is a handler's panic, recovered and logged with its stack
 	// where it was recovered (panicked).
 	errPanic = errors.New("panic in handler")
 )
+
+// tenantError is a tenant's refusal: its sentinel, the credential's tenant
+// and, for a mismatch, the one requested and by what.
+type tenantError struct {
+	err               error
+	tenant, requested string
+	by                string
+	limit             int
+}
+
+func (e *tenantError) Error() string {
+	if e.err == errTenantTooManyCalls {
+		return fmt.Sprintf("%v: tenant %s has %d calls open in the scope (max_live_calls)", e.err, clip(e.tenant), e.limit)
+	}
+	return fmt.Sprintf("%v: the credential is tenant %s's; %s names tenant %s", e.err, clip(e.tenant), e.by, clip(e.requested))
+}
+
+func (e *tenantError) Unwrap() error { return e.err }
+
+// tenantMeta is a tenant error's ErrorInfo metadata: "tenant", and
+// "requested" for a mismatch (each at most a tenant name's length: the
+// request's was validated, the certificate's checked).
+func tenantMeta(err error) map[string]string {
+	var te *tenantError
+	if !errors.As(err, &te) {
+		return nil
+	}
+	m := map[string]string{"tenant": te.tenant}
+	if te.requested != "" {
+		m["requested"] = te.requested
+	}
+	return m
+}
 
 // fieldError is a request field that is not allowed.
 type fieldError struct {
@@ -77,6 +113,10 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		code, reason = codes.Unauthenticated, admissionv1.ErrorReason_ERROR_REASON_UNAUTHENTICATED
 	case errors.Is(err, errPermissionDenied):
 		code, reason = codes.PermissionDenied, admissionv1.ErrorReason_ERROR_REASON_PERMISSION_DENIED
+	case errors.Is(err, errTenantMismatch):
+		code, reason, meta = codes.PermissionDenied, admissionv1.ErrorReason_ERROR_REASON_TENANT_MISMATCH, tenantMeta(err)
+	case errors.Is(err, errTenantTooManyCalls):
+		code, reason, meta = codes.ResourceExhausted, admissionv1.ErrorReason_ERROR_REASON_TENANT_TOO_MANY_CALLS, tenantMeta(err)
 	case errors.Is(err, policy.ErrUnknownSource):
 		code, reason = codes.InvalidArgument, admissionv1.ErrorReason_ERROR_REASON_UNKNOWN_SOURCE
 	case errors.Is(err, policy.ErrEstimateTooLarge):

@@ -124,6 +124,19 @@ func (s *Server) Close() {
 // LiveCalls is the number of open calls of scope.
 func (s *Server) LiveCalls(scope string) int { return s.calls.liveIn(scope) }
 
+// TenantLiveCalls counts the open calls of each tenant of d, a description
+// of scope, index by index (~other: every tenant the scope does not name).
+func (s *Server) TenantLiveCalls(scope string, d policy.Description) []int {
+	if len(d.Tenants) == 0 {
+		return nil // a describe that failed
+	}
+	names := make([]string, len(d.Tenants))
+	for i, t := range d.Tenants {
+		names[i] = t.Name
+	}
+	return s.calls.tenantsLive(scope, names, d.Config.Tenants)
+}
+
 // EventCounts are the event hub's counters, for metrics.
 type EventCounts struct {
 	// Watchers is the number of WatchEvents streams connected now.

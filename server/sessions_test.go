@@ -76,7 +76,7 @@ func TestSweepForgetsWhatAFullScanWould(t *testing.T) {
 			for step := range 400 {
 				switch op := rng.IntN(10); {
 				case op < 2:
-					sess, err := s.open("scope", 0, 0)
+					sess, err := s.open("scope", "", 0, 0, 0, liveCap{})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -122,7 +122,7 @@ func TestSweepForgetsWhatAFullScanWould(t *testing.T) {
 func BenchmarkSweepWhileCallsAreHeld(b *testing.B) {
 	s := newSessions(20000, time.Minute)
 	for range 10000 {
-		if _, err := s.open("scope", 0, 0); err != nil {
+		if _, err := s.open("scope", "", 0, 0, 0, liveCap{}); err != nil {
 			b.Fatal(err)
 		}
 	}

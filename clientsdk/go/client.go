@@ -66,7 +66,8 @@ type clientConfig struct {
 func WithDefaultPriority(p int32) Option { return func(c *clientConfig) { c.priority = p } }
 
 // WithDefaultTenant is every call's tenant unless the call sets its own
-// (WithTenant); default none (the scope's default tenant).
+// (WithTenant); default none: the tenant a tenant token names
+// (POLYGATE_TOKEN), or else the scope's default tenant.
 func WithDefaultTenant(t string) Option { return func(c *clientConfig) { c.tenant = t } }
 
 // WithToken sends "authorization: Bearer token" with every RPC, for a sidecar
@@ -527,6 +528,9 @@ var refusalNames = map[admissionv1.Reason]string{
 	admissionv1.Reason_REASON_FORCED_OPEN:     "forced_open",
 	admissionv1.Reason_REASON_ADAPTIVE_PACED:  "adaptive_paced",
 	admissionv1.Reason_REASON_RATE_LIMITED:    "rate_limited",
+	admissionv1.Reason_REASON_QUEUED:          "queued",
+	admissionv1.Reason_REASON_TENANT_LIMIT:    "tenant_limit",
+	admissionv1.Reason_REASON_TENANT_BUDGET:   "tenant_budget",
 }
 
 func refusalName(r admissionv1.Reason) string {

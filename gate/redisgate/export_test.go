@@ -20,7 +20,7 @@ func (b *Backend) SourceKey(scope, source, which string) string {
 	if i < 0 {
 		panic("no source key " + which)
 	}
-	return keysOf(b.tag(scope), []string{source})[len(scopeKeys)+i]
+	return b.tag(scope) + ":src4:" + source + sourceKeys[i]
 }
 
 // ScopeKey is the key of a scope's progress, marker or tombstones.
@@ -29,7 +29,7 @@ func (b *Backend) ScopeKey(scope, which string) string {
 	if i < 0 {
 		panic("no scope key " + which)
 	}
-	return keysOf(b.tag(scope), nil)[i]
+	return b.tag(scope) + scopeKeys[i]
 }
 
 // Function is the name of the library's function.

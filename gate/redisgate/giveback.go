@@ -61,7 +61,7 @@ func (g *giveBacks) add(o *op) {
 
 // giveBack queues the permit of an Admit whose reply was lost.
 func (g *giveBacks) giveBack(req *gate.AdmitRequest) {
-	g.add(&op{giveBack: &gate.AdmitRequest{Scope: req.Scope, PermitID: req.PermitID, Candidates: slices.Clone(req.Candidates)}})
+	g.add(&op{giveBack: &gate.AdmitRequest{Scope: req.Scope, PermitID: req.PermitID, Candidates: slices.Clone(req.Candidates), Tenant: req.Tenant}})
 }
 
 // poke wakes RunGiveBacks when anything is queued.

@@ -74,7 +74,7 @@ func countOps(argv []any) int {
 		x[i] = math.Float64frombits(binary.LittleEndian.Uint64(b[8*i:]))
 	}
 	n := 0
-	for i := 3 + 12*int(x[2]); i < len(x); i += 3 + int(x[i+1]) {
+	for i := 4 + 12*int(x[2]) + 6*int(x[3]); i < len(x); i += 3 + int(x[i+1]) {
 		n++
 	}
 	return n

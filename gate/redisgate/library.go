@@ -21,7 +21,7 @@ import (
 //go:embed lua/*.lua
 var luaFS embed.FS
 
-var luaFiles = []string{"store.lua", "breaker.lua", "quota.lua", "line.lua", "ops.lua"}
+var luaFiles = []string{"store.lua", "breaker.lua", "quota.lua", "tenant.lua", "line.lua", "ops.lua"}
 
 // library is the library's text and fn its function's name: named by the
 // digest of the text, so that sidecars of different versions sharing one
@@ -55,7 +55,7 @@ func prelude() string {
 	enum("", int(gate.HalfOpen)+1, func(v uint8) string { return gate.State(v).String() })
 	enum("OC_", int(gate.OpenCauseForced)+1, func(v uint8) string { return gate.OpenCause(v).String() })
 	enum("O_", int(gate.Disabled)+1, func(v uint8) string { return gate.Override(v).String() })
-	enum("R_", int(gate.ReasonQueued)+1, func(v uint8) string { return gate.Reason(v).String() })
+	enum("R_", int(gate.ReasonTenantBudget)+1, func(v uint8) string { return gate.Reason(v).String() })
 	enum("V_", int(gate.VerdictForceOpen)+1, func(v uint8) string { return gate.Verdict(v).String() })
 	enum("F_", int(gate.EffectIgnored)+1, func(v uint8) string { return gate.Effect(v).String() })
 	enum("C_", int(gate.CauseReset)+1, func(v uint8) string { return gate.Cause(v).String() })
@@ -73,6 +73,7 @@ func prelude() string {
 	}
 	def("MINUTE", gate.Minute)
 	def("WINDOW_BUCKETS", gate.WindowBuckets)
+	def("BUDGET_BUCKETS", gate.BudgetBuckets)
 	def("MAX_TOKEN_SUM", gate.MaxTokenSum)
 	def("LINE_CAP", gate.LineCap)
 	def("SHARE_SCALE", gate.ShareScale)

@@ -48,8 +48,8 @@ func TestLineSameAsMemory(t *testing.T) {
 		}
 		ws := make([]*wst, nW)
 		for i := range ws {
-			r := replicas[rng.Intn(len(replicas))]
-			ws[i] = &wst{w: &gate.Waiter{ID: fmt.Sprint("w", i), Replica: r, Priority: int32(rng.Intn(2)), Tenant: fmt.Sprint("t", rng.Intn(3)),
+			r, tenant := replicas[rng.Intn(len(replicas))], rng.Intn(4)
+			ws[i] = &wst{w: &gate.Waiter{ID: fmt.Sprint("w", i), Replica: r, Priority: int32(rng.Intn(2)), Tenant: fmt.Sprint("t", tenant), Named: tenant == 0,
 				Weight: 1 + rng.Intn(2), OtherWeight: 1, MaxTenants: 2, Lease: leases[r]}}
 		}
 		var held [][2]gate.Permit

@@ -33,21 +33,23 @@ const maxRecords = 10000
 
 const checkEvery = 250 * time.Millisecond
 
-// record is what one source's breaker last said, as seen here.
+// record is what one source's breaker last said, as of at.
 type record struct {
-	scope, source string
-	// openUntil is zero unless the breaker was last seen OPEN.
-	openUntil, openedAt time.Time
-	reopens             int
-	epoch               uint64
-	cause               gate.OpenCause
-	override            gate.Override
-	actor, why          string
-	overrideAt          time.Time
+	gate.Record
+	at time.Time
+}
+
+// aged is r as of now.
+func (r *record) aged(now time.Time) gate.Record {
+	d, out := now.Sub(r.at), r.Record
+	out.OpenLeft, out.OpenedAgo, out.OverrideAgo = out.OpenLeft-d, out.OpenedAgo+d, out.OverrideAgo+d
+	out.Open = out.Open && out.OpenLeft > 0
+	return out
 }
 
 func (r *record) empty(now time.Time) bool {
-	return !r.openUntil.After(now) && r.override == gate.NoOverride
+	a := r.aged(now)
+	return !a.Open && a.Override == gate.NoOverride
 }
 
 // lossWatch is what this Backend saw of each scope, to find and repair a
@@ -102,9 +104,11 @@ func (m *lossWatch) seen(scope string) string {
 	return m.scope(scope).seen
 }
 
-// marked notes the marker a read found: a first look adopts it; another
-// one than seen (or none) is a loss to re-assert (checkLosses).
-func (m *lossWatch) marked(scope, marker string) {
+// marked notes the marker a read found, and reports whether the read shows
+// the scope this Backend saw: a first look adopts the marker; another one
+// (or none) is a loss to re-assert (checkLosses), and what a lost scope
+// reads must not make the Backend forget what it saw.
+func (m *lossWatch) marked(scope, marker string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	sm := m.scope(scope)
@@ -115,6 +119,7 @@ func (m *lossWatch) marked(scope, marker string) {
 	default:
 		sm.pending = true
 	}
+	return marker != "" && marker == sm.seen
 }
 
 // see remembers br, a breaker Redis showed at its time now (ms).
@@ -127,58 +132,53 @@ func (m *lossWatch) see(scope, source string, br gate.Breaker, now int64) {
 		}
 		return
 	}
-	local := time.Now()
-	at := func(t int64) time.Time { return local.Add(gate.Millis(t - now)) }
-	m.update(scope, source, func(r *record) {
-		r.openUntil, r.openedAt = time.Time{}, time.Time{}
-		if br.State == gate.Open {
-			r.openUntil, r.openedAt = at(br.OpenUntil), at(br.OpenedAt)
-			r.reopens, r.epoch, r.cause = br.Reopens, br.Epoch, br.Cause
-			if r.cause == gate.OpenCauseNone {
-				r.cause = gate.OpenCauseFailures
-			}
+	m.update(scope, source, func(r *gate.Record) {
+		r.Open = br.State == gate.Open
+		if r.Open {
+			r.OpenLeft, r.OpenedAgo = gate.Millis(br.OpenUntil-now), gate.Millis(now-br.OpenedAt)
+			r.Reopens, r.Epoch, r.Cause = br.Reopens, br.Epoch, br.Cause
 		}
-		r.override, r.actor, r.why, r.overrideAt = br.Override, br.Actor, br.Why, at(br.OverrideAt)
+		r.Override, r.Actor, r.Why, r.OverrideAgo = br.Override, br.Actor, br.Why, gate.Millis(now-br.OverrideAt)
 	})
 }
 
 // heard remembers what events say: an opening, a closing, an operator's
 // action (other replicas' announcements, this Backend's own events).
 func (m *lossWatch) heard(scope string, events []gate.Event) {
-	now := time.Now()
 	for _, e := range events {
 		switch {
 		case e.Kind == gate.EventOverride:
-			m.update(scope, e.Source, func(r *record) {
-				r.override, r.actor, r.why, r.overrideAt = e.Override, e.Actor, e.Why, now
-			})
+			m.update(scope, e.Source, func(r *gate.Record) { r.Override, r.Actor, r.Why, r.OverrideAgo = e.Override, e.Actor, e.Why, 0 })
 		case e.Kind == gate.EventTransition && e.To == gate.Open:
-			m.update(scope, e.Source, func(r *record) {
-				r.openUntil, r.openedAt, r.reopens, r.epoch = now.Add(e.Cooldown), now, e.Reopens, e.Epoch
-				r.cause = gate.OpenCauseFailures
+			m.update(scope, e.Source, func(r *gate.Record) {
+				r.Open, r.OpenLeft, r.OpenedAgo, r.Reopens, r.Epoch, r.Cause = true, e.Cooldown, 0, e.Reopens, e.Epoch, gate.OpenCauseFailures
 				if e.Cause == gate.CauseSourceDead {
-					r.cause = gate.OpenCauseSourceDead
+					r.Cause = gate.OpenCauseSourceDead
 				}
 			})
 		case e.Kind == gate.EventTransition:
-			m.update(scope, e.Source, func(r *record) { r.openUntil = time.Time{} })
+			m.update(scope, e.Source, func(r *gate.Record) { r.Open = false })
 		}
 	}
 }
 
 // update changes a source's record (made if missing), forgotten once it
 // holds nothing to re-assert.
-func (m *lossWatch) update(scope, source string, change func(*record)) {
+func (m *lossWatch) update(scope, source string, change func(*gate.Record)) {
 	now := time.Now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	sm := m.scope(scope)
 	el := sm.records[source]
-	r := &record{scope: scope, source: source}
+	r := &record{Record: gate.Record{Scope: scope, Source: source}, at: now}
 	if el != nil {
 		r = el.Value.(*record)
+		r.Record, r.at = r.aged(now), now
 	}
-	change(r)
+	change(&r.Record)
+	if r.Open && r.Cause == gate.OpenCauseNone {
+		r.Cause = gate.OpenCauseFailures
+	}
 	switch {
 	case r.empty(now) && el != nil:
 		m.forget(el)
@@ -191,7 +191,7 @@ func (m *lossWatch) update(scope, source string, change func(*record)) {
 			old := m.records.Back().Value.(*record)
 			m.forget(m.records.Back())
 			m.log.Warn("forgot a breaker for room: it is not re-asserted if redis loses its state",
-				"scope", old.scope, "source", old.source, "records", maxRecords)
+				"scope", old.Scope, "source", old.Source, "records", maxRecords)
 		}
 	}
 }
@@ -199,7 +199,7 @@ func (m *lossWatch) update(scope, source string, change func(*record)) {
 // forget drops a record; m.mu is held.
 func (m *lossWatch) forget(el *list.Element) {
 	r := m.records.Remove(el).(*record)
-	delete(m.scopes[r.scope].records, r.source)
+	delete(m.scopes[r.Scope].records, r.Source)
 }
 
 // anyPending reports whether a loss waits for its re-assert.
@@ -262,11 +262,11 @@ func (b *Backend) restore(ctx context.Context, until time.Time, scope string) er
 	m.mu.Lock()
 	c := newCall(b, scope, sm.seen)
 	now := time.Now()
-	recs := make([]*record, 0, len(sm.records))
+	recs := make([]gate.Record, 0, len(sm.records))
 	for _, el := range sm.records {
-		recs = append(recs, el.Value.(*record))
+		recs = append(recs, el.Value.(*record).aged(now))
 	}
-	c.restore(randomID(), recs, now)
+	c.restore(randomID(), recs)
 	m.mu.Unlock()
 	rctx, cancel := b.bound(ctx, until)
 	defer cancel()
@@ -363,16 +363,9 @@ func (b *Backend) Records() []gate.Record {
 	defer b.loss.mu.Unlock()
 	var out []gate.Record
 	for el := b.loss.records.Front(); el != nil; el = el.Next() {
-		r := el.Value.(*record)
-		if r.empty(now) {
-			continue
+		if r := el.Value.(*record); !r.empty(now) {
+			out = append(out, r.aged(now))
 		}
-		rec := gate.Record{Scope: r.scope, Source: r.source, Reopens: r.reopens, Epoch: r.epoch, Cause: r.cause,
-			Override: r.override, Actor: r.actor, Why: r.why, OverrideAgo: now.Sub(r.overrideAt)}
-		if r.openUntil.After(now) {
-			rec.Open, rec.OpenLeft, rec.OpenedAgo = true, r.openUntil.Sub(now), now.Sub(r.openedAt)
-		}
-		out = append(out, rec)
 	}
 	return out
 }

@@ -79,6 +79,22 @@ func TestReassertOwnAfterLoss(t *testing.T) {
 	}
 }
 
+// TestReadOfALostScopeForgetsNothing: reads and settles of a scope Redis
+// lost, before the re-assert, show its breakers CLOSED; the Backend still
+// re-asserts what it saw before, and grants neither source.
+func TestReadOfALostScopeForgetsNothing(t *testing.T) {
+	c, bs := lossFixture(t, 1)
+	k := bs[0]
+	ctx := testCtx(t)
+	a, b, other := gatetest.Src("a"), gatetest.Src("b"), gatetest.Src("other")
+	p := must(k.Admit(ctx, admitReq("read", "held", other)))(t)
+	deadAndForced(t, k, "read", a, b)
+	must(c.FlushAll(ctx).Result())(t)
+	must(k.Peek(ctx, gate.PeekRequest{Scope: "read", Sources: []*gate.Source{a, b}}))(t)
+	must(k.Settle(ctx, settleReq("read", a, p.Permit, gate.VerdictSuccess)))(t)
+	refusedEvery(t, k, "read", 20, a, b)
+}
+
 // TestReassertWhatWasSeen: a replica re-asserts what it only saw (its
 // admits refused by another replica's dead-key OPEN and override) after
 // the replica that set them is gone and Redis restarts empty; it grants

@@ -57,7 +57,7 @@ func (b *Backend) admission(req *gate.AdmitRequest, v any) (out gate.Admission, 
 			continue
 		}
 		i := c.num("candidate", 1, n)
-		rj := gate.Rejection{Reason: cenum(c, "reason", gate.ReasonQueued), RetryAfter: gate.Millis(c.count("retry"))}
+		rj := gate.Rejection{Reason: cenum(c, "reason", gate.ReasonTenantBudget), RetryAfter: gate.Millis(c.count("retry"))}
 		switch {
 		case c.err != nil:
 			continue
@@ -102,13 +102,16 @@ func (b *Backend) settlement(req *gate.SettleRequest, v any) (gate.Settlement, e
 	out := gate.Settlement{Released: c.num("released", 0, 1) == 1, Effect: cenum(c, "effect", gate.EffectIgnored)}
 	progress, now := c.time("progress"), c.time("now")
 	out.ProgressAge, out.Handoff = progressAge(progress, now), c.str("handoff")
+	marker := c.str("marker")
 	br, view := c.breaker(req.Source.Breaker, now)
 	out.Breaker = view
 	out.Events = c.events(func(int64) string { return req.Source.Name })
 	if c.done(); c.err != nil {
 		return gate.Settlement{}, c.err
 	}
-	b.loss.see(req.Scope, req.Source.Name, br, now)
+	if b.loss.marked(req.Scope, marker) {
+		b.loss.see(req.Scope, req.Source.Name, br, now)
+	}
 	return out, nil
 }
 
@@ -125,7 +128,7 @@ func (b *Backend) snapshot(req *gate.PeekRequest, v any) (gate.Snapshot, error) 
 		sv := gate.SourceView{Source: src.Name}
 		brs[i], sv.Breaker = c.breaker(src.Breaker, now)
 		sv.Quota = c.quota()
-		sv.Verdict = gate.Rejection{Source: src.Name, Reason: cenum(c, "reason", gate.ReasonQueued), RetryAfter: gate.Millis(c.count("retry"))}
+		sv.Verdict = gate.Rejection{Source: src.Name, Reason: cenum(c, "reason", gate.ReasonTenantBudget), RetryAfter: gate.Millis(c.count("retry"))}
 		if sv.Verdict.Reason == gate.ReasonNone {
 			// The quota would admit: the breaker's verdict.
 			sv.Verdict.Reason, sv.Verdict.RetryAfter = sv.Breaker.Reason, sv.Breaker.RetryAfter
@@ -135,13 +138,19 @@ func (b *Backend) snapshot(req *gate.PeekRequest, v any) (gate.Snapshot, error) 
 		}
 		out.Sources = append(out.Sources, sv)
 	}
+	for _, tc := range req.Tenants {
+		v := gate.TenantView{Tenant: tc.Name, Quota: c.quota(), BudgetUsed: c.count("budget_used")}
+		v.Verdict = gate.Rejection{Reason: cenum(c, "reason", gate.ReasonTenantBudget), RetryAfter: gate.Millis(c.count("retry"))}
+		out.Tenants = append(out.Tenants, v)
+	}
 	if c.done(); c.err != nil {
 		return gate.Snapshot{}, c.err
 	}
-	for i, s := range req.Sources {
-		b.loss.see(req.Scope, s.Name, brs[i], now)
+	if b.loss.marked(req.Scope, marker) {
+		for i, s := range req.Sources {
+			b.loss.see(req.Scope, s.Name, brs[i], now)
+		}
 	}
-	b.loss.marked(req.Scope, marker)
 	return out, nil
 }
 
@@ -159,7 +168,8 @@ func (b *Backend) overridden(req *gate.OverrideRequest, v any) (gate.OverrideRes
 	if c.done(); c.err != nil {
 		return gate.OverrideResult{}, c.err
 	}
-	b.loss.see(req.Scope, req.Source.Name, br, now)
-	b.loss.marked(req.Scope, marker)
+	if b.loss.marked(req.Scope, marker) {
+		b.loss.see(req.Scope, req.Source.Name, br, now)
+	}
 	return out, nil
 }

@@ -1,7 +1,6 @@
 package redisgate
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -37,62 +36,40 @@ func (b *Backend) Subscribe(ctx context.Context, handle func(scope string, e gat
 			if !ok {
 				return nil
 			}
-			a, err := decodeAnnouncement(m.Payload)
+			scope, marker, e, err := decodeAnnouncement(m.Payload)
 			if err != nil {
 				continue
 			}
-			b.loss.marked(a.Scope, a.Marker)
-			b.loss.heard(a.Scope, []gate.Event{a.event()})
-			handle(a.Scope, a.event())
+			b.loss.marked(scope, marker)
+			b.loss.heard(scope, []gate.Event{e})
+			handle(scope, e)
 		}
 	}
 }
 
-// announcement is lua/store.lua's announce: an event, its scope and the
-// scope's marker. It is checked as a reply is: what a replica hears it may
-// re-assert after a loss.
-type announcement struct {
-	V        int            `json:"v"`
-	Scope    string         `json:"scope"`
-	Source   string         `json:"source"`
-	Marker   string         `json:"marker"`
-	Kind     gate.EventKind `json:"kind"`
-	From     gate.State     `json:"from"`
-	To       gate.State     `json:"to"`
-	Cause    gate.Cause     `json:"cause"`
-	Epoch    uint64         `json:"epoch"`
-	Reopens  int            `json:"reopens"`
-	Cooldown int64          `json:"cooldown"`
-	Permit   string         `json:"permit"`
-	Override gate.Override  `json:"override"`
-	Actor    string         `json:"actor"`
-	Why      string         `json:"why"`
-}
-
-func (a *announcement) event() gate.Event {
-	return gate.Event{Kind: a.Kind, Source: a.Source, From: a.From, To: a.To, Cause: a.Cause, Epoch: a.Epoch,
-		Reopens: a.Reopens, Cooldown: gate.Millis(a.Cooldown), PermitID: a.Permit, Override: a.Override, Actor: a.Actor, Why: a.Why}
-}
-
-func decodeAnnouncement(payload string) (*announcement, error) {
-	var a announcement
-	d := json.NewDecoder(bytes.NewReader([]byte(payload)))
+// decodeAnnouncement reads lua/store.lua's announce: a JSON list of the
+// version, the scope, the source, the scope's marker, then the event as a
+// reply carries it (put_events'). It is checked as a reply is: what a
+// replica hears it may re-assert after a loss.
+func decodeAnnouncement(payload string) (scope, marker string, e gate.Event, err error) {
+	var a []any
+	d := json.NewDecoder(strings.NewReader(payload))
+	d.UseNumber()
 	if err := d.Decode(&a); err != nil {
-		return nil, fmt.Errorf("redisgate: announcement: %w", err)
+		return "", "", e, fmt.Errorf("redisgate: announcement: %w", err)
 	}
-	switch {
-	case a.V != 1:
-		return nil, fmt.Errorf("redisgate: announcement of version %d, want 1", a.V)
-	case a.Kind < gate.EventTransition || a.Kind > gate.EventOverride || a.From > gate.HalfOpen || a.To > gate.HalfOpen ||
-		a.Cause > gate.CauseReset || a.Override > gate.Disabled:
-		return nil, fmt.Errorf("redisgate: announcement with a value outside its enum")
-	case a.Reopens < 0 || a.Cooldown < 0:
-		return nil, fmt.Errorf("redisgate: announcement with a negative count")
-	}
-	for _, s := range []string{a.Scope, a.Source, a.Marker, a.Permit, a.Actor, a.Why} {
-		if len(s) > gate.MaxText {
-			return nil, fmt.Errorf("redisgate: announcement with a text of %d bytes, at most %d", len(s), gate.MaxText)
+	for i, v := range a {
+		if n, ok := v.(json.Number); ok {
+			if k, err := n.Int64(); err == nil {
+				a[i] = k
+			}
 		}
 	}
-	return &a, nil
+	c := &cursor{what: "announcement", a: a}
+	c.num("version", 1, 1)
+	scope, source, marker := c.str("scope"), c.str("source"), c.str("marker")
+	c.num("group", groupEvent, groupEvent)
+	e = c.event(func(int64) string { return source })
+	c.done()
+	return scope, marker, e, c.err
 }

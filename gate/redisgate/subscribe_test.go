@@ -164,7 +164,7 @@ func TestAnnouncedScopesBounded(t *testing.T) {
 	for i := range n {
 		scope := fmt.Sprintf("s%d", i)
 		p.Publish(ctx, "polygate:{"+scope+"}:events",
-			fmt.Sprintf(`{"v":1,"scope":%q,"source":"a","marker":"m","kind":%d,"from":0,"to":0}`, scope, gate.EventOverride))
+			fmt.Sprintf(`[1,%q,"a","m",2,1,%d,0,0,0,0,0,0,"",0,"",""]`, scope, gate.EventOverride))
 	}
 	must(p.Exec(ctx))(t)
 	deadline := time.Now().Add(time.Minute)

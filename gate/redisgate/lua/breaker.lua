@@ -285,17 +285,27 @@ end
 -- GROUP_REJECTION and GROUP_EVENT start the groups a reply may end with.
 local GROUP_REJECTION, GROUP_EVENT = 1, 2
 
--- put_events appends each event: GROUP_EVENT c kind from to cause epoch
--- reopens cooldown permit override actor why (c its candidate, from 1),
--- and announces those other replicas must hear of.
+-- put_event appends GROUP_EVENT c kind from to cause epoch reopens
+-- cooldown permit override actor why (c the event's candidate, from 1).
+local function put_event(r, c, e)
+  local n = #r
+  r[n + 1], r[n + 2], r[n + 3], r[n + 4], r[n + 5], r[n + 6], r[n + 7] =
+    GROUP_EVENT, c, e.kind, e.from, e.to, e.cause, e.epoch
+  r[n + 8], r[n + 9], r[n + 10], r[n + 11], r[n + 12], r[n + 13] =
+    e.reopens, e.cooldown or 0, e.permit or '', e.override or O_NONE, e.actor or '', e.why or ''
+end
+
+-- put_events appends each event, and announces to other replicas at once
+-- a breaker that opened or closed and an operator's action, with the
+-- scope's marker (loss.go; subscribe.go reads it).
 local function put_events(r, c, source, evs)
   for _, e in ipairs(evs) do
-    local n = #r
-    r[n + 1], r[n + 2], r[n + 3], r[n + 4], r[n + 5], r[n + 6], r[n + 7] =
-      GROUP_EVENT, c, e.kind, e.from, e.to, e.cause, e.epoch
-    r[n + 8], r[n + 9], r[n + 10], r[n + 11], r[n + 12], r[n + 13] =
-      e.reopens, e.cooldown or 0, e.permit or '', e.override or O_NONE, e.actor or '', e.why or ''
-    announce(source, e)
+    put_event(r, c, e)
+    if e.kind == E_OVERRIDE or (e.kind == E_TRANSITION and (e.to == OPEN or e.to == CLOSED)) then
+      local a = { 1, C.h.scope, source, marker() or '' }
+      put_event(a, 1, e)
+      redis.call('PUBLISH', C.h.channel, cjson.encode(a))
+    end
   end
   return r
 end

@@ -3,9 +3,11 @@
 -- KEY_LEN characters, then its id; score 0: members order as text),
 -- s.waiters a hash of the rest: w<id> the waiter's record
 -- (member|replica|joined|prio|tenant), c<id> the end of the slot it was
--- handed, r<replica> until when the replica is trusted, t<tenant> the
--- tenant's last share tag, v, seq and nt (the tenants with a tag). An
--- emptied line deletes the hash: shares, v and seq start over.
+-- handed, r<replica> until when the replica is trusted, the share table
+-- (t<tenant> the tenant's last share tag, k<tenant> its waiters in line,
+-- u<tenant> when the configuration does not name it), v, seq and nt (the
+-- buckets of tenants not named). An emptied line deletes the hash: shares,
+-- v and seq start over.
 
 -- A line's keys live LINE_TTL leases after the last write.
 local LINE_TTL = 4
@@ -59,10 +61,32 @@ local function l_emptied(s)
   end
 end
 
+-- l_count counts a waiter of tenant in or out of its bucket (gate.(*Line)
+-- insert's and remove's share table): a bucket is made for its first
+-- waiter (named: the configuration names the tenant) and freed with its
+-- last.
+local function l_count(s, tenant, share, named)
+  if share then
+    local last = redis.call('HGET', s.waiters, 't' .. tenant)
+    if not last and not named and tenant ~= OVERFLOW_TENANT then
+      redis.call('HSET', s.waiters, 'u' .. tenant, 1)
+      redis.call('HINCRBY', s.waiters, 'nt', 1)
+    end
+    redis.call('HSET', s.waiters, 't' .. tenant, math.max(tonumber(last) or 0, share))
+    redis.call('HINCRBY', s.waiters, 'k' .. tenant, 1)
+  elseif redis.call('HINCRBY', s.waiters, 'k' .. tenant, -1) <= 0 then
+    if redis.call('HDEL', s.waiters, 'u' .. tenant) == 1 then
+      redis.call('HINCRBY', s.waiters, 'nt', -1)
+    end
+    redis.call('HDEL', s.waiters, 't' .. tenant, 'k' .. tenant)
+  end
+end
+
 -- twin: gate.(*Line).remove
 local function l_remove(s, e)
   redis.call('ZREM', s.line, e.member)
   redis.call('HDEL', s.waiters, 'w' .. e.id, 'c' .. e.id)
+  l_count(s, e.tenant)
   l_emptied(s)
 end
 
@@ -86,15 +110,18 @@ end
 -- one rank's reads, thousands of vanished waiters a few commands a page.
 local function l_front(s, now)
   local page, recs, pos, rank, size = {}, {}, 0, 0, 1
-  local dead, gone_m, gone_f, ended = {}, {}, {}, false
+  local dead, gone_m, gone_f, gone_t, ended = {}, {}, {}, {}, false
   local function done()
     ended = true
     each_page(gone_m, function(...) redis.call('ZREM', s.line, ...) end)
     each_page(gone_f, function(...) redis.call('HDEL', s.waiters, ...) end)
+    for _, tenant in ipairs(gone_t) do
+      l_count(s, tenant)
+    end
     if #gone_m > 0 then
       l_emptied(s)
     end
-    gone_m, gone_f = {}, {}
+    gone_m, gone_f, gone_t = {}, {}, {}
   end
   local function next()
     while not ended do
@@ -123,6 +150,7 @@ local function l_front(s, now)
           e.called = called
           return e
         end
+        gone_t[#gone_t + 1] = e.tenant
       end
       local id = string.sub(page[pos], KEY_LEN + 1)
       gone_m[#gone_m + 1] = page[pos]
@@ -144,7 +172,7 @@ end
 local function l_key(s, w, now)
   local tenant, weight = w.tenant, w.weight
   local st = redis.call('HMGET', s.waiters, 'v', 'seq', 't' .. tenant, 'nt')
-  if not st[3] and (tonumber(st[4]) or 0) >= w.max_tenants then
+  if not st[3] and not w.named and (tonumber(st[4]) or 0) >= w.max_tenants then
     tenant, weight = OVERFLOW_TENANT, w.other_weight
     st[3] = redis.call('HGET', s.waiters, 't' .. tenant)
   end
@@ -178,15 +206,11 @@ local function l_enter(s, w, now)
   end
   local e = l_parse(w.place or '')
   if e == nil or e.id ~= w.id then
-    local tenant, share, key = l_key(s, w, now)
-    if redis.call('HSETNX', s.waiters, 't' .. tenant, share) == 1 then
-      redis.call('HINCRBY', s.waiters, 'nt', 1)
-    else
-      redis.call('HSET', s.waiters, 't' .. tenant, share)
-    end
+    local tenant, _, key = l_key(s, w, now)
     redis.call('HINCRBY', s.waiters, 'seq', 1)
     e = { member = key .. w.id, id = w.id, tenant = tenant, prio = w.priority, joined = now }
   end
+  l_count(s, e.tenant, tonumber(string.sub(e.member, 17, 32)) or 0, w.named)
   e.replica = w.replica
   r = l_record(e)
   redis.call('ZADD', s.line, 0, e.member)

@@ -16,7 +16,7 @@ end
 local function read_waiter(x, i, a, j)
   return {
     priority = x[i + 1], weight = x[i + 2], other_weight = x[i + 3], max_tenants = x[i + 4], aging = x[i + 5],
-    lease = x[i + 6], id = a[j + 1], replica = replica_or(a[j + 2]), tenant = a[j + 3],
+    lease = x[i + 6], named = x[i + 7] == 1, id = a[j + 1], replica = replica_or(a[j + 2]), tenant = a[j + 3],
   }
 end
 
@@ -32,24 +32,8 @@ local function gone(permit, now)
   return (tonumber(redis.call('HGET', C.keys[3], permit)) or 0) > now
 end
 
--- Past TOMBSTONES a scope's expired tombstones are forgotten.
-local TOMBSTONES = 1000
-
 local function tombstone(permit, untl, now)
-  local k = C.keys[3]
-  redis.call('HSET', k, permit, untl)
-  if redis.call('PTTL', k) < untl - now then
-    redis.call('PEXPIRE', k, untl - now)
-  end
-  if redis.call('HLEN', k) > TOMBSTONES then
-    local all, old = redis.call('HGETALL', k), {}
-    for i = 1, #all, 2 do
-      if (tonumber(all[i + 1]) or 0) <= now then
-        old[#old + 1] = all[i]
-      end
-    end
-    each_page(old, function(...) redis.call('HDEL', k, ...) end)
-  end
+  keep_until(C.keys[3], permit, untl, untl, now)
   C.gone = true
 end
 
@@ -62,12 +46,13 @@ end
 -- granted source's put_notable, the number of places (one per candidate,
 -- or none) and the places, then the groups: a rejection is GROUP_REJECTION
 -- c reason retry and its breaker's put_notable (remembered for a loss), an
--- event put_events'.
+-- event put_events'. A tenant that refuses refuses every candidate alike
+-- (its reason and wait), and the waiter leaves their lines.
 local function admit(r, x, xi, a, ai)
-  local tokens, waits, nc = x[xi + 1], x[xi + 2] == 1, x[xi + 3]
-  local permit, i, j = a[ai + 1], xi + 3, ai + 1 -- the candidates' numbers after x[i], places after a[j]
+  local tokens, waits, nc, ti = x[xi + 1], x[xi + 2] == 1, x[xi + 3], x[xi + 4]
+  local permit, i, j = a[ai + 1], xi + 4, ai + 1 -- the candidates' numbers after x[i], places after a[j]
   if waits then
-    i, j = i + 6, j + 3
+    i, j = i + 7, j + 3
   end
   local m = marker()
   if not m or m ~= C.h.seen then
@@ -81,6 +66,26 @@ local function admit(r, x, xi, a, ai)
   end
   local granted, probe, epoch, held = 0, 0, 0, nil
   local groups = {}
+  local tc, t = nil, nil
+  if ti ~= 0 then
+    tc = tconf(ti)
+    t = ten(tc)
+    local reason, wait = t_verdict(t, tc, tokens, now)
+    if reason ~= R_NONE then
+      local n = #r
+      r[n + 1], r[n + 2], r[n + 3], r[n + 4], r[n + 5], r[n + 6], r[n + 7] = 0, 0, 0, 0, progress(), now, 0
+      for k = 1, nc do
+        local s = src(conf(x[i + 2 * k - 1]))
+        if waits and not l_empty(s) then
+          l_leave(s, a[ai + 2])
+        end
+        n = #r
+        r[n + 1], r[n + 2], r[n + 3], r[n + 4] = GROUP_REJECTION, k, reason, wait
+        put_notable(r, s.b)
+      end
+      return
+    end
+  end
   -- walk[k], made where a line has something to say (not empty, or w has a
   -- place in it), is true where the walk reached candidate k and it did
   -- not refuse, else the reason it refused; nil where the walk did not
@@ -88,10 +93,10 @@ local function admit(r, x, xi, a, ai)
   local w, walk = nil, nil
   for k = 1, nc do
     local c = conf(x[i + 2 * k - 1])
-    local s = src(c.g)
+    local s = src(c)
     local passed = true
     if waits and (a[j + k] ~= '' or not l_empty(s)) then
-      w = w or read_waiter(x, xi + 3, a, ai + 1)
+      w = w or read_waiter(x, xi + 4, a, ai + 1)
       walk = walk or {}
       walk[k] = true
       w.place = a[j + k]
@@ -125,6 +130,9 @@ local function admit(r, x, xi, a, ai)
       walk[k] = reason
     end
   end
+  if granted ~= 0 and t then
+    t_take(t, tc, permit, tokens, conf(x[i + 2 * granted - 1]).lease, now)
+  end
   local n = #r
   r[n + 1], r[n + 2], r[n + 3], r[n + 4], r[n + 5], r[n + 6] = 0, granted, probe, epoch, progress(), now
   if held then
@@ -139,7 +147,7 @@ local function admit(r, x, xi, a, ai)
     for k = 1, nc do
       local p = ''
       if walk[k] ~= nil or a[j + k] ~= '' then
-        local s = src(conf(x[i + 2 * k - 1]).g)
+        local s = src(conf(x[i + 2 * k - 1]))
         w.place = a[j + k]
         if granted ~= 0 and granted ~= k then
           l_leave(s, w.id)
@@ -164,12 +172,15 @@ local function admit(r, x, xi, a, ai)
 end
 
 -- twin: inmem.(*Backend).Settle
--- Its reply: released effect progress now handoff, put_breaker's, then the
--- events; it returns whether the permit held its slot.
-local function settle_op(r, src_i, permit, epoch, probe, verdict, floor, actual, success, hands, replica, lease)
+-- Its reply: released effect progress now handoff marker, put_breaker's,
+-- then the events; it returns whether the permit held its slot.
+local function settle_op(r, src_i, permit, epoch, probe, verdict, floor, actual, success, hands, replica, lease, ti)
   local now = now_ms()
+  if ti ~= 0 then
+    t_release(ten(tconf(ti)), permit, actual, now)
+  end
   local c = conf(src_i)
-  local s = src(c.g)
+  local s = src(c)
   local b = s.b
   local released = q_release(s, permit, actual, now)
   local o = { permit = permit, epoch = epoch, probe = probe, verdict = verdict, floor = floor }
@@ -193,14 +204,14 @@ local function settle_op(r, src_i, permit, epoch, probe, verdict, floor, actual,
     handoff = l_handoff(s, { replica = replica_or(replica), lease = lease }, now)
   end
   local n = #r
-  r[n + 1], r[n + 2], r[n + 3], r[n + 4], r[n + 5] = released and 1 or 0, effect, progress(), now, handoff
+  r[n + 1], r[n + 2], r[n + 3], r[n + 4], r[n + 5], r[n + 6] = released and 1 or 0, effect, progress(), now, handoff, marker() or ''
   put_events(put_breaker(r, b, c, now), 1, c.name, evs)
   return released
 end
 
 local function settle(r, x, xi, a, ai)
-  local src_i, epoch, probe, verdict, floor, actual, success, hands, lease = unpack(x, xi + 1, xi + 9)
-  settle_op(r, src_i, a[ai + 1], epoch, probe == 1, verdict, floor, actual, success == 1, hands == 1, a[ai + 2], lease)
+  local src_i, epoch, probe, verdict, floor, actual, success, hands, lease, ti = unpack(x, xi + 1, xi + 10)
+  settle_op(r, src_i, a[ai + 1], epoch, probe == 1, verdict, floor, actual, success == 1, hands == 1, a[ai + 2], lease, ti)
 end
 
 -- give_back settles, without a verdict, a permit whose Admit's reply was
@@ -209,11 +220,12 @@ end
 -- resumes): a tombstone makes it grant nothing, so one give-back is
 -- enough. Its reply: released.
 local function give_back(r, x, xi, a, ai, nn)
-  local permit, released = a[ai + 1], 0
-  for i = xi + 2, xi + nn do
-    if settle_op({}, x[i], permit, 0, false, V_NONE, 0, -1, false, false, '', 0) then
+  local permit, released, ti = a[ai + 1], 0, x[xi + 2]
+  for i = xi + 3, xi + nn do
+    if settle_op({}, x[i], permit, 0, false, V_NONE, 0, -1, false, false, '', 0, ti) then
       released = 1
     end
+    ti = 0 -- (the tenant's slot freed once)
   end
   if released == 0 then
     tombstone(permit, now_ms() + x[xi + 1], now_ms())
@@ -224,8 +236,8 @@ end
 -- twin: inmem.(*Backend).Peek
 -- Its reply: progress now marker, then per source put_breaker's, in_flight
 -- requests tokens, the quota's verdict (reason retry), and l_read's when
--- the line is read.
-local function peek(r, x, xi, a, ai)
+-- the line is read, then per tenant t_view's.
+local function peek(r, x, xi, a, ai, nn)
   local tokens, nc = x[xi + 1], x[xi + 6]
   local read, w, i, j = nil, nil, xi + 6, ai + 1 -- the candidates' numbers after x[i], places after a[j]
   if x[xi + 2] == 1 then
@@ -233,14 +245,14 @@ local function peek(r, x, xi, a, ai)
   end
   if x[xi + 5] == 1 then
     w = read_waiter(x, i, a, j)
-    i, j = i + 6, j + 3
+    i, j = i + 7, j + 3
   end
   local now = now_ms()
   local n = #r
   r[n + 1], r[n + 2], r[n + 3] = progress(), now, marker() or ''
   for k = 1, nc do
     local c = conf(x[i + 3 * k - 2])
-    local s = src(c.g)
+    local s = src(c)
     local reason, wait = q_check(s, c, x[i + 3 * k - 1], tokens, now)
     put_breaker(r, s.b, c, now)
     local held, requests, used = q_view(s, now)
@@ -255,6 +267,10 @@ local function peek(r, x, xi, a, ai)
       l_read(r, s, read, jw, now)
     end
   end
+  for k = i + 3 * nc + 1, xi + nn do
+    local tc = tconf(x[k])
+    t_view(r, ten(tc), tc, tokens, now)
+  end
 end
 
 -- twin: inmem.(*Backend).Override
@@ -262,7 +278,7 @@ end
 local function override(r, x, xi, a, ai)
   local now = now_ms()
   local c = conf(x[xi + 1])
-  local s = src(c.g)
+  local s = src(c)
   local evs = b_apply(s.b, x[xi + 2], a[ai + 1], a[ai + 2], now)
   local n = #r
   r[n + 1], r[n + 2] = now, marker() or ''
@@ -276,7 +292,7 @@ end
 -- twin: inmem.(*Backend).Leave
 local function leave(r, x, xi, a, ai, nn)
   for i = xi + 1, xi + nn do
-    l_leave(src(conf(x[i]).g), a[ai + 1])
+    l_leave(src(conf(x[i])), a[ai + 1])
   end
 end
 
@@ -303,7 +319,7 @@ local function restore(r, x, xi, a, ai, nn)
   local now, restored = now_ms(), 0
   for k = 1, nn / 8 do
     local g, left, ago, reopens, epoch, cause, override, since = unpack(x, xi + 8 * k - 7, xi + 8 * k)
-    local b = src(conf(g).g).b
+    local b = src(conf(g)).b
     local wrote = false
     if left > 0 and b.state == CLOSED and b.reopens == 0 then
       b.state, b.reopens, b.cause = OPEN, reopens, cause

@@ -5,21 +5,24 @@
 -- server's time read once, and the sources' records, each read once and
 -- written back once when the call ends (flush).
 --
--- Keys (wire.go's keysOf): KEYS[1] the scope's progress, KEYS[2] its marker (ops.lua's
--- restore), KEYS[3] its tombstones (permit -> until; ops.lua's give_back),
--- then SRC_KEYS keys per source group:
---   state    the source's record (cmsgpack): breaker, window, quota counts
+-- Keys (wire.go's): KEYS[1] the scope's progress, KEYS[2] its marker
+-- (ops.lua's restore), KEYS[3] its tombstones (permit -> until; ops.lua's
+-- give_back), then each source's and tenant's, by role (SOURCE, TENANT):
+--   state    the record (cmsgpack): breaker, window, quota counts, budget
 --   leases   hash: permit -> end of its lease, one field per slot held
 --   minute   zset: permit -> when it was admitted, for RPM and TPM
 --   tokens   hash: permit -> the tokens it is charged, for TPM
 --   line     zset and waiters hash: the source's waiting line (line.lua)
+--   spent    hash: permit -> its charge to the budget (tenant.lua)
 -- Times are Unix milliseconds; every integer stays below 2^53, which I()
 -- writes in full into a string.
 
 local C = nil
-local SRC_KEYS = 6
+local SOURCE = { 'state', 'leases', 'minute', 'tokens', 'line', 'waiters' }
+local TENANT = { 'state', 'leases', 'minute', 'tokens', 'spent' }
 -- SLACK is how long (ms) a key of the minute outlives the minute it holds.
 local SLACK = 1000
+local TOMBSTONES = 1000
 
 local function I(n)
   return string.format('%d', n)
@@ -83,18 +86,30 @@ end
 -- header reads wire.go's header from the numbers x and strings a, and
 -- returns it with the positions its ops start after.
 local function header(x, a)
-  local h = { now = x[1], ttl = x[2], scope = a[2], channel = a[3], seen = a[4], replica = a[5], src = {} }
-  for k = 1, x[3] do
-    local g, mc, rpm, tpm, lease, ft, minc, rate, win, cd, mcd, pttl = unpack(x, 12 * k - 8, 12 * k + 3)
+  local h = { now = x[1], ttl = x[2], scope = a[2], channel = a[3], seen = a[4], replica = a[5], src = {}, ten = {} }
+  local n, m = x[3], x[4]
+  for k = 1, n do
+    local base, mc, rpm, tpm, lease, ft, minc, rate, win, cd, mcd, pttl = unpack(x, 12 * k - 7, 12 * k + 4)
     h.src[k] = {
-      g = g, name = a[5 + k], max_concurrency = mc, rpm = rpm, tpm = tpm, lease = lease, fail_threshold = ft,
+      base = base, name = a[5 + k], max_concurrency = mc, rpm = rpm, tpm = tpm, lease = lease, fail_threshold = ft,
       min_calls = minc, fail_rate = rate, window = win, cooldown = cd, max_cooldown = mcd, probe_ttl = pttl,
     }
   end
-  return h, 3 + 12 * x[3], 5 + x[3]
+  for k = 1, m do
+    local base, mc, rpm, tpm, budget, win = unpack(x, 4 + 12 * n + 6 * k - 5, 4 + 12 * n + 6 * k)
+    if mc <= 0 then
+      mc = 2 ^ 53 -- (gate's unlimited)
+    end
+    h.ten[k] = {
+      base = base, name = a[5 + n + k], max_concurrency = mc, rpm = rpm, tpm = tpm, budget = budget,
+      width = math.max(idiv(win, BUDGET_BUCKETS), 1), ttl = math.max(x[2], win + MINUTE),
+    }
+  end
+  return h, 4 + 12 * n + 6 * m, 5 + n + m
 end
 
--- conf is the i-th source configuration of the header (from 1).
+-- conf is the i-th source configuration of the header (from 1), tconf
+-- the i-th tenant's.
 local function conf(i)
   local c = C.h.src[i]
   if c == nil then
@@ -103,21 +118,28 @@ local function conf(i)
   return c
 end
 
--- src is source group g's keys and record (s.b), read on first use.
-local function src(g)
-  local s = C.src[g]
+local function tconf(i)
+  local c = C.h.ten[i]
+  if c == nil then
+    error('redisgate: no tenant configuration ' .. tostring(i))
+  end
+  return c
+end
+
+-- group is the keys after KEYS[base], named by roles, and their record
+-- (s.b), read on first use.
+local function group(base, roles)
+  local s = C.src[base]
   if s then
     return s
   end
-  local base = 3 + (g - 1) * SRC_KEYS
-  if g < 1 or g % 1 ~= 0 or base + SRC_KEYS > #C.keys then
-    error('redisgate: no keys for source group ' .. tostring(g))
+  if base < 3 or base % 1 ~= 0 or base + #roles > #C.keys then
+    error('redisgate: no keys after ' .. tostring(base))
   end
-  local k = C.keys
-  s = {
-    state = k[base + 1], leases = k[base + 2], minute = k[base + 3], tokens = k[base + 4],
-    line = k[base + 5], waiters = k[base + 6],
-  }
+  s = {}
+  for i, role in ipairs(roles) do
+    s[role] = C.keys[base + i]
+  end
   s.raw = redis.call('GET', s.state)
   local b = {}
   if s.raw then
@@ -135,8 +157,19 @@ local function src(g)
     b.bk = no_buckets()
   end
   s.b = b
-  C.src[g] = s
+  C.src[base] = s
   return s
+end
+
+-- src is a source's state (from its configuration), ten a tenant's.
+local function src(c)
+  return group(c.base, SOURCE)
+end
+
+local function ten(tc)
+  local t = group(tc.base, TENANT)
+  t.ttl = tc.ttl
+  return t
 end
 
 -- scope reads the scope's progress and marker, once per call.
@@ -168,23 +201,30 @@ local function set_progress(now)
   C.progress, C.progress_set = now, true
 end
 
--- announce tells other replicas at once of a breaker that opened or closed
--- and of an operator's action, with the marker (loss.go).
-local function announce(source, e)
-  if e.kind == E_OVERRIDE or (e.kind == E_TRANSITION and (e.to == OPEN or e.to == CLOSED)) then
-    local a = { v = 1, scope = C.h.scope, source = source, marker = marker() or '' }
-    for f, x in pairs(e) do
-      a[f] = x
-    end
-    redis.call('PUBLISH', C.h.channel, cjson.encode(a))
-  end
-end
-
 -- each_page calls f with the items of list, PAGE at a time (unpack's limit).
 local PAGE = 1000
 local function each_page(list, f)
   for i = 1, #list, PAGE do
     f(unpack(list, i, math.min(i + PAGE - 1, #list)))
+  end
+end
+
+-- keep_until writes field = value into hash k (the value starts with
+-- until, in ms): k lives until then at least, and past TOMBSTONES fields
+-- the ones whose until passed are forgotten.
+local function keep_until(k, field, value, untl, now)
+  redis.call('HSET', k, field, value)
+  if redis.call('PTTL', k) < untl - now then
+    redis.call('PEXPIRE', k, untl - now)
+  end
+  if redis.call('HLEN', k) > TOMBSTONES then
+    local all, old = redis.call('HGETALL', k), {}
+    for i = 1, #all, 2 do
+      if (tonumber(string.match(all[i + 1], '^%-?%d+')) or 0) <= now then
+        old[#old + 1] = all[i]
+      end
+    end
+    each_page(old, function(...) redis.call('HDEL', k, ...) end)
   end
 end
 
@@ -202,7 +242,7 @@ local function flush()
     local raw = cmsgpack.pack(b)
     if raw ~= s.raw then
       if b.state == CLOSED and b.override == O_NONE then
-        redis.call('SET', s.state, raw, 'PX', ttl)
+        redis.call('SET', s.state, raw, 'PX', s.ttl or ttl)
       else
         redis.call('SET', s.state, raw)
       end
