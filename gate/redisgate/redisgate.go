@@ -17,8 +17,8 @@ import (
 
 // Options configure a Backend. The zero value is the production setting.
 type Options struct {
-	// Prefix starts every key and channel name; default "polygate:". It may
-	// not contain '{' or '}': the scope's name in braces is the hash tag.
+	// Prefix starts every key and channel name; default "polygate:", with
+	// no '{' or '}' (the scope's name in braces is the hash tag).
 	Prefix string
 	// IdleTTL is how long a CLOSED breaker without an override, its
 	// source's leases and a scope's progress survive without a write;
@@ -27,15 +27,14 @@ type Options struct {
 	// Clock, when set, is the time of every decision in place of the Redis
 	// server's TIME (tests only).
 	Clock func() time.Time
-	// Timeout, when set, bounds every operation: the wait for its call and
-	// the call's round trip together.
+	// Timeout, when set, bounds every operation, its wait for a call
+	// included.
 	Timeout time.Duration
-	// BatchLinger is the most a scope's next call waits for more ops after
-	// a call that carried two or more (batch.go); zero: DefaultBatchLinger;
-	// negative: none.
+	// BatchLinger is the most a scope's next call waits for more ops
+	// (batch.go); zero: DefaultBatchLinger; negative: none.
 	BatchLinger time.Duration
-	// GiveBackQueue bounds the settles kept for Redis while it does not
-	// answer (giveback.go); default DefaultGiveBackQueue.
+	// GiveBackQueue bounds the settles kept for Redis (giveback.go);
+	// default DefaultGiveBackQueue.
 	GiveBackQueue int
 	// Log receives the give-back queue's and the loss checks' lines.
 	Log *slog.Logger
@@ -44,12 +43,10 @@ type Options struct {
 	OnStateLoss func(scope string, restored int)
 }
 
-// DefaultPrefix and DefaultIdleTTL are the values of a zero Options.
+// The values of a zero Options, and the most BatchLinger may be.
 const (
-	DefaultPrefix  = "polygate:"
-	DefaultIdleTTL = 24 * time.Hour
-	// DefaultBatchLinger is the value of a zero Options.BatchLinger, and
-	// MaxBatchLinger its most.
+	DefaultPrefix      = "polygate:"
+	DefaultIdleTTL     = 24 * time.Hour
 	DefaultBatchLinger = 2 * time.Millisecond
 	MaxBatchLinger     = 100 * time.Millisecond
 )
@@ -64,8 +61,7 @@ type Backend struct {
 	timeout time.Duration
 	linger  time.Duration // 0: none
 	log     *slog.Logger
-	// replica names this Backend among those sharing a line.
-	replica string
+	replica string // this Backend's name in the lines
 	batches batcher
 	owed    *giveBacks
 	loss    *lossWatch
@@ -117,8 +113,8 @@ func randomID() string {
 }
 
 // nowArg is the header's now: 0 (the server's TIME) unless a test clock
-// is set. Tests need exact boundaries ("1ms before the end of the
-// cooldown"), which an offset added to a moving TIME cannot give.
+// is set (tests need exact boundaries, which an offset added to a moving
+// TIME cannot give).
 func (b *Backend) nowArg() int64 {
 	if b.clock == nil {
 		return 0
@@ -235,8 +231,7 @@ func (b *Backend) Leave(ctx context.Context, req gate.LeaveRequest) error {
 	return err
 }
 
-// single runs c, one op, as a call of its own, bounded by the Backend's
-// timeout, and returns its reply.
+// single runs c, one op, as a call of its own, and returns its reply.
 func (b *Backend) single(ctx context.Context, c *call) (any, error) {
 	rctx, cancel := b.bound(ctx, time.Time{})
 	defer cancel()
@@ -247,8 +242,7 @@ func (b *Backend) single(ctx context.Context, c *call) (any, error) {
 	return replies[0], opError(replies[0])
 }
 
-// run makes call c and returns its replies, one per op: its values, or the
-// error it raised.
+// run makes call c and returns its replies: each op's values, or error.
 func (b *Backend) run(ctx context.Context, c *call) ([]any, error) {
 	keys, argv := c.args()
 	v, err := b.fcall(ctx, keys, argv)
@@ -310,8 +304,8 @@ func (b *Backend) wrap(ctx context.Context, what string, err error) error {
 	return fmt.Errorf("redisgate: %s: %w", what, err)
 }
 
-// unavailable reports whether err means Redis cannot be reached or cannot
-// serve right now (as opposed to a script or protocol error).
+// unavailable reports whether err means Redis cannot be reached or serve
+// now (not a script or protocol error).
 func unavailable(err error) bool {
 	var rerr redis.Error
 	if !errors.As(err, &rerr) {
