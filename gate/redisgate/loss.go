@@ -119,7 +119,7 @@ func (m *lossWatch) marked(scope, marker string) bool {
 	default:
 		sm.pending = true
 	}
-	return marker != "" && marker == sm.seen
+	return marker == sm.seen
 }
 
 // see remembers br, a breaker Redis showed at its time now (ms).
