@@ -103,6 +103,7 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 		var w *gate.Waiter
 		if !shadow {
 			w = s.waiter(c, cfg)
+			s.line.left(c.ID) // its places are the backend's once a leave in flight is
 		}
 		var err error
 		adm, err = s.backend.Admit(context.WithoutCancel(ctx), gate.AdmitRequest{Scope: s.name, PermitID: NewID("p"), Tokens: c.Tokens, Candidates: cands, Line: w})

@@ -107,18 +107,19 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 		// call's own.
 		req := s.peekRequest(srcs, c.Tokens)
 		req.Line = &gate.LineRead{Lease: lineLease(cfg), Join: s.waiter(c, cfg), Joins: names}
+		s.line.left(c.ID)
 		s.joining(c)
 		// Not cancelled with the RPC (the backend bounds it): a read that
 		// joined and then failed to answer leaves those lines at once, so
 		// no place stays in the backend that this sidecar does not know it
 		// holds (a ghost at a line's head would stall the line).
 		if snap, err = s.backend.Peek(context.WithoutCancel(ctx), req); err != nil {
-			s.leaveLines(c, names)
 			places := maps.Clone(c.places)
 			for _, n := range names {
 				delete(places, n)
 			}
 			s.placed(c, places, false)
+			s.leaveLater(c, names) // the error is answered now
 			return d, false, false, err
 		}
 		s.joined(c, names, snap)
