@@ -135,16 +135,6 @@ func (c *Call) finish(a Action) {
 	}
 }
 
-// lastSources are the per-source reasons of the call's last refusal.
-func (c *Call) lastSources() []gate.Rejection {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.last == nil {
-		return nil
-	}
-	return c.last.Sources
-}
-
 // Ended reports whether the call has ended (Done or Failure).
 func (c *Call) Ended() bool {
 	c.mu.Lock()

@@ -22,6 +22,10 @@ type Decision struct {
 	// Uncertain: there was no certain time to wait for (a probe in flight, a
 	// full pool), so the sidecar held the caller until something changed.
 	Uncertain bool
+
+	// reasons are the call's per-source reasons as the decision's read saw
+	// them (see current).
+	reasons []gate.Rejection
 }
 
 // OnNoRunnable decides, after a NoRunnable Pick, whether the call waits or
@@ -59,7 +63,7 @@ func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 	s.inLine(c, t, d)
 	defer s.line.detach(c, t)
 	if first {
-		s.observer.Waiting(c, d.Sleep, c.lastSources())
+		s.observer.Waiting(c, d.Sleep, d.reasons)
 	}
 	if d.Failure == nil && !d.Woken {
 		nap := d.Sleep
@@ -129,8 +133,9 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 	}
 	now := time.Now()
 	hint := s.breakerWait(snap, now)
+	reasons := current(nr.Sources, snap)
 	fail := func(reason FailureReason, retryAfter time.Duration) (Decision, bool, bool, error) {
-		f := &Failure{Reason: reason, RetryAfter: max(retryAfter, 0), Sources: nr.Sources}
+		f := &Failure{Reason: reason, RetryAfter: max(retryAfter, 0), Sources: reasons}
 		c.finish(Action{Failure: f})
 		return Decision{Failure: f}, circuit, false, nil
 	}
@@ -163,7 +168,7 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 		}
 	} else {
 		if cfg.QuotaFull == config.FailFast {
-			return fail(FailQuotaExhausted, minRetryAfter(nr.Sources))
+			return fail(FailQuotaExhausted, minRetryAfter(reasons))
 		}
 		hint = 0
 	}
@@ -189,7 +194,36 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 	}
 	first = !c.waiting
 	c.waiting = true
-	return Decision{Sleep: ceilMs(sleep), Uncertain: uncertain}, circuit, first, nil
+	return Decision{Sleep: ceilMs(sleep), Uncertain: uncertain, reasons: reasons}, circuit, first, nil
+}
+
+// current is each source's reason of a refusal (in its order) as read now
+// in snap, so that an answer carries the values of the one read it was
+// decided on, not the Pick's: a source refused by its breaker (or the
+// cooldown memo) has its breaker's reason and wait, one refused for
+// capacity what Admit would answer now; a source that would admit now keeps
+// its reason with nothing to wait for, and one the read did not see is kept
+// as it was.
+func current(refused []gate.Rejection, snap gate.Snapshot) []gate.Rejection {
+	out := make([]gate.Rejection, len(refused))
+	for i, r := range refused {
+		out[i] = r
+		j := slices.IndexFunc(snap.Sources, func(v gate.SourceView) bool { return v.Source == r.Source })
+		if j < 0 {
+			continue
+		}
+		v := snap.Sources[j]
+		now := v.Verdict
+		if r.Reason.Gate() && v.Breaker.Reason != gate.ReasonNone {
+			now = gate.Rejection{Reason: v.Breaker.Reason, RetryAfter: v.Breaker.RetryAfter}
+		}
+		if now.Reason == gate.ReasonNone {
+			out[i].RetryAfter = 0
+			continue
+		}
+		out[i].Reason, out[i].RetryAfter = now.Reason, now.RetryAfter
+	}
+	return out
 }
 
 // pollOnce is the poller's read of the backend: whether some source with
