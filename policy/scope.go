@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/polygate/polygate/config"
@@ -109,6 +110,8 @@ type Scope struct {
 	wait  *waiter
 	line  *line
 	reads *reads
+
+	removed atomic.Bool // a reload removed the scope (Remove)
 }
 
 // NewScope returns the decisions of one scope over a backend.

@@ -52,6 +52,9 @@ type Decision struct {
 // rest of its sleep to the caller, an uncertain one leaves nothing (the caller
 // asks again). Close answers every wait at once the same way.
 func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
+	if s.removed.Load() {
+		return s.removedDecision(c)
+	}
 	// Take the wake-ups before reading the backend, so that no change between
 	// the read and the hold can be missed.
 	t := s.wait.ticket()
@@ -85,6 +88,10 @@ func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 		} else {
 			d.Sleep = ceilMs(d.Sleep - d.Slept)
 		}
+	}
+	if d.Failure == nil && s.removed.Load() {
+		// Removed while the call was held (Remove ended the hold).
+		return s.removedDecision(c)
 	}
 	s.observer.Decided(c, d)
 	return d, nil

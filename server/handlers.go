@@ -46,14 +46,10 @@ func (s *Server) OnNoRunnable(ctx context.Context, req *admissionv1.OnNoRunnable
 		return nil, err
 	}
 	defer s.calls.release(sess)
-	if removed {
-		if f := sess.call.EndRemoved(); f != nil {
-			return decisionResponse(policy.Decision{Failure: f}), nil
-		}
-		return nil, errorf(errUnknownScope, "%s", clip(req.GetScope()))
+	if !removed { // a removed scope's answers scope_removed at once
+		s.waits.hold(sc.Name())
+		defer s.waits.unhold(sc.Name())
 	}
-	s.waits.hold(sc.Name())
-	defer s.waits.unhold(sc.Name())
 	d, err := sc.OnNoRunnable(ctx, sess.call)
 	if err != nil {
 		return nil, err
