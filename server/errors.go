@@ -111,6 +111,19 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	return withInfo(st, reason, meta)
 }
 
+// reasonOf is the ErrorInfo reason toStatus gives err, for an answer that
+// says which error enforcement would have answered (a shadow grant's
+// shadow_error) without being that error.
+func reasonOf(ctx context.Context, log *slog.Logger, err error) admissionv1.ErrorReason {
+	st, _ := status.FromError(toStatus(ctx, log, err))
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			return admissionv1.ErrorReason(admissionv1.ErrorReason_value[info.GetReason()])
+		}
+	}
+	return admissionv1.ErrorReason_ERROR_REASON_UNSPECIFIED
+}
+
 func contextError(err error) bool {
 	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }

@@ -36,7 +36,11 @@ func (s *Server) Pick(ctx context.Context, req *admissionv1.PickRequest) (*admis
 	if err != nil {
 		return nil, err
 	}
-	return pickResponse(sess.call.ID, p), nil
+	resp := pickResponse(sess.call.ID, p)
+	if g := p.Grant; g != nil && g.ShadowError != nil {
+		resp.GetGrant().ShadowError = reasonOf(ctx, s.log, g.ShadowError)
+	}
+	return resp, nil
 }
 
 // OnNoRunnable implements admissionv1.AdmissionServiceServer.

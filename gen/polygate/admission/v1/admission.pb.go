@@ -253,7 +253,8 @@ const (
 	// says; retry_after is the least remaining cooldown.
 	FailureReason_FAILURE_REASON_SOURCE_DEAD FailureReason = 9
 	// A reload removed the call's scope: the outcome or cancel still settled
-	// the permit and freed its slot, and the call ends here.
+	// the permit and freed its slot, or the call was waiting (held in
+	// OnNoRunnable, or between attempts), and the call ends here.
 	FailureReason_FAILURE_REASON_SCOPE_REMOVED FailureReason = 10
 )
 
@@ -1164,8 +1165,15 @@ type Grant struct {
 	// In shadow mode, what enforcement would have refused and why, in walk
 	// order (every source when enforcement would have refused the Pick).
 	ShadowRefusals []*SourceReason `protobuf:"bytes,11,rep,name=shadow_refusals,json=shadowRefusals,proto3" json:"shadow_refusals,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// In shadow mode, the error enforcement would have answered instead of
+	// any answer; UNSPECIFIED when none. ERROR_REASON_ESTIMATE_TOO_LARGE:
+	// estimated_tokens exceeds every source's tpm (shadow_refusals has each
+	// source). ERROR_REASON_BACKEND_UNAVAILABLE: the shared backend could not
+	// be reached and backend.redis.on_unavailable is fail_closed (with local,
+	// the local gate decides, as when enforcing).
+	ShadowError   ErrorReason `protobuf:"varint,12,opt,name=shadow_error,json=shadowError,proto3,enum=polygate.admission.v1.ErrorReason" json:"shadow_error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Grant) Reset() {
@@ -1275,6 +1283,13 @@ func (x *Grant) GetShadowRefusals() []*SourceReason {
 	return nil
 }
 
+func (x *Grant) GetShadowError() ErrorReason {
+	if x != nil {
+		return x.ShadowError
+	}
+	return ErrorReason_ERROR_REASON_UNSPECIFIED
+}
+
 // NoRunnable is a refusal of every source.
 type NoRunnable struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1337,7 +1352,8 @@ type Failure struct {
 	// Time until the earliest certain moment a new call could do better; 0
 	// when there is none.
 	RetryAfter *durationpb.Duration `protobuf:"bytes,2,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
-	// Each source's reason of the last refusal, when the call failed waiting.
+	// Each source's reason of the last refusal, when the call failed waiting,
+	// with its retry_after as the failing decision read it.
 	PerSourceReasons []*SourceReason `protobuf:"bytes,3,rep,name=per_source_reasons,json=perSourceReasons,proto3" json:"per_source_reasons,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
@@ -4061,7 +4077,7 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\vno_runnable\x18\x03 \x01(\v2!.polygate.admission.v1.NoRunnableH\x00R\n" +
 	"noRunnable\x12:\n" +
 	"\afailure\x18\x04 \x01(\v2\x1e.polygate.admission.v1.FailureH\x00R\afailureB\b\n" +
-	"\x06result\"\x9a\x04\n" +
+	"\x06result\"\xe1\x04\n" +
 	"\x05Grant\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12L\n" +
 	"\n" +
@@ -4076,7 +4092,8 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\askipped\x18\t \x03(\v2#.polygate.admission.v1.SourceReasonR\askipped\x12\x16\n" +
 	"\x06shadow\x18\n" +
 	" \x01(\bR\x06shadow\x12L\n" +
-	"\x0fshadow_refusals\x18\v \x03(\v2#.polygate.admission.v1.SourceReasonR\x0eshadowRefusals\x1a=\n" +
+	"\x0fshadow_refusals\x18\v \x03(\v2#.polygate.admission.v1.SourceReasonR\x0eshadowRefusals\x12E\n" +
+	"\fshadow_error\x18\f \x01(\x0e2\".polygate.admission.v1.ErrorReasonR\vshadowError\x1a=\n" +
 	"\x0fAttributesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x88\x01\n" +
@@ -4503,106 +4520,107 @@ var file_polygate_admission_v1_admission_proto_depIdxs = []int32{
 	55, // 8: polygate.admission.v1.Grant.timeout:type_name -> google.protobuf.Duration
 	13, // 9: polygate.admission.v1.Grant.skipped:type_name -> polygate.admission.v1.SourceReason
 	13, // 10: polygate.admission.v1.Grant.shadow_refusals:type_name -> polygate.admission.v1.SourceReason
-	13, // 11: polygate.admission.v1.NoRunnable.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
-	3,  // 12: polygate.admission.v1.Failure.reason:type_name -> polygate.admission.v1.FailureReason
-	55, // 13: polygate.admission.v1.Failure.retry_after:type_name -> google.protobuf.Duration
-	13, // 14: polygate.admission.v1.Failure.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
-	21, // 15: polygate.admission.v1.OnNoRunnableResponse.wait:type_name -> polygate.admission.v1.Wait
-	18, // 16: polygate.admission.v1.OnNoRunnableResponse.failure:type_name -> polygate.admission.v1.Failure
-	55, // 17: polygate.admission.v1.Wait.sleep:type_name -> google.protobuf.Duration
-	55, // 18: polygate.admission.v1.Wait.slept:type_name -> google.protobuf.Duration
-	0,  // 19: polygate.admission.v1.RecordOutcomeRequest.outcome:type_name -> polygate.admission.v1.Outcome
-	55, // 20: polygate.admission.v1.RecordOutcomeRequest.retry_after_hint:type_name -> google.protobuf.Duration
-	24, // 21: polygate.admission.v1.RecordOutcomeResponse.done:type_name -> polygate.admission.v1.Done
-	25, // 22: polygate.admission.v1.RecordOutcomeResponse.retry:type_name -> polygate.admission.v1.Retry
-	18, // 23: polygate.admission.v1.RecordOutcomeResponse.failure:type_name -> polygate.admission.v1.Failure
-	8,  // 24: polygate.admission.v1.RecordOutcomeResponse.effect:type_name -> polygate.admission.v1.OutcomeEffect
-	4,  // 25: polygate.admission.v1.RecordOutcomeResponse.breaker_state:type_name -> polygate.admission.v1.BreakerState
-	55, // 26: polygate.admission.v1.Retry.backoff:type_name -> google.protobuf.Duration
-	55, // 27: polygate.admission.v1.RetryAfterResponse.retry_after:type_name -> google.protobuf.Duration
-	38, // 28: polygate.admission.v1.RetryAfterResponse.sources:type_name -> polygate.admission.v1.SourceState
-	36, // 29: polygate.admission.v1.DescribeScopeResponse.scope:type_name -> polygate.admission.v1.ScopeDescription
-	36, // 30: polygate.admission.v1.ListScopesResponse.scopes:type_name -> polygate.admission.v1.ScopeDescription
-	7,  // 31: polygate.admission.v1.OverrideBreakerRequest.action:type_name -> polygate.admission.v1.OverrideAction
-	38, // 32: polygate.admission.v1.OverrideBreakerResponse.source:type_name -> polygate.admission.v1.SourceState
-	41, // 33: polygate.admission.v1.ScopeDescription.config:type_name -> polygate.admission.v1.ScopeConfig
-	38, // 34: polygate.admission.v1.ScopeDescription.sources:type_name -> polygate.admission.v1.SourceState
-	55, // 35: polygate.admission.v1.ScopeDescription.progress_age:type_name -> google.protobuf.Duration
-	37, // 36: polygate.admission.v1.ScopeDescription.state_loss:type_name -> polygate.admission.v1.StateLoss
-	56, // 37: polygate.admission.v1.StateLoss.last:type_name -> google.protobuf.Timestamp
-	4,  // 38: polygate.admission.v1.SourceState.state:type_name -> polygate.admission.v1.BreakerState
-	1,  // 39: polygate.admission.v1.SourceState.reason:type_name -> polygate.admission.v1.Reason
-	55, // 40: polygate.admission.v1.SourceState.retry_after:type_name -> google.protobuf.Duration
-	55, // 41: polygate.admission.v1.SourceState.probe_left:type_name -> google.protobuf.Duration
-	6,  // 42: polygate.admission.v1.SourceState.override:type_name -> polygate.admission.v1.Override
-	55, // 43: polygate.admission.v1.SourceState.cooldown_memo:type_name -> google.protobuf.Duration
-	42, // 44: polygate.admission.v1.SourceState.config:type_name -> polygate.admission.v1.SourceConfig
-	5,  // 45: polygate.admission.v1.SourceState.open_cause:type_name -> polygate.admission.v1.OpenCause
-	39, // 46: polygate.admission.v1.SourceState.line:type_name -> polygate.admission.v1.SourceLine
-	55, // 47: polygate.admission.v1.SourceLine.oldest_wait:type_name -> google.protobuf.Duration
-	40, // 48: polygate.admission.v1.SourceLine.groups:type_name -> polygate.admission.v1.LineGroup
-	9,  // 49: polygate.admission.v1.ScopeConfig.circuit_open:type_name -> polygate.admission.v1.OnRefusal
-	9,  // 50: polygate.admission.v1.ScopeConfig.quota_full:type_name -> polygate.admission.v1.OnRefusal
-	55, // 51: polygate.admission.v1.ScopeConfig.backoff_base:type_name -> google.protobuf.Duration
-	55, // 52: polygate.admission.v1.ScopeConfig.backoff_max:type_name -> google.protobuf.Duration
-	55, // 53: polygate.admission.v1.ScopeConfig.stall_window:type_name -> google.protobuf.Duration
-	55, // 54: polygate.admission.v1.ScopeConfig.poll_interval:type_name -> google.protobuf.Duration
-	55, // 55: polygate.admission.v1.ScopeConfig.lease_grace:type_name -> google.protobuf.Duration
-	55, // 56: polygate.admission.v1.ScopeConfig.max_retry_after:type_name -> google.protobuf.Duration
-	9,  // 57: polygate.admission.v1.ScopeConfig.source_dead:type_name -> polygate.admission.v1.OnRefusal
-	2,  // 58: polygate.admission.v1.ScopeConfig.mode:type_name -> polygate.admission.v1.ScopeMode
-	53, // 59: polygate.admission.v1.ScopeConfig.tenants:type_name -> polygate.admission.v1.ScopeConfig.TenantsEntry
-	55, // 60: polygate.admission.v1.ScopeConfig.priority_aging:type_name -> google.protobuf.Duration
-	55, // 61: polygate.admission.v1.SourceConfig.timeout:type_name -> google.protobuf.Duration
-	55, // 62: polygate.admission.v1.SourceConfig.lease:type_name -> google.protobuf.Duration
-	54, // 63: polygate.admission.v1.SourceConfig.attributes:type_name -> polygate.admission.v1.SourceConfig.AttributesEntry
-	43, // 64: polygate.admission.v1.SourceConfig.breaker:type_name -> polygate.admission.v1.BreakerConfig
-	55, // 65: polygate.admission.v1.BreakerConfig.window:type_name -> google.protobuf.Duration
-	55, // 66: polygate.admission.v1.BreakerConfig.cooldown:type_name -> google.protobuf.Duration
-	55, // 67: polygate.admission.v1.BreakerConfig.max_cooldown:type_name -> google.protobuf.Duration
-	55, // 68: polygate.admission.v1.BreakerConfig.probe_ttl:type_name -> google.protobuf.Duration
-	56, // 69: polygate.admission.v1.WatchEventsResponse.time:type_name -> google.protobuf.Timestamp
-	46, // 70: polygate.admission.v1.WatchEventsResponse.breaker_transition:type_name -> polygate.admission.v1.BreakerTransition
-	47, // 71: polygate.admission.v1.WatchEventsResponse.probe:type_name -> polygate.admission.v1.ProbeEvent
-	48, // 72: polygate.admission.v1.WatchEventsResponse.stale_outcome:type_name -> polygate.admission.v1.StaleOutcome
-	49, // 73: polygate.admission.v1.WatchEventsResponse.override_changed:type_name -> polygate.admission.v1.OverrideChanged
-	50, // 74: polygate.admission.v1.WatchEventsResponse.wait_started:type_name -> polygate.admission.v1.WaitStarted
-	51, // 75: polygate.admission.v1.WatchEventsResponse.backend_health:type_name -> polygate.admission.v1.BackendHealth
-	4,  // 76: polygate.admission.v1.BreakerTransition.from:type_name -> polygate.admission.v1.BreakerState
-	4,  // 77: polygate.admission.v1.BreakerTransition.to:type_name -> polygate.admission.v1.BreakerState
-	11, // 78: polygate.admission.v1.BreakerTransition.cause:type_name -> polygate.admission.v1.TransitionCause
-	55, // 79: polygate.admission.v1.BreakerTransition.cooldown:type_name -> google.protobuf.Duration
-	12, // 80: polygate.admission.v1.ProbeEvent.kind:type_name -> polygate.admission.v1.ProbeEventKind
-	0,  // 81: polygate.admission.v1.ProbeEvent.outcome:type_name -> polygate.admission.v1.Outcome
-	4,  // 82: polygate.admission.v1.ProbeEvent.state:type_name -> polygate.admission.v1.BreakerState
-	4,  // 83: polygate.admission.v1.StaleOutcome.state:type_name -> polygate.admission.v1.BreakerState
-	6,  // 84: polygate.admission.v1.OverrideChanged.override:type_name -> polygate.admission.v1.Override
-	4,  // 85: polygate.admission.v1.OverrideChanged.state:type_name -> polygate.admission.v1.BreakerState
-	55, // 86: polygate.admission.v1.WaitStarted.sleep:type_name -> google.protobuf.Duration
-	13, // 87: polygate.admission.v1.WaitStarted.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
-	14, // 88: polygate.admission.v1.AdmissionService.Pick:input_type -> polygate.admission.v1.PickRequest
-	19, // 89: polygate.admission.v1.AdmissionService.OnNoRunnable:input_type -> polygate.admission.v1.OnNoRunnableRequest
-	22, // 90: polygate.admission.v1.AdmissionService.RecordOutcome:input_type -> polygate.admission.v1.RecordOutcomeRequest
-	26, // 91: polygate.admission.v1.AdmissionService.CancelCall:input_type -> polygate.admission.v1.CancelCallRequest
-	28, // 92: polygate.admission.v1.AdmissionService.RetryAfter:input_type -> polygate.admission.v1.RetryAfterRequest
-	30, // 93: polygate.admission.v1.AdmissionService.DescribeScope:input_type -> polygate.admission.v1.DescribeScopeRequest
-	32, // 94: polygate.admission.v1.AdmissionService.ListScopes:input_type -> polygate.admission.v1.ListScopesRequest
-	34, // 95: polygate.admission.v1.AdmissionService.OverrideBreaker:input_type -> polygate.admission.v1.OverrideBreakerRequest
-	44, // 96: polygate.admission.v1.AdmissionService.WatchEvents:input_type -> polygate.admission.v1.WatchEventsRequest
-	15, // 97: polygate.admission.v1.AdmissionService.Pick:output_type -> polygate.admission.v1.PickResponse
-	20, // 98: polygate.admission.v1.AdmissionService.OnNoRunnable:output_type -> polygate.admission.v1.OnNoRunnableResponse
-	23, // 99: polygate.admission.v1.AdmissionService.RecordOutcome:output_type -> polygate.admission.v1.RecordOutcomeResponse
-	27, // 100: polygate.admission.v1.AdmissionService.CancelCall:output_type -> polygate.admission.v1.CancelCallResponse
-	29, // 101: polygate.admission.v1.AdmissionService.RetryAfter:output_type -> polygate.admission.v1.RetryAfterResponse
-	31, // 102: polygate.admission.v1.AdmissionService.DescribeScope:output_type -> polygate.admission.v1.DescribeScopeResponse
-	33, // 103: polygate.admission.v1.AdmissionService.ListScopes:output_type -> polygate.admission.v1.ListScopesResponse
-	35, // 104: polygate.admission.v1.AdmissionService.OverrideBreaker:output_type -> polygate.admission.v1.OverrideBreakerResponse
-	45, // 105: polygate.admission.v1.AdmissionService.WatchEvents:output_type -> polygate.admission.v1.WatchEventsResponse
-	97, // [97:106] is the sub-list for method output_type
-	88, // [88:97] is the sub-list for method input_type
-	88, // [88:88] is the sub-list for extension type_name
-	88, // [88:88] is the sub-list for extension extendee
-	0,  // [0:88] is the sub-list for field type_name
+	10, // 11: polygate.admission.v1.Grant.shadow_error:type_name -> polygate.admission.v1.ErrorReason
+	13, // 12: polygate.admission.v1.NoRunnable.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
+	3,  // 13: polygate.admission.v1.Failure.reason:type_name -> polygate.admission.v1.FailureReason
+	55, // 14: polygate.admission.v1.Failure.retry_after:type_name -> google.protobuf.Duration
+	13, // 15: polygate.admission.v1.Failure.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
+	21, // 16: polygate.admission.v1.OnNoRunnableResponse.wait:type_name -> polygate.admission.v1.Wait
+	18, // 17: polygate.admission.v1.OnNoRunnableResponse.failure:type_name -> polygate.admission.v1.Failure
+	55, // 18: polygate.admission.v1.Wait.sleep:type_name -> google.protobuf.Duration
+	55, // 19: polygate.admission.v1.Wait.slept:type_name -> google.protobuf.Duration
+	0,  // 20: polygate.admission.v1.RecordOutcomeRequest.outcome:type_name -> polygate.admission.v1.Outcome
+	55, // 21: polygate.admission.v1.RecordOutcomeRequest.retry_after_hint:type_name -> google.protobuf.Duration
+	24, // 22: polygate.admission.v1.RecordOutcomeResponse.done:type_name -> polygate.admission.v1.Done
+	25, // 23: polygate.admission.v1.RecordOutcomeResponse.retry:type_name -> polygate.admission.v1.Retry
+	18, // 24: polygate.admission.v1.RecordOutcomeResponse.failure:type_name -> polygate.admission.v1.Failure
+	8,  // 25: polygate.admission.v1.RecordOutcomeResponse.effect:type_name -> polygate.admission.v1.OutcomeEffect
+	4,  // 26: polygate.admission.v1.RecordOutcomeResponse.breaker_state:type_name -> polygate.admission.v1.BreakerState
+	55, // 27: polygate.admission.v1.Retry.backoff:type_name -> google.protobuf.Duration
+	55, // 28: polygate.admission.v1.RetryAfterResponse.retry_after:type_name -> google.protobuf.Duration
+	38, // 29: polygate.admission.v1.RetryAfterResponse.sources:type_name -> polygate.admission.v1.SourceState
+	36, // 30: polygate.admission.v1.DescribeScopeResponse.scope:type_name -> polygate.admission.v1.ScopeDescription
+	36, // 31: polygate.admission.v1.ListScopesResponse.scopes:type_name -> polygate.admission.v1.ScopeDescription
+	7,  // 32: polygate.admission.v1.OverrideBreakerRequest.action:type_name -> polygate.admission.v1.OverrideAction
+	38, // 33: polygate.admission.v1.OverrideBreakerResponse.source:type_name -> polygate.admission.v1.SourceState
+	41, // 34: polygate.admission.v1.ScopeDescription.config:type_name -> polygate.admission.v1.ScopeConfig
+	38, // 35: polygate.admission.v1.ScopeDescription.sources:type_name -> polygate.admission.v1.SourceState
+	55, // 36: polygate.admission.v1.ScopeDescription.progress_age:type_name -> google.protobuf.Duration
+	37, // 37: polygate.admission.v1.ScopeDescription.state_loss:type_name -> polygate.admission.v1.StateLoss
+	56, // 38: polygate.admission.v1.StateLoss.last:type_name -> google.protobuf.Timestamp
+	4,  // 39: polygate.admission.v1.SourceState.state:type_name -> polygate.admission.v1.BreakerState
+	1,  // 40: polygate.admission.v1.SourceState.reason:type_name -> polygate.admission.v1.Reason
+	55, // 41: polygate.admission.v1.SourceState.retry_after:type_name -> google.protobuf.Duration
+	55, // 42: polygate.admission.v1.SourceState.probe_left:type_name -> google.protobuf.Duration
+	6,  // 43: polygate.admission.v1.SourceState.override:type_name -> polygate.admission.v1.Override
+	55, // 44: polygate.admission.v1.SourceState.cooldown_memo:type_name -> google.protobuf.Duration
+	42, // 45: polygate.admission.v1.SourceState.config:type_name -> polygate.admission.v1.SourceConfig
+	5,  // 46: polygate.admission.v1.SourceState.open_cause:type_name -> polygate.admission.v1.OpenCause
+	39, // 47: polygate.admission.v1.SourceState.line:type_name -> polygate.admission.v1.SourceLine
+	55, // 48: polygate.admission.v1.SourceLine.oldest_wait:type_name -> google.protobuf.Duration
+	40, // 49: polygate.admission.v1.SourceLine.groups:type_name -> polygate.admission.v1.LineGroup
+	9,  // 50: polygate.admission.v1.ScopeConfig.circuit_open:type_name -> polygate.admission.v1.OnRefusal
+	9,  // 51: polygate.admission.v1.ScopeConfig.quota_full:type_name -> polygate.admission.v1.OnRefusal
+	55, // 52: polygate.admission.v1.ScopeConfig.backoff_base:type_name -> google.protobuf.Duration
+	55, // 53: polygate.admission.v1.ScopeConfig.backoff_max:type_name -> google.protobuf.Duration
+	55, // 54: polygate.admission.v1.ScopeConfig.stall_window:type_name -> google.protobuf.Duration
+	55, // 55: polygate.admission.v1.ScopeConfig.poll_interval:type_name -> google.protobuf.Duration
+	55, // 56: polygate.admission.v1.ScopeConfig.lease_grace:type_name -> google.protobuf.Duration
+	55, // 57: polygate.admission.v1.ScopeConfig.max_retry_after:type_name -> google.protobuf.Duration
+	9,  // 58: polygate.admission.v1.ScopeConfig.source_dead:type_name -> polygate.admission.v1.OnRefusal
+	2,  // 59: polygate.admission.v1.ScopeConfig.mode:type_name -> polygate.admission.v1.ScopeMode
+	53, // 60: polygate.admission.v1.ScopeConfig.tenants:type_name -> polygate.admission.v1.ScopeConfig.TenantsEntry
+	55, // 61: polygate.admission.v1.ScopeConfig.priority_aging:type_name -> google.protobuf.Duration
+	55, // 62: polygate.admission.v1.SourceConfig.timeout:type_name -> google.protobuf.Duration
+	55, // 63: polygate.admission.v1.SourceConfig.lease:type_name -> google.protobuf.Duration
+	54, // 64: polygate.admission.v1.SourceConfig.attributes:type_name -> polygate.admission.v1.SourceConfig.AttributesEntry
+	43, // 65: polygate.admission.v1.SourceConfig.breaker:type_name -> polygate.admission.v1.BreakerConfig
+	55, // 66: polygate.admission.v1.BreakerConfig.window:type_name -> google.protobuf.Duration
+	55, // 67: polygate.admission.v1.BreakerConfig.cooldown:type_name -> google.protobuf.Duration
+	55, // 68: polygate.admission.v1.BreakerConfig.max_cooldown:type_name -> google.protobuf.Duration
+	55, // 69: polygate.admission.v1.BreakerConfig.probe_ttl:type_name -> google.protobuf.Duration
+	56, // 70: polygate.admission.v1.WatchEventsResponse.time:type_name -> google.protobuf.Timestamp
+	46, // 71: polygate.admission.v1.WatchEventsResponse.breaker_transition:type_name -> polygate.admission.v1.BreakerTransition
+	47, // 72: polygate.admission.v1.WatchEventsResponse.probe:type_name -> polygate.admission.v1.ProbeEvent
+	48, // 73: polygate.admission.v1.WatchEventsResponse.stale_outcome:type_name -> polygate.admission.v1.StaleOutcome
+	49, // 74: polygate.admission.v1.WatchEventsResponse.override_changed:type_name -> polygate.admission.v1.OverrideChanged
+	50, // 75: polygate.admission.v1.WatchEventsResponse.wait_started:type_name -> polygate.admission.v1.WaitStarted
+	51, // 76: polygate.admission.v1.WatchEventsResponse.backend_health:type_name -> polygate.admission.v1.BackendHealth
+	4,  // 77: polygate.admission.v1.BreakerTransition.from:type_name -> polygate.admission.v1.BreakerState
+	4,  // 78: polygate.admission.v1.BreakerTransition.to:type_name -> polygate.admission.v1.BreakerState
+	11, // 79: polygate.admission.v1.BreakerTransition.cause:type_name -> polygate.admission.v1.TransitionCause
+	55, // 80: polygate.admission.v1.BreakerTransition.cooldown:type_name -> google.protobuf.Duration
+	12, // 81: polygate.admission.v1.ProbeEvent.kind:type_name -> polygate.admission.v1.ProbeEventKind
+	0,  // 82: polygate.admission.v1.ProbeEvent.outcome:type_name -> polygate.admission.v1.Outcome
+	4,  // 83: polygate.admission.v1.ProbeEvent.state:type_name -> polygate.admission.v1.BreakerState
+	4,  // 84: polygate.admission.v1.StaleOutcome.state:type_name -> polygate.admission.v1.BreakerState
+	6,  // 85: polygate.admission.v1.OverrideChanged.override:type_name -> polygate.admission.v1.Override
+	4,  // 86: polygate.admission.v1.OverrideChanged.state:type_name -> polygate.admission.v1.BreakerState
+	55, // 87: polygate.admission.v1.WaitStarted.sleep:type_name -> google.protobuf.Duration
+	13, // 88: polygate.admission.v1.WaitStarted.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
+	14, // 89: polygate.admission.v1.AdmissionService.Pick:input_type -> polygate.admission.v1.PickRequest
+	19, // 90: polygate.admission.v1.AdmissionService.OnNoRunnable:input_type -> polygate.admission.v1.OnNoRunnableRequest
+	22, // 91: polygate.admission.v1.AdmissionService.RecordOutcome:input_type -> polygate.admission.v1.RecordOutcomeRequest
+	26, // 92: polygate.admission.v1.AdmissionService.CancelCall:input_type -> polygate.admission.v1.CancelCallRequest
+	28, // 93: polygate.admission.v1.AdmissionService.RetryAfter:input_type -> polygate.admission.v1.RetryAfterRequest
+	30, // 94: polygate.admission.v1.AdmissionService.DescribeScope:input_type -> polygate.admission.v1.DescribeScopeRequest
+	32, // 95: polygate.admission.v1.AdmissionService.ListScopes:input_type -> polygate.admission.v1.ListScopesRequest
+	34, // 96: polygate.admission.v1.AdmissionService.OverrideBreaker:input_type -> polygate.admission.v1.OverrideBreakerRequest
+	44, // 97: polygate.admission.v1.AdmissionService.WatchEvents:input_type -> polygate.admission.v1.WatchEventsRequest
+	15, // 98: polygate.admission.v1.AdmissionService.Pick:output_type -> polygate.admission.v1.PickResponse
+	20, // 99: polygate.admission.v1.AdmissionService.OnNoRunnable:output_type -> polygate.admission.v1.OnNoRunnableResponse
+	23, // 100: polygate.admission.v1.AdmissionService.RecordOutcome:output_type -> polygate.admission.v1.RecordOutcomeResponse
+	27, // 101: polygate.admission.v1.AdmissionService.CancelCall:output_type -> polygate.admission.v1.CancelCallResponse
+	29, // 102: polygate.admission.v1.AdmissionService.RetryAfter:output_type -> polygate.admission.v1.RetryAfterResponse
+	31, // 103: polygate.admission.v1.AdmissionService.DescribeScope:output_type -> polygate.admission.v1.DescribeScopeResponse
+	33, // 104: polygate.admission.v1.AdmissionService.ListScopes:output_type -> polygate.admission.v1.ListScopesResponse
+	35, // 105: polygate.admission.v1.AdmissionService.OverrideBreaker:output_type -> polygate.admission.v1.OverrideBreakerResponse
+	45, // 106: polygate.admission.v1.AdmissionService.WatchEvents:output_type -> polygate.admission.v1.WatchEventsResponse
+	98, // [98:107] is the sub-list for method output_type
+	89, // [89:98] is the sub-list for method input_type
+	89, // [89:89] is the sub-list for extension type_name
+	89, // [89:89] is the sub-list for extension extendee
+	0,  // [0:89] is the sub-list for field type_name
 }
 
 func init() { file_polygate_admission_v1_admission_proto_init() }
