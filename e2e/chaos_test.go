@@ -42,7 +42,7 @@ scopes:
 // (with actor and reason), a breaker OPEN by a SOURCE_DEAD outcome and the
 // TPM used in the current minute all survive: DescribeScope shows them and a
 // burst over tpm is still refused. Without it, all three are lost — the
-// issue-9 failure this option exists for, kept as a test so that the docs'
+// failure this option exists for, kept as a test so that the docs'
 // "what is lost" stays true.
 func TestChaos_SidecarKill9Restart(t *testing.T) {
 	// The OPEN must outlast the restart, and the tokens must stay in the
