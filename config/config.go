@@ -133,6 +133,9 @@ type Limits struct {
 	// MaxConnectionIdle closes a connection without RPCs for this long
 	// (0: never); clients reconnect transparently.
 	MaxConnectionIdle time.Duration
+	// FirstMessageTimeout closes a stream whose first request message has
+	// not arrived this long after the stream opened.
+	FirstMessageTimeout time.Duration
 }
 
 // Log configures log/slog.

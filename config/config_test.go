@@ -36,6 +36,9 @@ func TestDefaultsAndDerivedValues(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if cfg.Limits.FirstMessageTimeout != 10*time.Second {
+		t.Fatalf("limits.first_message_timeout %v, want 10s", cfg.Limits.FirstMessageTimeout)
+	}
 	s := cfg.Scopes["chat"]
 	if s.CircuitOpen != config.FailFast || s.QuotaFull != config.Wait || s.MaxAttempts != 3 ||
 		s.StallWindow != 300*time.Second || s.PollInterval != 50*time.Millisecond {
@@ -137,6 +140,8 @@ func TestBadValues(t *testing.T) {
 		{"calls.idle_timeout", "calls: {idle_timeout: 10ms}", "calls.idle_timeout", "at least 1s"},
 		{"calls.idle_timeout below a lease", "calls: {idle_timeout: 1m}\nscopes: {chat: {sources: [{name: a, timeout: 5m}]}}", "calls.idle_timeout", "longer than the longest permit lease (scopes.chat.sources.a: timeout + lease_grace = 5m5s)"},
 		{"telemetry.retention", "telemetry: {retention: 1s}", "telemetry.retention", "at least 1m"},
+		{"first_message_timeout too short", "limits: {first_message_timeout: 10ms}", "limits.first_message_timeout", "at least 100ms"},
+		{"first_message_timeout too long", "limits: {first_message_timeout: 11m}", "limits.first_message_timeout", "at most 10m"},
 		{"state_path blank", "backend: {memory: {state_path: '  '}}", "backend.memory.state_path", "must not be blank"},
 		{"state_path directory", "backend: {memory: {state_path: /var/lib/polygate/}}", "backend.memory.state_path", "not a directory"},
 		{"state_path with redis", "backend: {kind: redis, redis: {addrs: ['127.0.0.1:6379']}, memory: {state_path: /x.json}}", "backend.memory.state_path", "only the memory backend"},

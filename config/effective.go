@@ -19,6 +19,7 @@ func effective(cfg *Config) *fileConfig {
 		Limits: fileLimits{
 			MaxRequestBytes: &cfg.Limits.MaxRequestBytes, MaxStreamsPerConnection: &cfg.Limits.MaxStreamsPerConnection,
 			KeepaliveMinTime: &cfg.Limits.KeepaliveMinTime, MaxConnectionIdle: &cfg.Limits.MaxConnectionIdle,
+			FirstMessageTimeout: &cfg.Limits.FirstMessageTimeout,
 		},
 		Backend: fileBackend{
 			Kind:   &cfg.Backend.Kind,

@@ -74,6 +74,7 @@ type fileLimits struct {
 	MaxStreamsPerConnection *int           `koanf:"max_streams_per_connection"`
 	KeepaliveMinTime        *time.Duration `koanf:"keepalive_min_time"`
 	MaxConnectionIdle       *time.Duration `koanf:"max_connection_idle"`
+	FirstMessageTimeout     *time.Duration `koanf:"first_message_timeout"`
 }
 
 type fileLog struct {

@@ -57,6 +57,7 @@ func resolve(f *fileConfig) (*Config, error) {
 			MaxStreamsPerConnection: or(f.Limits.MaxStreamsPerConnection, DefaultMaxStreamsPerConn),
 			KeepaliveMinTime:        or(f.Limits.KeepaliveMinTime, DefaultKeepaliveMinTime),
 			MaxConnectionIdle:       or(f.Limits.MaxConnectionIdle, DefaultMaxConnectionIdle),
+			FirstMessageTimeout:     or(f.Limits.FirstMessageTimeout, DefaultFirstMessageTimeout),
 		},
 		Events: Events{WatchBuffer: or(f.Events.WatchBuffer, DefaultWatchBuffer), MaxWatchers: or(f.Events.MaxWatchers, DefaultMaxWatchers)},
 		Log:    Log{Format: or(f.Log.Format, "text"), Level: or(f.Log.Level, "info")},
@@ -122,6 +123,11 @@ func resolve(f *fileConfig) (*Config, error) {
 	}
 	c.duration("limits.keepalive_min_time", lim.KeepaliveMinTime, time.Second)
 	c.duration("limits.max_connection_idle", lim.MaxConnectionIdle, 0)
+	if lim.FirstMessageTimeout > MaxFirstMessageTimeout {
+		c.fail("limits.first_message_timeout", lim.FirstMessageTimeout, "must be at most "+formatDuration(MaxFirstMessageTimeout))
+	} else {
+		c.duration("limits.first_message_timeout", lim.FirstMessageTimeout, 100*time.Millisecond)
+	}
 	c.atLeast("events.max_watchers", int64(cfg.Events.MaxWatchers), 1)
 	cfg.Auth.Token = c.secret("auth.token", f.Auth.Token, f.Auth.TokenFile)
 	cfg.Auth.OperatorToken = c.secret("auth.operator_token", f.Auth.OperatorToken, f.Auth.OperatorTokenFile)

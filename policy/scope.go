@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/polygate/polygate/config"
@@ -113,6 +114,8 @@ type Scope struct {
 	line  *line
 	reads *reads
 	bells *bells
+
+	removed atomic.Bool // a reload removed the scope (Remove)
 }
 
 // NewScope returns the decisions of one scope over a backend.

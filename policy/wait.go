@@ -24,6 +24,9 @@ type Decision struct {
 	Uncertain bool
 	// forTenant: the call waits for its tenant's limits (holdTenant).
 	forTenant bool
+	// reasons are the call's per-source reasons as the decision's read saw
+	// them (see current).
+	reasons []gate.Rejection
 }
 
 // OnNoRunnable decides, after a NoRunnable Pick, whether the call waits or
@@ -50,6 +53,9 @@ type Decision struct {
 // rest of its sleep to the caller, an uncertain one leaves nothing (the caller
 // asks again). Close answers every wait at once the same way.
 func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
+	if s.removed.Load() {
+		return s.removedDecision(c)
+	}
 	// Take the wake-ups before reading the backend, so that no change between
 	// the read and the hold can be missed.
 	t := s.wait.ticket()
@@ -68,7 +74,7 @@ func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 	s.inLine(c, t, d)
 	defer s.line.detach(c, t)
 	if first {
-		s.observer.Waiting(c, d.Sleep, c.lastSources())
+		s.observer.Waiting(c, d.Sleep, d.reasons)
 	}
 	if d.Failure == nil && !d.Woken {
 		nap := d.Sleep
@@ -101,6 +107,10 @@ func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 			d.Sleep = ceilMs(d.Sleep - d.Slept)
 		}
 	}
+	if d.Failure == nil && s.removed.Load() {
+		// Removed while the call was held (Remove ended the hold).
+		return s.removedDecision(c)
+	}
 	s.observer.Decided(c, d)
 	return d, nil
 }
@@ -131,18 +141,19 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 		// call's own.
 		req := s.peekRequest(srcs, c.Tokens)
 		req.Line = &gate.LineRead{Lease: lineLease(cfg), Join: s.waiter(c, cfg), Joins: names}
+		s.line.left(c.ID)
 		s.joining(c)
 		// Not cancelled with the RPC (the backend bounds it): a read that
 		// joined and then failed to answer leaves those lines at once, so
 		// no place stays in the backend that this sidecar does not know it
 		// holds (a ghost at a line's head would stall the line).
 		if snap, err = s.backend.Peek(context.WithoutCancel(ctx), req); err != nil {
-			s.leaveLines(c, names)
 			places := maps.Clone(c.places)
 			for _, n := range names {
 				delete(places, n)
 			}
 			s.placed(c, places, false)
+			s.leaveLater(c, names) // the error is answered now
 			return d, false, false, err
 		}
 		s.joined(c, names, snap)
@@ -161,8 +172,9 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 	if tc != nil {
 		tenantWait = tenantVerdict(snap, refusal)
 	}
+	reasons := current(nr.Sources, snap)
 	fail := func(reason FailureReason, retryAfter time.Duration) (Decision, bool, bool, error) {
-		f := &Failure{Reason: reason, RetryAfter: max(retryAfter, 0), Sources: nr.Sources}
+		f := &Failure{Reason: reason, RetryAfter: max(retryAfter, 0), Sources: reasons}
 		c.finish(Action{Failure: f})
 		return Decision{Failure: f}, circuit, false, nil
 	}
@@ -211,7 +223,7 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 		hint = tenantWait.RetryAfter // the tenant's minute frees then; 0: one of its permits must end
 	default:
 		if cfg.QuotaFull == config.FailFast {
-			return fail(FailQuotaExhausted, minRetryAfter(nr.Sources))
+			return fail(FailQuotaExhausted, minRetryAfter(reasons))
 		}
 		hint = 0
 	}
@@ -236,7 +248,7 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 	}
 	first = !c.waiting
 	c.waiting = true
-	return Decision{Sleep: ceilMs(sleep), Uncertain: uncertain, forTenant: tenantWait.Reason != gate.ReasonNone}, circuit, first, nil
+	return Decision{Sleep: ceilMs(sleep), Uncertain: uncertain, forTenant: tenantWait.Reason != gate.ReasonNone, reasons: reasons}, circuit, first, nil
 }
 
 // readTenant reads srcs and the tenant tc for an attempt of tokens, on a
@@ -252,6 +264,35 @@ func (s *Scope) readTenant(ctx context.Context, srcs []*source, tokens int64, tc
 	}()
 	<-done
 	return snap, err
+}
+
+// current is each source's reason of a refusal (in its order) as read now
+// in snap, so that an answer carries the values of the one read it was
+// decided on, not the Pick's: a source refused by its breaker (or the
+// cooldown memo) has its breaker's reason and wait, one refused for
+// capacity what Admit would answer now; a source that would admit now keeps
+// its reason with nothing to wait for, and one the read did not see is kept
+// as it was.
+func current(refused []gate.Rejection, snap gate.Snapshot) []gate.Rejection {
+	out := make([]gate.Rejection, len(refused))
+	for i, r := range refused {
+		out[i] = r
+		j := slices.IndexFunc(snap.Sources, func(v gate.SourceView) bool { return v.Source == r.Source })
+		if j < 0 {
+			continue
+		}
+		v := snap.Sources[j]
+		now := v.Verdict
+		if r.Reason.Gate() && v.Breaker.Reason != gate.ReasonNone {
+			now = gate.Rejection{Reason: v.Breaker.Reason, RetryAfter: v.Breaker.RetryAfter}
+		}
+		if now.Reason == gate.ReasonNone {
+			out[i].RetryAfter = 0
+			continue
+		}
+		out[i].Reason, out[i].RetryAfter = now.Reason, now.RetryAfter
+	}
+	return out
 }
 
 // pollOnce is the poller's read of the backend: whether some source with

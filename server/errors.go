@@ -81,8 +81,11 @@ func badField(field, format string, args ...any) error {
 }
 
 // toStatus is the one place where errors become gRPC statuses. Clients branch
-// on the ErrorInfo reason, never on the message. Context errors pass through
-// as their codes; anything unexpected is logged and becomes a generic INTERNAL.
+// on the ErrorInfo reason, never on the message. A backend that could not be
+// reached is UNAVAILABLE (BACKEND_UNAVAILABLE) even when its error wraps the
+// context error of its own timeout; a context error passes through as its
+// code when it is the caller's (ctx has ended) or has no other cause; anything
+// unexpected is logged and becomes a generic INTERNAL.
 func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	if err == nil {
 		return nil
@@ -97,7 +100,12 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		return err // already a status: gRPC's own, from a stream's Send or Recv
 	}
 	switch {
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, gate.ErrUnavailable) && (ctx.Err() == nil || !contextError(err)):
+		// Before the context errors: a deadline of the backend's own is not
+		// the caller's while the caller's context lives.
+		log.WarnContext(ctx, "backend unavailable", "err", err)
+		code, reason = codes.Unavailable, admissionv1.ErrorReason_ERROR_REASON_BACKEND_UNAVAILABLE
+	case contextError(err):
 		return status.FromContextError(err).Err()
 	case errors.As(err, &fe):
 		code, reason, meta = codes.InvalidArgument, admissionv1.ErrorReason_ERROR_REASON_INVALID_FIELD, map[string]string{"field": fe.field}
@@ -129,9 +137,6 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		code, reason, meta = codes.FailedPrecondition, admissionv1.ErrorReason_ERROR_REASON_PERMIT_NOT_OF_CALL, map[string]string{"field": "permit_id"}
 	case errors.Is(err, policy.ErrNoRefusal):
 		code, reason = codes.FailedPrecondition, admissionv1.ErrorReason_ERROR_REASON_NO_REFUSAL
-	case errors.Is(err, gate.ErrUnavailable):
-		log.WarnContext(ctx, "backend unavailable", "err", err)
-		code, reason = codes.Unavailable, admissionv1.ErrorReason_ERROR_REASON_BACKEND_UNAVAILABLE
 	case errors.Is(err, errPanic):
 		return withInfo(status.New(codes.Internal, "internal error"), admissionv1.ErrorReason_ERROR_REASON_INTERNAL, nil)
 	default:
@@ -144,6 +149,23 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		st = withDetails(st, &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: field, Description: msg}}})
 	}
 	return withInfo(st, reason, meta)
+}
+
+// reasonOf is the ErrorInfo reason toStatus gives err, for an answer that
+// says which error enforcement would have answered (a shadow grant's
+// shadow_error) without being that error.
+func reasonOf(ctx context.Context, log *slog.Logger, err error) admissionv1.ErrorReason {
+	st, _ := status.FromError(toStatus(ctx, log, err))
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			return admissionv1.ErrorReason(admissionv1.ErrorReason_value[info.GetReason()])
+		}
+	}
+	return admissionv1.ErrorReason_ERROR_REASON_UNSPECIFIED
+}
+
+func contextError(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
 
 func withInfo(st *status.Status, reason admissionv1.ErrorReason, meta map[string]string) error {

@@ -39,7 +39,11 @@ func (s *Server) Pick(ctx context.Context, req *admissionv1.PickRequest) (*admis
 	if err != nil {
 		return nil, err
 	}
-	return pickResponse(sess.call.ID, p), nil
+	resp := pickResponse(sess.call.ID, p)
+	if g := p.Grant; g != nil && g.ShadowError != nil {
+		resp.GetGrant().ShadowError = reasonOf(ctx, s.log, g.ShadowError)
+	}
+	return resp, nil
 }
 
 // OnNoRunnable implements admissionv1.AdmissionServiceServer.
@@ -49,14 +53,10 @@ func (s *Server) OnNoRunnable(ctx context.Context, req *admissionv1.OnNoRunnable
 		return nil, err
 	}
 	defer s.calls.release(sess)
-	if removed {
-		if f := sess.call.EndRemoved(); f != nil {
-			return decisionResponse(policy.Decision{Failure: f}), nil
-		}
-		return nil, errorf(errUnknownScope, "%s", clip(req.GetScope()))
+	if !removed { // a removed scope's answers scope_removed at once
+		s.waits.hold(sc.Name())
+		defer s.waits.unhold(sc.Name())
 	}
-	s.waits.hold(sc.Name())
-	defer s.waits.unhold(sc.Name())
 	d, err := sc.OnNoRunnable(ctx, sess.call)
 	if err != nil {
 		return nil, err

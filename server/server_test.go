@@ -93,7 +93,7 @@ func start(t testing.TB, o harnessOpts) *harness {
 	if o.auth != nil {
 		a = *o.auth
 	}
-	gs := grpc.NewServer(append(ServerOptions(log, NewTokens(a), Interceptors{}), append(LimitOptions(cfg.Limits), CodecOption())...)...)
+	gs := grpc.NewServer(append(ServerOptions(log, NewTokens(a), Interceptors{}), append(LimitOptions(cfg.Limits, log), CodecOption())...)...)
 	admissionv1.RegisterAdmissionServiceServer(gs, srv)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)

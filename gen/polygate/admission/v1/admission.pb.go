@@ -268,7 +268,8 @@ const (
 	// says; retry_after is the least remaining cooldown.
 	FailureReason_FAILURE_REASON_SOURCE_DEAD FailureReason = 9
 	// A reload removed the call's scope: the outcome or cancel still settled
-	// the permit and freed its slot, and the call ends here.
+	// the permit and freed its slot, or the call was waiting (held in
+	// OnNoRunnable, or between attempts), and the call ends here.
 	FailureReason_FAILURE_REASON_SCOPE_REMOVED FailureReason = 10
 	// The call's tenant has spent its token budget (REASON_TENANT_BUDGET);
 	// retry_after is the time until the budget's window frees enough for the
@@ -1202,8 +1203,15 @@ type Grant struct {
 	// In shadow mode, what enforcement would have refused and why, in walk
 	// order (every source when enforcement would have refused the Pick).
 	ShadowRefusals []*SourceReason `protobuf:"bytes,11,rep,name=shadow_refusals,json=shadowRefusals,proto3" json:"shadow_refusals,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// In shadow mode, the error enforcement would have answered instead of
+	// any answer; UNSPECIFIED when none. ERROR_REASON_ESTIMATE_TOO_LARGE:
+	// estimated_tokens exceeds every source's tpm (shadow_refusals has each
+	// source). ERROR_REASON_BACKEND_UNAVAILABLE: the shared backend could not
+	// be reached and backend.redis.on_unavailable is fail_closed (with local,
+	// the local gate decides, as when enforcing).
+	ShadowError   ErrorReason `protobuf:"varint,12,opt,name=shadow_error,json=shadowError,proto3,enum=polygate.admission.v1.ErrorReason" json:"shadow_error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Grant) Reset() {
@@ -1313,6 +1321,13 @@ func (x *Grant) GetShadowRefusals() []*SourceReason {
 	return nil
 }
 
+func (x *Grant) GetShadowError() ErrorReason {
+	if x != nil {
+		return x.ShadowError
+	}
+	return ErrorReason_ERROR_REASON_UNSPECIFIED
+}
+
 // NoRunnable is a refusal of every source.
 type NoRunnable struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1375,7 +1390,8 @@ type Failure struct {
 	// Time until the earliest certain moment a new call could do better; 0
 	// when there is none.
 	RetryAfter *durationpb.Duration `protobuf:"bytes,2,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
-	// Each source's reason of the last refusal, when the call failed waiting.
+	// Each source's reason of the last refusal, when the call failed waiting,
+	// with its retry_after as the failing decision read it.
 	PerSourceReasons []*SourceReason `protobuf:"bytes,3,rep,name=per_source_reasons,json=perSourceReasons,proto3" json:"per_source_reasons,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
@@ -4342,7 +4358,7 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\vno_runnable\x18\x03 \x01(\v2!.polygate.admission.v1.NoRunnableH\x00R\n" +
 	"noRunnable\x12:\n" +
 	"\afailure\x18\x04 \x01(\v2\x1e.polygate.admission.v1.FailureH\x00R\afailureB\b\n" +
-	"\x06result\"\x9a\x04\n" +
+	"\x06result\"\xe1\x04\n" +
 	"\x05Grant\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12L\n" +
 	"\n" +
@@ -4357,7 +4373,8 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\askipped\x18\t \x03(\v2#.polygate.admission.v1.SourceReasonR\askipped\x12\x16\n" +
 	"\x06shadow\x18\n" +
 	" \x01(\bR\x06shadow\x12L\n" +
-	"\x0fshadow_refusals\x18\v \x03(\v2#.polygate.admission.v1.SourceReasonR\x0eshadowRefusals\x1a=\n" +
+	"\x0fshadow_refusals\x18\v \x03(\v2#.polygate.admission.v1.SourceReasonR\x0eshadowRefusals\x12E\n" +
+	"\fshadow_error\x18\f \x01(\x0e2\".polygate.admission.v1.ErrorReasonR\vshadowError\x1a=\n" +
 	"\x0fAttributesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x88\x01\n" +
@@ -4816,112 +4833,113 @@ var file_polygate_admission_v1_admission_proto_depIdxs = []int32{
 	57,  // 8: polygate.admission.v1.Grant.timeout:type_name -> google.protobuf.Duration
 	13,  // 9: polygate.admission.v1.Grant.skipped:type_name -> polygate.admission.v1.SourceReason
 	13,  // 10: polygate.admission.v1.Grant.shadow_refusals:type_name -> polygate.admission.v1.SourceReason
-	13,  // 11: polygate.admission.v1.NoRunnable.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
-	3,   // 12: polygate.admission.v1.Failure.reason:type_name -> polygate.admission.v1.FailureReason
-	57,  // 13: polygate.admission.v1.Failure.retry_after:type_name -> google.protobuf.Duration
-	13,  // 14: polygate.admission.v1.Failure.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
-	21,  // 15: polygate.admission.v1.OnNoRunnableResponse.wait:type_name -> polygate.admission.v1.Wait
-	18,  // 16: polygate.admission.v1.OnNoRunnableResponse.failure:type_name -> polygate.admission.v1.Failure
-	57,  // 17: polygate.admission.v1.Wait.sleep:type_name -> google.protobuf.Duration
-	57,  // 18: polygate.admission.v1.Wait.slept:type_name -> google.protobuf.Duration
-	0,   // 19: polygate.admission.v1.RecordOutcomeRequest.outcome:type_name -> polygate.admission.v1.Outcome
-	57,  // 20: polygate.admission.v1.RecordOutcomeRequest.retry_after_hint:type_name -> google.protobuf.Duration
-	24,  // 21: polygate.admission.v1.RecordOutcomeResponse.done:type_name -> polygate.admission.v1.Done
-	25,  // 22: polygate.admission.v1.RecordOutcomeResponse.retry:type_name -> polygate.admission.v1.Retry
-	18,  // 23: polygate.admission.v1.RecordOutcomeResponse.failure:type_name -> polygate.admission.v1.Failure
-	8,   // 24: polygate.admission.v1.RecordOutcomeResponse.effect:type_name -> polygate.admission.v1.OutcomeEffect
-	4,   // 25: polygate.admission.v1.RecordOutcomeResponse.breaker_state:type_name -> polygate.admission.v1.BreakerState
-	57,  // 26: polygate.admission.v1.Retry.backoff:type_name -> google.protobuf.Duration
-	57,  // 27: polygate.admission.v1.RetryAfterResponse.retry_after:type_name -> google.protobuf.Duration
-	40,  // 28: polygate.admission.v1.RetryAfterResponse.sources:type_name -> polygate.admission.v1.SourceState
-	36,  // 29: polygate.admission.v1.DescribeScopeResponse.scope:type_name -> polygate.admission.v1.ScopeDescription
-	36,  // 30: polygate.admission.v1.ListScopesResponse.scopes:type_name -> polygate.admission.v1.ScopeDescription
-	7,   // 31: polygate.admission.v1.OverrideBreakerRequest.action:type_name -> polygate.admission.v1.OverrideAction
-	40,  // 32: polygate.admission.v1.OverrideBreakerResponse.source:type_name -> polygate.admission.v1.SourceState
-	43,  // 33: polygate.admission.v1.ScopeDescription.config:type_name -> polygate.admission.v1.ScopeConfig
-	40,  // 34: polygate.admission.v1.ScopeDescription.sources:type_name -> polygate.admission.v1.SourceState
-	57,  // 35: polygate.admission.v1.ScopeDescription.progress_age:type_name -> google.protobuf.Duration
-	39,  // 36: polygate.admission.v1.ScopeDescription.state_loss:type_name -> polygate.admission.v1.StateLoss
-	37,  // 37: polygate.admission.v1.ScopeDescription.tenants:type_name -> polygate.admission.v1.TenantState
-	38,  // 38: polygate.admission.v1.TenantState.config:type_name -> polygate.admission.v1.TenantConfig
-	1,   // 39: polygate.admission.v1.TenantState.reason:type_name -> polygate.admission.v1.Reason
-	57,  // 40: polygate.admission.v1.TenantState.retry_after:type_name -> google.protobuf.Duration
-	57,  // 41: polygate.admission.v1.TenantConfig.budget_per:type_name -> google.protobuf.Duration
-	58,  // 42: polygate.admission.v1.StateLoss.last:type_name -> google.protobuf.Timestamp
-	4,   // 43: polygate.admission.v1.SourceState.state:type_name -> polygate.admission.v1.BreakerState
-	1,   // 44: polygate.admission.v1.SourceState.reason:type_name -> polygate.admission.v1.Reason
-	57,  // 45: polygate.admission.v1.SourceState.retry_after:type_name -> google.protobuf.Duration
-	57,  // 46: polygate.admission.v1.SourceState.probe_left:type_name -> google.protobuf.Duration
-	6,   // 47: polygate.admission.v1.SourceState.override:type_name -> polygate.admission.v1.Override
-	57,  // 48: polygate.admission.v1.SourceState.cooldown_memo:type_name -> google.protobuf.Duration
-	44,  // 49: polygate.admission.v1.SourceState.config:type_name -> polygate.admission.v1.SourceConfig
-	5,   // 50: polygate.admission.v1.SourceState.open_cause:type_name -> polygate.admission.v1.OpenCause
-	41,  // 51: polygate.admission.v1.SourceState.line:type_name -> polygate.admission.v1.SourceLine
-	57,  // 52: polygate.admission.v1.SourceLine.oldest_wait:type_name -> google.protobuf.Duration
-	42,  // 53: polygate.admission.v1.SourceLine.groups:type_name -> polygate.admission.v1.LineGroup
-	9,   // 54: polygate.admission.v1.ScopeConfig.circuit_open:type_name -> polygate.admission.v1.OnRefusal
-	9,   // 55: polygate.admission.v1.ScopeConfig.quota_full:type_name -> polygate.admission.v1.OnRefusal
-	57,  // 56: polygate.admission.v1.ScopeConfig.backoff_base:type_name -> google.protobuf.Duration
-	57,  // 57: polygate.admission.v1.ScopeConfig.backoff_max:type_name -> google.protobuf.Duration
-	57,  // 58: polygate.admission.v1.ScopeConfig.stall_window:type_name -> google.protobuf.Duration
-	57,  // 59: polygate.admission.v1.ScopeConfig.poll_interval:type_name -> google.protobuf.Duration
-	57,  // 60: polygate.admission.v1.ScopeConfig.lease_grace:type_name -> google.protobuf.Duration
-	57,  // 61: polygate.admission.v1.ScopeConfig.max_retry_after:type_name -> google.protobuf.Duration
-	9,   // 62: polygate.admission.v1.ScopeConfig.source_dead:type_name -> polygate.admission.v1.OnRefusal
-	2,   // 63: polygate.admission.v1.ScopeConfig.mode:type_name -> polygate.admission.v1.ScopeMode
-	55,  // 64: polygate.admission.v1.ScopeConfig.tenants:type_name -> polygate.admission.v1.ScopeConfig.TenantsEntry
-	57,  // 65: polygate.admission.v1.ScopeConfig.priority_aging:type_name -> google.protobuf.Duration
-	57,  // 66: polygate.admission.v1.SourceConfig.timeout:type_name -> google.protobuf.Duration
-	57,  // 67: polygate.admission.v1.SourceConfig.lease:type_name -> google.protobuf.Duration
-	56,  // 68: polygate.admission.v1.SourceConfig.attributes:type_name -> polygate.admission.v1.SourceConfig.AttributesEntry
-	45,  // 69: polygate.admission.v1.SourceConfig.breaker:type_name -> polygate.admission.v1.BreakerConfig
-	57,  // 70: polygate.admission.v1.BreakerConfig.window:type_name -> google.protobuf.Duration
-	57,  // 71: polygate.admission.v1.BreakerConfig.cooldown:type_name -> google.protobuf.Duration
-	57,  // 72: polygate.admission.v1.BreakerConfig.max_cooldown:type_name -> google.protobuf.Duration
-	57,  // 73: polygate.admission.v1.BreakerConfig.probe_ttl:type_name -> google.protobuf.Duration
-	58,  // 74: polygate.admission.v1.WatchEventsResponse.time:type_name -> google.protobuf.Timestamp
-	48,  // 75: polygate.admission.v1.WatchEventsResponse.breaker_transition:type_name -> polygate.admission.v1.BreakerTransition
-	49,  // 76: polygate.admission.v1.WatchEventsResponse.probe:type_name -> polygate.admission.v1.ProbeEvent
-	50,  // 77: polygate.admission.v1.WatchEventsResponse.stale_outcome:type_name -> polygate.admission.v1.StaleOutcome
-	51,  // 78: polygate.admission.v1.WatchEventsResponse.override_changed:type_name -> polygate.admission.v1.OverrideChanged
-	52,  // 79: polygate.admission.v1.WatchEventsResponse.wait_started:type_name -> polygate.admission.v1.WaitStarted
-	53,  // 80: polygate.admission.v1.WatchEventsResponse.backend_health:type_name -> polygate.admission.v1.BackendHealth
-	4,   // 81: polygate.admission.v1.BreakerTransition.from:type_name -> polygate.admission.v1.BreakerState
-	4,   // 82: polygate.admission.v1.BreakerTransition.to:type_name -> polygate.admission.v1.BreakerState
-	11,  // 83: polygate.admission.v1.BreakerTransition.cause:type_name -> polygate.admission.v1.TransitionCause
-	57,  // 84: polygate.admission.v1.BreakerTransition.cooldown:type_name -> google.protobuf.Duration
-	12,  // 85: polygate.admission.v1.ProbeEvent.kind:type_name -> polygate.admission.v1.ProbeEventKind
-	0,   // 86: polygate.admission.v1.ProbeEvent.outcome:type_name -> polygate.admission.v1.Outcome
-	4,   // 87: polygate.admission.v1.ProbeEvent.state:type_name -> polygate.admission.v1.BreakerState
-	4,   // 88: polygate.admission.v1.StaleOutcome.state:type_name -> polygate.admission.v1.BreakerState
-	6,   // 89: polygate.admission.v1.OverrideChanged.override:type_name -> polygate.admission.v1.Override
-	4,   // 90: polygate.admission.v1.OverrideChanged.state:type_name -> polygate.admission.v1.BreakerState
-	7,   // 91: polygate.admission.v1.OverrideChanged.action:type_name -> polygate.admission.v1.OverrideAction
-	57,  // 92: polygate.admission.v1.WaitStarted.sleep:type_name -> google.protobuf.Duration
-	13,  // 93: polygate.admission.v1.WaitStarted.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
-	14,  // 94: polygate.admission.v1.AdmissionService.Pick:input_type -> polygate.admission.v1.PickRequest
-	19,  // 95: polygate.admission.v1.AdmissionService.OnNoRunnable:input_type -> polygate.admission.v1.OnNoRunnableRequest
-	22,  // 96: polygate.admission.v1.AdmissionService.RecordOutcome:input_type -> polygate.admission.v1.RecordOutcomeRequest
-	26,  // 97: polygate.admission.v1.AdmissionService.CancelCall:input_type -> polygate.admission.v1.CancelCallRequest
-	28,  // 98: polygate.admission.v1.AdmissionService.RetryAfter:input_type -> polygate.admission.v1.RetryAfterRequest
-	30,  // 99: polygate.admission.v1.AdmissionService.DescribeScope:input_type -> polygate.admission.v1.DescribeScopeRequest
-	32,  // 100: polygate.admission.v1.AdmissionService.ListScopes:input_type -> polygate.admission.v1.ListScopesRequest
-	34,  // 101: polygate.admission.v1.AdmissionService.OverrideBreaker:input_type -> polygate.admission.v1.OverrideBreakerRequest
-	46,  // 102: polygate.admission.v1.AdmissionService.WatchEvents:input_type -> polygate.admission.v1.WatchEventsRequest
-	15,  // 103: polygate.admission.v1.AdmissionService.Pick:output_type -> polygate.admission.v1.PickResponse
-	20,  // 104: polygate.admission.v1.AdmissionService.OnNoRunnable:output_type -> polygate.admission.v1.OnNoRunnableResponse
-	23,  // 105: polygate.admission.v1.AdmissionService.RecordOutcome:output_type -> polygate.admission.v1.RecordOutcomeResponse
-	27,  // 106: polygate.admission.v1.AdmissionService.CancelCall:output_type -> polygate.admission.v1.CancelCallResponse
-	29,  // 107: polygate.admission.v1.AdmissionService.RetryAfter:output_type -> polygate.admission.v1.RetryAfterResponse
-	31,  // 108: polygate.admission.v1.AdmissionService.DescribeScope:output_type -> polygate.admission.v1.DescribeScopeResponse
-	33,  // 109: polygate.admission.v1.AdmissionService.ListScopes:output_type -> polygate.admission.v1.ListScopesResponse
-	35,  // 110: polygate.admission.v1.AdmissionService.OverrideBreaker:output_type -> polygate.admission.v1.OverrideBreakerResponse
-	47,  // 111: polygate.admission.v1.AdmissionService.WatchEvents:output_type -> polygate.admission.v1.WatchEventsResponse
-	103, // [103:112] is the sub-list for method output_type
-	94,  // [94:103] is the sub-list for method input_type
-	94,  // [94:94] is the sub-list for extension type_name
-	94,  // [94:94] is the sub-list for extension extendee
-	0,   // [0:94] is the sub-list for field type_name
+	10,  // 11: polygate.admission.v1.Grant.shadow_error:type_name -> polygate.admission.v1.ErrorReason
+	13,  // 12: polygate.admission.v1.NoRunnable.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
+	3,   // 13: polygate.admission.v1.Failure.reason:type_name -> polygate.admission.v1.FailureReason
+	57,  // 14: polygate.admission.v1.Failure.retry_after:type_name -> google.protobuf.Duration
+	13,  // 15: polygate.admission.v1.Failure.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
+	21,  // 16: polygate.admission.v1.OnNoRunnableResponse.wait:type_name -> polygate.admission.v1.Wait
+	18,  // 17: polygate.admission.v1.OnNoRunnableResponse.failure:type_name -> polygate.admission.v1.Failure
+	57,  // 18: polygate.admission.v1.Wait.sleep:type_name -> google.protobuf.Duration
+	57,  // 19: polygate.admission.v1.Wait.slept:type_name -> google.protobuf.Duration
+	0,   // 20: polygate.admission.v1.RecordOutcomeRequest.outcome:type_name -> polygate.admission.v1.Outcome
+	57,  // 21: polygate.admission.v1.RecordOutcomeRequest.retry_after_hint:type_name -> google.protobuf.Duration
+	24,  // 22: polygate.admission.v1.RecordOutcomeResponse.done:type_name -> polygate.admission.v1.Done
+	25,  // 23: polygate.admission.v1.RecordOutcomeResponse.retry:type_name -> polygate.admission.v1.Retry
+	18,  // 24: polygate.admission.v1.RecordOutcomeResponse.failure:type_name -> polygate.admission.v1.Failure
+	8,   // 25: polygate.admission.v1.RecordOutcomeResponse.effect:type_name -> polygate.admission.v1.OutcomeEffect
+	4,   // 26: polygate.admission.v1.RecordOutcomeResponse.breaker_state:type_name -> polygate.admission.v1.BreakerState
+	57,  // 27: polygate.admission.v1.Retry.backoff:type_name -> google.protobuf.Duration
+	57,  // 28: polygate.admission.v1.RetryAfterResponse.retry_after:type_name -> google.protobuf.Duration
+	40,  // 29: polygate.admission.v1.RetryAfterResponse.sources:type_name -> polygate.admission.v1.SourceState
+	36,  // 30: polygate.admission.v1.DescribeScopeResponse.scope:type_name -> polygate.admission.v1.ScopeDescription
+	36,  // 31: polygate.admission.v1.ListScopesResponse.scopes:type_name -> polygate.admission.v1.ScopeDescription
+	7,   // 32: polygate.admission.v1.OverrideBreakerRequest.action:type_name -> polygate.admission.v1.OverrideAction
+	40,  // 33: polygate.admission.v1.OverrideBreakerResponse.source:type_name -> polygate.admission.v1.SourceState
+	43,  // 34: polygate.admission.v1.ScopeDescription.config:type_name -> polygate.admission.v1.ScopeConfig
+	40,  // 35: polygate.admission.v1.ScopeDescription.sources:type_name -> polygate.admission.v1.SourceState
+	57,  // 36: polygate.admission.v1.ScopeDescription.progress_age:type_name -> google.protobuf.Duration
+	39,  // 37: polygate.admission.v1.ScopeDescription.state_loss:type_name -> polygate.admission.v1.StateLoss
+	37,  // 38: polygate.admission.v1.ScopeDescription.tenants:type_name -> polygate.admission.v1.TenantState
+	38,  // 39: polygate.admission.v1.TenantState.config:type_name -> polygate.admission.v1.TenantConfig
+	1,   // 40: polygate.admission.v1.TenantState.reason:type_name -> polygate.admission.v1.Reason
+	57,  // 41: polygate.admission.v1.TenantState.retry_after:type_name -> google.protobuf.Duration
+	57,  // 42: polygate.admission.v1.TenantConfig.budget_per:type_name -> google.protobuf.Duration
+	58,  // 43: polygate.admission.v1.StateLoss.last:type_name -> google.protobuf.Timestamp
+	4,   // 44: polygate.admission.v1.SourceState.state:type_name -> polygate.admission.v1.BreakerState
+	1,   // 45: polygate.admission.v1.SourceState.reason:type_name -> polygate.admission.v1.Reason
+	57,  // 46: polygate.admission.v1.SourceState.retry_after:type_name -> google.protobuf.Duration
+	57,  // 47: polygate.admission.v1.SourceState.probe_left:type_name -> google.protobuf.Duration
+	6,   // 48: polygate.admission.v1.SourceState.override:type_name -> polygate.admission.v1.Override
+	57,  // 49: polygate.admission.v1.SourceState.cooldown_memo:type_name -> google.protobuf.Duration
+	44,  // 50: polygate.admission.v1.SourceState.config:type_name -> polygate.admission.v1.SourceConfig
+	5,   // 51: polygate.admission.v1.SourceState.open_cause:type_name -> polygate.admission.v1.OpenCause
+	41,  // 52: polygate.admission.v1.SourceState.line:type_name -> polygate.admission.v1.SourceLine
+	57,  // 53: polygate.admission.v1.SourceLine.oldest_wait:type_name -> google.protobuf.Duration
+	42,  // 54: polygate.admission.v1.SourceLine.groups:type_name -> polygate.admission.v1.LineGroup
+	9,   // 55: polygate.admission.v1.ScopeConfig.circuit_open:type_name -> polygate.admission.v1.OnRefusal
+	9,   // 56: polygate.admission.v1.ScopeConfig.quota_full:type_name -> polygate.admission.v1.OnRefusal
+	57,  // 57: polygate.admission.v1.ScopeConfig.backoff_base:type_name -> google.protobuf.Duration
+	57,  // 58: polygate.admission.v1.ScopeConfig.backoff_max:type_name -> google.protobuf.Duration
+	57,  // 59: polygate.admission.v1.ScopeConfig.stall_window:type_name -> google.protobuf.Duration
+	57,  // 60: polygate.admission.v1.ScopeConfig.poll_interval:type_name -> google.protobuf.Duration
+	57,  // 61: polygate.admission.v1.ScopeConfig.lease_grace:type_name -> google.protobuf.Duration
+	57,  // 62: polygate.admission.v1.ScopeConfig.max_retry_after:type_name -> google.protobuf.Duration
+	9,   // 63: polygate.admission.v1.ScopeConfig.source_dead:type_name -> polygate.admission.v1.OnRefusal
+	2,   // 64: polygate.admission.v1.ScopeConfig.mode:type_name -> polygate.admission.v1.ScopeMode
+	55,  // 65: polygate.admission.v1.ScopeConfig.tenants:type_name -> polygate.admission.v1.ScopeConfig.TenantsEntry
+	57,  // 66: polygate.admission.v1.ScopeConfig.priority_aging:type_name -> google.protobuf.Duration
+	57,  // 67: polygate.admission.v1.SourceConfig.timeout:type_name -> google.protobuf.Duration
+	57,  // 68: polygate.admission.v1.SourceConfig.lease:type_name -> google.protobuf.Duration
+	56,  // 69: polygate.admission.v1.SourceConfig.attributes:type_name -> polygate.admission.v1.SourceConfig.AttributesEntry
+	45,  // 70: polygate.admission.v1.SourceConfig.breaker:type_name -> polygate.admission.v1.BreakerConfig
+	57,  // 71: polygate.admission.v1.BreakerConfig.window:type_name -> google.protobuf.Duration
+	57,  // 72: polygate.admission.v1.BreakerConfig.cooldown:type_name -> google.protobuf.Duration
+	57,  // 73: polygate.admission.v1.BreakerConfig.max_cooldown:type_name -> google.protobuf.Duration
+	57,  // 74: polygate.admission.v1.BreakerConfig.probe_ttl:type_name -> google.protobuf.Duration
+	58,  // 75: polygate.admission.v1.WatchEventsResponse.time:type_name -> google.protobuf.Timestamp
+	48,  // 76: polygate.admission.v1.WatchEventsResponse.breaker_transition:type_name -> polygate.admission.v1.BreakerTransition
+	49,  // 77: polygate.admission.v1.WatchEventsResponse.probe:type_name -> polygate.admission.v1.ProbeEvent
+	50,  // 78: polygate.admission.v1.WatchEventsResponse.stale_outcome:type_name -> polygate.admission.v1.StaleOutcome
+	51,  // 79: polygate.admission.v1.WatchEventsResponse.override_changed:type_name -> polygate.admission.v1.OverrideChanged
+	52,  // 80: polygate.admission.v1.WatchEventsResponse.wait_started:type_name -> polygate.admission.v1.WaitStarted
+	53,  // 81: polygate.admission.v1.WatchEventsResponse.backend_health:type_name -> polygate.admission.v1.BackendHealth
+	4,   // 82: polygate.admission.v1.BreakerTransition.from:type_name -> polygate.admission.v1.BreakerState
+	4,   // 83: polygate.admission.v1.BreakerTransition.to:type_name -> polygate.admission.v1.BreakerState
+	11,  // 84: polygate.admission.v1.BreakerTransition.cause:type_name -> polygate.admission.v1.TransitionCause
+	57,  // 85: polygate.admission.v1.BreakerTransition.cooldown:type_name -> google.protobuf.Duration
+	12,  // 86: polygate.admission.v1.ProbeEvent.kind:type_name -> polygate.admission.v1.ProbeEventKind
+	0,   // 87: polygate.admission.v1.ProbeEvent.outcome:type_name -> polygate.admission.v1.Outcome
+	4,   // 88: polygate.admission.v1.ProbeEvent.state:type_name -> polygate.admission.v1.BreakerState
+	4,   // 89: polygate.admission.v1.StaleOutcome.state:type_name -> polygate.admission.v1.BreakerState
+	6,   // 90: polygate.admission.v1.OverrideChanged.override:type_name -> polygate.admission.v1.Override
+	4,   // 91: polygate.admission.v1.OverrideChanged.state:type_name -> polygate.admission.v1.BreakerState
+	7,   // 92: polygate.admission.v1.OverrideChanged.action:type_name -> polygate.admission.v1.OverrideAction
+	57,  // 93: polygate.admission.v1.WaitStarted.sleep:type_name -> google.protobuf.Duration
+	13,  // 94: polygate.admission.v1.WaitStarted.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
+	14,  // 95: polygate.admission.v1.AdmissionService.Pick:input_type -> polygate.admission.v1.PickRequest
+	19,  // 96: polygate.admission.v1.AdmissionService.OnNoRunnable:input_type -> polygate.admission.v1.OnNoRunnableRequest
+	22,  // 97: polygate.admission.v1.AdmissionService.RecordOutcome:input_type -> polygate.admission.v1.RecordOutcomeRequest
+	26,  // 98: polygate.admission.v1.AdmissionService.CancelCall:input_type -> polygate.admission.v1.CancelCallRequest
+	28,  // 99: polygate.admission.v1.AdmissionService.RetryAfter:input_type -> polygate.admission.v1.RetryAfterRequest
+	30,  // 100: polygate.admission.v1.AdmissionService.DescribeScope:input_type -> polygate.admission.v1.DescribeScopeRequest
+	32,  // 101: polygate.admission.v1.AdmissionService.ListScopes:input_type -> polygate.admission.v1.ListScopesRequest
+	34,  // 102: polygate.admission.v1.AdmissionService.OverrideBreaker:input_type -> polygate.admission.v1.OverrideBreakerRequest
+	46,  // 103: polygate.admission.v1.AdmissionService.WatchEvents:input_type -> polygate.admission.v1.WatchEventsRequest
+	15,  // 104: polygate.admission.v1.AdmissionService.Pick:output_type -> polygate.admission.v1.PickResponse
+	20,  // 105: polygate.admission.v1.AdmissionService.OnNoRunnable:output_type -> polygate.admission.v1.OnNoRunnableResponse
+	23,  // 106: polygate.admission.v1.AdmissionService.RecordOutcome:output_type -> polygate.admission.v1.RecordOutcomeResponse
+	27,  // 107: polygate.admission.v1.AdmissionService.CancelCall:output_type -> polygate.admission.v1.CancelCallResponse
+	29,  // 108: polygate.admission.v1.AdmissionService.RetryAfter:output_type -> polygate.admission.v1.RetryAfterResponse
+	31,  // 109: polygate.admission.v1.AdmissionService.DescribeScope:output_type -> polygate.admission.v1.DescribeScopeResponse
+	33,  // 110: polygate.admission.v1.AdmissionService.ListScopes:output_type -> polygate.admission.v1.ListScopesResponse
+	35,  // 111: polygate.admission.v1.AdmissionService.OverrideBreaker:output_type -> polygate.admission.v1.OverrideBreakerResponse
+	47,  // 112: polygate.admission.v1.AdmissionService.WatchEvents:output_type -> polygate.admission.v1.WatchEventsResponse
+	104, // [104:113] is the sub-list for method output_type
+	95,  // [95:104] is the sub-list for method input_type
+	95,  // [95:95] is the sub-list for extension type_name
+	95,  // [95:95] is the sub-list for extension extendee
+	0,   // [0:95] is the sub-list for field type_name
 }
 
 func init() { file_polygate_admission_v1_admission_proto_init() }

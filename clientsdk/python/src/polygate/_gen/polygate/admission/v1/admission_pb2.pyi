@@ -267,7 +267,7 @@ class PickResponse(_message.Message):
     def __init__(self, call_id: _Optional[str] = ..., grant: _Optional[_Union[Grant, _Mapping]] = ..., no_runnable: _Optional[_Union[NoRunnable, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ...) -> None: ...
 
 class Grant(_message.Message):
-    __slots__ = ("source", "attributes", "permit_id", "lease", "timeout", "probe", "epoch", "attempt", "skipped", "shadow", "shadow_refusals")
+    __slots__ = ("source", "attributes", "permit_id", "lease", "timeout", "probe", "epoch", "attempt", "skipped", "shadow", "shadow_refusals", "shadow_error")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -286,6 +286,7 @@ class Grant(_message.Message):
     SKIPPED_FIELD_NUMBER: _ClassVar[int]
     SHADOW_FIELD_NUMBER: _ClassVar[int]
     SHADOW_REFUSALS_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_ERROR_FIELD_NUMBER: _ClassVar[int]
     source: str
     attributes: _containers.ScalarMap[str, str]
     permit_id: str
@@ -297,7 +298,8 @@ class Grant(_message.Message):
     skipped: _containers.RepeatedCompositeFieldContainer[SourceReason]
     shadow: bool
     shadow_refusals: _containers.RepeatedCompositeFieldContainer[SourceReason]
-    def __init__(self, source: _Optional[str] = ..., attributes: _Optional[_Mapping[str, str]] = ..., permit_id: _Optional[str] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., probe: _Optional[bool] = ..., epoch: _Optional[int] = ..., attempt: _Optional[int] = ..., skipped: _Optional[_Iterable[_Union[SourceReason, _Mapping]]] = ..., shadow: _Optional[bool] = ..., shadow_refusals: _Optional[_Iterable[_Union[SourceReason, _Mapping]]] = ...) -> None: ...
+    shadow_error: ErrorReason
+    def __init__(self, source: _Optional[str] = ..., attributes: _Optional[_Mapping[str, str]] = ..., permit_id: _Optional[str] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., probe: _Optional[bool] = ..., epoch: _Optional[int] = ..., attempt: _Optional[int] = ..., skipped: _Optional[_Iterable[_Union[SourceReason, _Mapping]]] = ..., shadow: _Optional[bool] = ..., shadow_refusals: _Optional[_Iterable[_Union[SourceReason, _Mapping]]] = ..., shadow_error: _Optional[_Union[ErrorReason, str]] = ...) -> None: ...
 
 class NoRunnable(_message.Message):
     __slots__ = ("gate_rejections", "per_source_reasons")
