@@ -353,3 +353,42 @@ func errorReason(err error) string {
 	}
 	return ""
 }
+
+// Replica K1 opens a breaker with SOURCE_DEAD and forces another open;
+// replica K2, started after, only sees them (its Picks are refused). K1 is killed, then
+// Redis restarts empty. K2 re-asserts what it saw before it grants
+// anything: it grants neither source, not once in 200 Picks of each, and
+// its reads show both in force.
+func TestChaos_RedisLossAfterTheSetterLeft(t *testing.T) {
+	const cooldown = 300 * time.Second
+	rs := redistest.Start(t)
+	cfg := redisChaosConfig(rs.Addr, "fail_closed", 300*time.Millisecond, 20*time.Millisecond, 4, 5*time.Second, time.Second) +
+		"  held:\n    sources: [{name: primary, attributes: {base_url: \"http://127.0.0.1:1\"}}]\n" +
+		fmt.Sprintf("  dead:\n    breaker: {cooldown: %s, max_cooldown: %s}\n    sources: [{name: primary, attributes: {base_url: \"http://127.0.0.1:1\"}}]\n", cooldown, cooldown)
+	k1 := startChaosSidecar(t, cfg)
+	ctx := ctxT(t)
+	prot := k1.protect(ctx, "held", "dead")
+	k2 := startChaosSidecar(t, cfg) // it hears no announcement of them
+	refused := func(scope string) bool {
+		pk, err := k2.raw.Pick(ctx, &admissionv1.PickRequest{Scope: scope})
+		if err != nil {
+			t.Fatalf("K2 Pick(%s): %v", scope, err)
+		}
+		return pk.GetGrant() == nil
+	}
+	eventually(t, "K2's Picks refused on both", func() bool { return refused("held") && refused("dead") })
+	k1.kill9()
+	rs.Stop()
+	rs.Start()
+	for i := range 200 {
+		for _, scope := range []string{"held", "dead"} {
+			if !refused(scope) {
+				t.Fatalf("K2 granted %s at Pick %d after Redis restarted empty", scope, i+1)
+			}
+		}
+	}
+	held, dead, _, err := prot.read(ctx, k2)
+	if err != nil || !inForce(held, dead) {
+		t.Fatalf("K2 reads after the loss: %v, %v, %v; want both in force", held, dead, err)
+	}
+}
