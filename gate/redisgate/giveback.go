@@ -24,8 +24,11 @@ import (
 const DefaultGiveBackQueue = 10000
 
 type giveBacks struct {
-	mu    sync.Mutex
-	items []*op // a settle to repeat, or a permit to give back
+	mu sync.Mutex
+	// items are the settles to repeat and the permits to give back, one
+	// per permit and kind: a settle repeated while Redis is away replaces
+	// the one queued (a client retrying in a loop fills nothing).
+	items map[owedKey]*op
 	max   int
 	log   *slog.Logger
 	// kick wakes RunGiveBacks: Redis answered, or a settle was queued.
@@ -38,17 +41,27 @@ func newGiveBacks(max int, log *slog.Logger) *giveBacks {
 	if max <= 0 {
 		max = DefaultGiveBackQueue
 	}
-	return &giveBacks{max: max, log: log, kick: make(chan struct{}, 1)}
+	return &giveBacks{items: map[owedKey]*op{}, max: max, log: log, kick: make(chan struct{}, 1)}
 }
+
+type owedKey struct {
+	scope, permit string
+	giveBack      bool
+}
+
+func keyOf(o *op) owedKey { return owedKey{o.scope(), o.permit(), o.giveBack != nil} }
 
 // add queues o, or counts it lost when the queue is full (its slot ends
 // with its lease).
 func (g *giveBacks) add(o *op) {
 	g.mu.Lock()
-	full := g.queued.Load() >= int64(g.max)
+	_, again := g.items[keyOf(o)]
+	full := !again && g.queued.Load() >= int64(g.max)
 	if !full {
-		g.items = append(g.items, o)
-		g.queued.Add(1)
+		g.items[keyOf(o)] = o
+		if !again {
+			g.queued.Add(1)
+		}
 	}
 	g.mu.Unlock()
 	if full {
@@ -80,16 +93,26 @@ func (g *giveBacks) poke() {
 func (g *giveBacks) take() []*op {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	items := g.items
-	g.items = nil
+	items := make([]*op, 0, len(g.items))
+	for k, o := range g.items {
+		items = append(items, o)
+		delete(g.items, k)
+	}
 	return items
 }
 
-// putBack queues again what Redis did not confirm.
+// putBack queues again what Redis did not confirm, unless a newer one of
+// the same permit was queued meanwhile.
 func (g *giveBacks) putBack(items []*op) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.items = append(g.items, items...)
+	for _, o := range items {
+		if _, newer := g.items[keyOf(o)]; newer {
+			g.queued.Add(-1)
+		} else {
+			g.items[keyOf(o)] = o
+		}
+	}
 }
 
 // GiveBacks counts what the give-back queue did.

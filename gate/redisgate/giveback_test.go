@@ -111,3 +111,20 @@ func TestGiveBacksOverflow(t *testing.T) {
 	runGiveBacks(t, b)
 	waitFor(t, func() bool { return b.GiveBacks().Queued == 0 }, "the queue drained")
 }
+
+// TestGiveBackQueueKeepsOnePerPermit: a settle repeated while Redis is
+// away (a client retrying in a loop) is queued once, the latest kept; a
+// give-back of the same permit is queued beside it.
+func TestGiveBackQueueKeepsOnePerPermit(t *testing.T) {
+	b := must(redisgate.New(redistest.Start(t).Client(t), redisgate.Options{GiveBackQueue: 2}))(t)
+	a := gatetest.Src("a")
+	for range 100 {
+		b.DeferSettle(gate.SettleRequest{Scope: "again", Source: a, PermitID: "p1", ActualTokens: -1})
+	}
+	b.DeferSettle(gate.SettleRequest{Scope: "again", Source: a, PermitID: "p2", ActualTokens: -1})
+	if g := b.GiveBacks(); g.Queued != 2 || g.Overflowed != 0 {
+		t.Fatalf("give-backs %+v, want 2 queued, none overflowed", g)
+	}
+	runGiveBacks(t, b)
+	waitFor(t, func() bool { return b.GiveBacks().Queued == 0 }, "the queue drained")
+}

@@ -211,13 +211,24 @@ func (b *Backend) Override(ctx context.Context, req gate.OverrideRequest) (gate.
 	if err := gate.CheckOverride(req.Action, req.Actor, req.Why); err != nil {
 		return gate.OverrideResult{}, err
 	}
-	c := newCall(b, req.Scope, b.loss.seen(req.Scope))
-	c.override(&req)
-	v, err := b.single(ctx, c)
-	if err != nil {
-		return gate.OverrideResult{}, err
+	for round := 0; ; round++ {
+		c := newCall(b, req.Scope, b.loss.seen(req.Scope))
+		c.override(&req)
+		v, err := b.single(ctx, c)
+		if err != nil {
+			return gate.OverrideResult{}, err
+		}
+		out, unmarked, err := b.overridden(&req, v)
+		switch {
+		case err != nil || unmarked == nil:
+			return out, err
+		case round > 0:
+			return out, fmt.Errorf("redisgate: override: %w: redis lost the scope's state again during the re-assert", gate.ErrUnavailable)
+		}
+		if err := b.remark(ctx, b.until(), req.Scope, *unmarked); err != nil {
+			return out, err
+		}
 	}
-	return b.overridden(&req, v)
 }
 
 // Leave implements gate.Backend.

@@ -75,7 +75,7 @@ func FuzzReplyParser(f *testing.F) {
 		if snap, err := b.snapshot(&gate.PeekRequest{Scope: "f", Sources: srcs[:1], Line: &gate.LineRead{}}, v); err == nil && len(snap.Sources) != 1 {
 			t.Fatalf("snapshot of %d sources for 1", len(snap.Sources))
 		}
-		_, _ = b.overridden(&gate.OverrideRequest{Scope: "f", Source: srcs[0]}, v)
+		_, _, _ = b.overridden(&gate.OverrideRequest{Scope: "f", Source: srcs[0]}, v)
 	})
 }
 

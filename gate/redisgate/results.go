@@ -155,21 +155,25 @@ func (b *Backend) snapshot(req *gate.PeekRequest, v any) (gate.Snapshot, error) 
 }
 
 // overridden reads an override's reply (lua/ops.lua's override).
-func (b *Backend) overridden(req *gate.OverrideRequest, v any) (gate.OverrideResult, error) {
+func (b *Backend) overridden(req *gate.OverrideRequest, v any) (_ gate.OverrideResult, unmarked *string, _ error) {
 	if err := opError(v); err != nil {
-		return gate.OverrideResult{}, err
+		return gate.OverrideResult{}, nil, err
 	}
 	c := reading("override", v)
+	if c.num("kind", 0, 1) == 1 {
+		marker := c.str("marker")
+		return gate.OverrideResult{}, &marker, c.err
+	}
 	now, marker := c.time("now"), c.str("marker")
 	out := gate.OverrideResult{View: gate.SourceView{Source: req.Source.Name}}
 	br, view := c.breaker(req.Source.Breaker, now)
 	out.View.Breaker, out.View.Quota = view, c.quota()
 	out.Events = c.events(func(int64) string { return req.Source.Name })
 	if c.done(); c.err != nil {
-		return gate.OverrideResult{}, c.err
+		return gate.OverrideResult{}, nil, c.err
 	}
 	if b.loss.marked(req.Scope, marker) {
 		b.loss.see(req.Scope, req.Source.Name, br, now)
 	}
-	return out, nil
+	return out, nil, nil
 }

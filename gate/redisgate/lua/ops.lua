@@ -204,7 +204,7 @@ local function settle_op(r, src_i, permit, epoch, probe, verdict, floor, actual,
     handoff = l_handoff(s, { replica = replica_or(replica), lease = lease }, now)
   end
   local n = #r
-  r[n + 1], r[n + 2], r[n + 3], r[n + 4], r[n + 5], r[n + 6] = released and 1 or 0, effect, progress(), now, handoff, marker() or ''
+  r[n + 1], r[n + 2], r[n + 3], r[n + 4], r[n + 5], r[n + 6] = released and 1 or 0, effect, progress(), now, handoff, mark()
   put_events(put_breaker(r, b, c, now), 1, c.name, evs)
   return released
 end
@@ -274,14 +274,22 @@ local function peek(r, x, xi, a, ai, nn)
 end
 
 -- twin: inmem.(*Backend).Override
--- Its reply: now marker, put_breaker's, in_flight requests tokens, events.
+-- Its reply: 1 and the marker when it is not the one the replica saw
+-- (nothing changed: an operator's action lands after the re-assert, not
+-- under it); else 0 now marker, put_breaker's, in_flight requests tokens,
+-- events.
 local function override(r, x, xi, a, ai)
+  local m = marker()
+  if C.h.seen ~= '' and m ~= C.h.seen then
+    r[#r + 1], r[#r + 2] = 1, m or ''
+    return
+  end
   local now = now_ms()
   local c = conf(x[xi + 1])
   local s = src(c)
   local evs = b_apply(s.b, x[xi + 2], a[ai + 1], a[ai + 2], now)
   local n = #r
-  r[n + 1], r[n + 2] = now, marker() or ''
+  r[n + 1], r[n + 2], r[n + 3] = 0, now, mark()
   put_breaker(r, s.b, c, now)
   local held, requests, tokens = q_view(s, now)
   n = #r

@@ -189,6 +189,19 @@ local function marker()
   return C.marker
 end
 
+-- mark is the scope's marker, made when missing: a scope this replica
+-- changes is marked at once, so that a loss of it is seen (loss.go).
+local function mark()
+  local m = marker()
+  if not m then
+    local t = redis.call('TIME')
+    m = C.h.replica .. ':' .. t[1] .. ':' .. t[2]
+    redis.call('SET', C.keys[2], m)
+    C.marker = m
+  end
+  return m
+end
+
 -- progress is the scope's last success (0: never).
 local function progress()
   if C.progress == nil then
