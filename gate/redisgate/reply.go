@@ -2,7 +2,6 @@ package redisgate
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/polygate/polygate/gate"
 )
@@ -205,17 +204,4 @@ func (c *cursor) line() gate.LineView {
 	}
 	gate.SortGroups(l.Groups)
 	return l
-}
-
-// progressAge is the time since the scope's last success (0: never) at
-// now, both Redis's; a difference that would overflow saturates.
-func progressAge(progress, now int64) time.Duration {
-	if progress == 0 {
-		return gate.Never
-	}
-	d := now - progress
-	if (now > 0 && progress < 0 && d < 0) || (now < 0 && progress > 0 && d > 0) {
-		return gate.Never
-	}
-	return gate.Millis(d)
 }

@@ -81,7 +81,7 @@ func (b *Backend) admission(req *gate.AdmitRequest, v any) (out gate.Admission, 
 	if c.done(); c.err != nil {
 		return gate.Admission{}, nil, c.err
 	}
-	out.ProgressAge = progressAge(progress, now)
+	out.ProgressAge = gate.ProgressAge(progress, now)
 	if granted != 0 {
 		src := req.Candidates[granted-1].Source
 		b.loss.see(req.Scope, src.Name, held, now)
@@ -101,7 +101,7 @@ func (b *Backend) settlement(req *gate.SettleRequest, v any) (gate.Settlement, e
 	c := reading("settle", v)
 	out := gate.Settlement{Released: c.num("released", 0, 1) == 1, Effect: cenum(c, "effect", gate.EffectIgnored)}
 	progress, now := c.time("progress"), c.time("now")
-	out.ProgressAge, out.Handoff = progressAge(progress, now), c.str("handoff")
+	out.ProgressAge, out.Handoff = gate.ProgressAge(progress, now), c.str("handoff")
 	marker := c.str("marker")
 	br, view := c.breaker(req.Source.Breaker, now)
 	out.Breaker = view
@@ -122,7 +122,7 @@ func (b *Backend) snapshot(req *gate.PeekRequest, v any) (gate.Snapshot, error) 
 	}
 	c := reading("peek", v)
 	progress, now, marker := c.time("progress"), c.time("now"), c.str("marker")
-	out := gate.Snapshot{Sources: make([]gate.SourceView, 0, len(req.Sources)), ProgressAge: progressAge(progress, now)}
+	out := gate.Snapshot{Sources: make([]gate.SourceView, 0, len(req.Sources)), ProgressAge: gate.ProgressAge(progress, now)}
 	brs := make([]gate.Breaker, len(req.Sources))
 	for i, src := range req.Sources {
 		sv := gate.SourceView{Source: src.Name}
