@@ -10,29 +10,23 @@ import (
 	"github.com/polygate/polygate/gate"
 )
 
-// A call is KEYS (the scope's, then each group's: below) and ARGV: all its numbers packed in ARGV[1]
-// (little-endian float64s: one struct.unpack reads them all, where an
-// argument each would cost a conversion each), then its strings, one
-// argument each: the header's, then each op's. An op's numbers start with
-// its kind, the count of its numbers after these three and the count of
-// its strings; lua/ops.lua reads them in the order listed below. Integers
-// are exact (|n| < 2^53), times whole milliseconds, a flag 0 or 1.
+// A call is KEYS (the scope's, then each group's: below) and ARGV: all its
+// numbers as little-endian float64s in ARGV[1] (one struct.unpack reads
+// them all, where an argument each would cost a conversion each), then its
+// strings, one argument each: the header's, then each op's. An op's numbers
+// start with its kind, its count of numbers after these three and its
+// count of strings, then come as its function below lists them. Integers
+// are exact (|n| < 2^53), times whole ms, flags 0 or 1.
 //
-// The header:
-//
-//	numbers: now ttl n m, then per source configuration base
-//	         max_concurrency rpm tpm lease fail_threshold min_calls
-//	         fail_rate window cooldown max_cooldown probe_ttl, then per
-//	         tenant configuration base max_concurrency rpm tpm budget
-//	         budget_window
-//	strings: scope channel seen replica, then each source configuration's
-//	         name, then each tenant configuration's
-//
-// now is a test clock's time (0: the server's), seen the marker last seen
-// (loss.go), replica this Backend's name in the lines (where a waiter's or
-// a handoff's is empty). An op names a source or a tenant by its
-// configuration's index (from 1; a tenant 0: none), a configuration its
-// keys by base, the position in KEYS after which they start.
+// The header's numbers are now ttl n m, then per source configuration base
+// max_concurrency rpm tpm lease fail_threshold min_calls fail_rate window
+// cooldown max_cooldown probe_ttl, then per tenant configuration base
+// max_concurrency rpm tpm budget budget_window; its strings scope channel
+// seen replica, then the sources' names, then the tenants'. now is a test
+// clock's time (0: the server's), seen the marker last seen (loss.go),
+// replica this Backend's name for a waiter or handoff that names none. An
+// op names a configuration by its index (from 1; a tenant 0: none), whose
+// keys start after KEYS[base].
 
 // The kinds of ops (lua/ops.lua's OPS).
 const (
@@ -73,8 +67,8 @@ func newCall(b *Backend, scope, seen string) *call {
 	return c
 }
 
-// src is the index of s's configuration in the header.
-// (A call names a few sources: a linear search costs less than maps.)
+// src is the index of s's configuration in the header (a linear search:
+// a call names few sources).
 func (c *call) src(s *gate.Source) float64 {
 	if i := slices.Index(c.confs, s); i >= 0 {
 		return float64(i + 1)
@@ -119,14 +113,12 @@ func (c *call) group(name string, roles []string) float64 {
 	return float64(base)
 }
 
-// add appends an op of kind with its numbers and strings.
 func (c *call) add(kind int, nums []float64, strs ...any) {
 	c.nums = append(append(c.nums, float64(kind), float64(len(nums)), float64(len(strs))), nums...)
 	c.strs = append(c.strs, strs...)
 	c.n++
 }
 
-// args are the call's keys and ARGV.
 func (c *call) args() ([]string, []any) {
 	nums := make([]byte, 0, 8*(len(c.head)+len(c.tenHead)+len(c.nums)))
 	for _, f := range slices.Concat(c.head, c.tenHead, c.nums) {
