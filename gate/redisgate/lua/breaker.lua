@@ -6,10 +6,7 @@ local NONE = {}
 
 -- twin: gate.cooldownMs
 local function cooldown_ms(base, max, reopens)
-  local shift = reopens - 1
-  if shift < 0 then
-    shift = 0
-  end
+  local shift = math.max(reopens - 1, 0)
   if shift >= 62 or base > math.floor(max / 2 ^ shift) then
     return max
   end
@@ -72,31 +69,27 @@ end
 
 -- twin: gate.(*Breaker).resetRound
 local function b_reset_round(b)
-  b.probe, b.probe_until = '', 0
-  b.consecutive = 0
-  b.bk = no_buckets()
+  b.probe, b.probe_until, b.consecutive = '', 0, 0
+  b.bk = zeros(3 * WINDOW_BUCKETS)
 end
 
 -- twin: gate.bucketWidth
 -- bucket_at is the bucket width and now's bucket's index, once per call.
 local function bucket_at(p, now)
   if p.at ~= now then
-    local w = idiv(p.window, WINDOW_BUCKETS)
-    if w < 1 then
-      w = 1
-    end
+    local w = math.max(idiv(p.window, WINDOW_BUCKETS), 1)
     p.width, p.at, p.idx = w, now, idiv(now, w)
   end
   return p.width, p.idx
 end
 
 -- twin: gate.(*Breaker).record
--- (slot s = idx % WINDOW_BUCKETS + 1: store.lua's no_buckets)
+-- b.bk[3s - 2], b.bk[3s - 1], b.bk[3s] are the index, calls and failures of
+-- the bucket in slot s = idx % WINDOW_BUCKETS + 1.
 local function b_record(b, p, now, fail)
   local w, idx = bucket_at(p, now)
   if b.width ~= w then
-    b.bk = no_buckets()
-    b.width = w
+    b.bk, b.width = zeros(3 * WINDOW_BUCKETS), w
   end
   local bk, at = b.bk, 3 * (idx % WINDOW_BUCKETS) + 1
   if bk[at] ~= idx then
@@ -130,14 +123,8 @@ local function b_open(b, p, now, floor, cause)
   b.reopens = b.reopens + 1
   b.state = OPEN
   b.opened_at = now
-  b.cause = OC_FAILURES
-  if cause == C_SOURCE_DEAD then
-    b.cause = OC_SOURCE_DEAD
-  end
-  local cd = cooldown_ms(p.cooldown, p.max_cooldown, b.reopens)
-  if floor > cd then
-    cd = floor
-  end
+  b.cause = cause == C_SOURCE_DEAD and OC_SOURCE_DEAD or OC_FAILURES
+  local cd = math.max(cooldown_ms(p.cooldown, p.max_cooldown, b.reopens), floor)
   b.open_until = now + cd
   local e = b_event(b, E_TRANSITION, from, cause)
   e.cooldown = cd
@@ -171,10 +158,7 @@ local function b_settle(b, p, o, now)
       b.state = CLOSED
       return F_APPLIED, { b_event(b, E_TRANSITION, HALF_OPEN, C_PROBE_SUCCEEDED) }
     elseif v == V_FAILURE or v == V_FORCE_OPEN then
-      local cause = C_PROBE_FAILED
-      if v == V_FORCE_OPEN then
-        cause = C_SOURCE_DEAD
-      end
+      local cause = v == V_FORCE_OPEN and C_SOURCE_DEAD or C_PROBE_FAILED
       return F_APPLIED, { b_open(b, p, now, o.floor, cause) }
     end
     b.probe, b.probe_until = '', 0
@@ -205,10 +189,7 @@ local function b_settle(b, p, o, now)
   elseif b.state == OPEN and v == V_FORCE_OPEN then
     -- Admitted before the breaker opened: a dead source may make the
     -- opening longer, never shorter, and is no reopening.
-    local untl = now + cooldown_ms(p.cooldown, p.max_cooldown, b.reopens)
-    if now + o.floor > untl then
-      untl = now + o.floor
-    end
+    local untl = now + math.max(cooldown_ms(p.cooldown, p.max_cooldown, b.reopens), o.floor)
     if untl > b.open_until then
       b.open_until = untl
       b.cause = OC_SOURCE_DEAD
@@ -222,8 +203,7 @@ local function b_settle(b, p, o, now)
 end
 
 -- twin: gate.(*Breaker).Apply
--- The action was checked by the caller (gate.CheckOverride); an unknown one
--- raises.
+-- An unknown action raises (the caller checked it: gate.CheckOverride).
 local function b_apply(b, action, actor, why, now)
   local events = {}
   if action == A_FORCE_OPEN then
@@ -258,8 +238,7 @@ local function b_apply(b, action, actor, why, now)
 end
 
 -- put_notable appends 0 for a breaker CLOSED without an override, else 1
--- and its state epoch reopens opened_at open_until cause probe probe_until
--- override actor why override_at.
+-- and the record's fields (reply.go's notable).
 local function put_notable(r, b)
   local n = #r
   if b.state == CLOSED and b.override == O_NONE then
@@ -285,8 +264,7 @@ end
 -- GROUP_REJECTION and GROUP_EVENT start the groups a reply may end with.
 local GROUP_REJECTION, GROUP_EVENT = 1, 2
 
--- put_event appends GROUP_EVENT c kind from to cause epoch reopens
--- cooldown permit override actor why (c the event's candidate, from 1).
+-- put_event appends e after GROUP_EVENT and c, its candidate (from 1).
 local function put_event(r, c, e)
   local n = #r
   r[n + 1], r[n + 2], r[n + 3], r[n + 4], r[n + 5], r[n + 6], r[n + 7] =

@@ -4,7 +4,6 @@
 -- r, one flat list for the whole call (a nested list costs Redis a
 -- conversion of its own), which results.go reads in the same order.
 
--- replica_or is the replica named, or the header's.
 local function replica_or(replica)
   if replica == '' then
     return C.h.replica
@@ -38,16 +37,12 @@ local function tombstone(permit, untl, now)
 end
 
 -- twin: inmem.(*Backend).Admit
--- The walk over the candidates (gate.(*SourceState).Admit for each), with
--- the waiter's lines (gate.(*Line).Check before, After after). Its reply:
--- 1 and the marker when it is not the one the replica saw (nothing
--- granted: the replica re-asserts, then admits again); 2 when the permit
--- was given back before; else 0 granted probe epoch progress now, the
--- granted source's put_notable, the number of places (one per candidate,
--- or none) and the places, then the groups: a rejection is GROUP_REJECTION
--- c reason retry and its breaker's put_notable (remembered for a loss), an
--- event put_events'. A tenant that refuses refuses every candidate alike
--- (its reason and wait), and the waiter leaves their lines.
+-- The walk over the candidates (gate.(*SourceState).Admit each), with the
+-- waiter's lines (gate.(*Line).Check before, After after). It grants
+-- nothing under a marker other than the one the replica saw (reply 1: the
+-- replica re-asserts, then admits again) or to a permit given back before
+-- (reply 2). A tenant that refuses refuses every candidate alike, and the
+-- waiter leaves their lines.
 local function admit(r, x, xi, a, ai)
   local tokens, waits, nc, ti = x[xi + 1], x[xi + 2] == 1, x[xi + 3], x[xi + 4]
   local permit, i, j = a[ai + 1], xi + 4, ai + 1 -- the candidates' numbers after x[i], places after a[j]
@@ -86,10 +81,9 @@ local function admit(r, x, xi, a, ai)
       return
     end
   end
-  -- walk[k], made where a line has something to say (not empty, or w has a
-  -- place in it), is true where the walk reached candidate k and it did
-  -- not refuse, else the reason it refused; nil where the walk did not
-  -- reach it or its line was empty and w had no place there.
+  -- walk[k], made once a line has something to say (not empty, or w has a
+  -- place in it), is true where candidate k was reached and did not refuse,
+  -- else its reason; nil where not reached, or its line empty and w not in it.
   local w, walk = nil, nil
   for k = 1, nc do
     local c = conf(x[i + 2 * k - 1])
@@ -172,8 +166,7 @@ local function admit(r, x, xi, a, ai)
 end
 
 -- twin: inmem.(*Backend).Settle
--- Its reply: released effect progress now handoff marker, put_breaker's,
--- then the events; it returns whether the permit held its slot.
+-- It returns whether the permit held its slot.
 local function settle_op(r, src_i, permit, epoch, probe, verdict, floor, actual, success, hands, replica, lease, ti)
   local now = now_ms()
   if ti ~= 0 then
@@ -215,10 +208,9 @@ local function settle(r, x, xi, a, ai)
 end
 
 -- give_back settles, without a verdict, a permit whose Admit's reply was
--- lost, on each source the Admit could have granted it. Where none holds
--- it, the Admit may not have run yet (a stalled Redis runs it when it
--- resumes): a tombstone makes it grant nothing, so one give-back is
--- enough. Its reply: released.
+-- lost, on each source the Admit could have granted. Where none holds it,
+-- the Admit may not have run yet (a stalled Redis runs it when it resumes):
+-- a tombstone makes it grant nothing, so one give-back is enough.
 local function give_back(r, x, xi, a, ai, nn)
   local permit, released, ti = a[ai + 1], 0, x[xi + 2]
   for i = xi + 3, xi + nn do
@@ -234,9 +226,6 @@ local function give_back(r, x, xi, a, ai, nn)
 end
 
 -- twin: inmem.(*Backend).Peek
--- Its reply: progress now marker, then per source put_breaker's, in_flight
--- requests tokens, the quota's verdict (reason retry), and l_read's when
--- the line is read, then per tenant t_view's.
 local function peek(r, x, xi, a, ai, nn)
   local tokens, nc = x[xi + 1], x[xi + 6]
   local read, w, i, j = nil, nil, xi + 6, ai + 1 -- the candidates' numbers after x[i], places after a[j]
@@ -274,7 +263,6 @@ local function peek(r, x, xi, a, ai, nn)
 end
 
 -- twin: inmem.(*Backend).Override
--- Its reply: now marker, put_breaker's, in_flight requests tokens, events.
 local function override(r, x, xi, a, ai)
   local now = now_ms()
   local c = conf(x[xi + 1])
@@ -297,13 +285,12 @@ local function leave(r, x, xi, a, ai, nn)
 end
 
 -- restore writes what a replica knows of a scope (loss.go) where Redis
--- lost it. The header's seen is the marker the replica last saw ("": none
--- yet). The same marker means Redis kept the scope, and nothing is written
--- (an override cleared there must not come back); a first look adopts the
--- marker. A missing marker (created from the token) or another one is a
--- loss: each record is written where Redis says less, OPEN where the
--- breaker is CLOSED and never opened since, the override where there is
--- none. Its reply: lost restored marker.
+-- lost it. The marker the replica saw still there means Redis kept the
+-- scope: nothing is written (an override cleared there must not come
+-- back); a first look adopts the marker. A missing marker (then made from
+-- the token) or another is a loss: each record is written where Redis says
+-- less, OPEN where the breaker is CLOSED and never opened since, the
+-- override where there is none.
 local function restore(r, x, xi, a, ai, nn)
   local m, seen = marker(), C.h.seen
   if m and (m == seen or seen == '') then
@@ -337,12 +324,8 @@ local function restore(r, x, xi, a, ai, nn)
       restored = restored + 1
     end
   end
-  local lost = 0
-  if seen ~= '' then
-    lost = 1
-  end
   local n = #r
-  r[n + 1], r[n + 2], r[n + 3] = lost, restored, m
+  r[n + 1], r[n + 2], r[n + 3] = seen ~= '' and 1 or 0, restored, m
 end
 
 -- OPS are the ops by kind (wire.go's).

@@ -1,21 +1,16 @@
 -- store.lua: what one call of the library shares, and where a source's
 -- state lives in Redis.
 --
--- C is the call while it runs: its header (C.h, wire.go's), its keys, the
--- server's time read once, and the sources' records, each read once and
--- written back once when the call ends (flush).
+-- C is the call while it runs: its header (C.h), its keys, the server's
+-- time, and the records, each read once and written back once when the
+-- call ends (flush).
 --
--- Keys (wire.go's): KEYS[1] the scope's progress, KEYS[2] its marker
--- (ops.lua's restore), KEYS[3] its tombstones (permit -> until; ops.lua's
--- give_back), then each source's and tenant's, by role (SOURCE, TENANT):
---   state    the record (cmsgpack): breaker, window, quota counts, budget
---   leases   hash: permit -> end of its lease, one field per slot held
---   minute   zset: permit -> when it was admitted, for RPM and TPM
---   tokens   hash: permit -> the tokens it is charged, for TPM
---   line     zset and waiters hash: the source's waiting line (line.lua)
---   spent    hash: permit -> its charge to the budget (tenant.lua)
--- Times are Unix milliseconds; every integer stays below 2^53, which I()
--- writes in full into a string.
+-- The values of the keys wire.go lists: state, the record (cmsgpack);
+-- leases, permit -> end of its lease, a field per slot held; minute, a
+-- zset of permits by admission, and tokens, permit -> its tokens (RPM,
+-- TPM); gone, permit -> until (ops.lua's give_back); line and waiters
+-- (line.lua); spent (tenant.lua). Times are Unix ms; every integer stays
+-- below 2^53, which I() writes in full.
 
 local C = nil
 local SOURCE = { 'state', 'leases', 'minute', 'tokens', 'line', 'waiters' }
@@ -40,8 +35,7 @@ local function idiv(a, b)
   return q
 end
 
--- now_ms is the time of the call's decisions: the server's clock, or the
--- test clock's time when the header carries one.
+-- now_ms is the server's time, or the header's test clock's.
 local function now_ms()
   if not C.now then
     local n = C.h.now
@@ -65,17 +59,15 @@ local FRESH = {
   held = 0, lease_min = 0, mtokens = 0, moldest = 0,
 }
 
--- no_buckets is an empty window: b.bk[3s - 2], b.bk[3s - 1], b.bk[3s] are
--- the index, calls and failures of the bucket in slot s (breaker.lua).
-local function no_buckets()
-  local bk = {}
-  for i = 1, 3 * WINDOW_BUCKETS do
-    bk[i] = 0
+local function zeros(n)
+  local z = {}
+  for i = 1, n do
+    z[i] = 0
   end
-  return bk
+  return z
 end
 
--- doubles is the list of float64s packed in s (wire.go's pack).
+-- doubles unpacks wire.go's ARGV[1].
 local function doubles(s)
   local n = #s / 8
   local x = { struct.unpack('<' .. string.rep('d', n), s) }
@@ -83,8 +75,8 @@ local function doubles(s)
   return x
 end
 
--- header reads wire.go's header from the numbers x and strings a, and
--- returns it with the positions its ops start after.
+-- header reads wire.go's header, and returns it with the positions its
+-- ops start after in x and a.
 local function header(x, a)
   local h = { now = x[1], ttl = x[2], scope = a[2], channel = a[3], seen = a[4], replica = a[5], src = {}, ten = {} }
   local n, m = x[3], x[4]
@@ -154,7 +146,7 @@ local function group(base, roles)
         b[f] = v
       end
     end
-    b.bk = no_buckets()
+    b.bk = zeros(3 * WINDOW_BUCKETS)
   end
   s.b = b
   C.src[base] = s

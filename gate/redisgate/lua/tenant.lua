@@ -4,14 +4,6 @@
 -- tokens of slot s, counted b.bwidth ms wide) and t.spent, permit ->
 -- 'until:index:tokens', each permit's charge. tc is its configuration.
 
-local function no_spends()
-  local bb = {}
-  for i = 1, 2 * BUDGET_BUCKETS do
-    bb[i] = 0
-  end
-  return bb
-end
-
 -- twin: gate.(*Budget).used
 local function t_used(t, tc, now)
   local b = t.b
@@ -74,7 +66,7 @@ local function t_take(t, tc, permit, tokens, lease, now)
   end
   local b, untl = t.b, now + lease
   if b.bwidth ~= tc.width or type(b.bb) ~= 'table' then
-    b.bb, b.bwidth = no_spends(), tc.width
+    b.bb, b.bwidth = zeros(2 * BUDGET_BUCKETS), tc.width
     redis.call('DEL', t.spent)
   end
   local idx = idiv(now, tc.width)
