@@ -98,20 +98,16 @@ func (b *Backend) fcall(ctx context.Context, keys []string, args []any) ([]any, 
 }
 
 func (b *Backend) load(ctx context.Context) error {
-	load := func(ctx context.Context, c *redis.Client) error {
-		err := c.FunctionLoadReplace(ctx, library).Err()
-		if refused(err) {
-			return fmt.Errorf("%w (polygate needs Redis 7 or later, and an ACL that allows FUNCTION LOAD and FCALL)", err)
-		}
-		return err
+	var err error
+	if c, ok := b.client.(*redis.ClusterClient); ok {
+		err = c.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return c.FunctionLoadReplace(ctx, library).Err() })
+	} else {
+		err = b.client.FunctionLoadReplace(ctx, library).Err()
 	}
-	switch c := b.client.(type) {
-	case *redis.ClusterClient:
-		return c.ForEachMaster(ctx, load)
-	case *redis.Client:
-		return load(ctx, c)
+	if refused(err) {
+		return fmt.Errorf("%w (polygate needs Redis 7 or later, and an ACL that allows FUNCTION LOAD and FCALL)", err)
 	}
-	return b.client.FunctionLoadReplace(ctx, library).Err()
+	return err
 }
 
 // notLoaded reports whether err says the server lacks the function.
