@@ -27,14 +27,12 @@ type Options struct {
 	// Clock, when set, is the time of every decision in place of the Redis
 	// server's TIME (tests only).
 	Clock func() time.Time
-	// Timeout, when set, bounds every operation, its wait for a call
-	// included.
+	// Timeout, when set, bounds every operation, its wait for a call too.
 	Timeout time.Duration
 	// BatchLinger is the most a scope's next call waits for more ops
 	// (batch.go); zero: DefaultBatchLinger; negative: none.
 	BatchLinger time.Duration
-	// GiveBackQueue bounds the settles kept for Redis (giveback.go);
-	// default DefaultGiveBackQueue.
+	// GiveBackQueue bounds the settles kept for Redis; 0: DefaultGiveBackQueue.
 	GiveBackQueue int
 	// Log receives the give-back queue's and the loss checks' lines.
 	Log *slog.Logger
@@ -112,9 +110,8 @@ func randomID() string {
 	return base32.StdEncoding.EncodeToString(buf[:])
 }
 
-// nowArg is the header's now: 0 (the server's TIME) unless a test clock
-// is set (tests need exact boundaries, which an offset added to a moving
-// TIME cannot give).
+// nowArg is the header's now: 0 (the server's TIME) unless a test clock is
+// set (an offset on a moving TIME cannot give tests exact boundaries).
 func (b *Backend) nowArg() int64 {
 	if b.clock == nil {
 		return 0
@@ -196,11 +193,7 @@ func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot
 	}
 	c := newCall(b, req.Scope, b.loss.seen(req.Scope))
 	c.peek(&req)
-	v, err := b.single(ctx, c)
-	if err != nil {
-		return gate.Snapshot{}, err
-	}
-	return b.snapshot(&req, v)
+	return b.snapshot(&req, b.single(ctx, c))
 }
 
 // Override implements gate.Backend.
@@ -213,11 +206,7 @@ func (b *Backend) Override(ctx context.Context, req gate.OverrideRequest) (gate.
 	}
 	c := newCall(b, req.Scope, b.loss.seen(req.Scope))
 	c.override(&req)
-	v, err := b.single(ctx, c)
-	if err != nil {
-		return gate.OverrideResult{}, err
-	}
-	return b.overridden(&req, v)
+	return b.overridden(&req, b.single(ctx, c))
 }
 
 // Leave implements gate.Backend.
@@ -227,31 +216,32 @@ func (b *Backend) Leave(ctx context.Context, req gate.LeaveRequest) error {
 	}
 	c := newCall(b, req.Scope, "")
 	c.leave(&req)
-	_, err := b.single(ctx, c)
-	return err
+	return opError(b.single(ctx, c))
 }
 
-// single runs c, one op, as a call of its own, and returns its reply.
-func (b *Backend) single(ctx context.Context, c *call) (any, error) {
+// single runs c, one op, as a call of its own, and returns its reply: its
+// values, or the error it or the call raised.
+func (b *Backend) single(ctx context.Context, c *call) any {
+	replies, err := b.exec(ctx, c)
+	if err != nil {
+		return err
+	}
+	return replies[0]
+}
+
+// exec makes call c within the Backend's timeout and returns its replies:
+// each op's values, or error.
+func (b *Backend) exec(ctx context.Context, c *call) ([]any, error) {
 	rctx, cancel := b.bound(ctx, time.Time{})
 	defer cancel()
-	replies, err := b.run(rctx, c)
+	keys, argv := c.args()
+	v, err := b.fcall(rctx, keys, argv)
+	var replies []any
+	if err == nil {
+		replies, err = split(v, c.n)
+	}
 	if err != nil {
 		return nil, b.wrap(ctx, "call", err)
-	}
-	return replies[0], opError(replies[0])
-}
-
-// run makes call c and returns its replies: each op's values, or error.
-func (b *Backend) run(ctx context.Context, c *call) ([]any, error) {
-	keys, argv := c.args()
-	v, err := b.fcall(ctx, keys, argv)
-	if err != nil {
-		return nil, err
-	}
-	replies, err := split(v, c.n)
-	if err != nil {
-		return nil, err
 	}
 	b.owed.poke()
 	return replies, nil

@@ -46,12 +46,16 @@ type cursor struct {
 	err  error
 }
 
-// reading is a cursor over the values of v, an op's reply.
+// reading is a cursor over the values of v, an op's reply; the error the
+// op raised, if it did, sticks from the start.
 func reading(what string, v any) *cursor {
 	c := &cursor{what: what}
-	if a, ok := v.([]any); ok {
-		c.a = a
-	} else {
+	switch v := v.(type) {
+	case []any:
+		c.a = v
+	case error:
+		c.err = v
+	default:
 		c.fail("not a list")
 	}
 	return c

@@ -12,9 +12,6 @@ import (
 // admission reads an admit's reply. unmarked, when set, is the marker
 // Redis holds: the admit granted nothing (loss.go).
 func (b *Backend) admission(req *gate.AdmitRequest, v any) (out gate.Admission, unmarked *string, err error) {
-	if err := opError(v); err != nil {
-		return out, nil, err
-	}
 	c := reading("admit", v)
 	switch c.num("kind", 0, 2) {
 	case 1:
@@ -95,9 +92,6 @@ func (b *Backend) admission(req *gate.AdmitRequest, v any) (out gate.Admission, 
 
 // settlement reads a settle's reply (lua/ops.lua's settle_op).
 func (b *Backend) settlement(req *gate.SettleRequest, v any) (gate.Settlement, error) {
-	if err := opError(v); err != nil {
-		return gate.Settlement{}, err
-	}
 	c := reading("settle", v)
 	out := gate.Settlement{Released: c.num("released", 0, 1) == 1, Effect: cenum(c, "effect", gate.EffectIgnored)}
 	progress, now := c.time("progress"), c.time("now")
@@ -117,9 +111,6 @@ func (b *Backend) settlement(req *gate.SettleRequest, v any) (gate.Settlement, e
 
 // snapshot reads a peek's reply (lua/ops.lua's peek).
 func (b *Backend) snapshot(req *gate.PeekRequest, v any) (gate.Snapshot, error) {
-	if err := opError(v); err != nil {
-		return gate.Snapshot{}, err
-	}
 	c := reading("peek", v)
 	progress, now, marker := c.time("progress"), c.time("now"), c.str("marker")
 	out := gate.Snapshot{Sources: make([]gate.SourceView, 0, len(req.Sources)), ProgressAge: gate.ProgressAge(progress, now)}
@@ -156,9 +147,6 @@ func (b *Backend) snapshot(req *gate.PeekRequest, v any) (gate.Snapshot, error) 
 
 // overridden reads an override's reply (lua/ops.lua's override).
 func (b *Backend) overridden(req *gate.OverrideRequest, v any) (gate.OverrideResult, error) {
-	if err := opError(v); err != nil {
-		return gate.OverrideResult{}, err
-	}
 	c := reading("override", v)
 	now, marker := c.time("now"), c.str("marker")
 	out := gate.OverrideResult{View: gate.SourceView{Source: req.Source.Name}}
