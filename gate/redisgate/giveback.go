@@ -75,23 +75,6 @@ func (g *giveBacks) poke() {
 	}
 }
 
-// take removes and returns what is queued: each is owed (counted in
-// queued) until it is done or put back.
-func (g *giveBacks) take() []*op {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	items := g.items
-	g.items = nil
-	return items
-}
-
-// putBack queues again what Redis did not confirm.
-func (g *giveBacks) putBack(items []*op) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.items = append(g.items, items...)
-}
-
 // GiveBacks counts what the give-back queue did.
 type GiveBacks struct {
 	// Queued is how many settles Redis owes now (queued, or being sent).
@@ -152,7 +135,11 @@ func (b *Backend) RunGiveBacks(ctx context.Context, every time.Duration) {
 // scopes side by side (one that does not answer holds up no other); what
 // Redis does not confirm is queued again.
 func (b *Backend) retryOwed(ctx context.Context) {
-	items := b.owed.take()
+	g := b.owed
+	g.mu.Lock()
+	items := g.items // each still counted in queued until done or put back
+	g.items = nil
+	g.mu.Unlock()
 	if len(items) == 0 {
 		return
 	}
@@ -174,7 +161,9 @@ func (b *Backend) retryOwed(ctx context.Context) {
 		})
 	}
 	wg.Wait()
-	b.owed.putBack(append(again, later...))
+	g.mu.Lock()
+	g.items = append(g.items, append(again, later...)...)
+	g.mu.Unlock()
 }
 
 // sendOwed sends one owed settle and reports whether Redis answered it.
@@ -203,7 +192,8 @@ func (b *Backend) sendOwed(ctx context.Context, it *op) bool {
 	}
 	if released {
 		b.owed.released.Add(1)
-		b.log.Info("gave back a permit whose reply was lost", "scope", it.scope(), "permit", it.permit())
+		scope, permit := it.ids()
+		b.log.Info("gave back a permit whose reply was lost", "scope", scope, "permit", permit)
 	}
 	return true
 }
