@@ -16,20 +16,18 @@ import (
 // stalled Redis runs what its sockets queued when it resumes). Permit ids
 // are minted before the call and settling a permit that holds no slot
 // changes nothing, so until Redis confirms, an Admit without a readable
-// reply is given back on each of its candidates (a tombstone makes a late
-// Admit grant nothing: lua/ops.lua's give_back), and a failed settle is
-// repeated with its verdict.
+// reply is given back on each of its candidates (lua/ops.lua's give_back),
+// and a failed settle is repeated with its verdict.
 
 // DefaultGiveBackQueue bounds the settles kept for Redis.
 const DefaultGiveBackQueue = 10000
 
 type giveBacks struct {
-	mu    sync.Mutex
-	items []*op // a settle to repeat, or a permit to give back
-	max   int
-	log   *slog.Logger
-	// kick wakes RunGiveBacks: Redis answered, or a settle was queued.
-	kick                       chan struct{}
+	mu                         sync.Mutex
+	items                      []*op // a settle to repeat, or a permit to give back
+	max                        int
+	log                        *slog.Logger
+	kick                       chan struct{} // wakes RunGiveBacks: Redis answered, or one was queued
 	queued                     atomic.Int64
 	released, done, overflowed atomic.Uint64
 }
@@ -75,13 +73,12 @@ func (g *giveBacks) poke() {
 	}
 }
 
-// GiveBacks counts what the give-back queue did.
+// GiveBacks counts what the give-back queue did: Queued, the settles Redis
+// owes now (queued, or being sent); Released, the give-backs and repeated
+// settles that freed a slot; Confirmed, those Redis confirmed; Overflowed,
+// those lost to a full queue.
 type GiveBacks struct {
-	// Queued is how many settles Redis owes now (queued, or being sent).
-	Queued int64
-	// Released counts give-backs and repeated settles that freed a slot;
-	// Confirmed counts those Redis confirmed; Overflowed those lost to a
-	// full queue.
+	Queued                          int64
 	Released, Confirmed, Overflowed uint64
 }
 
@@ -91,9 +88,8 @@ func (b *Backend) GiveBacks() GiveBacks {
 	return GiveBacks{Queued: g.queued.Load(), Released: g.released.Load(), Confirmed: g.done.Load(), Overflowed: g.overflowed.Load()}
 }
 
-// DeferSettle queues req to be settled in Redis once it answers, without
-// trying now: for a settle served elsewhere (a local fallback) of a permit
-// Redis may hold.
+// DeferSettle queues req for Redis without trying now: a settle served
+// elsewhere (a local fallback) of a permit Redis may hold.
 func (b *Backend) DeferSettle(req gate.SettleRequest) {
 	if req.Source != nil && len(req.PermitID) <= gate.MaxText {
 		b.owed.add(&op{settle: &req})

@@ -41,9 +41,8 @@ var library, fn = func() (string, string) {
 	return fmt.Sprintf("#!lua name=%s\n%s\nredis.register_function('%s', run)\n", name, body.String(), name), name
 }()
 
-// prelude writes the gate package's constants as Lua locals, so that the
-// scripts cannot drift from the Go enums they answer in: each enum's values
-// by their names, upper-cased, after a prefix.
+// prelude writes gate's constants as Lua locals, so that the Lua cannot
+// drift from the Go enums it answers in: each value by its name, upper-cased.
 func prelude() string {
 	var b strings.Builder
 	def := func(name string, v int64) { fmt.Fprintf(&b, "local %s = %d\n", name, v) }

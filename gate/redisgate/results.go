@@ -10,7 +10,7 @@ import (
 // reply shows is remembered, to be re-asserted if Redis loses it (loss.go).
 
 // admission reads an admit's reply. unmarked, when set, is the marker
-// Redis holds: the admit granted nothing (loss.go).
+// Redis holds: the admit granted nothing.
 func (b *Backend) admission(req *gate.AdmitRequest, v any) (out gate.Admission, unmarked *string, err error) {
 	c := reading("admit", v)
 	switch c.num("kind", 0, 2) {

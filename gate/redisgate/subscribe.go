@@ -20,10 +20,9 @@ var globEscaper = strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`
 // are skipped. handle must not block for long: go-redis drops messages it
 // cannot hand over within a minute.
 //
-// The announcements use PUBLISH and one PSUBSCRIBE pattern rather than
-// sharded SPUBLISH/SSUBSCRIBE: a replica must hear every scope without being
-// told their names, and sharded pub/sub has no pattern subscription. On a
-// Cluster a PUBLISH reaches every node; breakers change state rarely.
+// Not sharded SPUBLISH/SSUBSCRIBE: a replica must hear every scope without
+// being told their names, which takes a pattern. On a Cluster a PUBLISH
+// reaches every node; breakers change state rarely.
 func (b *Backend) Subscribe(ctx context.Context, handle func(scope string, e gate.Event)) error {
 	ps := b.client.PSubscribe(ctx, globEscaper.Replace(b.prefix)+"{*}:events")
 	defer ps.Close()
@@ -47,10 +46,8 @@ func (b *Backend) Subscribe(ctx context.Context, handle func(scope string, e gat
 	}
 }
 
-// decodeAnnouncement reads lua/store.lua's announce: a JSON list of the
-// version, the scope, the source, the scope's marker, then the event as a
-// reply carries it (put_events'). It is checked as a reply is: what a
-// replica hears it may re-assert after a loss.
+// decodeAnnouncement reads lua/breaker.lua's put_events' announcement,
+// checked as a reply is: what a replica hears it may re-assert after a loss.
 func decodeAnnouncement(payload string) (scope, marker string, e gate.Event, err error) {
 	var a []any
 	d := json.NewDecoder(strings.NewReader(payload))
