@@ -25,15 +25,7 @@ local function gone(permit, now)
   if C.gone == nil then
     C.gone = redis.call('EXISTS', C.keys[3]) == 1
   end
-  if not C.gone then
-    return false
-  end
-  return (tonumber(redis.call('HGET', C.keys[3], permit)) or 0) > now
-end
-
-local function tombstone(permit, untl, now)
-  keep_until(C.keys[3], permit, untl, untl, now)
-  C.gone = true
+  return C.gone and (tonumber(redis.call('HGET', C.keys[3], permit)) or 0) > now
 end
 
 -- twin: inmem.(*Backend).Admit
@@ -59,8 +51,7 @@ local function admit(r, x, xi, a, ai)
     r[#r + 1] = 2
     return
   end
-  local granted, probe, epoch, held = 0, 0, 0, nil
-  local groups = {}
+  local granted, probe, epoch, held, groups = 0, 0, 0, nil, {}
   local tc, t = nil, nil
   if ti ~= 0 then
     tc = tconf(ti)
@@ -110,10 +101,7 @@ local function admit(r, x, xi, a, ai)
       put_events(groups, k, c.name, evs)
       if allowed then
         q_take(s, c, permit, tokens, now)
-        granted, epoch, held = k, e, s.b
-        if p then
-          probe = 1
-        end
+        granted, probe, epoch, held = k, p and 1 or 0, e, s.b
         break
       end
     end
@@ -220,7 +208,9 @@ local function give_back(r, x, xi, a, ai, nn)
     ti = 0 -- (the tenant's slot freed once)
   end
   if released == 0 then
-    tombstone(permit, now_ms() + x[xi + 1], now_ms())
+    local untl = now_ms() + x[xi + 1]
+    keep_until(C.keys[3], permit, untl, untl, now_ms())
+    C.gone = true
   end
   r[#r + 1] = released
 end
@@ -250,8 +240,7 @@ local function peek(r, x, xi, a, ai, nn)
     if read then
       local jw = nil
       if w and x[i + 3 * k] == 1 then
-        jw = w
-        jw.place = a[j + k]
+        jw, w.place = w, a[j + k]
       end
       l_read(r, s, read, jw, now)
     end
@@ -271,9 +260,8 @@ local function override(r, x, xi, a, ai)
   local n = #r
   r[n + 1], r[n + 2] = now, marker() or ''
   put_breaker(r, s.b, c, now)
-  local held, requests, tokens = q_view(s, now)
   n = #r
-  r[n + 1], r[n + 2], r[n + 3] = held, requests, tokens
+  r[n + 1], r[n + 2], r[n + 3] = q_view(s, now)
   put_events(r, 1, c.name, evs)
 end
 
@@ -309,10 +297,7 @@ local function restore(r, x, xi, a, ai, nn)
     local b = src(conf(g)).b
     local wrote = false
     if left > 0 and b.state == CLOSED and b.reopens == 0 then
-      b.state, b.reopens, b.cause = OPEN, reopens, cause
-      if epoch > b.epoch then
-        b.epoch = epoch
-      end
+      b.state, b.reopens, b.cause, b.epoch = OPEN, reopens, cause, math.max(b.epoch, epoch)
       b.opened_at, b.open_until = now - ago, now + left
       wrote = true
     end

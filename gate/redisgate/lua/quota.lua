@@ -6,13 +6,7 @@
 
 -- twin: gate.addTokens
 local function tadd(sum, n)
-  local t = sum + n
-  if t < 0 then
-    return 0
-  elseif t > MAX_TOKEN_SUM then
-    return MAX_TOKEN_SUM
-  end
-  return t
+  return math.min(math.max(sum + n, 0), MAX_TOKEN_SUM)
 end
 
 -- q_held is the number of slots held at now, forgetting the leases that
