@@ -59,6 +59,19 @@ func TestStoredTimesFarAheadSaturate(t *testing.T) {
 	}
 }
 
+// TestCeilMillisRoundsUpAndSaturates: a time left in whole milliseconds
+// is never early, and the longest Duration does not wrap.
+func TestCeilMillisRoundsUpAndSaturates(t *testing.T) {
+	for _, tc := range []struct {
+		in   time.Duration
+		want int64
+	}{{0, 0}, {1, 1}, {time.Millisecond, 1}, {time.Millisecond + 1, 2}, {math.MaxInt64, math.MaxInt64 / int64(time.Millisecond)}} {
+		if got := CeilMillis(tc.in); got != tc.want {
+			t.Errorf("CeilMillis(%v) = %d, want %d", tc.in, got, tc.want)
+		}
+	}
+}
+
 // TestProgressAgeSaturates: a progress time read from a shared store may
 // be anything; its age is Never when unset or when now - progress would
 // overflow, never a wrapped age.

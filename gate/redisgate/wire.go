@@ -247,21 +247,13 @@ func (c *call) restore(token string, recs []gate.Record) {
 		var epoch uint64
 		cause := gate.OpenCauseNone
 		if r.Open {
-			left, ago, reopens, epoch, cause = ms(r.OpenLeft), max(r.OpenedAgo.Milliseconds(), 0), int64(max(r.Reopens, 1)), r.Epoch, r.Cause
+			left, ago, reopens, epoch, cause = gate.CeilMillis(r.OpenLeft), max(r.OpenedAgo.Milliseconds(), 0), int64(max(r.Reopens, 1)), r.Epoch, r.Cause
 		}
 		nums = append(nums, c.src(&gate.Source{Name: r.Source}), float64(left), float64(ago), float64(reopens), float64(epoch),
 			float64(cause), float64(r.Override), float64(max(r.OverrideAgo.Milliseconds(), 0)))
 		strs = append(strs, r.Actor, r.Why)
 	}
 	c.add(kindRestore, nums, strs...)
-}
-
-// ms is d in whole milliseconds, rounded up: a time left is never early.
-func ms(d time.Duration) int64 {
-	if d > math.MaxInt64-time.Millisecond {
-		return math.MaxInt64 / int64(time.Millisecond)
-	}
-	return (d + time.Millisecond - 1).Milliseconds()
 }
 
 // Every key of a scope starts with the prefix and the scope's name in
