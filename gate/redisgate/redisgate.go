@@ -20,9 +20,8 @@ type Options struct {
 	// Prefix starts every key and channel name; default "polygate:", with
 	// no '{' or '}' (the scope's name in braces is the hash tag).
 	Prefix string
-	// IdleTTL is how long a CLOSED breaker without an override, its
-	// source's leases and a scope's progress survive without a write;
-	// default 24h, far longer than any lease.
+	// IdleTTL is how long a CLOSED breaker without an override, its leases
+	// and a scope's progress outlive their last write; default 24h.
 	IdleTTL time.Duration
 	// Clock, when set, is the time of every decision in place of the Redis
 	// server's TIME (tests only).
@@ -96,10 +95,9 @@ func New(client redis.UniversalClient, o Options) (*Backend, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	b := &Backend{client: client, prefix: o.Prefix, idleTTL: o.IdleTTL.Milliseconds(), clock: o.Clock,
-		timeout: o.Timeout, linger: max(o.BatchLinger, 0), log: log, replica: randomID()}
+		timeout: o.Timeout, linger: max(o.BatchLinger, 0), log: log, replica: randomID(),
+		owed: newGiveBacks(o.GiveBackQueue, log), loss: newLossWatch(log, o.OnStateLoss)}
 	b.batches.b = b
-	b.owed = newGiveBacks(o.GiveBackQueue, log)
-	b.loss = newLossWatch(log, o.OnStateLoss)
 	return b, nil
 }
 
@@ -229,8 +227,7 @@ func (b *Backend) single(ctx context.Context, c *call) any {
 	return replies[0]
 }
 
-// exec makes call c within the Backend's timeout and returns its replies:
-// each op's values, or error.
+// exec makes call c within the Backend's timeout and returns its replies.
 func (b *Backend) exec(ctx context.Context, c *call) ([]any, error) {
 	rctx, cancel := b.bound(ctx, time.Time{})
 	defer cancel()
@@ -276,9 +273,9 @@ func (b *Backend) Ping(ctx context.Context) error {
 }
 
 // wrap names what failed and sorts the error: the caller's context ending
-// passes through; Redis that cannot be reached or serve now (the Backend's
-// own timeout included: not context.DeadlineExceeded, which is the
-// caller's) wraps gate.ErrUnavailable; anything else is a bug.
+// passes through; Redis that cannot serve now (the Backend's own timeout
+// included: context.DeadlineExceeded is the caller's) wraps
+// gate.ErrUnavailable; anything else is a bug.
 func (b *Backend) wrap(ctx context.Context, what string, err error) error {
 	cerr := ctx.Err()
 	if d, ok := ctx.Deadline(); cerr == nil && ok && !time.Now().Before(d) {
@@ -301,10 +298,7 @@ func unavailable(err error) bool {
 	if !errors.As(err, &rerr) {
 		return true // network errors, timeouts, a full or closed pool
 	}
-	if redis.IsClusterDownError(err) || redis.IsLoadingError(err) || redis.IsReadOnlyError(err) ||
+	return redis.IsClusterDownError(err) || redis.IsLoadingError(err) || redis.IsReadOnlyError(err) ||
 		redis.IsMasterDownError(err) || redis.IsTryAgainError(err) || redis.IsMaxClientsError(err) ||
-		redis.IsNoReplicasError(err) || redis.IsOOMError(err) {
-		return true
-	}
-	return redis.HasErrorPrefix(err, "BUSY") || redis.HasErrorPrefix(err, "MISCONF")
+		redis.IsNoReplicasError(err) || redis.IsOOMError(err) || redis.HasErrorPrefix(err, "BUSY") || redis.HasErrorPrefix(err, "MISCONF")
 }
