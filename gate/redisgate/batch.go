@@ -12,20 +12,16 @@ import (
 	"github.com/polygate/polygate/gate"
 )
 
-// Group commit. Most of what a call costs Redis is paid per call (the
-// FCALL, the header, TIME, the scope's keys and records), so a scope has
-// at most one call in flight, and the Admits and Settles that arrive
-// meanwhile go out together as its next call: settles first, then admits,
-// each in arrival order (ops pending at once may run in any order, and
-// this one frees slots before the admits ask). Under load the next call
-// lingers, after a call of two ops or more, as long as that call took (at
-// most Options.BatchLinger) or until a call's worth of ops wait; a lone op
-// on a quiet scope never waits.
-//
-// A failed call gives back its admits and repeats its settles
-// (giveback.go). A caller that gives up drops its admit if not yet sent; a
-// settle is sent all the same, and a permit granted to a caller gone is
-// given back.
+// Group commit. Most of what a call costs Redis is paid per call (FCALL,
+// header, TIME, the scope's keys and records), so a scope has one call in
+// flight, and the Admits and Settles that arrive meanwhile go out together
+// as its next: settles first, then admits, each in arrival order (ops
+// pending at once may run in any order; this one frees slots before the
+// admits ask). Under load the next call lingers, after a call of two ops or
+// more, as long as that one took (at most Options.BatchLinger) or until a
+// call's worth of ops wait; a lone op on a quiet scope never waits. A
+// caller that gives up drops its admit if not yet sent; a settle is sent
+// all the same, and a permit granted to a caller gone is given back.
 
 // maxBatchOps bounds the ops of one call; the ops beyond wait for the next.
 const maxBatchOps = 64
@@ -99,8 +95,7 @@ func (b *Backend) BatchStats() BatchStats {
 	return BatchStats{Calls: b.batches.calls.Load(), Ops: b.batches.ops.Load(), Lingered: time.Duration(b.batches.lingered.Load())}
 }
 
-// queue is a scope's ops waiting for its next call; running while a
-// goroutine sends its calls.
+// queue is a scope's ops waiting for its next call (running: drain sends).
 type queue struct {
 	ops     []*op
 	running bool
@@ -115,9 +110,6 @@ func (q *batcher) do(ctx context.Context, until time.Time, o *op) (any, error) {
 	q.mu.Lock()
 	sq := q.scopes[scope]
 	if sq == nil {
-		if q.scopes == nil {
-			q.scopes = map[string]*queue{}
-		}
 		sq = &queue{full: make(chan struct{}, 1)}
 		q.scopes[scope] = sq
 	}
@@ -202,7 +194,6 @@ func (q *batcher) drain(scope string, sq *queue) {
 			o.sent = true
 		}
 		q.mu.Unlock()
-		// Settles (and give-backs) first, then admits, each in arrival order.
 		slices.SortStableFunc(ops, func(a, b *op) int { return cmp.Compare(flag(a.admit != nil), flag(b.admit != nil)) })
 		q.calls.Add(1)
 		q.ops.Add(uint64(len(ops)))
@@ -266,8 +257,7 @@ func (q *batcher) deliver(o *op, r result) {
 	}
 }
 
-// send makes one call of ops, bounded by the Backend's timeout and not by
-// any caller's context.
+// send makes one call of ops, bounded by the Backend's timeout, not a caller's.
 func (b *Backend) send(scope string, ops []*op) ([]any, error) {
 	c := newCall(b, scope, b.loss.seen(scope))
 	for _, o := range ops {

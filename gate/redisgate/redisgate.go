@@ -97,7 +97,7 @@ func New(client redis.UniversalClient, o Options) (*Backend, error) {
 	b := &Backend{client: client, prefix: o.Prefix, idleTTL: o.IdleTTL.Milliseconds(), clock: o.Clock,
 		timeout: o.Timeout, linger: max(o.BatchLinger, 0), log: log, replica: randomID(),
 		owed: newGiveBacks(o.GiveBackQueue, log), loss: newLossWatch(log, o.OnStateLoss)}
-	b.batches.b = b
+	b.batches.b, b.batches.scopes = b, map[string]*queue{}
 	return b, nil
 }
 

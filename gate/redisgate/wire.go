@@ -168,13 +168,12 @@ func (c *call) admit(r *gate.AdmitRequest) {
 // lease tenant; strings permit replica (the handoff's lease and replica
 // when hands).
 func (c *call) settle(r *gate.SettleRequest) {
-	var lease float64
-	replica := ""
+	var h gate.LineHandoff
 	if r.Line != nil {
-		lease, replica = msf(r.Line.Lease), r.Line.Replica
+		h = *r.Line
 	}
 	c.add(kindSettle, []float64{c.src(r.Source), float64(r.Epoch), flag(r.Probe), float64(r.Verdict), msf(r.Floor),
-		float64(r.ActualTokens), flag(r.Progress), flag(r.Line != nil), lease, c.tenant(r.Tenant)}, r.PermitID, replica)
+		float64(r.ActualTokens), flag(r.Progress), flag(r.Line != nil), msf(h.Lease), c.tenant(r.Tenant)}, r.PermitID, h.Replica)
 }
 
 // giveBack: numbers life tenant, then src per source; strings permit. Life
@@ -194,15 +193,13 @@ func (c *call) giveBack(r *gate.AdmitRequest) {
 // strings replica (the read's), the waiter's when one joins, then a place
 // per candidate.
 func (c *call) peek(r *gate.PeekRequest) {
-	var join *gate.Waiter
-	var lease float64
-	var describe bool
-	replica := ""
-	if l := r.Line; l != nil {
-		join, lease, describe, replica = l.Join, msf(l.Lease), l.Describe, l.Replica
+	var l gate.LineRead
+	if r.Line != nil {
+		l = *r.Line
 	}
-	nums := []float64{float64(r.Tokens), flag(r.Line != nil), lease, flag(describe), flag(join != nil), float64(len(r.Sources))}
-	strs := []any{replica}
+	join := l.Join
+	nums := []float64{float64(r.Tokens), flag(r.Line != nil), msf(l.Lease), flag(l.Describe), flag(join != nil), float64(len(r.Sources))}
+	strs := []any{l.Replica}
 	if join != nil {
 		wn, ws := waiter(join)
 		nums, strs = append(nums, wn...), append(strs, ws...)

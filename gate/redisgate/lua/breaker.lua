@@ -252,8 +252,7 @@ local function put_notable(r, b)
   return r
 end
 
--- put_breaker appends what gate.Breaker.View needs: epoch reopens
--- consecutive, the window's calls and failures at now, put_notable's.
+-- put_breaker appends what gate.Breaker.View needs (reply.go's breaker).
 local function put_breaker(r, b, p, now)
   local calls, fails = b_counts(b, p, now)
   local n = #r
@@ -273,9 +272,8 @@ local function put_event(r, c, e)
     e.reopens, e.cooldown or 0, e.permit or '', e.override or O_NONE, e.actor or '', e.why or ''
 end
 
--- put_events appends each event, and announces to other replicas at once
--- a breaker that opened or closed and an operator's action, with the
--- scope's marker (loss.go; subscribe.go reads it).
+-- put_events appends each event, and announces at once to other replicas
+-- an opening, a closing and an operator's action (subscribe.go).
 local function put_events(r, c, source, evs)
   for _, e in ipairs(evs) do
     put_event(r, c, e)

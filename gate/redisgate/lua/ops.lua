@@ -1,8 +1,7 @@
 -- ops.lua: the Backend's operations, and run, the library's one function.
 -- Each op reads its numbers (x, after x[xi]) and strings (a, after a[ai])
--- as wire.go's function of its name writes them, and appends its reply to
--- r, one flat list for the whole call (a nested list costs Redis a
--- conversion of its own), which results.go reads in the same order.
+-- as wire.go writes them, and appends its reply to r, one flat list for
+-- the call (a nested list costs Redis a conversion of its own).
 
 local function replica_or(replica)
   if replica == '' then
@@ -19,8 +18,7 @@ local function read_waiter(x, i, a, j)
   }
 end
 
--- gone says whether permit was given back before its Admit ran (a
--- tombstone, see give_back): the Admit then grants nothing.
+-- gone says whether permit was given back before its Admit ran (give_back).
 local function gone(permit, now)
   if C.gone == nil then
     C.gone = redis.call('EXISTS', C.keys[3]) == 1
@@ -178,7 +176,7 @@ local function settle_op(r, src_i, permit, epoch, probe, verdict, floor, actual,
     effect, evs = b_stale(b, o)
   end
   if success then
-    set_progress(now)
+    C.progress, C.progress_set = now, true
   end
   local handoff = ''
   if released and hands and not l_empty(s) then
@@ -273,12 +271,11 @@ local function leave(r, x, xi, a, ai, nn)
 end
 
 -- restore writes what a replica knows of a scope (loss.go) where Redis
--- lost it. The marker the replica saw still there means Redis kept the
--- scope: nothing is written (an override cleared there must not come
--- back); a first look adopts the marker. A missing marker (then made from
--- the token) or another is a loss: each record is written where Redis says
--- less, OPEN where the breaker is CLOSED and never opened since, the
--- override where there is none.
+-- lost it. The marker it saw still there (or a first look) means Redis kept
+-- the scope: nothing is written (an override cleared there must not come
+-- back). A missing marker (then made from the token) or another is a loss:
+-- each record is written where Redis says less, OPEN where the breaker is
+-- CLOSED and never opened since, the override where there is none.
 local function restore(r, x, xi, a, ai, nn)
   local m, seen = marker(), C.h.seen
   if m and (m == seen or seen == '') then
@@ -323,10 +320,10 @@ local function unknown()
   error('redisgate: unknown op')
 end
 
--- run is the library's function: the ops after the header, in order, then
--- one write-back of what they changed. Each op's reply is its count of
--- values, then the values; an op that raises fails alone, as a call of its
--- own would (what it wrote before is kept): -1, then the error.
+-- run is the library's function: the ops in order, then one write-back.
+-- Each op's reply is its count of values, then the values; an op that
+-- raises fails alone, as a call of its own would (keeping what it wrote
+-- before): -1, then the error.
 local function run(keys, argv)
   local x = doubles(argv[1])
   local h, xi, ai = header(x, argv)

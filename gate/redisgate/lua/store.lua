@@ -1,16 +1,11 @@
--- store.lua: what one call of the library shares, and where a source's
--- state lives in Redis.
---
--- C is the call while it runs: its header (C.h), its keys, the server's
--- time, and the records, each read once and written back once when the
--- call ends (flush).
---
--- The values of the keys wire.go lists: state, the record (cmsgpack);
--- leases, permit -> end of its lease, a field per slot held; minute, a
--- zset of permits by admission, and tokens, permit -> its tokens (RPM,
--- TPM); gone, permit -> until (ops.lua's give_back); line and waiters
--- (line.lua); spent (tenant.lua). Times are Unix ms; every integer stays
--- below 2^53, which I() writes in full.
+-- store.lua: what one call shares. C is the call while it runs: its
+-- header (C.h), its keys, the server's time, and the records, each read
+-- once and written back once when the call ends (flush). The keys wire.go
+-- lists hold: state, the record (cmsgpack); leases, permit -> end of its
+-- lease, a field per slot held; minute, a zset of permits by admission,
+-- and tokens, permit -> its tokens (RPM, TPM); gone, permit -> until
+-- (give_back); line and waiters (line.lua); spent (tenant.lua). Times are
+-- Unix ms; every integer stays below 2^53, which I() writes in full.
 
 local C = nil
 local SOURCE = { 'state', 'leases', 'minute', 'tokens', 'line', 'waiters' }
@@ -48,9 +43,8 @@ local function now_ms()
   return C.now
 end
 
--- FRESH is the record of a source Redis knows nothing of: a CLOSED breaker,
--- no lease held, nothing in the minute. A record of another RECORD_VERSION
--- gets what it lacks (src).
+-- FRESH is the record of a source Redis knows nothing of; a record of
+-- another RECORD_VERSION gets what it lacks (group).
 local RECORD_VERSION = 1
 local FRESH = {
   v = RECORD_VERSION, state = CLOSED, epoch = 0, reopens = 0, opened_at = 0, open_until = 0, cause = OC_NONE,
@@ -189,10 +183,6 @@ local function progress()
   return C.progress
 end
 
-local function set_progress(now)
-  C.progress, C.progress_set = now, true
-end
-
 -- each_page calls f with the items of list, PAGE at a time (unpack's limit).
 local PAGE = 1000
 local function each_page(list, f)
@@ -201,9 +191,8 @@ local function each_page(list, f)
   end
 end
 
--- keep_until writes field = value into hash k (the value starts with
--- until, in ms): k lives until then at least, and past TOMBSTONES fields
--- the ones whose until passed are forgotten.
+-- keep_until writes field = value (starting with until) into hash k, which
+-- lives until then at least; past TOMBSTONES fields, the passed ones go.
 local function keep_until(k, field, value, untl, now)
   redis.call('HSET', k, field, value)
   if redis.call('PTTL', k) < untl - now then
@@ -221,9 +210,8 @@ local function keep_until(k, field, value, untl, now)
 end
 
 -- flush writes back what the call changed: each record that differs from
--- what was read (persisted unless CLOSED without an override: an OPEN
--- breaker must never expire into a fresh CLOSED one), the TTLs of the keys
--- the quota wrote, and the scope's progress.
+-- what was read (without TTL unless CLOSED without an override: an OPEN
+-- breaker must never expire into a fresh CLOSED one), and the TTLs.
 local function flush()
   local ttl = C.h.ttl
   for _, s in pairs(C.src) do
