@@ -63,17 +63,6 @@ func (o *op) scope() string {
 	return s
 }
 
-func (o *op) addTo(c *call) {
-	switch {
-	case o.settle != nil:
-		c.settle(o.settle)
-	case o.admit != nil:
-		c.admit(o.admit)
-	default:
-		c.giveBack(o.giveBack)
-	}
-}
-
 // batcher keeps each scope's ops between calls.
 type batcher struct {
 	b          *Backend
@@ -261,7 +250,14 @@ func (q *batcher) deliver(o *op, r result) {
 func (b *Backend) send(scope string, ops []*op) ([]any, error) {
 	c := newCall(b, scope, b.loss.seen(scope))
 	for _, o := range ops {
-		o.addTo(c)
+		switch {
+		case o.settle != nil:
+			c.settle(o.settle)
+		case o.admit != nil:
+			c.admit(o.admit)
+		default:
+			c.giveBack(o.giveBack)
+		}
 	}
 	return b.exec(context.Background(), c)
 }

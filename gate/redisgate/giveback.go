@@ -32,13 +32,6 @@ type giveBacks struct {
 	released, done, overflowed atomic.Uint64
 }
 
-func newGiveBacks(max int, log *slog.Logger) *giveBacks {
-	if max <= 0 {
-		max = DefaultGiveBackQueue
-	}
-	return &giveBacks{max: max, log: log, kick: make(chan struct{}, 1)}
-}
-
 // add queues o, or counts it lost when the queue is full (its slot ends
 // with its lease).
 func (g *giveBacks) add(o *op) {

@@ -88,7 +88,8 @@ func prelude() string {
 // it (first use, a restart, FUNCTION FLUSH), and the call made again.
 func (b *Backend) fcall(ctx context.Context, keys []string, args []any) ([]any, error) {
 	v, err := b.client.FCall(ctx, fn, keys, args...).Slice()
-	if err != nil && notLoaded(err) {
+	var rerr redis.Error
+	if errors.As(err, &rerr) && strings.Contains(strings.ToLower(err.Error()), "function not found") {
 		if err = b.load(ctx); err == nil {
 			v, err = b.client.FCall(ctx, fn, keys, args...).Slice()
 		}
@@ -109,17 +110,11 @@ func (b *Backend) load(ctx context.Context) error {
 	return err
 }
 
-// notLoaded reports whether err says the server lacks the function.
-func notLoaded(err error) bool {
-	var rerr redis.Error
-	return errors.As(err, &rerr) && strings.Contains(strings.ToLower(err.Error()), "function not found")
-}
-
 // refused reports whether FUNCTION LOAD failed for want of the command or
 // of the permission, rather than for an error in the library.
 func refused(err error) bool {
 	var rerr redis.Error
-	if err == nil || !errors.As(err, &rerr) {
+	if !errors.As(err, &rerr) {
 		return false
 	}
 	m := strings.ToLower(err.Error())

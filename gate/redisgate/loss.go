@@ -68,10 +68,6 @@ type scopeWatch struct {
 	restoring sync.Mutex               // one re-assert of the scope at a time
 }
 
-func newLossWatch(log *slog.Logger, onLoss func(string, int)) *lossWatch {
-	return &lossWatch{scopes: map[string]*scopeWatch{}, records: list.New(), log: log, onLoss: onLoss}
-}
-
 // scope is the scope's watch, made on first use; m.mu is held. Past
 // 2×maxRecords scopes (announcements name any), those with no record and
 // no pending loss are forgotten: a first look again costs a round trip.

@@ -1,6 +1,7 @@
 package redisgate
 
 import (
+	"container/list"
 	"context"
 	"crypto/rand"
 	"encoding/base32"
@@ -24,7 +25,8 @@ type Options struct {
 	// and a scope's progress outlive their last write; default 24h.
 	IdleTTL time.Duration
 	// Clock, when set, is the time of every decision in place of the Redis
-	// server's TIME (tests only).
+	// server's TIME (tests only: an offset on a moving TIME cannot give them
+	// exact boundaries).
 	Clock func() time.Time
 	// Timeout, when set, bounds every operation, its wait for a call too.
 	Timeout time.Duration
@@ -90,13 +92,17 @@ func New(client redis.UniversalClient, o Options) (*Backend, error) {
 	if o.BatchLinger > MaxBatchLinger {
 		return nil, fmt.Errorf("redisgate: batch linger %v: must be at most %v (negative: none)", o.BatchLinger, MaxBatchLinger)
 	}
+	if o.GiveBackQueue <= 0 {
+		o.GiveBackQueue = DefaultGiveBackQueue
+	}
 	log := o.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	b := &Backend{client: client, prefix: o.Prefix, idleTTL: o.IdleTTL.Milliseconds(), clock: o.Clock,
 		timeout: o.Timeout, linger: max(o.BatchLinger, 0), log: log, replica: randomID(),
-		owed: newGiveBacks(o.GiveBackQueue, log), loss: newLossWatch(log, o.OnStateLoss)}
+		owed: &giveBacks{max: o.GiveBackQueue, log: log, kick: make(chan struct{}, 1)},
+		loss: &lossWatch{scopes: map[string]*scopeWatch{}, records: list.New(), log: log, onLoss: o.OnStateLoss}}
 	b.batches.b, b.batches.scopes = b, map[string]*queue{}
 	return b, nil
 }
@@ -106,15 +112,6 @@ func randomID() string {
 	var buf [15]byte
 	_, _ = rand.Read(buf[:])
 	return base32.StdEncoding.EncodeToString(buf[:])
-}
-
-// nowArg is the header's now: 0 (the server's TIME) unless a test clock is
-// set (an offset on a moving TIME cannot give tests exact boundaries).
-func (b *Backend) nowArg() int64 {
-	if b.clock == nil {
-		return 0
-	}
-	return b.clock().UnixMilli()
 }
 
 // until is when the Backend's timeout from now passes (zero: none).

@@ -55,11 +55,14 @@ type call struct {
 }
 
 func newCall(b *Backend, scope, seen string) *call {
-	tag := b.tag(scope)
+	tag, now := b.tag(scope), int64(0)
+	if b.clock != nil {
+		now = b.clock().UnixMilli()
+	}
 	c := &call{
 		tag:      tag,
-		head:     []float64{float64(b.nowArg()), float64(b.idleTTL), 0, 0},
-		headStrs: []any{scope, channel(tag), seen, b.replica},
+		head:     []float64{float64(now), float64(b.idleTTL), 0, 0},
+		headStrs: []any{scope, tag + ":events", seen, b.replica},
 	}
 	for _, k := range scopeKeys {
 		c.keys = append(c.keys, tag+k)
@@ -124,9 +127,7 @@ func (c *call) args() ([]string, []any) {
 	for _, f := range slices.Concat(c.head, c.tenHead, c.nums) {
 		nums = binary.LittleEndian.AppendUint64(nums, math.Float64bits(f))
 	}
-	argv := make([]any, 0, 1+len(c.headStrs)+len(c.tens)+len(c.strs))
-	argv = append(append(append(append(argv, nums), c.headStrs...), c.tens...), c.strs...)
-	return c.keys, argv
+	return c.keys, slices.Concat([]any{nums}, c.headStrs, c.tens, c.strs)
 }
 
 func msf(d time.Duration) float64 { return float64(d.Milliseconds()) }
@@ -278,6 +279,3 @@ var (
 func (b *Backend) tag(scope string) string {
 	return b.prefix + "{" + scopeEscaper.Replace(scope) + "}"
 }
-
-// channel is the scope's announcement channel.
-func channel(tag string) string { return tag + ":events" }
