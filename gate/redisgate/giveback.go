@@ -120,9 +120,8 @@ func (b *Backend) RunGiveBacks(ctx context.Context, every time.Duration) {
 	}
 }
 
-// retryOwed sends what is queued, at most a call's worth per scope, the
-// scopes side by side (one that does not answer holds up no other); what
-// Redis does not confirm is queued again.
+// retryOwed sends what is queued, a call's worth per scope at most, the
+// scopes side by side (one not answering holds up no other).
 func (b *Backend) retryOwed(ctx context.Context) {
 	g := b.owed
 	g.mu.Lock()

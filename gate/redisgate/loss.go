@@ -25,8 +25,7 @@ import (
 // timeout, so a source it knew OPEN is never granted after a loss, not
 // even once. checkLosses runs the same check in the background.
 
-// maxRecords bounds the breakers remembered; past it the one seen least
-// recently is forgotten.
+// maxRecords bounds the breakers remembered (the least recently seen go).
 const maxRecords = 10000
 
 const checkEvery = 250 * time.Millisecond
@@ -123,8 +122,7 @@ func (m *lossWatch) see(scope, source string, br gate.Breaker, now int64) {
 	})
 }
 
-// heard remembers what events say: an opening, a closing, an operator's
-// action (other replicas' announcements, this Backend's own events).
+// heard remembers what events say (announcements, this Backend's own).
 func (m *lossWatch) heard(scope string, events []gate.Event) {
 	for _, e := range events {
 		switch {
@@ -143,8 +141,7 @@ func (m *lossWatch) heard(scope string, events []gate.Event) {
 	}
 }
 
-// update changes a source's record (made if missing), forgotten once it
-// holds nothing to re-assert.
+// update changes a source's record, made if missing, forgotten once empty.
 func (m *lossWatch) update(scope, source string, change func(*gate.Record)) {
 	now := time.Now()
 	m.mu.Lock()
@@ -293,8 +290,7 @@ func (b *Backend) checkLosses(ctx context.Context) error {
 	})
 	cancel()
 	if err != nil && !errors.Is(err, redis.Nil) {
-		// A marker that cannot be read (its Cluster node down) waits for
-		// the next check; the others go on.
+		// A marker that cannot be read (its node down) waits for the next check.
 		b.log.Debug("redis loss check", "err", err)
 	}
 	var errs []error

@@ -91,8 +91,7 @@ func (c *cursor) num(name string, lo, hi int64) int64 {
 
 func (c *cursor) count(name string) int64 { return c.num(name, 0, 1<<62) }
 
-// time is a time in ms (any integer: a stored time may be anything, and
-// is saturated where it is used).
+// time is a time in ms: any integer (saturated where it is used).
 func (c *cursor) time(name string) int64 { return c.num(name, -1<<62, 1<<62) }
 
 // str is the next value, a text of at most gate.MaxText bytes.

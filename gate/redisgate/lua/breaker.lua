@@ -14,8 +14,8 @@ local function cooldown_ms(base, max, reopens)
 end
 
 -- twin: gate.(*Breaker).event
-local function b_event(b, kind, from, cause)
-  return { kind = kind, from = from, to = b.state, cause = cause, epoch = b.epoch, reopens = b.reopens }
+local function b_event(b, kind, from, cause, permit)
+  return { kind = kind, from = from, to = b.state, cause = cause, epoch = b.epoch, reopens = b.reopens, permit = permit }
 end
 
 -- twin: gate.(*Breaker).check
@@ -26,14 +26,10 @@ local function b_check(b, now)
   elseif o == O_FORCED_CLOSED or o == O_DISABLED then
     return R_NONE, 0
   end
-  if b.state == OPEN then
-    if now < b.open_until then
-      return R_CIRCUIT_OPEN, b.open_until - now
-    end
-  elseif b.state == HALF_OPEN then
-    if b.probe ~= '' and now < b.probe_until then
-      return R_PROBE_IN_FLIGHT, 0
-    end
+  if b.state == OPEN and now < b.open_until then
+    return R_CIRCUIT_OPEN, b.open_until - now
+  elseif b.state == HALF_OPEN and b.probe ~= '' and now < b.probe_until then
+    return R_PROBE_IN_FLIGHT, 0
   end
   return R_NONE, 0
 end
@@ -54,16 +50,10 @@ local function b_enter(b, p, permit, now)
     events[#events + 1] = b_event(b, E_TRANSITION, OPEN, C_COOLDOWN_ELAPSED)
   end
   if b.probe ~= '' then
-    local e = b_event(b, E_PROBE_EXPIRED, HALF_OPEN, C_NONE)
-    e.permit = b.probe
-    events[#events + 1] = e
+    events[#events + 1] = b_event(b, E_PROBE_EXPIRED, HALF_OPEN, C_NONE, b.probe)
   end
-  b.epoch = b.epoch + 1
-  b.probe = permit
-  b.probe_until = now + p.probe_ttl
-  local e = b_event(b, E_PROBE_LEASED, HALF_OPEN, C_NONE)
-  e.permit = permit
-  events[#events + 1] = e
+  b.epoch, b.probe, b.probe_until = b.epoch + 1, permit, now + p.probe_ttl
+  events[#events + 1] = b_event(b, E_PROBE_LEASED, HALF_OPEN, C_NONE, permit)
   return true, true, b.epoch, R_NONE, 0, events
 end
 
@@ -120,9 +110,7 @@ end
 local function b_open(b, p, now, floor, cause)
   local from = b.state
   b_reset_round(b)
-  b.reopens = b.reopens + 1
-  b.state = OPEN
-  b.opened_at = now
+  b.reopens, b.state, b.opened_at = b.reopens + 1, OPEN, now
   b.cause = cause == C_SOURCE_DEAD and OC_SOURCE_DEAD or OC_FAILURES
   local cd = math.max(cooldown_ms(p.cooldown, p.max_cooldown, b.reopens), floor)
   b.open_until = now + cd
@@ -133,9 +121,7 @@ end
 
 -- twin: gate.(*Breaker).stale
 local function b_stale(b, o)
-  local e = b_event(b, E_STALE_OUTCOME, b.state, C_NONE)
-  e.permit = o.permit
-  return F_STALE, { e }
+  return F_STALE, { b_event(b, E_STALE_OUTCOME, b.state, C_NONE, o.permit) }
 end
 
 -- twin: gate.(*Breaker).Settle
@@ -154,17 +140,14 @@ local function b_settle(b, p, o, now)
   if o.probe then
     if v == V_SUCCESS then
       b_reset_round(b)
-      b.reopens = 0
-      b.state = CLOSED
+      b.reopens, b.state = 0, CLOSED
       return F_APPLIED, { b_event(b, E_TRANSITION, HALF_OPEN, C_PROBE_SUCCEEDED) }
     elseif v == V_FAILURE or v == V_FORCE_OPEN then
       local cause = v == V_FORCE_OPEN and C_SOURCE_DEAD or C_PROBE_FAILED
       return F_APPLIED, { b_open(b, p, now, o.floor, cause) }
     end
     b.probe, b.probe_until = '', 0
-    local e = b_event(b, E_PROBE_RELEASED, HALF_OPEN, C_NONE)
-    e.permit = o.permit
-    return F_NO_VERDICT, { e }
+    return F_NO_VERDICT, { b_event(b, E_PROBE_RELEASED, HALF_OPEN, C_NONE, o.permit) }
   end
   if b.state == CLOSED then
     if v == V_SUCCESS then
@@ -191,8 +174,7 @@ local function b_settle(b, p, o, now)
     -- opening longer, never shorter, and is no reopening.
     local untl = now + math.max(cooldown_ms(p.cooldown, p.max_cooldown, b.reopens), o.floor)
     if untl > b.open_until then
-      b.open_until = untl
-      b.cause = OC_SOURCE_DEAD
+      b.open_until, b.cause = untl, OC_SOURCE_DEAD
       local e = b_event(b, E_TRANSITION, OPEN, C_SOURCE_DEAD)
       e.cooldown = untl - now
       return F_APPLIED, { e }
@@ -216,11 +198,8 @@ local function b_apply(b, action, actor, why, now)
     b.override = O_NONE
   elseif action == A_RESET then
     local from = b.state
-    b.override = O_NONE
     b_reset_round(b)
-    b.reopens = 0
-    b.state = CLOSED
-    b.epoch = b.epoch + 1
+    b.override, b.reopens, b.state, b.epoch = O_NONE, 0, CLOSED, b.epoch + 1
     if from ~= CLOSED then
       events[1] = b_event(b, E_TRANSITION, from, C_RESET)
     end
