@@ -159,7 +159,7 @@ func (b *Backend) sendOwed(ctx context.Context, it *op) bool {
 	o := &op{settle: it.settle, giveBack: it.giveBack, owed: true}
 	v, err := b.batches.do(ctx, b.until(), o)
 	if err == nil {
-		err = opError(v)
+		err, _ = v.(error)
 	}
 	if errors.Is(err, gate.ErrUnavailable) || ctx.Err() != nil {
 		return false

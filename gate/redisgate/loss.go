@@ -17,13 +17,12 @@ import (
 // A Redis restarted without persistence, or failed over to a replica that
 // missed the writes, forgets a scope's breakers: an OPEN source reads back
 // CLOSED. So each Backend remembers the OPEN breakers and overrides it saw
-// (in replies and announcements) and re-asserts them where Redis lost them
-// (lua/ops.lua's restore). A marker key per scope, without TTL, tells a
-// loss: restore creates it with a random value, and each Backend remembers
-// the value it saw. An admit whose scope's marker is missing or another
-// grants nothing: the Backend re-asserts, then admits again, within one
-// timeout, so a source it knew OPEN is never granted after a loss, not
-// even once. checkLosses runs the same check in the background.
+// and re-asserts them where Redis lost them (lua/ops.lua's restore). A
+// marker key per scope, without TTL, tells a loss: restore creates it with
+// a random value, and each Backend remembers the one it saw. An admit under
+// a missing or other marker grants nothing: the Backend re-asserts, then
+// admits again, within one timeout, so a source it knew OPEN is never
+// granted after a loss, not even once.
 
 // maxRecords bounds the breakers remembered (the least recently seen go).
 const maxRecords = 10000

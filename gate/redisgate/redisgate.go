@@ -122,9 +122,7 @@ func (b *Backend) until() time.Time {
 	return time.Now().Add(b.timeout)
 }
 
-// Admit implements gate.Backend. A scope whose marker is not the one seen
-// grants nothing: the Backend re-asserts what it knows and admits again,
-// within one timeout (loss.go).
+// Admit implements gate.Backend, re-asserting first after a loss (loss.go).
 func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admission, error) {
 	for i, c := range req.Candidates {
 		if c.Source == nil {
@@ -157,8 +155,7 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 	}
 }
 
-// Settle implements gate.Backend. A settle that fails is repeated until
-// Redis confirms it (giveback.go).
+// Settle implements gate.Backend; one that fails is repeated (giveback.go).
 func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (gate.Settlement, error) {
 	if req.Source == nil {
 		return gate.Settlement{}, errors.New("redisgate: settle: no source")
@@ -211,7 +208,8 @@ func (b *Backend) Leave(ctx context.Context, req gate.LeaveRequest) error {
 	}
 	c := newCall(b, req.Scope, "")
 	c.leave(&req)
-	return opError(b.single(ctx, c))
+	err, _ := b.single(ctx, c).(error)
+	return err
 }
 
 // single runs c, one op, as a call of its own, and returns its reply: its
@@ -239,12 +237,6 @@ func (b *Backend) exec(ctx context.Context, c *call) ([]any, error) {
 	}
 	b.owed.poke()
 	return replies, nil
-}
-
-// opError is the error an op raised in Lua, if it did.
-func opError(v any) error {
-	err, _ := v.(error)
-	return err
 }
 
 // bound puts the Backend's timeout (or until, when set) on ctx.

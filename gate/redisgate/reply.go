@@ -6,10 +6,9 @@ import (
 	"github.com/polygate/polygate/gate"
 )
 
-// Whatever Redis answers is checked before it is used: an integer where
-// one is expected, within its range (an enum among gate's values, a count
-// not negative), a text of at most gate.MaxText bytes; an error names the
-// reply and the field, never echoing a text.
+// Whatever Redis answers is checked before it is used: an integer within
+// its range (an enum among gate's values, a count not negative), a text of
+// at most gate.MaxText bytes; an error names reply and field, never a text.
 
 // split cuts a call's reply (lua/ops.lua's run) into its ops' replies:
 // each one's values, or the error it raised.

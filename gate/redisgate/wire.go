@@ -39,9 +39,8 @@ const (
 	kindRestore
 )
 
-// call gathers a call's ops and the sources and tenants they name: each
-// configuration once (a source's by pointer: a reload makes new ones),
-// each one's keys once.
+// call gathers a call's ops and, once each, the configurations they name
+// (a source's by pointer: a reload makes new ones) and their keys.
 type call struct {
 	tag            string // the scope's keys' start (Backend.tag)
 	head, tenHead  []float64
@@ -102,8 +101,7 @@ func (c *call) tenant(tc *gate.TenantCall) float64 {
 	return float64(len(c.tenants))
 }
 
-// group is the base of the keys named after the tag, role by role, made
-// the call's keys if they are not yet.
+// group is the base of the keys tag+name+role, added if they are missing.
 func (c *call) group(name string, roles []string) float64 {
 	first := c.tag + name + roles[0]
 	if i := slices.Index(c.keys, first); i >= 0 {
@@ -221,12 +219,10 @@ func (c *call) peek(r *gate.PeekRequest) {
 	c.add(kindPeek, nums, strs...)
 }
 
-// override: numbers src action; strings actor why.
 func (c *call) override(r *gate.OverrideRequest) {
 	c.add(kindOverride, []float64{c.src(r.Source), float64(r.Action)}, r.Actor, r.Why)
 }
 
-// leave: numbers src per source; strings waiter.
 func (c *call) leave(r *gate.LeaveRequest) {
 	var nums []float64
 	for _, s := range r.Sources {
