@@ -7,8 +7,5 @@
 // (batch.go). Every key of a scope carries the hash tag {scope}, so it runs
 // on Redis Cluster. Policy and limits come in each call, never from Redis,
 // so a reloaded configuration applies at the next call; time is the Redis
-// server's. Every key expires once it is no longer needed, except the
-// record of a breaker OPEN, HALF_OPEN or overridden: an expired one would
-// come back CLOSED and skip its cooldown and its probe (so the keys need a
-// maxmemory-policy of noeviction).
+// server's.
 package redisgate

@@ -57,12 +57,11 @@ func (g *giveBacks) giveBack(req *gate.AdmitRequest) {
 
 // poke wakes RunGiveBacks when anything is queued.
 func (g *giveBacks) poke() {
-	if g.queued.Load() == 0 {
-		return
-	}
-	select {
-	case g.kick <- struct{}{}:
-	default:
+	if g.queued.Load() > 0 {
+		select {
+		case g.kick <- struct{}{}:
+		default:
+		}
 	}
 }
 

@@ -14,9 +14,8 @@ import (
 	"github.com/polygate/polygate/gate"
 )
 
-// The Lua code is one Redis Functions library with one function, run
-// (ops.lua): the prelude Go writes below, then the files of lua/, each one
-// state machine's port, in the order listed (each uses the ones before).
+// The library is the prelude below, then lua/'s files in this order (each
+// uses the ones before); its one function is ops.lua's run.
 //
 //go:embed lua/*.lua
 var luaFS embed.FS

@@ -171,7 +171,6 @@ func (c *cursor) event(source func(c int64) string) gate.Event {
 	return e
 }
 
-// events reads the events a reply ends with.
 func (c *cursor) events(source func(c int64) string) []gate.Event {
 	var out []gate.Event
 	for c.more() {

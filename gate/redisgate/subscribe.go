@@ -9,7 +9,6 @@ import (
 	"github.com/polygate/polygate/gate"
 )
 
-// globEscaper escapes the glob characters of PSUBSCRIBE patterns.
 var globEscaper = strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`, "]", `\]`)
 
 // Subscribe hears the announcements of every scope under the Backend's

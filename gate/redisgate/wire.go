@@ -58,11 +58,8 @@ func newCall(b *Backend, scope, seen string) *call {
 	if b.clock != nil {
 		now = b.clock().UnixMilli()
 	}
-	c := &call{
-		tag:      tag,
-		head:     []float64{float64(now), float64(b.idleTTL), 0, 0},
-		headStrs: []any{scope, tag + ":events", seen, b.replica},
-	}
+	c := &call{tag: tag, head: []float64{float64(now), float64(b.idleTTL), 0, 0},
+		headStrs: []any{scope, tag + ":events", seen, b.replica}}
 	for _, k := range scopeKeys {
 		c.keys = append(c.keys, tag+k)
 	}

@@ -4,10 +4,7 @@
 -- the call (a nested list costs Redis a conversion of its own).
 
 local function replica_or(replica)
-  if replica == '' then
-    return C.h.replica
-  end
-  return replica
+  return replica ~= '' and replica or C.h.replica
 end
 
 -- read_waiter is wire.go's waiter after x[i] and a[j].
@@ -28,10 +25,9 @@ end
 
 -- twin: inmem.(*Backend).Admit
 -- The walk over the candidates (gate.(*SourceState).Admit each), with the
--- waiter's lines (gate.(*Line).Check before, After after). It grants
--- nothing under a marker other than the one the replica saw (reply 1: the
--- replica re-asserts, then admits again) or to a permit given back before
--- (reply 2). A tenant that refuses refuses every candidate alike, and the
+-- waiter's lines (gate.(*Line).Check before, After after). A marker other
+-- than the replica's (reply 1) or a permit given back (reply 2) grants
+-- nothing. A tenant that refuses refuses every candidate alike, and the
 -- waiter leaves their lines.
 local function admit(r, x, xi, a, ai)
   local tokens, waits, nc, ti = x[xi + 1], x[xi + 2] == 1, x[xi + 3], x[xi + 4]
@@ -81,12 +77,11 @@ local function admit(r, x, xi, a, ai)
     if waits and (a[j + k] ~= '' or not l_empty(s)) then
       w = w or read_waiter(x, xi + 4, a, ai + 1)
       walk = walk or {}
-      walk[k] = true
       w.place = a[j + k]
       local nobody
       passed, nobody = l_check(s, w, now)
-      if nobody then
-        walk[k] = nil
+      if not nobody then
+        walk[k] = true
       end
     end
     local reason, wait = R_QUEUED, 0
@@ -224,8 +219,7 @@ local function peek(r, x, xi, a, ai, nn)
     w = read_waiter(x, i, a, j)
     i, j = i + 7, j + 3
   end
-  local now = now_ms()
-  local n = #r
+  local now, n = now_ms(), #r
   r[n + 1], r[n + 2], r[n + 3] = progress(), now, marker() or ''
   for k = 1, nc do
     local c = conf(x[i + 3 * k - 2])
@@ -316,10 +310,6 @@ local OPS = {
   [K_OVERRIDE] = override, [K_LEAVE] = leave, [K_RESTORE] = restore,
 }
 
-local function unknown()
-  error('redisgate: unknown op')
-end
-
 -- run is the library's function: the ops in order, then one write-back.
 -- Each op's reply is its count of values, then the values; an op that
 -- raises fails alone, as a call of its own would (keeping what it wrote
@@ -336,7 +326,8 @@ local function run(keys, argv)
     end
     local at = #r + 1
     r[at] = 0
-    local ok, err = pcall(OPS[kind] or unknown, r, x, xi + 3, argv, ai, nn)
+    local op = OPS[kind] or function() error('redisgate: unknown op') end
+    local ok, err = pcall(op, r, x, xi + 3, argv, ai, nn)
     if ok then
       r[at] = #r - at
     else

@@ -30,7 +30,6 @@ local function idiv(a, b)
   return q
 end
 
--- now_ms is the server's time, or the header's test clock's.
 local function now_ms()
   if not C.now then
     local n = C.h.now
@@ -48,8 +47,7 @@ end
 local RECORD_VERSION = 1
 local FRESH = {
   v = RECORD_VERSION, state = CLOSED, epoch = 0, reopens = 0, opened_at = 0, open_until = 0, cause = OC_NONE,
-  probe = '', probe_until = 0, consecutive = 0, width = 0,
-  override = O_NONE, actor = '', why = '', override_at = 0,
+  probe = '', probe_until = 0, consecutive = 0, width = 0, override = O_NONE, actor = '', why = '', override_at = 0,
   held = 0, lease_min = 0, mtokens = 0, moldest = 0,
 }
 
@@ -94,22 +92,18 @@ local function header(x, a)
   return h, 4 + 12 * n + 6 * m, 5 + n + m
 end
 
--- conf is the i-th source configuration of the header (from 1), tconf
--- the i-th tenant's.
-local function conf(i)
-  local c = C.h.src[i]
+-- conf is the header's i-th source configuration (from 1), tconf its i-th
+-- tenant's.
+local function conf(i, list)
+  local c = (list or C.h.src)[i]
   if c == nil then
-    error('redisgate: no source configuration ' .. tostring(i))
+    error('redisgate: no configuration ' .. tostring(i))
   end
   return c
 end
 
 local function tconf(i)
-  local c = C.h.ten[i]
-  if c == nil then
-    error('redisgate: no tenant configuration ' .. tostring(i))
-  end
-  return c
+  return conf(i, C.h.ten)
 end
 
 -- group is the keys after KEYS[base], named by roles, and their record
@@ -228,9 +222,8 @@ local function flush()
       end
     end
     if s.logged then
-      local m = MINUTE + SLACK
-      redis.call('PEXPIRE', s.minute, m)
-      redis.call('PEXPIRE', s.tokens, m)
+      redis.call('PEXPIRE', s.minute, MINUTE + SLACK)
+      redis.call('PEXPIRE', s.tokens, MINUTE + SLACK)
     end
   end
   if C.progress_set then
