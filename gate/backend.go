@@ -10,6 +10,19 @@ import (
 // Never is the progress age of a scope that has never had a successful attempt.
 const Never = time.Duration(math.MaxInt64)
 
+// ProgressAge is the time from progress, a scope's last success (0: never),
+// to now, both in ms; a difference that would overflow saturates.
+func ProgressAge(progress, now int64) time.Duration {
+	if progress == 0 {
+		return Never
+	}
+	d := now - progress
+	if (now > 0 && progress < 0 && d < 0) || (now < 0 && progress > 0 && d > 0) {
+		return Never
+	}
+	return Millis(d)
+}
+
 // Source is what the backends need to know of a configured source.
 type Source struct {
 	Name    string

@@ -58,3 +58,36 @@ func TestStoredTimesFarAheadSaturate(t *testing.T) {
 		}
 	}
 }
+
+// TestCeilMillisRoundsUpAndSaturates: a time left in whole milliseconds
+// is never early, and the longest Duration does not wrap.
+func TestCeilMillisRoundsUpAndSaturates(t *testing.T) {
+	for _, tc := range []struct {
+		in   time.Duration
+		want int64
+	}{{0, 0}, {1, 1}, {time.Millisecond, 1}, {time.Millisecond + 1, 2}, {math.MaxInt64, math.MaxInt64 / int64(time.Millisecond)}} {
+		if got := CeilMillis(tc.in); got != tc.want {
+			t.Errorf("CeilMillis(%v) = %d, want %d", tc.in, got, tc.want)
+		}
+	}
+}
+
+// TestProgressAgeSaturates: a progress time read from a shared store may
+// be anything; its age is Never when unset or when now - progress would
+// overflow, never a wrapped age.
+func TestProgressAgeSaturates(t *testing.T) {
+	for _, tc := range []struct {
+		progress, now int64
+		want          time.Duration
+	}{
+		{0, 5_000, Never},
+		{2_000, 5_000, 3 * time.Second},
+		{5_000, 2_000, -3 * time.Second},
+		{math.MinInt64 + 1, math.MaxInt64, Never},
+		{math.MaxInt64, -2, Never},
+	} {
+		if got := ProgressAge(tc.progress, tc.now); got != tc.want {
+			t.Errorf("ProgressAge(%d, %d) = %v, want %v", tc.progress, tc.now, got, tc.want)
+		}
+	}
+}

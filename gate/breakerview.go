@@ -43,6 +43,15 @@ func Millis(v int64) time.Duration {
 	return time.Duration(v) * time.Millisecond
 }
 
+// CeilMillis is d in whole milliseconds, rounded up so that a time left is
+// never early, and saturating instead of wrapping.
+func CeilMillis(d time.Duration) int64 {
+	if d > math.MaxInt64-time.Millisecond {
+		return math.MaxInt64 / int64(time.Millisecond)
+	}
+	return (d + time.Millisecond - 1).Milliseconds()
+}
+
 // View reads the breaker at now without changing it.
 func (b *Breaker) View(p BreakerPolicy, now int64) BreakerView {
 	reason, wait := b.check(now)

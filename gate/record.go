@@ -43,11 +43,11 @@ func (r Record) Breaker(now int64) Breaker {
 	switch {
 	case r.Probe != "":
 		b.State, b.Reopens, b.Probe = HalfOpen, max(r.Reopens, 1), r.Probe
-		b.ProbeUntil = now + (r.ProbeLeft + time.Millisecond - 1).Milliseconds()
+		b.ProbeUntil = now + CeilMillis(r.ProbeLeft)
 	case r.Open:
 		b.State, b.Reopens, b.Cause = Open, max(r.Reopens, 1), r.Cause
 		b.OpenedAt = now - r.OpenedAgo.Milliseconds()
-		b.OpenUntil = now + (r.OpenLeft + time.Millisecond - 1).Milliseconds() // rounded up: never early
+		b.OpenUntil = now + CeilMillis(r.OpenLeft)
 		if b.Cause == OpenCauseNone {
 			b.Cause = OpenCauseFailures
 		}

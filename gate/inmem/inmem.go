@@ -101,13 +101,6 @@ func (s *scope) tidy(source string) {
 	}
 }
 
-func (s *scope) progressAge(now int64) time.Duration {
-	if s.progress == 0 {
-		return gate.Never
-	}
-	return time.Duration(now-s.progress) * time.Millisecond
-}
-
 func named(events []gate.Event, source string) []gate.Event {
 	for i := range events {
 		events[i].Source = source
@@ -119,7 +112,7 @@ func named(events []gate.Event, source string) []gate.Event {
 func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (out gate.Admission, _ error) {
 	s, now := b.lock(req.Scope)
 	defer b.unlock(ctx, s, &out.Events)
-	out.ProgressAge = s.progressAge(now)
+	out.ProgressAge = gate.ProgressAge(s.progress, now)
 	w := req.Line
 	if tc := req.Tenant; tc != nil {
 		if reason, wait := s.tenant(tc.Name).Verdict(tc.Limits, req.Tokens, now); reason != gate.ReasonNone {
@@ -214,7 +207,7 @@ func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (out gate.
 		out.Handoff = l.Handoff(req.Line, now)
 		s.tidy(req.Source.Name)
 	}
-	out.ProgressAge = s.progressAge(now)
+	out.ProgressAge = gate.ProgressAge(s.progress, now)
 	return out, nil
 }
 
@@ -222,7 +215,7 @@ func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (out gate.
 func (b *Backend) Peek(_ context.Context, req gate.PeekRequest) (gate.Snapshot, error) {
 	s, now := b.lock(req.Scope)
 	defer s.mu.Unlock()
-	out := gate.Snapshot{Sources: make([]gate.SourceView, 0, len(req.Sources)), ProgressAge: s.progressAge(now)}
+	out := gate.Snapshot{Sources: make([]gate.SourceView, 0, len(req.Sources)), ProgressAge: gate.ProgressAge(s.progress, now)}
 	for i, src := range req.Sources {
 		st, ok := s.sources[src.Name]
 		if !ok {

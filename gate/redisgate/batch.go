@@ -12,22 +12,16 @@ import (
 	"github.com/polygate/polygate/gate"
 )
 
-// Group commit. Most of what a call costs Redis is paid per call (the
-// FCALL, the header, TIME, the scope's keys, each source's record), so a
-// scope has at most one call in flight, and the Admits and Settles that
-// arrive meanwhile go out together as its next call. A call runs its
-// settles first, then its admits, each in arrival order: its ops were all
-// pending at once, so any order is a legal interleaving, and this one
-// frees slots before the admits ask.
-//
-// Under load the next call lingers: after a call of two ops or more, it
-// waits as long as that call took (at most Options.BatchLinger) or until a
-// call's worth of ops wait. A lone op on a quiet scope never waits.
-//
-// A failed call gives back each of its admits and repeats each of its
-// settles (giveback.go). A caller that gives up drops its admit if not yet
-// sent; a settle is sent all the same, and a permit granted to a caller
-// gone is given back.
+// Group commit. Most of what a call costs Redis is paid per call (FCALL,
+// header, TIME, the scope's keys and records), so a scope has one call in
+// flight, and the Admits and Settles that arrive meanwhile go out together
+// as its next: settles first, then admits, each in arrival order (ops
+// pending at once may run in any order; this one frees slots before the
+// admits ask). Under load the next call lingers, after a call of two ops or
+// more, as long as that one took (at most Options.BatchLinger) or until a
+// call's worth of ops wait; a lone op on a quiet scope never waits. A
+// caller that gives up drops its admit if not yet sent; a settle is sent
+// all the same, and a permit granted to a caller gone is given back.
 
 // maxBatchOps bounds the ops of one call; the ops beyond wait for the next.
 const maxBatchOps = 64
@@ -41,9 +35,8 @@ type op struct {
 	admit    *gate.AdmitRequest
 	settle   *gate.SettleRequest
 	giveBack *gate.AdmitRequest // give back its permit on its candidates
-	// owed: the give-back queue's own (it keeps what fails itself).
-	owed bool
-	done chan result // one reply, buffered
+	owed     bool               // the give-back queue's own (it keeps what fails itself)
+	done     chan result        // one reply, buffered
 	// Under batcher.mu: sent in a call; gone, its caller stopped waiting;
 	// delivered, its result is in done.
 	sent, gone, delivered bool
@@ -54,47 +47,28 @@ type result struct {
 	err error
 }
 
-func (o *op) scope() string {
-	if o.settle != nil {
-		return o.settle.Scope
-	}
-	return o.admission().Scope
-}
-
-func (o *op) permit() string {
-	if o.settle != nil {
-		return o.settle.PermitID
-	}
-	return o.admission().PermitID
-}
-
-// admission is the admit, or the permit to give back.
-func (o *op) admission() *gate.AdmitRequest {
-	if o.admit != nil {
-		return o.admit
-	}
-	return o.giveBack
-}
-
-// addTo adds the op to call c.
-func (o *op) addTo(b *Backend, c *call) {
+// ids are the op's scope and permit.
+func (o *op) ids() (scope, permit string) {
 	switch {
 	case o.settle != nil:
-		c.settle(o.settle)
+		return o.settle.Scope, o.settle.PermitID
 	case o.admit != nil:
-		c.admit(o.admit)
-	default:
-		c.giveBack(o.giveBack)
+		return o.admit.Scope, o.admit.PermitID
 	}
+	return o.giveBack.Scope, o.giveBack.PermitID
+}
+
+func (o *op) scope() string {
+	s, _ := o.ids()
+	return s
 }
 
 // batcher keeps each scope's ops between calls.
 type batcher struct {
-	b      *Backend
-	mu     sync.Mutex
-	scopes map[string]*queue
-	// What was sent (ops / calls is the mean batch), and the time lingered.
-	calls, ops atomic.Uint64
+	b          *Backend
+	mu         sync.Mutex
+	scopes     map[string]*queue
+	calls, ops atomic.Uint64 // sent (ops / calls is the mean batch)
 	lingered   atomic.Int64
 }
 
@@ -110,13 +84,11 @@ func (b *Backend) BatchStats() BatchStats {
 	return BatchStats{Calls: b.batches.calls.Load(), Ops: b.batches.ops.Load(), Lingered: time.Duration(b.batches.lingered.Load())}
 }
 
-// queue is a scope's ops waiting for its next call; running while a
-// goroutine sends its calls.
+// queue is a scope's ops waiting for its next call (running: drain sends).
 type queue struct {
 	ops     []*op
 	running bool
-	// full wakes a lingering drain once a call's worth of ops wait.
-	full chan struct{}
+	full    chan struct{} // wakes a lingering drain once a call's worth wait
 }
 
 // do sends o in its scope's next call and returns its reply, waiting at
@@ -127,9 +99,6 @@ func (q *batcher) do(ctx context.Context, until time.Time, o *op) (any, error) {
 	q.mu.Lock()
 	sq := q.scopes[scope]
 	if sq == nil {
-		if q.scopes == nil {
-			q.scopes = map[string]*queue{}
-		}
 		sq = &queue{full: make(chan struct{}, 1)}
 		q.scopes[scope] = sq
 	}
@@ -214,8 +183,7 @@ func (q *batcher) drain(scope string, sq *queue) {
 			o.sent = true
 		}
 		q.mu.Unlock()
-		// Settles (and give-backs) first, then admits, each in arrival order.
-		slices.SortStableFunc(ops, func(a, b *op) int { return cmp.Compare(a.rank(), b.rank()) })
+		slices.SortStableFunc(ops, func(a, b *op) int { return cmp.Compare(flag(a.admit != nil), flag(b.admit != nil)) })
 		q.calls.Add(1)
 		q.ops.Add(uint64(len(ops)))
 		start := time.Now()
@@ -256,13 +224,6 @@ func (q *batcher) linger(sq *queue, wait time.Duration) {
 	q.lingered.Add(int64(time.Since(start)))
 }
 
-func (o *op) rank() int {
-	if o.admit != nil {
-		return 1
-	}
-	return 0
-}
-
 // deliver hands o its result, or settles it as nobody's when its caller
 // is gone. A call that failed owes what each of its ops may have done.
 func (q *batcher) deliver(o *op, r result) {
@@ -285,20 +246,20 @@ func (q *batcher) deliver(o *op, r result) {
 	}
 }
 
-// send makes one call of ops, bounded by the Backend's timeout and not by
-// any caller's context.
+// send makes one call of ops, bounded by the Backend's timeout, not a caller's.
 func (b *Backend) send(scope string, ops []*op) ([]any, error) {
 	c := newCall(b, scope, b.loss.seen(scope))
 	for _, o := range ops {
-		o.addTo(b, c)
+		switch {
+		case o.settle != nil:
+			c.settle(o.settle)
+		case o.admit != nil:
+			c.admit(o.admit)
+		default:
+			c.giveBack(o.giveBack)
+		}
 	}
-	ctx, cancel := b.bound(context.Background(), time.Time{})
-	defer cancel()
-	replies, err := b.run(ctx, c)
-	if err != nil {
-		return nil, b.wrap(context.Background(), "call", err)
-	}
-	return replies, nil
+	return b.exec(context.Background(), c)
 }
 
 // orphan settles the reply of an op whose caller is gone: a permit it was

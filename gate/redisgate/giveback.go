@@ -16,9 +16,8 @@ import (
 // stalled Redis runs what its sockets queued when it resumes). Permit ids
 // are minted before the call and settling a permit that holds no slot
 // changes nothing, so until Redis confirms, an Admit without a readable
-// reply is given back on each of its candidates (a tombstone makes a late
-// Admit grant nothing: lua/ops.lua's give_back), and a failed settle is
-// repeated with its verdict.
+// reply is given back on each of its candidates (lua/ops.lua's give_back),
+// and a failed settle is repeated with its verdict.
 
 // DefaultGiveBackQueue bounds the settles kept for Redis.
 const DefaultGiveBackQueue = 10000
@@ -28,20 +27,12 @@ type giveBacks struct {
 	// items are the settles to repeat and the permits to give back, one
 	// per permit and kind: a settle repeated while Redis is away replaces
 	// the one queued (a client retrying in a loop fills nothing).
-	items map[owedKey]*op
-	max   int
-	log   *slog.Logger
-	// kick wakes RunGiveBacks: Redis answered, or a settle was queued.
-	kick                       chan struct{}
+	items                      map[owedKey]*op
+	max                        int
+	log                        *slog.Logger
+	kick                       chan struct{} // wakes RunGiveBacks: Redis answered, or one was queued
 	queued                     atomic.Int64
 	released, done, overflowed atomic.Uint64
-}
-
-func newGiveBacks(max int, log *slog.Logger) *giveBacks {
-	if max <= 0 {
-		max = DefaultGiveBackQueue
-	}
-	return &giveBacks{items: map[owedKey]*op{}, max: max, log: log, kick: make(chan struct{}, 1)}
 }
 
 type owedKey struct {
@@ -49,7 +40,10 @@ type owedKey struct {
 	giveBack      bool
 }
 
-func keyOf(o *op) owedKey { return owedKey{o.scope(), o.permit(), o.giveBack != nil} }
+func keyOf(o *op) owedKey {
+	scope, permit := o.ids()
+	return owedKey{scope, permit, o.giveBack != nil}
+}
 
 // add queues o, or counts it lost when the queue is full (its slot ends
 // with its lease).
@@ -79,12 +73,11 @@ func (g *giveBacks) giveBack(req *gate.AdmitRequest) {
 
 // poke wakes RunGiveBacks when anything is queued.
 func (g *giveBacks) poke() {
-	if g.queued.Load() == 0 {
-		return
-	}
-	select {
-	case g.kick <- struct{}{}:
-	default:
+	if g.queued.Load() > 0 {
+		select {
+		case g.kick <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -115,13 +108,12 @@ func (g *giveBacks) putBack(items []*op) {
 	}
 }
 
-// GiveBacks counts what the give-back queue did.
+// GiveBacks counts what the give-back queue did: Queued, the settles Redis
+// owes now (queued, or being sent); Released, the give-backs and repeated
+// settles that freed a slot; Confirmed, those Redis confirmed; Overflowed,
+// those lost to a full queue.
 type GiveBacks struct {
-	// Queued is how many settles Redis owes now (queued, or being sent).
-	Queued int64
-	// Released counts give-backs and repeated settles that freed a slot;
-	// Confirmed counts those Redis confirmed; Overflowed those lost to a
-	// full queue.
+	Queued                          int64
 	Released, Confirmed, Overflowed uint64
 }
 
@@ -131,9 +123,8 @@ func (b *Backend) GiveBacks() GiveBacks {
 	return GiveBacks{Queued: g.queued.Load(), Released: g.released.Load(), Confirmed: g.done.Load(), Overflowed: g.overflowed.Load()}
 }
 
-// DeferSettle queues req to be settled in Redis once it answers, without
-// trying now: for a settle served elsewhere (a local fallback) of a permit
-// Redis may hold.
+// DeferSettle queues req for Redis without trying now: a settle served
+// elsewhere (a local fallback) of a permit Redis may hold.
 func (b *Backend) DeferSettle(req gate.SettleRequest) {
 	if req.Source != nil && len(req.PermitID) <= gate.MaxText {
 		b.owed.add(&op{settle: &req})
@@ -171,9 +162,8 @@ func (b *Backend) RunGiveBacks(ctx context.Context, every time.Duration) {
 	}
 }
 
-// retryOwed sends what is queued, at most a call's worth per scope, the
-// scopes side by side (one that does not answer holds up no other); what
-// Redis does not confirm is queued again.
+// retryOwed sends what is queued, a call's worth per scope at most, the
+// scopes side by side (one not answering holds up no other).
 func (b *Backend) retryOwed(ctx context.Context) {
 	items := b.owed.take()
 	if len(items) == 0 {
@@ -205,7 +195,7 @@ func (b *Backend) sendOwed(ctx context.Context, it *op) bool {
 	o := &op{settle: it.settle, giveBack: it.giveBack, owed: true}
 	v, err := b.batches.do(ctx, b.until(), o)
 	if err == nil {
-		err = opError(v)
+		err, _ = v.(error)
 	}
 	if errors.Is(err, gate.ErrUnavailable) || ctx.Err() != nil {
 		return false
@@ -226,7 +216,8 @@ func (b *Backend) sendOwed(ctx context.Context, it *op) bool {
 	}
 	if released {
 		b.owed.released.Add(1)
-		b.log.Info("gave back a permit whose reply was lost", "scope", it.scope(), "permit", it.permit())
+		scope, permit := it.ids()
+		b.log.Info("gave back a permit whose reply was lost", "scope", scope, "permit", permit)
 	}
 	return true
 }

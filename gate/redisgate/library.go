@@ -14,9 +14,8 @@ import (
 	"github.com/polygate/polygate/gate"
 )
 
-// The Lua code is one Redis Functions library with one function, run
-// (ops.lua): the prelude Go writes below, then the files of lua/, each one
-// state machine's port, in the order listed (each uses the ones before).
+// The library is the prelude below, then lua/'s files in this order (each
+// uses the ones before); its one function is ops.lua's run.
 //
 //go:embed lua/*.lua
 var luaFS embed.FS
@@ -41,9 +40,8 @@ var library, fn = func() (string, string) {
 	return fmt.Sprintf("#!lua name=%s\n%s\nredis.register_function('%s', run)\n", name, body.String(), name), name
 }()
 
-// prelude writes the gate package's constants as Lua locals, so that the
-// scripts cannot drift from the Go enums they answer in: each enum's values
-// by their names, upper-cased, after a prefix.
+// prelude writes gate's constants as Lua locals, so that the Lua cannot
+// drift from the Go enums it answers in: each value by its name, upper-cased.
 func prelude() string {
 	var b strings.Builder
 	def := func(name string, v int64) { fmt.Fprintf(&b, "local %s = %d\n", name, v) }
@@ -89,7 +87,8 @@ func prelude() string {
 // it (first use, a restart, FUNCTION FLUSH), and the call made again.
 func (b *Backend) fcall(ctx context.Context, keys []string, args []any) ([]any, error) {
 	v, err := b.client.FCall(ctx, fn, keys, args...).Slice()
-	if err != nil && notLoaded(err) {
+	var rerr redis.Error
+	if errors.As(err, &rerr) && strings.Contains(strings.ToLower(err.Error()), "function not found") {
 		if err = b.load(ctx); err == nil {
 			v, err = b.client.FCall(ctx, fn, keys, args...).Slice()
 		}
@@ -98,33 +97,23 @@ func (b *Backend) fcall(ctx context.Context, keys []string, args []any) ([]any, 
 }
 
 func (b *Backend) load(ctx context.Context) error {
-	load := func(ctx context.Context, c *redis.Client) error {
-		err := c.FunctionLoadReplace(ctx, library).Err()
-		if refused(err) {
-			return fmt.Errorf("%w (polygate needs Redis 7 or later, and an ACL that allows FUNCTION LOAD and FCALL)", err)
-		}
-		return err
+	var err error
+	if c, ok := b.client.(*redis.ClusterClient); ok {
+		err = c.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return c.FunctionLoadReplace(ctx, library).Err() })
+	} else {
+		err = b.client.FunctionLoadReplace(ctx, library).Err()
 	}
-	switch c := b.client.(type) {
-	case *redis.ClusterClient:
-		return c.ForEachMaster(ctx, load)
-	case *redis.Client:
-		return load(ctx, c)
+	if refused(err) {
+		return fmt.Errorf("%w (polygate needs Redis 7 or later, and an ACL that allows FUNCTION LOAD and FCALL)", err)
 	}
-	return b.client.FunctionLoadReplace(ctx, library).Err()
-}
-
-// notLoaded reports whether err says the server lacks the function.
-func notLoaded(err error) bool {
-	var rerr redis.Error
-	return errors.As(err, &rerr) && strings.Contains(strings.ToLower(err.Error()), "function not found")
+	return err
 }
 
 // refused reports whether FUNCTION LOAD failed for want of the command or
 // of the permission, rather than for an error in the library.
 func refused(err error) bool {
 	var rerr redis.Error
-	if err == nil || !errors.As(err, &rerr) {
+	if !errors.As(err, &rerr) {
 		return false
 	}
 	m := strings.ToLower(err.Error())

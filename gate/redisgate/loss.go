@@ -17,18 +17,14 @@ import (
 // A Redis restarted without persistence, or failed over to a replica that
 // missed the writes, forgets a scope's breakers: an OPEN source reads back
 // CLOSED. So each Backend remembers the OPEN breakers and overrides it saw
-// (in its replies, refusals and reads, and in announcements) and
-// re-asserts them where Redis lost them (lua/ops.lua's restore).
-//
-// A marker key per scope, without TTL, tells a loss: restore creates it
-// with a random value, and each Backend remembers the value it saw. An
-// admit whose scope's marker is missing or another grants nothing: the
-// Backend re-asserts, then admits again, within one timeout, so a source
-// it knew OPEN is never granted after a loss, not even once. checkLosses
-// runs the same check in the background every checkEvery.
+// and re-asserts them where Redis lost them (lua/ops.lua's restore). A
+// marker key per scope, without TTL, tells a loss: restore creates it with
+// a random value, and each Backend remembers the one it saw. An admit under
+// a missing or other marker grants nothing: the Backend re-asserts, then
+// admits again, within one timeout, so a source it knew OPEN is never
+// granted after a loss, not even once.
 
-// maxRecords bounds the breakers remembered; past it the one seen least
-// recently is forgotten.
+// maxRecords bounds the breakers remembered (the least recently seen go).
 const maxRecords = 10000
 
 const checkEvery = 250 * time.Millisecond
@@ -52,8 +48,7 @@ func (r *record) empty(now time.Time) bool {
 	return !a.Open && a.Override == gate.NoOverride
 }
 
-// lossWatch is what this Backend saw of each scope, to find and repair a
-// loss of Redis's state.
+// lossWatch is what this Backend saw of each scope, to repair a loss.
 type lossWatch struct {
 	mu      sync.Mutex
 	scopes  map[string]*scopeWatch
@@ -64,22 +59,16 @@ type lossWatch struct {
 }
 
 type scopeWatch struct {
-	seen    string // the marker last seen ("": none yet)
-	pending bool
-	loss    gate.StateLoss
-	records map[string]*list.Element // by source
-	// restoring runs one re-assert of the scope at a time.
-	restoring sync.Mutex
-}
-
-func newLossWatch(log *slog.Logger, onLoss func(string, int)) *lossWatch {
-	return &lossWatch{scopes: map[string]*scopeWatch{}, records: list.New(), log: log, onLoss: onLoss}
+	seen      string // the marker last seen ("": none yet)
+	pending   bool
+	loss      gate.StateLoss
+	records   map[string]*list.Element // by source
+	restoring sync.Mutex               // one re-assert of the scope at a time
 }
 
 // scope is the scope's watch, made on first use; m.mu is held. Past
-// 2×maxRecords scopes (announcements name any scope), those that hold no
-// record and no pending loss are forgotten: a first look at their marker
-// again costs an admit one round trip more.
+// 2×maxRecords scopes (announcements name any), those with no record and
+// no pending loss are forgotten: a first look again costs a round trip.
 func (m *lossWatch) scope(name string) *scopeWatch {
 	sm := m.scopes[name]
 	if sm == nil {
@@ -97,17 +86,15 @@ func (m *lossWatch) scope(name string) *scopeWatch {
 	return sm
 }
 
-// seen is the marker last seen of scope.
 func (m *lossWatch) seen(scope string) string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.scope(scope).seen
 }
 
-// marked notes the marker a read found, and reports whether the read shows
-// the scope this Backend saw: a first look adopts the marker; another one
-// (or none) is a loss to re-assert (checkLosses), and what a lost scope
-// reads must not make the Backend forget what it saw.
+// marked notes the marker a read found (a first look adopts it; another,
+// or none, is a loss to re-assert) and reports whether the read shows the
+// scope this Backend saw: a lost one's must not make it forget what it saw.
 func (m *lossWatch) marked(scope, marker string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -124,14 +111,6 @@ func (m *lossWatch) marked(scope, marker string) bool {
 
 // see remembers br, a breaker Redis showed at its time now (ms).
 func (m *lossWatch) see(scope, source string, br gate.Breaker, now int64) {
-	if br.State != gate.Open && br.Override == gate.NoOverride {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		if sm := m.scopes[scope]; sm != nil && sm.records[source] != nil {
-			m.forget(sm.records[source])
-		}
-		return
-	}
 	m.update(scope, source, func(r *gate.Record) {
 		r.Open = br.State == gate.Open
 		if r.Open {
@@ -142,8 +121,7 @@ func (m *lossWatch) see(scope, source string, br gate.Breaker, now int64) {
 	})
 }
 
-// heard remembers what events say: an opening, a closing, an operator's
-// action (other replicas' announcements, this Backend's own events).
+// heard remembers what events say (announcements, this Backend's own).
 func (m *lossWatch) heard(scope string, events []gate.Event) {
 	for _, e := range events {
 		switch {
@@ -162,8 +140,7 @@ func (m *lossWatch) heard(scope string, events []gate.Event) {
 	}
 }
 
-// update changes a source's record (made if missing), forgotten once it
-// holds nothing to re-assert.
+// update changes a source's record, made if missing, forgotten once empty.
 func (m *lossWatch) update(scope, source string, change func(*gate.Record)) {
 	now := time.Now()
 	m.mu.Lock()
@@ -202,7 +179,6 @@ func (m *lossWatch) forget(el *list.Element) {
 	delete(m.scopes[r.Scope].records, r.Source)
 }
 
-// anyPending reports whether a loss waits for its re-assert.
 func (m *lossWatch) anyPending() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -270,11 +246,7 @@ func (b *Backend) restore(ctx context.Context, until time.Time, scope string) er
 	m.mu.Unlock()
 	rctx, cancel := b.bound(ctx, until)
 	defer cancel()
-	v, err := b.single(rctx, c)
-	if err != nil {
-		return err
-	}
-	r := reading("restore", v)
+	r := reading("restore", b.single(rctx, c))
 	lost, restored, marker := r.num("lost", 0, 1) == 1, int(r.num("restored", 0, 1<<31)), r.str("marker")
 	if r.done(); r.err == nil && marker == "" {
 		r.fail("no marker")
@@ -317,8 +289,7 @@ func (b *Backend) checkLosses(ctx context.Context) error {
 	})
 	cancel()
 	if err != nil && !errors.Is(err, redis.Nil) {
-		// A marker that cannot be read (its Cluster node down) waits for
-		// the next check; the others go on.
+		// A marker that cannot be read (its node down) waits for the next check.
 		b.log.Debug("redis loss check", "err", err)
 	}
 	var errs []error

@@ -1,6 +1,7 @@
 package redisgate
 
 import (
+	"container/list"
 	"context"
 	"crypto/rand"
 	"encoding/base32"
@@ -20,21 +21,19 @@ type Options struct {
 	// Prefix starts every key and channel name; default "polygate:", with
 	// no '{' or '}' (the scope's name in braces is the hash tag).
 	Prefix string
-	// IdleTTL is how long a CLOSED breaker without an override, its
-	// source's leases and a scope's progress survive without a write;
-	// default 24h, far longer than any lease.
+	// IdleTTL is how long a CLOSED breaker without an override, its leases
+	// and a scope's progress outlive their last write; default 24h.
 	IdleTTL time.Duration
 	// Clock, when set, is the time of every decision in place of the Redis
-	// server's TIME (tests only).
+	// server's TIME (tests only: an offset on a moving TIME cannot give them
+	// exact boundaries).
 	Clock func() time.Time
-	// Timeout, when set, bounds every operation, its wait for a call
-	// included.
+	// Timeout, when set, bounds every operation, its wait for a call too.
 	Timeout time.Duration
 	// BatchLinger is the most a scope's next call waits for more ops
 	// (batch.go); zero: DefaultBatchLinger; negative: none.
 	BatchLinger time.Duration
-	// GiveBackQueue bounds the settles kept for Redis (giveback.go);
-	// default DefaultGiveBackQueue.
+	// GiveBackQueue bounds the settles kept for Redis; 0: DefaultGiveBackQueue.
 	GiveBackQueue int
 	// Log receives the give-back queue's and the loss checks' lines.
 	Log *slog.Logger
@@ -93,15 +92,18 @@ func New(client redis.UniversalClient, o Options) (*Backend, error) {
 	if o.BatchLinger > MaxBatchLinger {
 		return nil, fmt.Errorf("redisgate: batch linger %v: must be at most %v (negative: none)", o.BatchLinger, MaxBatchLinger)
 	}
+	if o.GiveBackQueue <= 0 {
+		o.GiveBackQueue = DefaultGiveBackQueue
+	}
 	log := o.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	b := &Backend{client: client, prefix: o.Prefix, idleTTL: o.IdleTTL.Milliseconds(), clock: o.Clock,
-		timeout: o.Timeout, linger: max(o.BatchLinger, 0), log: log, replica: randomID()}
-	b.batches.b = b
-	b.owed = newGiveBacks(o.GiveBackQueue, log)
-	b.loss = newLossWatch(log, o.OnStateLoss)
+		timeout: o.Timeout, linger: max(o.BatchLinger, 0), log: log, replica: randomID(),
+		owed: &giveBacks{items: map[owedKey]*op{}, max: o.GiveBackQueue, log: log, kick: make(chan struct{}, 1)},
+		loss: &lossWatch{scopes: map[string]*scopeWatch{}, records: list.New(), log: log, onLoss: o.OnStateLoss}}
+	b.batches.b, b.batches.scopes = b, map[string]*queue{}
 	return b, nil
 }
 
@@ -112,16 +114,6 @@ func randomID() string {
 	return base32.StdEncoding.EncodeToString(buf[:])
 }
 
-// nowArg is the header's now: 0 (the server's TIME) unless a test clock
-// is set (tests need exact boundaries, which an offset added to a moving
-// TIME cannot give).
-func (b *Backend) nowArg() int64 {
-	if b.clock == nil {
-		return 0
-	}
-	return b.clock().UnixMilli()
-}
-
 // until is when the Backend's timeout from now passes (zero: none).
 func (b *Backend) until() time.Time {
 	if b.timeout <= 0 {
@@ -130,9 +122,7 @@ func (b *Backend) until() time.Time {
 	return time.Now().Add(b.timeout)
 }
 
-// Admit implements gate.Backend. A scope whose marker is not the one seen
-// grants nothing: the Backend re-asserts what it knows and admits again,
-// within one timeout (loss.go).
+// Admit implements gate.Backend, re-asserting first after a loss (loss.go).
 func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admission, error) {
 	for i, c := range req.Candidates {
 		if c.Source == nil {
@@ -165,8 +155,7 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (gate.Admiss
 	}
 }
 
-// Settle implements gate.Backend. A settle that fails is repeated until
-// Redis confirms it (giveback.go).
+// Settle implements gate.Backend; one that fails is repeated (giveback.go).
 func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (gate.Settlement, error) {
 	if req.Source == nil {
 		return gate.Settlement{}, errors.New("redisgate: settle: no source")
@@ -196,11 +185,7 @@ func (b *Backend) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot
 	}
 	c := newCall(b, req.Scope, b.loss.seen(req.Scope))
 	c.peek(&req)
-	v, err := b.single(ctx, c)
-	if err != nil {
-		return gate.Snapshot{}, err
-	}
-	return b.snapshot(&req, v)
+	return b.snapshot(&req, b.single(ctx, c))
 }
 
 // Override implements gate.Backend.
@@ -214,11 +199,7 @@ func (b *Backend) Override(ctx context.Context, req gate.OverrideRequest) (gate.
 	for round := 0; ; round++ {
 		c := newCall(b, req.Scope, b.loss.seen(req.Scope))
 		c.override(&req)
-		v, err := b.single(ctx, c)
-		if err != nil {
-			return gate.OverrideResult{}, err
-		}
-		out, unmarked, err := b.overridden(&req, v)
+		out, unmarked, err := b.overridden(&req, b.single(ctx, c))
 		switch {
 		case err != nil || unmarked == nil:
 			return out, err
@@ -238,40 +219,35 @@ func (b *Backend) Leave(ctx context.Context, req gate.LeaveRequest) error {
 	}
 	c := newCall(b, req.Scope, "")
 	c.leave(&req)
-	_, err := b.single(ctx, c)
+	err, _ := b.single(ctx, c).(error)
 	return err
 }
 
-// single runs c, one op, as a call of its own, and returns its reply.
-func (b *Backend) single(ctx context.Context, c *call) (any, error) {
+// single runs c, one op, as a call of its own, and returns its reply: its
+// values, or the error it or the call raised.
+func (b *Backend) single(ctx context.Context, c *call) any {
+	replies, err := b.exec(ctx, c)
+	if err != nil {
+		return err
+	}
+	return replies[0]
+}
+
+// exec makes call c within the Backend's timeout and returns its replies.
+func (b *Backend) exec(ctx context.Context, c *call) ([]any, error) {
 	rctx, cancel := b.bound(ctx, time.Time{})
 	defer cancel()
-	replies, err := b.run(rctx, c)
+	keys, argv := c.args()
+	v, err := b.fcall(rctx, keys, argv)
+	var replies []any
+	if err == nil {
+		replies, err = split(v, c.n)
+	}
 	if err != nil {
 		return nil, b.wrap(ctx, "call", err)
 	}
-	return replies[0], opError(replies[0])
-}
-
-// run makes call c and returns its replies: each op's values, or error.
-func (b *Backend) run(ctx context.Context, c *call) ([]any, error) {
-	keys, argv := c.args()
-	v, err := b.fcall(ctx, keys, argv)
-	if err != nil {
-		return nil, err
-	}
-	replies, err := split(v, c.n)
-	if err != nil {
-		return nil, err
-	}
 	b.owed.poke()
 	return replies, nil
-}
-
-// opError is the error an op raised in Lua, if it did.
-func opError(v any) error {
-	err, _ := v.(error)
-	return err
 }
 
 // bound puts the Backend's timeout (or until, when set) on ctx.
@@ -297,9 +273,9 @@ func (b *Backend) Ping(ctx context.Context) error {
 }
 
 // wrap names what failed and sorts the error: the caller's context ending
-// passes through; Redis that cannot be reached or serve now (the Backend's
-// own timeout included: not context.DeadlineExceeded, which is the
-// caller's) wraps gate.ErrUnavailable; anything else is a bug.
+// passes through; Redis that cannot serve now (the Backend's own timeout
+// included: context.DeadlineExceeded is the caller's) wraps
+// gate.ErrUnavailable; anything else is a bug.
 func (b *Backend) wrap(ctx context.Context, what string, err error) error {
 	cerr := ctx.Err()
 	if d, ok := ctx.Deadline(); cerr == nil && ok && !time.Now().Before(d) {
@@ -322,10 +298,7 @@ func unavailable(err error) bool {
 	if !errors.As(err, &rerr) {
 		return true // network errors, timeouts, a full or closed pool
 	}
-	if redis.IsClusterDownError(err) || redis.IsLoadingError(err) || redis.IsReadOnlyError(err) ||
+	return redis.IsClusterDownError(err) || redis.IsLoadingError(err) || redis.IsReadOnlyError(err) ||
 		redis.IsMasterDownError(err) || redis.IsTryAgainError(err) || redis.IsMaxClientsError(err) ||
-		redis.IsNoReplicasError(err) || redis.IsOOMError(err) {
-		return true
-	}
-	return redis.HasErrorPrefix(err, "BUSY") || redis.HasErrorPrefix(err, "MISCONF")
+		redis.IsNoReplicasError(err) || redis.IsOOMError(err) || redis.HasErrorPrefix(err, "BUSY") || redis.HasErrorPrefix(err, "MISCONF")
 }

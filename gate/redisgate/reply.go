@@ -2,20 +2,16 @@ package redisgate
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/polygate/polygate/gate"
 )
 
-// A call's reply (lua/ops.lua's run) is one flat list: each op's count of
-// values, then its values, in the order lua/ops.lua lists them. Whatever
-// Redis answers is checked before it is used: an integer where one is
-// expected, within its range (an enum among the values the gate package
-// names, a count not negative), a text of at most gate.MaxText bytes; an
-// error names the reply and the field, never echoing a text.
+// Whatever Redis answers is checked before it is used: an integer within
+// its range (an enum among gate's values, a count not negative), a text of
+// at most gate.MaxText bytes; an error names reply and field, never a text.
 
-// split cuts a call's reply into its ops' replies: each one's values, or
-// the error it raised.
+// split cuts a call's reply (lua/ops.lua's run) into its ops' replies:
+// each one's values, or the error it raised.
 func split(v []any, ops int) ([]any, error) {
 	c := &cursor{what: "call", a: v}
 	out := make([]any, 0, ops)
@@ -39,20 +35,23 @@ func split(v []any, ops int) ([]any, error) {
 	return out, c.err
 }
 
-// cursor reads a reply, its values in order; the first fault sticks (err)
-// and names the reply (what) and the field.
+// cursor reads a reply's values in order; the first fault sticks.
 type cursor struct {
 	what string
 	a    []any
 	err  error
 }
 
-// reading is a cursor over the values of v, an op's reply.
+// reading is a cursor over v, an op's reply: its values, or an error that
+// sticks from the start.
 func reading(what string, v any) *cursor {
 	c := &cursor{what: what}
-	if a, ok := v.([]any); ok {
-		c.a = a
-	} else {
+	switch v := v.(type) {
+	case []any:
+		c.a = v
+	case error:
+		c.err = v
+	default:
 		c.fail("not a list")
 	}
 	return c
@@ -91,8 +90,7 @@ func (c *cursor) num(name string, lo, hi int64) int64 {
 
 func (c *cursor) count(name string) int64 { return c.num(name, 0, 1<<62) }
 
-// time is a time in ms (any integer: a stored time may be anything, and
-// is saturated where it is used).
+// time is a time in ms: any integer (saturated where it is used).
 func (c *cursor) time(name string) int64 { return c.num(name, -1<<62, 1<<62) }
 
 // str is the next value, a text of at most gate.MaxText bytes.
@@ -110,7 +108,6 @@ func (c *cursor) str(name string) string {
 	return ""
 }
 
-// more says whether values are left.
 func (c *cursor) more() bool { return c.err == nil && len(c.a) > 0 }
 
 // done fails unless the reply was read whole.
@@ -122,9 +119,8 @@ func (c *cursor) done() {
 
 func cenum[T ~uint8](c *cursor, name string, last T) T { return T(c.num(name, 0, int64(last))) }
 
-// notable reads lua/breaker.lua's put_notable into b: nothing more for a
-// breaker CLOSED without an override (b is left as it is), else its state
-// and what it holds.
+// notable reads lua/breaker.lua's put_notable into b, left as it is for a
+// breaker CLOSED without an override.
 func (c *cursor) notable(b *gate.Breaker) {
 	if c.num("notable", 0, 1) == 0 {
 		return
@@ -137,9 +133,8 @@ func (c *cursor) notable(b *gate.Breaker) {
 	b.OverrideAt = c.time("override_at")
 }
 
-// breaker reads lua/breaker.lua's put_breaker: a breaker, as the view it
-// is at now under p (its calls and failures counted by Redis: the record's
-// buckets stay there).
+// breaker reads lua/breaker.lua's put_breaker: a breaker and its view at
+// now under p, with the calls and failures Redis counted.
 func (c *cursor) breaker(p gate.BreakerPolicy, now int64) (b gate.Breaker, view gate.BreakerView) {
 	b.Epoch, b.Reopens = uint64(c.count("epoch")), int(c.num("reopens", 0, 1<<31))
 	b.Consecutive = int(c.num("consecutive", 0, 1<<31))
@@ -176,7 +171,6 @@ func (c *cursor) event(source func(c int64) string) gate.Event {
 	return e
 }
 
-// events reads the events a reply ends with.
 func (c *cursor) events(source func(c int64) string) []gate.Event {
 	var out []gate.Event
 	for c.more() {
@@ -187,7 +181,7 @@ func (c *cursor) events(source func(c int64) string) []gate.Event {
 	return out
 }
 
-// quota reads a quota's counts: in_flight requests tokens.
+// quota reads lua/quota.lua's q_view.
 func (c *cursor) quota() gate.QuotaView {
 	return gate.QuotaView{InFlight: int(c.num("in_flight", 0, 1<<31)), Requests: c.count("requests"), Tokens: c.count("tokens")}
 }
@@ -205,17 +199,4 @@ func (c *cursor) line() gate.LineView {
 	}
 	gate.SortGroups(l.Groups)
 	return l
-}
-
-// progressAge is the time since the scope's last success (0: never) at
-// now, both Redis's; a difference that would overflow saturates.
-func progressAge(progress, now int64) time.Duration {
-	if progress == 0 {
-		return gate.Never
-	}
-	d := now - progress
-	if (now > 0 && progress < 0 && d < 0) || (now < 0 && progress > 0 && d > 0) {
-		return gate.Never
-	}
-	return gate.Millis(d)
 }

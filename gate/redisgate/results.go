@@ -10,11 +10,8 @@ import (
 // reply shows is remembered, to be re-asserted if Redis loses it (loss.go).
 
 // admission reads an admit's reply. unmarked, when set, is the marker
-// Redis holds: the admit granted nothing (loss.go).
+// Redis holds: the admit granted nothing.
 func (b *Backend) admission(req *gate.AdmitRequest, v any) (out gate.Admission, unmarked *string, err error) {
-	if err := opError(v); err != nil {
-		return out, nil, err
-	}
 	c := reading("admit", v)
 	switch c.num("kind", 0, 2) {
 	case 1:
@@ -81,7 +78,7 @@ func (b *Backend) admission(req *gate.AdmitRequest, v any) (out gate.Admission, 
 	if c.done(); c.err != nil {
 		return gate.Admission{}, nil, c.err
 	}
-	out.ProgressAge = progressAge(progress, now)
+	out.ProgressAge = gate.ProgressAge(progress, now)
 	if granted != 0 {
 		src := req.Candidates[granted-1].Source
 		b.loss.see(req.Scope, src.Name, held, now)
@@ -95,13 +92,10 @@ func (b *Backend) admission(req *gate.AdmitRequest, v any) (out gate.Admission, 
 
 // settlement reads a settle's reply (lua/ops.lua's settle_op).
 func (b *Backend) settlement(req *gate.SettleRequest, v any) (gate.Settlement, error) {
-	if err := opError(v); err != nil {
-		return gate.Settlement{}, err
-	}
 	c := reading("settle", v)
 	out := gate.Settlement{Released: c.num("released", 0, 1) == 1, Effect: cenum(c, "effect", gate.EffectIgnored)}
 	progress, now := c.time("progress"), c.time("now")
-	out.ProgressAge, out.Handoff = progressAge(progress, now), c.str("handoff")
+	out.ProgressAge, out.Handoff = gate.ProgressAge(progress, now), c.str("handoff")
 	marker := c.str("marker")
 	br, view := c.breaker(req.Source.Breaker, now)
 	out.Breaker = view
@@ -117,12 +111,9 @@ func (b *Backend) settlement(req *gate.SettleRequest, v any) (gate.Settlement, e
 
 // snapshot reads a peek's reply (lua/ops.lua's peek).
 func (b *Backend) snapshot(req *gate.PeekRequest, v any) (gate.Snapshot, error) {
-	if err := opError(v); err != nil {
-		return gate.Snapshot{}, err
-	}
 	c := reading("peek", v)
 	progress, now, marker := c.time("progress"), c.time("now"), c.str("marker")
-	out := gate.Snapshot{Sources: make([]gate.SourceView, 0, len(req.Sources)), ProgressAge: progressAge(progress, now)}
+	out := gate.Snapshot{Sources: make([]gate.SourceView, 0, len(req.Sources)), ProgressAge: gate.ProgressAge(progress, now)}
 	brs := make([]gate.Breaker, len(req.Sources))
 	for i, src := range req.Sources {
 		sv := gate.SourceView{Source: src.Name}
@@ -156,9 +147,6 @@ func (b *Backend) snapshot(req *gate.PeekRequest, v any) (gate.Snapshot, error) 
 
 // overridden reads an override's reply (lua/ops.lua's override).
 func (b *Backend) overridden(req *gate.OverrideRequest, v any) (_ gate.OverrideResult, unmarked *string, _ error) {
-	if err := opError(v); err != nil {
-		return gate.OverrideResult{}, nil, err
-	}
 	c := reading("override", v)
 	if c.num("kind", 0, 1) == 1 {
 		marker := c.str("marker")

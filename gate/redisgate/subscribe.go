@@ -9,21 +9,16 @@ import (
 	"github.com/polygate/polygate/gate"
 )
 
-// globEscaper escapes the glob characters of PSUBSCRIBE patterns.
 var globEscaper = strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`, "]", `\]`)
 
 // Subscribe hears the announcements of every scope under the Backend's
 // prefix (a breaker opened or closed, an operator's action) and calls handle
-// for each, in the order they arrive, on one goroutine. It blocks until ctx
-// ends, then returns nil; while Redis is unreachable it keeps reconnecting
-// (and misses what is published meanwhile). Announcements it cannot decode
-// are skipped. handle must not block for long: go-redis drops messages it
-// cannot hand over within a minute.
-//
-// The announcements use PUBLISH and one PSUBSCRIBE pattern rather than
-// sharded SPUBLISH/SSUBSCRIBE: a replica must hear every scope without being
-// told their names, and sharded pub/sub has no pattern subscription. On a
-// Cluster a PUBLISH reaches every node; breakers change state rarely.
+// for each, in order, on one goroutine, until ctx ends (then it returns
+// nil). While Redis is unreachable it reconnects, missing what is published
+// meanwhile; announcements it cannot decode are skipped. handle must not
+// block for long: go-redis drops what it cannot hand over within a minute.
+// Not sharded pub/sub, which has no patterns: a replica must hear every
+// scope unnamed, and a rare breaker change may reach every Cluster node.
 func (b *Backend) Subscribe(ctx context.Context, handle func(scope string, e gate.Event)) error {
 	ps := b.client.PSubscribe(ctx, globEscaper.Replace(b.prefix)+"{*}:events")
 	defer ps.Close()
@@ -47,10 +42,8 @@ func (b *Backend) Subscribe(ctx context.Context, handle func(scope string, e gat
 	}
 }
 
-// decodeAnnouncement reads lua/store.lua's announce: a JSON list of the
-// version, the scope, the source, the scope's marker, then the event as a
-// reply carries it (put_events'). It is checked as a reply is: what a
-// replica hears it may re-assert after a loss.
+// decodeAnnouncement reads lua/breaker.lua's put_events' announcement,
+// checked as a reply is: what a replica hears it may re-assert after a loss.
 func decodeAnnouncement(payload string) (scope, marker string, e gate.Event, err error) {
 	var a []any
 	d := json.NewDecoder(strings.NewReader(payload))

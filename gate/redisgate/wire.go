@@ -10,29 +10,23 @@ import (
 	"github.com/polygate/polygate/gate"
 )
 
-// A call is KEYS (the scope's, then each group's: below) and ARGV: all its numbers packed in ARGV[1]
-// (little-endian float64s: one struct.unpack reads them all, where an
-// argument each would cost a conversion each), then its strings, one
-// argument each: the header's, then each op's. An op's numbers start with
-// its kind, the count of its numbers after these three and the count of
-// its strings; lua/ops.lua reads them in the order listed below. Integers
-// are exact (|n| < 2^53), times whole milliseconds, a flag 0 or 1.
+// A call is KEYS (the scope's, then each group's: below) and ARGV: all its
+// numbers as little-endian float64s in ARGV[1] (one struct.unpack reads
+// them all, where an argument each would cost a conversion each), then its
+// strings, one argument each: the header's, then each op's. An op's numbers
+// start with its kind, its count of numbers after these three and its
+// count of strings, then come as its function below lists them. Integers
+// are exact (|n| < 2^53), times whole ms, flags 0 or 1.
 //
-// The header:
-//
-//	numbers: now ttl n m, then per source configuration base
-//	         max_concurrency rpm tpm lease fail_threshold min_calls
-//	         fail_rate window cooldown max_cooldown probe_ttl, then per
-//	         tenant configuration base max_concurrency rpm tpm budget
-//	         budget_window
-//	strings: scope channel seen replica, then each source configuration's
-//	         name, then each tenant configuration's
-//
-// now is a test clock's time (0: the server's), seen the marker last seen
-// (loss.go), replica this Backend's name in the lines (where a waiter's or
-// a handoff's is empty). An op names a source or a tenant by its
-// configuration's index (from 1; a tenant 0: none), a configuration its
-// keys by base, the position in KEYS after which they start.
+// The header's numbers are now ttl n m, then per source configuration base
+// max_concurrency rpm tpm lease fail_threshold min_calls fail_rate window
+// cooldown max_cooldown probe_ttl, then per tenant configuration base
+// max_concurrency rpm tpm budget budget_window; its strings scope channel
+// seen replica, then the sources' names, then the tenants'. now is a test
+// clock's time (0: the server's), seen the marker last seen (loss.go),
+// replica this Backend's name for a waiter or handoff that names none. An
+// op names a configuration by its index (from 1; a tenant 0: none), whose
+// keys start after KEYS[base].
 
 // The kinds of ops (lua/ops.lua's OPS).
 const (
@@ -45,9 +39,8 @@ const (
 	kindRestore
 )
 
-// call gathers a call's ops and the sources and tenants they name: each
-// configuration once (a source's by pointer: a reload makes new ones),
-// each one's keys once.
+// call gathers a call's ops and, once each, the configurations they name
+// (a source's by pointer: a reload makes new ones) and their keys.
 type call struct {
 	tag            string // the scope's keys' start (Backend.tag)
 	head, tenHead  []float64
@@ -61,20 +54,20 @@ type call struct {
 }
 
 func newCall(b *Backend, scope, seen string) *call {
-	tag := b.tag(scope)
-	c := &call{
-		tag:      tag,
-		head:     []float64{float64(b.nowArg()), float64(b.idleTTL), 0, 0},
-		headStrs: []any{scope, channel(tag), seen, b.replica},
+	tag, now := b.tag(scope), int64(0)
+	if b.clock != nil {
+		now = b.clock().UnixMilli()
 	}
+	c := &call{tag: tag, head: []float64{float64(now), float64(b.idleTTL), 0, 0},
+		headStrs: []any{scope, tag + ":events", seen, b.replica}}
 	for _, k := range scopeKeys {
 		c.keys = append(c.keys, tag+k)
 	}
 	return c
 }
 
-// src is the index of s's configuration in the header.
-// (A call names a few sources: a linear search costs less than maps.)
+// src is the index of s's configuration in the header (a linear search:
+// a call names few sources).
 func (c *call) src(s *gate.Source) float64 {
 	if i := slices.Index(c.confs, s); i >= 0 {
 		return float64(i + 1)
@@ -105,8 +98,7 @@ func (c *call) tenant(tc *gate.TenantCall) float64 {
 	return float64(len(c.tenants))
 }
 
-// group is the base of the keys named after the tag, role by role, made
-// the call's keys if they are not yet.
+// group is the base of the keys tag+name+role, added if they are missing.
 func (c *call) group(name string, roles []string) float64 {
 	first := c.tag + name + roles[0]
 	if i := slices.Index(c.keys, first); i >= 0 {
@@ -119,22 +111,18 @@ func (c *call) group(name string, roles []string) float64 {
 	return float64(base)
 }
 
-// add appends an op of kind with its numbers and strings.
 func (c *call) add(kind int, nums []float64, strs ...any) {
 	c.nums = append(append(c.nums, float64(kind), float64(len(nums)), float64(len(strs))), nums...)
 	c.strs = append(c.strs, strs...)
 	c.n++
 }
 
-// args are the call's keys and ARGV.
 func (c *call) args() ([]string, []any) {
 	nums := make([]byte, 0, 8*(len(c.head)+len(c.tenHead)+len(c.nums)))
 	for _, f := range slices.Concat(c.head, c.tenHead, c.nums) {
 		nums = binary.LittleEndian.AppendUint64(nums, math.Float64bits(f))
 	}
-	argv := make([]any, 0, 1+len(c.headStrs)+len(c.tens)+len(c.strs))
-	argv = append(append(append(append(argv, nums), c.headStrs...), c.tens...), c.strs...)
-	return c.keys, argv
+	return c.keys, slices.Concat([]any{nums}, c.headStrs, c.tens, c.strs)
 }
 
 func msf(d time.Duration) float64 { return float64(d.Milliseconds()) }
@@ -176,13 +164,12 @@ func (c *call) admit(r *gate.AdmitRequest) {
 // lease tenant; strings permit replica (the handoff's lease and replica
 // when hands).
 func (c *call) settle(r *gate.SettleRequest) {
-	var lease float64
-	replica := ""
+	var h gate.LineHandoff
 	if r.Line != nil {
-		lease, replica = msf(r.Line.Lease), r.Line.Replica
+		h = *r.Line
 	}
 	c.add(kindSettle, []float64{c.src(r.Source), float64(r.Epoch), flag(r.Probe), float64(r.Verdict), msf(r.Floor),
-		float64(r.ActualTokens), flag(r.Progress), flag(r.Line != nil), lease, c.tenant(r.Tenant)}, r.PermitID, replica)
+		float64(r.ActualTokens), flag(r.Progress), flag(r.Line != nil), msf(h.Lease), c.tenant(r.Tenant)}, r.PermitID, h.Replica)
 }
 
 // giveBack: numbers life tenant, then src per source; strings permit. Life
@@ -202,15 +189,13 @@ func (c *call) giveBack(r *gate.AdmitRequest) {
 // strings replica (the read's), the waiter's when one joins, then a place
 // per candidate.
 func (c *call) peek(r *gate.PeekRequest) {
-	var join *gate.Waiter
-	var lease float64
-	var describe bool
-	replica := ""
-	if l := r.Line; l != nil {
-		join, lease, describe, replica = l.Join, msf(l.Lease), l.Describe, l.Replica
+	var l gate.LineRead
+	if r.Line != nil {
+		l = *r.Line
 	}
-	nums := []float64{float64(r.Tokens), flag(r.Line != nil), lease, flag(describe), flag(join != nil), float64(len(r.Sources))}
-	strs := []any{replica}
+	join := l.Join
+	nums := []float64{float64(r.Tokens), flag(r.Line != nil), msf(l.Lease), flag(l.Describe), flag(join != nil), float64(len(r.Sources))}
+	strs := []any{l.Replica}
 	if join != nil {
 		wn, ws := waiter(join)
 		nums, strs = append(nums, wn...), append(strs, ws...)
@@ -231,12 +216,10 @@ func (c *call) peek(r *gate.PeekRequest) {
 	c.add(kindPeek, nums, strs...)
 }
 
-// override: numbers src action; strings actor why.
 func (c *call) override(r *gate.OverrideRequest) {
 	c.add(kindOverride, []float64{c.src(r.Source), float64(r.Action)}, r.Actor, r.Why)
 }
 
-// leave: numbers src per source; strings waiter.
 func (c *call) leave(r *gate.LeaveRequest) {
 	var nums []float64
 	for _, s := range r.Sources {
@@ -255,21 +238,13 @@ func (c *call) restore(token string, recs []gate.Record) {
 		var epoch uint64
 		cause := gate.OpenCauseNone
 		if r.Open {
-			left, ago, reopens, epoch, cause = ms(r.OpenLeft), max(r.OpenedAgo.Milliseconds(), 0), int64(max(r.Reopens, 1)), r.Epoch, r.Cause
+			left, ago, reopens, epoch, cause = gate.CeilMillis(r.OpenLeft), max(r.OpenedAgo.Milliseconds(), 0), int64(max(r.Reopens, 1)), r.Epoch, r.Cause
 		}
 		nums = append(nums, c.src(&gate.Source{Name: r.Source}), float64(left), float64(ago), float64(reopens), float64(epoch),
 			float64(cause), float64(r.Override), float64(max(r.OverrideAgo.Milliseconds(), 0)))
 		strs = append(strs, r.Actor, r.Why)
 	}
 	c.add(kindRestore, nums, strs...)
-}
-
-// ms is d in whole milliseconds, rounded up: a time left is never early.
-func ms(d time.Duration) int64 {
-	if d > math.MaxInt64-time.Millisecond {
-		return math.MaxInt64 / int64(time.Millisecond)
-	}
-	return (d + time.Millisecond - 1).Milliseconds()
 }
 
 // Every key of a scope starts with the prefix and the scope's name in
@@ -297,6 +272,3 @@ var (
 func (b *Backend) tag(scope string) string {
 	return b.prefix + "{" + scopeEscaper.Replace(scope) + "}"
 }
-
-// channel is the scope's announcement channel.
-func channel(tag string) string { return tag + ":events" }

@@ -6,10 +6,7 @@ local NONE = {}
 
 -- twin: gate.cooldownMs
 local function cooldown_ms(base, max, reopens)
-  local shift = reopens - 1
-  if shift < 0 then
-    shift = 0
-  end
+  local shift = math.max(reopens - 1, 0)
   if shift >= 62 or base > math.floor(max / 2 ^ shift) then
     return max
   end
@@ -17,8 +14,8 @@ local function cooldown_ms(base, max, reopens)
 end
 
 -- twin: gate.(*Breaker).event
-local function b_event(b, kind, from, cause)
-  return { kind = kind, from = from, to = b.state, cause = cause, epoch = b.epoch, reopens = b.reopens }
+local function b_event(b, kind, from, cause, permit)
+  return { kind = kind, from = from, to = b.state, cause = cause, epoch = b.epoch, reopens = b.reopens, permit = permit }
 end
 
 -- twin: gate.(*Breaker).check
@@ -29,14 +26,10 @@ local function b_check(b, now)
   elseif o == O_FORCED_CLOSED or o == O_DISABLED then
     return R_NONE, 0
   end
-  if b.state == OPEN then
-    if now < b.open_until then
-      return R_CIRCUIT_OPEN, b.open_until - now
-    end
-  elseif b.state == HALF_OPEN then
-    if b.probe ~= '' and now < b.probe_until then
-      return R_PROBE_IN_FLIGHT, 0
-    end
+  if b.state == OPEN and now < b.open_until then
+    return R_CIRCUIT_OPEN, b.open_until - now
+  elseif b.state == HALF_OPEN and b.probe ~= '' and now < b.probe_until then
+    return R_PROBE_IN_FLIGHT, 0
   end
   return R_NONE, 0
 end
@@ -57,46 +50,36 @@ local function b_enter(b, p, permit, now)
     events[#events + 1] = b_event(b, E_TRANSITION, OPEN, C_COOLDOWN_ELAPSED)
   end
   if b.probe ~= '' then
-    local e = b_event(b, E_PROBE_EXPIRED, HALF_OPEN, C_NONE)
-    e.permit = b.probe
-    events[#events + 1] = e
+    events[#events + 1] = b_event(b, E_PROBE_EXPIRED, HALF_OPEN, C_NONE, b.probe)
   end
-  b.epoch = b.epoch + 1
-  b.probe = permit
-  b.probe_until = now + p.probe_ttl
-  local e = b_event(b, E_PROBE_LEASED, HALF_OPEN, C_NONE)
-  e.permit = permit
-  events[#events + 1] = e
+  b.epoch, b.probe, b.probe_until = b.epoch + 1, permit, now + p.probe_ttl
+  events[#events + 1] = b_event(b, E_PROBE_LEASED, HALF_OPEN, C_NONE, permit)
   return true, true, b.epoch, R_NONE, 0, events
 end
 
 -- twin: gate.(*Breaker).resetRound
 local function b_reset_round(b)
-  b.probe, b.probe_until = '', 0
-  b.consecutive = 0
-  b.bk = no_buckets()
+  b.probe, b.probe_until, b.consecutive = '', 0, 0
+  b.bk = zeros(3 * WINDOW_BUCKETS)
 end
 
 -- twin: gate.bucketWidth
 -- bucket_at is the bucket width and now's bucket's index, once per call.
 local function bucket_at(p, now)
   if p.at ~= now then
-    local w = idiv(p.window, WINDOW_BUCKETS)
-    if w < 1 then
-      w = 1
-    end
+    local w = math.max(idiv(p.window, WINDOW_BUCKETS), 1)
     p.width, p.at, p.idx = w, now, idiv(now, w)
   end
   return p.width, p.idx
 end
 
 -- twin: gate.(*Breaker).record
--- (slot s = idx % WINDOW_BUCKETS + 1: store.lua's no_buckets)
+-- b.bk[3s - 2], b.bk[3s - 1], b.bk[3s] are the index, calls and failures of
+-- the bucket in slot s = idx % WINDOW_BUCKETS + 1.
 local function b_record(b, p, now, fail)
   local w, idx = bucket_at(p, now)
   if b.width ~= w then
-    b.bk = no_buckets()
-    b.width = w
+    b.bk, b.width = zeros(3 * WINDOW_BUCKETS), w
   end
   local bk, at = b.bk, 3 * (idx % WINDOW_BUCKETS) + 1
   if bk[at] ~= idx then
@@ -127,17 +110,9 @@ end
 local function b_open(b, p, now, floor, cause)
   local from = b.state
   b_reset_round(b)
-  b.reopens = b.reopens + 1
-  b.state = OPEN
-  b.opened_at = now
-  b.cause = OC_FAILURES
-  if cause == C_SOURCE_DEAD then
-    b.cause = OC_SOURCE_DEAD
-  end
-  local cd = cooldown_ms(p.cooldown, p.max_cooldown, b.reopens)
-  if floor > cd then
-    cd = floor
-  end
+  b.reopens, b.state, b.opened_at = b.reopens + 1, OPEN, now
+  b.cause = cause == C_SOURCE_DEAD and OC_SOURCE_DEAD or OC_FAILURES
+  local cd = math.max(cooldown_ms(p.cooldown, p.max_cooldown, b.reopens), floor)
   b.open_until = now + cd
   local e = b_event(b, E_TRANSITION, from, cause)
   e.cooldown = cd
@@ -146,9 +121,7 @@ end
 
 -- twin: gate.(*Breaker).stale
 local function b_stale(b, o)
-  local e = b_event(b, E_STALE_OUTCOME, b.state, C_NONE)
-  e.permit = o.permit
-  return F_STALE, { e }
+  return F_STALE, { b_event(b, E_STALE_OUTCOME, b.state, C_NONE, o.permit) }
 end
 
 -- twin: gate.(*Breaker).Settle
@@ -167,20 +140,14 @@ local function b_settle(b, p, o, now)
   if o.probe then
     if v == V_SUCCESS then
       b_reset_round(b)
-      b.reopens = 0
-      b.state = CLOSED
+      b.reopens, b.state = 0, CLOSED
       return F_APPLIED, { b_event(b, E_TRANSITION, HALF_OPEN, C_PROBE_SUCCEEDED) }
     elseif v == V_FAILURE or v == V_FORCE_OPEN then
-      local cause = C_PROBE_FAILED
-      if v == V_FORCE_OPEN then
-        cause = C_SOURCE_DEAD
-      end
+      local cause = v == V_FORCE_OPEN and C_SOURCE_DEAD or C_PROBE_FAILED
       return F_APPLIED, { b_open(b, p, now, o.floor, cause) }
     end
     b.probe, b.probe_until = '', 0
-    local e = b_event(b, E_PROBE_RELEASED, HALF_OPEN, C_NONE)
-    e.permit = o.permit
-    return F_NO_VERDICT, { e }
+    return F_NO_VERDICT, { b_event(b, E_PROBE_RELEASED, HALF_OPEN, C_NONE, o.permit) }
   end
   if b.state == CLOSED then
     if v == V_SUCCESS then
@@ -205,13 +172,9 @@ local function b_settle(b, p, o, now)
   elseif b.state == OPEN and v == V_FORCE_OPEN then
     -- Admitted before the breaker opened: a dead source may make the
     -- opening longer, never shorter, and is no reopening.
-    local untl = now + cooldown_ms(p.cooldown, p.max_cooldown, b.reopens)
-    if now + o.floor > untl then
-      untl = now + o.floor
-    end
+    local untl = now + math.max(cooldown_ms(p.cooldown, p.max_cooldown, b.reopens), o.floor)
     if untl > b.open_until then
-      b.open_until = untl
-      b.cause = OC_SOURCE_DEAD
+      b.open_until, b.cause = untl, OC_SOURCE_DEAD
       local e = b_event(b, E_TRANSITION, OPEN, C_SOURCE_DEAD)
       e.cooldown = untl - now
       return F_APPLIED, { e }
@@ -222,8 +185,7 @@ local function b_settle(b, p, o, now)
 end
 
 -- twin: gate.(*Breaker).Apply
--- The action was checked by the caller (gate.CheckOverride); an unknown one
--- raises.
+-- An unknown action raises (the caller checked it: gate.CheckOverride).
 local function b_apply(b, action, actor, why, now)
   local events = {}
   if action == A_FORCE_OPEN then
@@ -236,11 +198,8 @@ local function b_apply(b, action, actor, why, now)
     b.override = O_NONE
   elseif action == A_RESET then
     local from = b.state
-    b.override = O_NONE
     b_reset_round(b)
-    b.reopens = 0
-    b.state = CLOSED
-    b.epoch = b.epoch + 1
+    b.override, b.reopens, b.state, b.epoch = O_NONE, 0, CLOSED, b.epoch + 1
     if from ~= CLOSED then
       events[1] = b_event(b, E_TRANSITION, from, C_RESET)
     end
@@ -258,8 +217,7 @@ local function b_apply(b, action, actor, why, now)
 end
 
 -- put_notable appends 0 for a breaker CLOSED without an override, else 1
--- and its state epoch reopens opened_at open_until cause probe probe_until
--- override actor why override_at.
+-- and the record's fields (reply.go's notable).
 local function put_notable(r, b)
   local n = #r
   if b.state == CLOSED and b.override == O_NONE then
@@ -273,8 +231,7 @@ local function put_notable(r, b)
   return r
 end
 
--- put_breaker appends what gate.Breaker.View needs: epoch reopens
--- consecutive, the window's calls and failures at now, put_notable's.
+-- put_breaker appends what gate.Breaker.View needs (reply.go's breaker).
 local function put_breaker(r, b, p, now)
   local calls, fails = b_counts(b, p, now)
   local n = #r
@@ -285,8 +242,7 @@ end
 -- GROUP_REJECTION and GROUP_EVENT start the groups a reply may end with.
 local GROUP_REJECTION, GROUP_EVENT = 1, 2
 
--- put_event appends GROUP_EVENT c kind from to cause epoch reopens
--- cooldown permit override actor why (c the event's candidate, from 1).
+-- put_event appends e after GROUP_EVENT and c, its candidate (from 1).
 local function put_event(r, c, e)
   local n = #r
   r[n + 1], r[n + 2], r[n + 3], r[n + 4], r[n + 5], r[n + 6], r[n + 7] =
@@ -295,9 +251,8 @@ local function put_event(r, c, e)
     e.reopens, e.cooldown or 0, e.permit or '', e.override or O_NONE, e.actor or '', e.why or ''
 end
 
--- put_events appends each event, and announces to other replicas at once
--- a breaker that opened or closed and an operator's action, with the
--- scope's marker (loss.go; subscribe.go reads it).
+-- put_events appends each event, and announces at once to other replicas
+-- an opening, a closing and an operator's action (subscribe.go).
 local function put_events(r, c, source, evs)
   for _, e in ipairs(evs) do
     put_event(r, c, e)

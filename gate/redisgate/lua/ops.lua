@@ -1,15 +1,10 @@
 -- ops.lua: the Backend's operations, and run, the library's one function.
 -- Each op reads its numbers (x, after x[xi]) and strings (a, after a[ai])
--- as wire.go's function of its name writes them, and appends its reply to
--- r, one flat list for the whole call (a nested list costs Redis a
--- conversion of its own), which results.go reads in the same order.
+-- as wire.go writes them, and appends its reply to r, one flat list for
+-- the call (a nested list costs Redis a conversion of its own).
 
--- replica_or is the replica named, or the header's.
 local function replica_or(replica)
-  if replica == '' then
-    return C.h.replica
-  end
-  return replica
+  return replica ~= '' and replica or C.h.replica
 end
 
 -- read_waiter is wire.go's waiter after x[i] and a[j].
@@ -20,34 +15,20 @@ local function read_waiter(x, i, a, j)
   }
 end
 
--- gone says whether permit was given back before its Admit ran (a
--- tombstone, see give_back): the Admit then grants nothing.
+-- gone says whether permit was given back before its Admit ran (give_back).
 local function gone(permit, now)
   if C.gone == nil then
     C.gone = redis.call('EXISTS', C.keys[3]) == 1
   end
-  if not C.gone then
-    return false
-  end
-  return (tonumber(redis.call('HGET', C.keys[3], permit)) or 0) > now
-end
-
-local function tombstone(permit, untl, now)
-  keep_until(C.keys[3], permit, untl, untl, now)
-  C.gone = true
+  return C.gone and (tonumber(redis.call('HGET', C.keys[3], permit)) or 0) > now
 end
 
 -- twin: inmem.(*Backend).Admit
--- The walk over the candidates (gate.(*SourceState).Admit for each), with
--- the waiter's lines (gate.(*Line).Check before, After after). Its reply:
--- 1 and the marker when it is not the one the replica saw (nothing
--- granted: the replica re-asserts, then admits again); 2 when the permit
--- was given back before; else 0 granted probe epoch progress now, the
--- granted source's put_notable, the number of places (one per candidate,
--- or none) and the places, then the groups: a rejection is GROUP_REJECTION
--- c reason retry and its breaker's put_notable (remembered for a loss), an
--- event put_events'. A tenant that refuses refuses every candidate alike
--- (its reason and wait), and the waiter leaves their lines.
+-- The walk over the candidates (gate.(*SourceState).Admit each), with the
+-- waiter's lines (gate.(*Line).Check before, After after). A marker other
+-- than the replica's (reply 1) or a permit given back (reply 2) grants
+-- nothing. A tenant that refuses refuses every candidate alike, and the
+-- waiter leaves their lines.
 local function admit(r, x, xi, a, ai)
   local tokens, waits, nc, ti = x[xi + 1], x[xi + 2] == 1, x[xi + 3], x[xi + 4]
   local permit, i, j = a[ai + 1], xi + 4, ai + 1 -- the candidates' numbers after x[i], places after a[j]
@@ -64,8 +45,7 @@ local function admit(r, x, xi, a, ai)
     r[#r + 1] = 2
     return
   end
-  local granted, probe, epoch, held = 0, 0, 0, nil
-  local groups = {}
+  local granted, probe, epoch, held, groups = 0, 0, 0, nil, {}
   local tc, t = nil, nil
   if ti ~= 0 then
     tc = tconf(ti)
@@ -86,10 +66,9 @@ local function admit(r, x, xi, a, ai)
       return
     end
   end
-  -- walk[k], made where a line has something to say (not empty, or w has a
-  -- place in it), is true where the walk reached candidate k and it did
-  -- not refuse, else the reason it refused; nil where the walk did not
-  -- reach it or its line was empty and w had no place there.
+  -- walk[k], made once a line has something to say (not empty, or w has a
+  -- place in it), is true where candidate k was reached and did not refuse,
+  -- else its reason; nil where not reached, or its line empty and w not in it.
   local w, walk = nil, nil
   for k = 1, nc do
     local c = conf(x[i + 2 * k - 1])
@@ -98,12 +77,11 @@ local function admit(r, x, xi, a, ai)
     if waits and (a[j + k] ~= '' or not l_empty(s)) then
       w = w or read_waiter(x, xi + 4, a, ai + 1)
       walk = walk or {}
-      walk[k] = true
       w.place = a[j + k]
       local nobody
       passed, nobody = l_check(s, w, now)
-      if nobody then
-        walk[k] = nil
+      if not nobody then
+        walk[k] = true
       end
     end
     local reason, wait = R_QUEUED, 0
@@ -116,10 +94,7 @@ local function admit(r, x, xi, a, ai)
       put_events(groups, k, c.name, evs)
       if allowed then
         q_take(s, c, permit, tokens, now)
-        granted, epoch, held = k, e, s.b
-        if p then
-          probe = 1
-        end
+        granted, probe, epoch, held = k, p and 1 or 0, e, s.b
         break
       end
     end
@@ -172,8 +147,7 @@ local function admit(r, x, xi, a, ai)
 end
 
 -- twin: inmem.(*Backend).Settle
--- Its reply: released effect progress now handoff marker, put_breaker's,
--- then the events; it returns whether the permit held its slot.
+-- It returns whether the permit held its slot.
 local function settle_op(r, src_i, permit, epoch, probe, verdict, floor, actual, success, hands, replica, lease, ti)
   local now = now_ms()
   if ti ~= 0 then
@@ -197,7 +171,7 @@ local function settle_op(r, src_i, permit, epoch, probe, verdict, floor, actual,
     effect, evs = b_stale(b, o)
   end
   if success then
-    set_progress(now)
+    C.progress, C.progress_set = now, true
   end
   local handoff = ''
   if released and hands and not l_empty(s) then
@@ -215,10 +189,9 @@ local function settle(r, x, xi, a, ai)
 end
 
 -- give_back settles, without a verdict, a permit whose Admit's reply was
--- lost, on each source the Admit could have granted it. Where none holds
--- it, the Admit may not have run yet (a stalled Redis runs it when it
--- resumes): a tombstone makes it grant nothing, so one give-back is
--- enough. Its reply: released.
+-- lost, on each source the Admit could have granted. Where none holds it,
+-- the Admit may not have run yet (a stalled Redis runs it when it resumes):
+-- a tombstone makes it grant nothing, so one give-back is enough.
 local function give_back(r, x, xi, a, ai, nn)
   local permit, released, ti = a[ai + 1], 0, x[xi + 2]
   for i = xi + 3, xi + nn do
@@ -228,15 +201,14 @@ local function give_back(r, x, xi, a, ai, nn)
     ti = 0 -- (the tenant's slot freed once)
   end
   if released == 0 then
-    tombstone(permit, now_ms() + x[xi + 1], now_ms())
+    local untl = now_ms() + x[xi + 1]
+    keep_until(C.keys[3], permit, untl, untl, now_ms())
+    C.gone = true
   end
   r[#r + 1] = released
 end
 
 -- twin: inmem.(*Backend).Peek
--- Its reply: progress now marker, then per source put_breaker's, in_flight
--- requests tokens, the quota's verdict (reason retry), and l_read's when
--- the line is read, then per tenant t_view's.
 local function peek(r, x, xi, a, ai, nn)
   local tokens, nc = x[xi + 1], x[xi + 6]
   local read, w, i, j = nil, nil, xi + 6, ai + 1 -- the candidates' numbers after x[i], places after a[j]
@@ -247,8 +219,7 @@ local function peek(r, x, xi, a, ai, nn)
     w = read_waiter(x, i, a, j)
     i, j = i + 7, j + 3
   end
-  local now = now_ms()
-  local n = #r
+  local now, n = now_ms(), #r
   r[n + 1], r[n + 2], r[n + 3] = progress(), now, marker() or ''
   for k = 1, nc do
     local c = conf(x[i + 3 * k - 2])
@@ -261,8 +232,7 @@ local function peek(r, x, xi, a, ai, nn)
     if read then
       local jw = nil
       if w and x[i + 3 * k] == 1 then
-        jw = w
-        jw.place = a[j + k]
+        jw, w.place = w, a[j + k]
       end
       l_read(r, s, read, jw, now)
     end
@@ -274,10 +244,8 @@ local function peek(r, x, xi, a, ai, nn)
 end
 
 -- twin: inmem.(*Backend).Override
--- Its reply: 1 and the marker when it is not the one the replica saw
--- (nothing changed: an operator's action lands after the re-assert, not
--- under it); else 0 now marker, put_breaker's, in_flight requests tokens,
--- events.
+-- Its reply: 1 and the marker when it is not the one the replica saw (an
+-- operator's action lands after the re-assert, not under it); else 0.
 local function override(r, x, xi, a, ai)
   local m = marker()
   if C.h.seen ~= '' and m ~= C.h.seen then
@@ -291,9 +259,8 @@ local function override(r, x, xi, a, ai)
   local n = #r
   r[n + 1], r[n + 2], r[n + 3] = 0, now, mark()
   put_breaker(r, s.b, c, now)
-  local held, requests, tokens = q_view(s, now)
   n = #r
-  r[n + 1], r[n + 2], r[n + 3] = held, requests, tokens
+  r[n + 1], r[n + 2], r[n + 3] = q_view(s, now)
   put_events(r, 1, c.name, evs)
 end
 
@@ -305,13 +272,11 @@ local function leave(r, x, xi, a, ai, nn)
 end
 
 -- restore writes what a replica knows of a scope (loss.go) where Redis
--- lost it. The header's seen is the marker the replica last saw ("": none
--- yet). The same marker means Redis kept the scope, and nothing is written
--- (an override cleared there must not come back); a first look adopts the
--- marker. A missing marker (created from the token) or another one is a
--- loss: each record is written where Redis says less, OPEN where the
--- breaker is CLOSED and never opened since, the override where there is
--- none. Its reply: lost restored marker.
+-- lost it. The marker it saw still there (or a first look) means Redis kept
+-- the scope: nothing is written (an override cleared there must not come
+-- back). A missing marker (then made from the token) or another is a loss:
+-- each record is written where Redis says less, OPEN where the breaker is
+-- CLOSED and never opened since, the override where there is none.
 local function restore(r, x, xi, a, ai, nn)
   local m, seen = marker(), C.h.seen
   if m and (m == seen or seen == '') then
@@ -330,10 +295,7 @@ local function restore(r, x, xi, a, ai, nn)
     local b = src(conf(g)).b
     local wrote = false
     if left > 0 and b.state == CLOSED and b.reopens == 0 then
-      b.state, b.reopens, b.cause = OPEN, reopens, cause
-      if epoch > b.epoch then
-        b.epoch = epoch
-      end
+      b.state, b.reopens, b.cause, b.epoch = OPEN, reopens, cause, math.max(b.epoch, epoch)
       b.opened_at, b.open_until = now - ago, now + left
       wrote = true
     end
@@ -345,12 +307,8 @@ local function restore(r, x, xi, a, ai, nn)
       restored = restored + 1
     end
   end
-  local lost = 0
-  if seen ~= '' then
-    lost = 1
-  end
   local n = #r
-  r[n + 1], r[n + 2], r[n + 3] = lost, restored, m
+  r[n + 1], r[n + 2], r[n + 3] = seen ~= '' and 1 or 0, restored, m
 end
 
 -- OPS are the ops by kind (wire.go's).
@@ -359,14 +317,10 @@ local OPS = {
   [K_OVERRIDE] = override, [K_LEAVE] = leave, [K_RESTORE] = restore,
 }
 
-local function unknown()
-  error('redisgate: unknown op')
-end
-
--- run is the library's function: the ops after the header, in order, then
--- one write-back of what they changed. Each op's reply is its count of
--- values, then the values; an op that raises fails alone, as a call of its
--- own would (what it wrote before is kept): -1, then the error.
+-- run is the library's function: the ops in order, then one write-back.
+-- Each op's reply is its count of values, then the values; an op that
+-- raises fails alone, as a call of its own would (keeping what it wrote
+-- before): -1, then the error.
 local function run(keys, argv)
   local x = doubles(argv[1])
   local h, xi, ai = header(x, argv)
@@ -379,7 +333,8 @@ local function run(keys, argv)
     end
     local at = #r + 1
     r[at] = 0
-    local ok, err = pcall(OPS[kind] or unknown, r, x, xi + 3, argv, ai, nn)
+    local op = OPS[kind] or function() error('redisgate: unknown op') end
+    local ok, err = pcall(op, r, x, xi + 3, argv, ai, nn)
     if ok then
       r[at] = #r - at
     else

@@ -1,18 +1,11 @@
 -- quota.lua: gate/quota.go's limits of a source s (store.lua's src) under
--- configuration c. The record keeps what spares a scan: held, the slots
--- held (set right by a scan); lease_min, at most the earliest end of a
--- lease; mtokens, the tokens admitted in the minute; moldest, the oldest
--- admission in the minute (0: none).
+-- configuration c. The record keeps what spares a scan: held, the slots held
+-- (set right by a scan); lease_min, at most the earliest lease end; mtokens,
+-- the minute's tokens; moldest, the minute's oldest admission (0: none).
 
 -- twin: gate.addTokens
 local function tadd(sum, n)
-  local t = sum + n
-  if t < 0 then
-    return 0
-  elseif t > MAX_TOKEN_SUM then
-    return MAX_TOKEN_SUM
-  end
-  return t
+  return math.min(math.max(sum + n, 0), MAX_TOKEN_SUM)
 end
 
 -- q_held is the number of slots held at now, forgetting the leases that
@@ -114,8 +107,7 @@ end
 
 -- twin: gate.(*Quota).take
 local function q_take(s, c, permit, tokens, now)
-  local b = s.b
-  local e = now + c.lease
+  local b, e = s.b, now + c.lease
   if b.held == 0 or e < b.lease_min then
     b.lease_min = e
   end
@@ -137,9 +129,8 @@ local function q_take(s, c, permit, tokens, now)
 end
 
 -- twin: gate.(*Quota).release
--- It settles the permit's tokens to actual (< 0: the estimate) and says
--- whether the permit held its slot, freed last: a release that raises
--- keeps it for the settle repeated.
+-- It settles the permit's tokens to actual (< 0: the estimate) and says if
+-- it held its slot, freed last so that a release that raises keeps it.
 local function q_release(s, permit, actual, now)
   q_held(s, now)
   q_minute(s, now, false)

@@ -1,21 +1,11 @@
--- store.lua: what one call of the library shares, and where a source's
--- state lives in Redis.
---
--- C is the call while it runs: its header (C.h, wire.go's), its keys, the
--- server's time read once, and the sources' records, each read once and
--- written back once when the call ends (flush).
---
--- Keys (wire.go's): KEYS[1] the scope's progress, KEYS[2] its marker
--- (ops.lua's restore), KEYS[3] its tombstones (permit -> until; ops.lua's
--- give_back), then each source's and tenant's, by role (SOURCE, TENANT):
---   state    the record (cmsgpack): breaker, window, quota counts, budget
---   leases   hash: permit -> end of its lease, one field per slot held
---   minute   zset: permit -> when it was admitted, for RPM and TPM
---   tokens   hash: permit -> the tokens it is charged, for TPM
---   line     zset and waiters hash: the source's waiting line (line.lua)
---   spent    hash: permit -> its charge to the budget (tenant.lua)
--- Times are Unix milliseconds; every integer stays below 2^53, which I()
--- writes in full into a string.
+-- store.lua: what one call shares. C is the call while it runs: its
+-- header (C.h), its keys, the server's time, and the records, each read
+-- once and written back once when the call ends (flush). The keys wire.go
+-- lists hold: state, the record (cmsgpack); leases, permit -> end of its
+-- lease, a field per slot held; minute, a zset of permits by admission,
+-- and tokens, permit -> its tokens (RPM, TPM); gone, permit -> until
+-- (give_back); line and waiters (line.lua); spent (tenant.lua). Times are
+-- Unix ms; every integer stays below 2^53, which I() writes in full.
 
 local C = nil
 local SOURCE = { 'state', 'leases', 'minute', 'tokens', 'line', 'waiters' }
@@ -40,8 +30,6 @@ local function idiv(a, b)
   return q
 end
 
--- now_ms is the time of the call's decisions: the server's clock, or the
--- test clock's time when the header carries one.
 local function now_ms()
   if not C.now then
     local n = C.h.now
@@ -54,28 +42,24 @@ local function now_ms()
   return C.now
 end
 
--- FRESH is the record of a source Redis knows nothing of: a CLOSED breaker,
--- no lease held, nothing in the minute. A record of another RECORD_VERSION
--- gets what it lacks (src).
+-- FRESH is the record of a source Redis knows nothing of; a record of
+-- another RECORD_VERSION gets what it lacks (group).
 local RECORD_VERSION = 1
 local FRESH = {
   v = RECORD_VERSION, state = CLOSED, epoch = 0, reopens = 0, opened_at = 0, open_until = 0, cause = OC_NONE,
-  probe = '', probe_until = 0, consecutive = 0, width = 0,
-  override = O_NONE, actor = '', why = '', override_at = 0,
+  probe = '', probe_until = 0, consecutive = 0, width = 0, override = O_NONE, actor = '', why = '', override_at = 0,
   held = 0, lease_min = 0, mtokens = 0, moldest = 0,
 }
 
--- no_buckets is an empty window: b.bk[3s - 2], b.bk[3s - 1], b.bk[3s] are
--- the index, calls and failures of the bucket in slot s (breaker.lua).
-local function no_buckets()
-  local bk = {}
-  for i = 1, 3 * WINDOW_BUCKETS do
-    bk[i] = 0
+local function zeros(n)
+  local z = {}
+  for i = 1, n do
+    z[i] = 0
   end
-  return bk
+  return z
 end
 
--- doubles is the list of float64s packed in s (wire.go's pack).
+-- doubles unpacks wire.go's ARGV[1].
 local function doubles(s)
   local n = #s / 8
   local x = { struct.unpack('<' .. string.rep('d', n), s) }
@@ -83,8 +67,8 @@ local function doubles(s)
   return x
 end
 
--- header reads wire.go's header from the numbers x and strings a, and
--- returns it with the positions its ops start after.
+-- header reads wire.go's header, and returns it with the positions its
+-- ops start after in x and a.
 local function header(x, a)
   local h = { now = x[1], ttl = x[2], scope = a[2], channel = a[3], seen = a[4], replica = a[5], src = {}, ten = {} }
   local n, m = x[3], x[4]
@@ -108,22 +92,18 @@ local function header(x, a)
   return h, 4 + 12 * n + 6 * m, 5 + n + m
 end
 
--- conf is the i-th source configuration of the header (from 1), tconf
--- the i-th tenant's.
-local function conf(i)
-  local c = C.h.src[i]
+-- conf is the header's i-th source configuration (from 1), tconf its i-th
+-- tenant's.
+local function conf(i, list)
+  local c = (list or C.h.src)[i]
   if c == nil then
-    error('redisgate: no source configuration ' .. tostring(i))
+    error('redisgate: no configuration ' .. tostring(i))
   end
   return c
 end
 
 local function tconf(i)
-  local c = C.h.ten[i]
-  if c == nil then
-    error('redisgate: no tenant configuration ' .. tostring(i))
-  end
-  return c
+  return conf(i, C.h.ten)
 end
 
 -- group is the keys after KEYS[base], named by roles, and their record
@@ -154,7 +134,7 @@ local function group(base, roles)
         b[f] = v
       end
     end
-    b.bk = no_buckets()
+    b.bk = zeros(3 * WINDOW_BUCKETS)
   end
   s.b = b
   C.src[base] = s
@@ -210,10 +190,6 @@ local function progress()
   return C.progress
 end
 
-local function set_progress(now)
-  C.progress, C.progress_set = now, true
-end
-
 -- each_page calls f with the items of list, PAGE at a time (unpack's limit).
 local PAGE = 1000
 local function each_page(list, f)
@@ -222,9 +198,8 @@ local function each_page(list, f)
   end
 end
 
--- keep_until writes field = value into hash k (the value starts with
--- until, in ms): k lives until then at least, and past TOMBSTONES fields
--- the ones whose until passed are forgotten.
+-- keep_until writes field = value (starting with until) into hash k, which
+-- lives until then at least; past TOMBSTONES fields, the passed ones go.
 local function keep_until(k, field, value, untl, now)
   redis.call('HSET', k, field, value)
   if redis.call('PTTL', k) < untl - now then
@@ -242,9 +217,8 @@ local function keep_until(k, field, value, untl, now)
 end
 
 -- flush writes back what the call changed: each record that differs from
--- what was read (persisted unless CLOSED without an override: an OPEN
--- breaker must never expire into a fresh CLOSED one), the TTLs of the keys
--- the quota wrote, and the scope's progress.
+-- what was read (without TTL unless CLOSED without an override: an OPEN
+-- breaker must never expire into a fresh CLOSED one), and the TTLs.
 local function flush()
   local ttl = C.h.ttl
   for _, s in pairs(C.src) do
@@ -261,9 +235,8 @@ local function flush()
       end
     end
     if s.logged then
-      local m = MINUTE + SLACK
-      redis.call('PEXPIRE', s.minute, m)
-      redis.call('PEXPIRE', s.tokens, m)
+      redis.call('PEXPIRE', s.minute, MINUTE + SLACK)
+      redis.call('PEXPIRE', s.tokens, MINUTE + SLACK)
     end
   end
   if C.progress_set then

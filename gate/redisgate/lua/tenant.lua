@@ -1,16 +1,7 @@
 -- tenant.lua: gate/tenant.go's limits of a tenant over a scope's sources.
--- t is a tenant's state (store.lua's ten): a quota's keys and record, the
--- budget's slices in the record (b.bb[2s - 1], b.bb[2s]: the index and
--- tokens of slot s, counted b.bwidth ms wide) and t.spent, permit ->
--- 'until:index:tokens', each permit's charge. tc is its configuration.
-
-local function no_spends()
-  local bb = {}
-  for i = 1, 2 * BUDGET_BUCKETS do
-    bb[i] = 0
-  end
-  return bb
-end
+-- t is its state (store.lua's ten): a quota's keys and record, the budget's
+-- slices (b.bb[2s - 1], b.bb[2s]: index and tokens of slot s, b.bwidth ms
+-- wide) and t.spent, permit -> 'until:index:tokens'. tc is its configuration.
 
 -- twin: gate.(*Budget).used
 local function t_used(t, tc, now)
@@ -74,7 +65,7 @@ local function t_take(t, tc, permit, tokens, lease, now)
   end
   local b, untl = t.b, now + lease
   if b.bwidth ~= tc.width or type(b.bb) ~= 'table' then
-    b.bb, b.bwidth = no_spends(), tc.width
+    b.bb, b.bwidth = zeros(2 * BUDGET_BUCKETS), tc.width
     redis.call('DEL', t.spent)
   end
   local idx = idiv(now, tc.width)
@@ -106,8 +97,7 @@ local function t_release(t, permit, actual, now)
   end
 end
 
--- t_view appends the tenant's gate.TenantView (after its name): in_flight
--- requests tokens budget_used reason retry.
+-- t_view appends the tenant's gate.TenantView (reply.go's snapshot).
 local function t_view(r, t, tc, tokens, now)
   local reason, wait = t_verdict(t, tc, tokens, now)
   local held, requests, used = q_view(t, now)
