@@ -105,9 +105,10 @@ local function l_dead(s, replica, now)
 end
 
 -- l_front walks the line from its front, taking out each entry that
--- vanished (gate.(*Line).gone) as gate.(*Line).head does: next gives the next entry left (nil past the
--- end), done writes the removals. Pages double from one: a live head costs
--- one rank's reads, thousands of vanished waiters a few commands a page.
+-- vanished (gate.(*Line).gone) as gate.(*Line).head does: next gives the
+-- next entry left (nil past the end), done writes the removals. Pages
+-- double from one: a live head costs one rank's reads, thousands of
+-- vanished waiters a few commands a page.
 local function l_front(s, now)
   local page, recs, pos, rank, size = {}, {}, 0, 0, 1
   local dead, gone_m, gone_f, gone_t, ended = {}, {}, {}, {}, false
