@@ -44,8 +44,12 @@ import (
 // quotas. A released slot calls the first waiter not called yet (handoff).
 // Waiters leave on a grant, on a refusal by every breaker, on Leave, and
 // when they vanish: a waiter whose replica has not been heard of for its
-// lease, and a called waiter that did not ask within its lease (it is set
-// aside: a later Pick with its Place takes the same place back).
+// lease, a called waiter that did not ask within its lease, and a waiter
+// not heard of by its due (Waiter.Due, from its last Pick or read that
+// joined). A waiter that vanished is set aside: a later Pick with its Place
+// takes the same place back. Each vanishes by its own clock, so waiters
+// whose callers left cost those behind them the longest of their dues, not
+// the sum.
 //
 // The line holds at most LineCap waiters; a caller that finds it full has no
 // place: it is not ordered, and its Picks are queued while anyone waits
@@ -90,6 +94,7 @@ type lineEntry struct {
 	prio    int32
 	joined  int64
 	called  int64 // until (ms); 0: not called
+	due     int64 // kept until (ms) without word from the waiter; 0: no bound
 }
 
 // KeyLen is the length of a member's key: class, share, arrival.
@@ -176,13 +181,28 @@ func (l *Line) live(replica string, lease time.Duration, now int64) {
 // dead reports whether e's replica has not been heard of within its lease.
 func (l *Line) dead(e *lineEntry, now int64) bool { return l.alive[e.replica] < now }
 
+// gone reports whether e vanished: its replica silent, a slot handed to it
+// not asked for in time, or no word from it by its due.
+func (l *Line) gone(e *lineEntry, now int64) bool {
+	return l.dead(e, now) || (e.called != 0 && e.called < now) || (e.due != 0 && e.due < now)
+}
+
+// Lua twin: l_heard
+// heard keeps e's place for w.Due from now.
+func (e *lineEntry) heard(w *Waiter, now int64) {
+	e.due = 0
+	if d := w.Due.Milliseconds(); d > 0 {
+		e.due = now + d
+	}
+}
+
 // Lua twin: l_head
 // head is the first live waiter (nil when none), setting aside on the way
 // those that vanished.
 func (l *Line) head(now int64) *lineEntry {
 	for len(l.entries) > 0 {
 		e := l.entries[0]
-		if l.dead(e, now) || (e.called != 0 && e.called < now) {
+		if l.gone(e, now) {
 			l.remove(e)
 			continue
 		}
@@ -213,9 +233,11 @@ func (l *Line) key(w *Waiter, now int64) (tenant string, share int64, key string
 }
 
 // Lua twin: l_enter
-// enter gives w its place back, or a new one; "" when the line is full.
+// enter gives w its place back, or a new one, or keeps the one it has;
+// "" when the line is full.
 func (l *Line) enter(w *Waiter, now int64) string {
 	if e := l.byID[w.ID]; e != nil {
+		e.heard(w, now)
 		return e.record()
 	}
 	if len(l.entries) >= LineCap {
@@ -227,19 +249,21 @@ func (l *Line) enter(w *Waiter, now int64) string {
 	l.alive[w.Replica] = now + w.Lease.Milliseconds()
 	if e, ok := parseRecord(w.Place); ok && e.id == w.ID {
 		e.replica = w.Replica
+		e.heard(w, now)
 		l.insert(e, w.Named)
 		return e.record()
 	}
 	tenant, _, key := l.key(w, now)
 	l.seq++
 	e := &lineEntry{member: key + w.ID, id: w.ID, replica: w.Replica, tenant: tenant, prio: w.Priority, joined: now}
+	e.heard(w, now)
 	l.insert(e, w.Named)
 	return e.record()
 }
 
 // Lua twin: l_check
 // Check decides whether a Pick of w goes to the walk (true) or is queued.
-// A waiter set aside takes its place back.
+// A waiter in line is heard of; one set aside takes its place back.
 func (l *Line) Check(w *Waiter, now int64) bool {
 	l.init()
 	if len(l.entries) == 0 && w.Place == "" {
@@ -247,7 +271,7 @@ func (l *Line) Check(w *Waiter, now int64) bool {
 	}
 	l.live(w.Replica, w.Lease, now)
 	e := l.byID[w.ID]
-	if e == nil && w.Place != "" {
+	if e != nil || w.Place != "" {
 		l.enter(w, now)
 		e = l.byID[w.ID]
 	}
@@ -294,7 +318,7 @@ func (l *Line) Handoff(h *LineHandoff, now int64) string {
 	for i := 0; i < len(l.entries); {
 		e := l.entries[i]
 		switch {
-		case l.dead(e, now) || (e.called != 0 && e.called < now):
+		case l.gone(e, now):
 			l.remove(e)
 		case e.called != 0:
 			i++
@@ -318,7 +342,7 @@ func (l *Line) Read(r *LineRead, now int64) LineView {
 	}
 	for i := 0; i < len(l.entries); {
 		e := l.entries[i]
-		if l.dead(e, now) || (e.called != 0 && e.called < now) {
+		if l.gone(e, now) {
 			l.remove(e)
 			continue
 		}

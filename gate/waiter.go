@@ -34,6 +34,11 @@ type Waiter struct {
 	// Lease is how long the replica is trusted without being heard from,
 	// and how long a called waiter has to ask.
 	Lease time.Duration
+	// Due is how long the waiter's place is kept without word from it:
+	// each Pick and each read that joins keeps it that long from now (until
+	// the waiter's next RPC is due, plus a grace). A place not kept is set
+	// aside. 0: no bound (as long as the replica is heard of).
+	Due time.Duration
 	// Place is the place the waiter had in the line at hand ("" none), to
 	// take back; Places are its places by source, as the backend's Admit
 	// and Peek take them (each line gets its source's as Place).

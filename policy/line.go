@@ -31,7 +31,13 @@ import (
 //     at once, one on another replica by its replica's poller, within one
 //     poll interval;
 //   - the poller's read tells this replica which of its waiters are at the
-//     front of the line of a source that would admit.
+//     front of the line of a source that would admit;
+//   - a place belongs to a caller that is heard of: each Pick and each read
+//     that joins keeps it until the caller's next RPC is due plus a grace
+//     (gate.Waiter.Due), and this replica sets aside a waiter of its own at
+//     the front whose next RPC is overdue (its client left between two
+//     RPCs), so that callers who left cost the line one grace, however
+//     many, rather than a lease each.
 //
 // Breakers are not ordered: a refusal by every breaker leaves the line.
 // This side keeps only the wake-up channels of the calls it holds in line;
@@ -46,10 +52,13 @@ type line struct {
 
 // held is a call of this replica in line.
 type held struct {
-	hold    *holder // the call's hold, while it is held
-	handed  bool    // handed a slot while not held: its next hold ends at once
-	woken   bool    // woken and not refused since
-	wokenAt time.Time
+	hold   *holder // the call's hold, while it is held
+	handed bool    // handed a slot while not held: its next hold ends at once
+	woken  bool    // woken and not refused since
+	// due is when the call's next RPC is due while it is not held: at once
+	// after a Pick, at the end of its sleep after OnNoRunnable's answer;
+	// zero while an OnNoRunnable is on its way.
+	due time.Time
 }
 
 func newLine() *line {
@@ -63,13 +72,19 @@ func lineLease(cfg *config.Scope) time.Duration {
 	return max(3*cfg.PollInterval, time.Second)
 }
 
-// waiter is c as the line's waiter. Called with c.mu held.
+// lineGrace is how long past its due a caller's next RPC may come before
+// its place is set aside: one poll interval, the latency the scope allows
+// itself for noticing a change.
+func lineGrace(cfg *config.Scope) time.Duration { return cfg.PollInterval }
+
+// waiter is c as the line's waiter, for a Pick: c's OnNoRunnable is due at
+// once after it. Called with c.mu held.
 func (s *Scope) waiter(c *Call, cfg *config.Scope) *gate.Waiter {
 	t, named := cfg.Tenant(c.Tenant)
 	return &gate.Waiter{
 		ID: c.ID, Priority: c.Priority, Tenant: c.Tenant, Named: named,
 		Weight: t.Weight, OtherWeight: cfg.DefaultTenant.Weight,
-		MaxTenants: cfg.MaxTenants, Aging: cfg.PriorityAging, Lease: lineLease(cfg), Places: c.places,
+		MaxTenants: cfg.MaxTenants, Aging: cfg.PriorityAging, Lease: lineLease(cfg), Due: lineGrace(cfg), Places: c.places,
 	}
 }
 
@@ -86,11 +101,11 @@ func (s *Scope) placed(c *Call, places map[string]string, spent bool) {
 	}
 	h := s.line.held[c.ID]
 	if h == nil {
-		s.line.held[c.ID] = &held{}
-		return
+		h = &held{}
+		s.line.held[c.ID] = h
 	}
-	if spent { // in line still
-		h.woken, h.handed = false, false
+	if spent { // in line still; its OnNoRunnable is due
+		h.woken, h.handed, h.due = false, false, time.Now()
 	}
 }
 
@@ -102,7 +117,9 @@ func (s *Scope) placed(c *Call, places map[string]string, spent bool) {
 func (s *Scope) joining(c *Call) {
 	s.line.mu.Lock()
 	defer s.line.mu.Unlock()
-	if s.line.held[c.ID] == nil {
+	if h := s.line.held[c.ID]; h != nil {
+		h.due = time.Time{}
+	} else {
 		s.line.held[c.ID] = &held{}
 	}
 }
@@ -229,7 +246,7 @@ func (l *line) wake(ids ...string) {
 	defer l.mu.Unlock()
 	for _, id := range ids {
 		if h := l.held[id]; h != nil && !h.woken {
-			h.woken, h.wokenAt = true, time.Now()
+			h.woken = true
 			if h.hold != nil {
 				h.hold.ring(wakeHanded)
 			} else {
@@ -239,17 +256,18 @@ func (l *line) wake(ids ...string) {
 	}
 }
 
-// overdue reports whether id, a waiter of this replica at a line's head,
-// holds the line for nobody: it was woken longer than lease ago and has not
-// asked since (its client is gone between two RPCs; a woken waiter asks at
-// once), or no call of this replica is in line as id (a read that joined
-// lost its answer and the leave after it failed: the place is kept alive by
-// this replica's reads, and nobody would ever ask for it).
-func (l *line) overdue(id string, lease time.Duration) bool {
+// overdue reports whether id, a waiter of this replica at a line's front,
+// holds the line for nobody: it is not held and its next RPC is more than
+// grace overdue (its client is gone between two RPCs: the place the backend
+// keeps until the due it last heard may last longer, when the answer came
+// early), or no call of this replica is in line as id (a read that joined
+// lost its answer and the leave after it failed: nobody would ever ask for
+// that place).
+func (l *line) overdue(id string, grace time.Duration) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	h := l.held[id]
-	return h == nil || h.woken && time.Since(h.wokenAt) > lease
+	return h == nil || h.hold == nil && !h.due.IsZero() && time.Since(h.due) > grace
 }
 
 // attach makes t the hold that a slot handed to c rings, when c is in line
@@ -270,13 +288,14 @@ func (l *line) attach(c *Call, t *holder) bool {
 	return true
 }
 
-// detach ends attach: a slot handed to c that t's hold did not take is kept
-// for c's next hold.
-func (l *line) detach(c *Call, t *holder) {
+// detach ends attach when OnNoRunnable answers c with sleep: a slot handed
+// to c that t's hold did not take is kept for c's next hold, and c's next
+// Pick is due when the sleep ends.
+func (l *line) detach(c *Call, t *holder, sleep time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if h := l.held[c.ID]; h != nil && h.hold == t {
-		h.hold = nil
+		h.hold, h.due = nil, time.Now().Add(sleep)
 		if wake(t.why.Load())&wakeHanded != 0 {
 			h.handed = true
 		}

@@ -331,9 +331,11 @@ func park(t *testing.T, s *policy.Scope, c *policy.Call) <-chan policy.Decision 
 	return out
 }
 
-// A head the poller woke that does not come for the slot within the line's
-// lease (its client died between two RPCs) is set aside, so that the line
-// behind it moves: here the RPM frees up without any release to hand off.
+// A head the poller woke that does not come for the slot within a grace of
+// its answer (its client died between two RPCs) is set aside, so that the
+// line behind it moves: here the RPM frees up without any release to hand
+// off. Its place in the backend would be kept until the end of the hold it
+// was promised; this replica knows it answered early.
 func TestWokenHeadThatNeverAsksIsSetAside(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s, _ := newScope(t, `
@@ -349,9 +351,9 @@ sources: [{name: only, rpm: 1}]
 		if d := <-a; !d.Woken {
 			t.Fatalf("a: %+v, want woken", d)
 		}
-		// a's client is gone and never asks; within a lease and a poll, b
-		// is the head and is woken in turn.
-		time.Sleep(5 * time.Second)
+		// a's client is gone and never asks; within a grace (one poll
+		// interval) and two polls, b is the head and is woken in turn.
+		time.Sleep(3 * time.Second)
 		synctest.Wait()
 		select {
 		case d := <-b:
@@ -362,4 +364,49 @@ sources: [{name: only, rpm: 1}]
 			t.Fatal("b is still held behind a head that never came for its slot")
 		}
 	})
+}
+
+// Callers that Pick, wait in line with a short RPC deadline, are answered
+// and leave without a word cost the caller behind them one grace (a poll
+// interval), however many: each place lapses at its own due. Before, each
+// was woken in turn and waited for a lease.
+func TestCallersGoneBetweenRPCsCostTheLineOneGrace(t *testing.T) {
+	const poll = 50 * time.Millisecond
+	for _, n := range []int{20, 40} {
+		synctest.Test(t, func(t *testing.T) {
+			s, _ := newScope(t, `
+backpressure: {poll_interval: 50ms}
+sources: [{name: only, max_concurrency: 1, timeout: 20s}]
+`)
+			holder := newCall(s)
+			g := grant(t, s, holder)
+			var gone sync.WaitGroup
+			for range n {
+				c := newCall(s)
+				if p := pick(t, s, c); p.NoRunnable == nil {
+					t.Fatalf("%+v, want a refusal", p)
+				}
+				gone.Go(func() {
+					rpc, cancel := context.WithTimeout(ctx(t), 300*time.Millisecond)
+					defer cancel()
+					if d, err := s.OnNoRunnable(rpc, c); err != nil || d.Failure != nil {
+						t.Errorf("a caller about to leave: %+v, %v; want a wait", d, err)
+					}
+				})
+			}
+			gone.Wait() // answered: their callers leave without a word
+			live := park(t, s, newCall(s))
+			record(t, s, holder, g, policy.Success)
+			time.Sleep(poll + poll) // a grace, then the poller's read
+			synctest.Wait()
+			select {
+			case d := <-live:
+				if !d.Woken {
+					t.Fatalf("the live caller: %+v, want woken", d)
+				}
+			default:
+				t.Fatalf("the live caller is still held behind %d callers gone", n)
+			}
+		})
+	}
 }

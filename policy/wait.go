@@ -72,16 +72,14 @@ func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 		return Decision{}, err
 	}
 	s.inLine(c, t, d)
-	defer s.line.detach(c, t)
+	defer func() { s.line.detach(c, t, d.Sleep) }()
 	if first {
 		s.observer.Waiting(c, d.Sleep, d.reasons)
 	}
 	if d.Failure == nil && !d.Woken {
 		nap := d.Sleep
-		if deadline, ok := ctx.Deadline(); ok {
-			// Answer before the caller's RPC deadline.
-			left := time.Until(deadline)
-			nap = min(nap, max(0, left-min(left/10, 50*time.Millisecond)))
+		if within, ok := answerWithin(ctx); ok {
+			nap = min(nap, within)
 		}
 		start := time.Now()
 		if d.forTenant {
@@ -140,7 +138,9 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 		// The read takes the call's places in line (or keeps them): the
 		// call's own.
 		req := s.peekRequest(srcs, c.Tokens)
-		req.Line = &gate.LineRead{Lease: lineLease(cfg), Join: s.waiter(c, cfg), Joins: names}
+		join := s.waiter(c, cfg)
+		join.Due = longestHold(ctx, cfg) + lineGrace(cfg)
+		req.Line = &gate.LineRead{Lease: lineLease(cfg), Join: join, Joins: names}
 		s.line.left(c.ID)
 		s.joining(c)
 		// Not cancelled with the RPC (the backend bounds it): a read that
@@ -251,6 +251,29 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 	return Decision{Sleep: ceilMs(sleep), Uncertain: uncertain, forTenant: tenantWait.Reason != gate.ReasonNone, reasons: reasons}, circuit, first, nil
 }
 
+// answerWithin is how long OnNoRunnable may hold its caller: until just
+// before the RPC's deadline (ok false: the RPC has none).
+func answerWithin(ctx context.Context) (time.Duration, bool) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return 0, false
+	}
+	left := time.Until(deadline)
+	return max(0, left-min(left/10, 50*time.Millisecond)), true
+}
+
+// longestHold bounds how long OnNoRunnable holds a caller that joins a
+// line: its sleep (at most the stall budget plus a poll interval), cut short
+// by the RPC's deadline. The caller's next Pick is due when the hold ends:
+// a wait in line has no certain time, so its answer leaves nothing to sleep.
+func longestHold(ctx context.Context, cfg *config.Scope) time.Duration {
+	d := cfg.StallWindow + cfg.PollInterval
+	if within, ok := answerWithin(ctx); ok {
+		d = min(d, within)
+	}
+	return d
+}
+
 // readTenant reads srcs and the tenant tc for an attempt of tokens, on a
 // goroutine of its own (as reads.peek reads apart: the caller may park for
 // long after it) and without ctx's cancellation (the backend bounds it).
@@ -317,17 +340,20 @@ func (s *Scope) pollOnce() bool {
 		// A slot handed to a waiter here by another replica is its to ask
 		// for, whatever this read says; the head only when its source
 		// admits.
-		s.line.wake(v.Line.Wake...)
+		front := v.Line.Wake
 		if v.Verdict.Reason == gate.ReasonNone && v.Line.Head != "" {
-			// A head woken a lease ago that never came for the slot, or one
-			// no call here is in line as (a lost join whose leave failed),
-			// is set aside (as the backend does with a handed slot nobody
-			// asks for): it takes its place back if its client asks again.
-			if s.line.overdue(v.Line.Head, lineLease(cfg)) {
-				_ = s.backend.Leave(ctx, gate.LeaveRequest{Scope: s.name, Waiter: v.Line.Head, Sources: []string{v.Source}})
+			front = append(slices.Clip(front), v.Line.Head)
+		}
+		for _, id := range front {
+			// One whose client left between two RPCs, or one no call here
+			// is in line as (a lost join whose leave failed), is set aside
+			// (as the backend does with a place nobody keeps): it takes its
+			// place back if its client asks again.
+			if s.line.overdue(id, lineGrace(cfg)) {
+				_ = s.backend.Leave(ctx, gate.LeaveRequest{Scope: s.name, Waiter: id, Sources: []string{v.Source}})
 				continue
 			}
-			s.line.wake(v.Line.Head)
+			s.line.wake(id)
 		}
 	}
 	return found

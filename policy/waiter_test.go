@@ -262,7 +262,7 @@ func TestLineHandsASlotToTheHold(t *testing.T) {
 			if !l.attach(c, tk) {
 				t.Fatal("attach: the call is in line, reported not")
 			}
-			defer l.detach(c, tk)
+			defer l.detach(c, tk, 0)
 			if act != nil {
 				go func() { time.Sleep(time.Second); act() }()
 			}
@@ -293,7 +293,7 @@ func TestLineHandsASlotToTheHold(t *testing.T) {
 		l.attach(c, tk)
 		l.wake(c.ID)
 		w.release(tk)
-		l.detach(c, tk)
+		l.detach(c, tk, 0)
 		if !l.held[c.ID].handed {
 			t.Fatal("a slot handed to a hold that did not take it was lost")
 		}

@@ -137,7 +137,7 @@ func TestLineHandedSlotNeverLost(t *testing.T) {
 				if r.IntN(2) == 0 {
 					time.Sleep(time.Millisecond)
 				}
-				l.detach(c, tk)
+				l.detach(c, tk, 0)
 				w.release(tk)
 				l.mu.Lock()
 				h := l.held[c.ID]

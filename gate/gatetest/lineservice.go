@@ -109,6 +109,50 @@ func runLineService(t *testing.T, factory Factory) {
 			t.Fatalf("the waiter set aside, asking: %+v", a)
 		}
 	})
+	t.Run("Due", func(t *testing.T) {
+		// Waiters not heard of by their due vanish each by its own clock:
+		// however many, they cost the live waiter behind them one due, and
+		// the release hands its slot past them all at once.
+		e := newEnv(t, factory)
+		src := one(1)
+		p := e.grant(src)
+		const due = 300 * time.Millisecond
+		withDue := func(w *gate.Waiter) { w.Due = due }
+		var ghosts []*gate.Waiter
+		for i := range 20 {
+			g := waiter(fmt.Sprint("g", i), 0, "x", withDue)
+			e.join(src, g)
+			ghosts = append(ghosts, g)
+		}
+		live := waiter("live", 0, "x", withDue)
+		e.join(src, live)
+		e.clock.Advance(due / 2)
+		if a := e.pick(src, live); !queued(a) {
+			t.Fatalf("behind waiters within their due: %+v", a)
+		}
+		// The ghosts are past their due; the live waiter's Pick kept its place.
+		e.clock.Advance(due/2 + time.Millisecond)
+		if h := e.settleReq(gate.SettleRequest{Source: src, PermitID: p.ID, Epoch: p.Epoch, Verdict: gate.VerdictSuccess, ActualTokens: -1,
+			Line: &gate.LineHandoff{Replica: "r1", Lease: lineLease}}).Handoff; h != "live" {
+			t.Fatalf("handed to %q, want live (past 20 waiters gone by their due)", h)
+		}
+		if v := e.readLine(src, &gate.LineRead{Replica: "r1", Lease: lineLease}); v.Length != 1 || !slices.Equal(v.Wake, []string{"live"}) {
+			t.Fatalf("line after the handoff: %+v, want only live, called", v)
+		}
+		// A read that joins keeps a place as a Pick does; one set aside by
+		// its due takes it back when it asks again.
+		e.join(src, live)
+		e.clock.Advance(due)
+		if v := e.readLine(src, &gate.LineRead{Replica: "r1", Lease: lineLease}); v.Length != 1 {
+			t.Fatalf("a waiter read within its due: %+v, want it in line", v)
+		}
+		if a := e.pick(src, ghosts[1]); !a.Granted {
+			t.Fatalf("a waiter set aside by its due, asking: %+v, want its place back (the head's)", a)
+		}
+		if a := e.pick(src, ghosts[2]); a.Granted || len(a.Places) == 0 {
+			t.Fatalf("the next one set aside, asking the full source: %+v, want its place back", a)
+		}
+	})
 	t.Run("LeaveAndDescribe", func(t *testing.T) {
 		e := newEnv(t, factory)
 		few := func(w *gate.Waiter) { w.MaxTenants = 1 }

@@ -19,8 +19,8 @@ import (
 )
 
 // TestLineSameAsMemory: random line traces (joins, reads, picks, handoffs,
-// leaves, replicas going silent) on the memory backend and on Redis, every
-// answer compared.
+// leaves, replicas going silent, waiters past their due) on the memory
+// backend and on Redis, every answer compared.
 func TestLineSameAsMemory(t *testing.T) {
 	client := redistest.Start(t).Client(t)
 	ctx := context.Background()
@@ -50,7 +50,7 @@ func TestLineSameAsMemory(t *testing.T) {
 		for i := range ws {
 			r, tenant := replicas[rng.Intn(len(replicas))], rng.Intn(4)
 			ws[i] = &wst{w: &gate.Waiter{ID: fmt.Sprint("w", i), Replica: r, Priority: int32(rng.Intn(2)), Tenant: fmt.Sprint("t", tenant), Named: tenant == 0,
-				Weight: 1 + rng.Intn(2), OtherWeight: 1, MaxTenants: 2, Lease: leases[r]}}
+				Weight: 1 + rng.Intn(2), OtherWeight: 1, MaxTenants: 2, Lease: leases[r], Due: time.Duration(rng.Intn(3)*(50+rng.Intn(600))) * time.Millisecond}}
 		}
 		var held [][2]gate.Permit
 		var log []string

@@ -135,9 +135,9 @@ func flag(v bool) float64 {
 }
 
 // waiter is a waiter's numbers (priority weight other_weight max_tenants
-// aging lease named) and strings (id replica tenant).
+// aging lease named due) and strings (id replica tenant).
 func waiter(w *gate.Waiter) ([]float64, []any) {
-	return []float64{float64(w.Priority), float64(w.Weight), float64(w.OtherWeight), float64(w.MaxTenants), msf(w.Aging), msf(w.Lease), flag(w.Named)},
+	return []float64{float64(w.Priority), float64(w.Weight), float64(w.OtherWeight), float64(w.MaxTenants), msf(w.Aging), msf(w.Lease), flag(w.Named), msf(w.Due)},
 		[]any{w.ID, w.Replica, w.Tenant}
 }
 

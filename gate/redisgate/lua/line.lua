@@ -3,7 +3,8 @@
 -- KEY_LEN characters, then its id; score 0: members order as text),
 -- s.waiters a hash of the rest: w<id> the waiter's record
 -- (member|replica|joined|prio|tenant), c<id> the end of the slot it was
--- handed, r<replica> until when the replica is trusted, the share table
+-- handed, h<id> until when its place is kept without word from it (0: no
+-- bound), r<replica> until when the replica is trusted, the share table
 -- (t<tenant> the tenant's last share tag, k<tenant> its waiters in line,
 -- u<tenant> when the configuration does not name it), v, seq and nt (the
 -- buckets of tenants not named). An emptied line deletes the hash: shares,
@@ -85,7 +86,7 @@ end
 -- twin: gate.(*Line).remove
 local function l_remove(s, e)
   redis.call('ZREM', s.line, e.member)
-  redis.call('HDEL', s.waiters, 'w' .. e.id, 'c' .. e.id)
+  redis.call('HDEL', s.waiters, 'w' .. e.id, 'c' .. e.id, 'h' .. e.id)
   l_count(s, e.tenant)
   l_emptied(s)
 end
@@ -104,10 +105,10 @@ local function l_dead(s, replica, now)
 end
 
 -- l_front walks the line from its front, taking out each entry that
--- vanished (its replica silent, or called and not asking in time) as
--- gate.(*Line).head does: next gives the next entry left (nil past the
--- end), done writes the removals. Pages double from one: a live head costs
--- one rank's reads, thousands of vanished waiters a few commands a page.
+-- vanished (gate.(*Line).gone) as gate.(*Line).head does: next gives the
+-- next entry left (nil past the end), done writes the removals. Pages
+-- double from one: a live head costs one rank's reads, thousands of
+-- vanished waiters a few commands a page.
 local function l_front(s, now)
   local page, recs, pos, rank, size = {}, {}, 0, 0, 1
   local dead, gone_m, gone_f, gone_t, ended = {}, {}, {}, {}, false
@@ -135,18 +136,18 @@ local function l_front(s, now)
         local fields = {}
         for j, m in ipairs(page) do
           local id = string.sub(m, KEY_LEN + 1)
-          fields[2 * j - 1], fields[2 * j] = 'w' .. id, 'c' .. id
+          fields[3 * j - 2], fields[3 * j - 1], fields[3 * j] = 'w' .. id, 'c' .. id, 'h' .. id
         end
         recs = redis.call('HMGET', s.waiters, unpack(fields))
       end
       pos = pos + 1
-      local rec, called = recs[2 * pos - 1], tonumber(recs[2 * pos]) or 0
+      local rec, called, due = recs[3 * pos - 2], tonumber(recs[3 * pos - 1]) or 0, tonumber(recs[3 * pos]) or 0
       local e = rec and l_parse(rec)
       if e then
         if dead[e.replica] == nil then
           dead[e.replica] = l_dead(s, e.replica, now)
         end
-        if not dead[e.replica] and (called == 0 or called >= now) then
+        if not dead[e.replica] and (called == 0 or called >= now) and (due == 0 or due >= now) then
           e.called = called
           return e
         end
@@ -154,7 +155,7 @@ local function l_front(s, now)
       end
       local id = string.sub(page[pos], KEY_LEN + 1)
       gone_m[#gone_m + 1] = page[pos]
-      gone_f[#gone_f + 1], gone_f[#gone_f + 2] = 'w' .. id, 'c' .. id
+      gone_f[#gone_f + 1], gone_f[#gone_f + 2], gone_f[#gone_f + 3] = 'w' .. id, 'c' .. id, 'h' .. id
     end
   end
   return next, done
@@ -192,10 +193,16 @@ local function l_key(s, w, now)
   return tenant, share, key
 end
 
+-- twin: gate.(*lineEntry).heard
+local function l_heard(w, now)
+  return w.due > 0 and now + w.due or 0
+end
+
 -- twin: gate.(*Line).enter
 local function l_enter(s, w, now)
   local r = redis.call('HGET', s.waiters, 'w' .. w.id)
   if r then
+    redis.call('HSET', s.waiters, 'h' .. w.id, l_heard(w, now))
     return r
   end
   if redis.call('ZCARD', s.line) >= LINE_CAP then
@@ -214,7 +221,7 @@ local function l_enter(s, w, now)
   e.replica = w.replica
   r = l_record(e)
   redis.call('ZADD', s.line, 0, e.member)
-  redis.call('HSET', s.waiters, 'w' .. w.id, r, 'r' .. w.replica, now + w.lease)
+  redis.call('HSET', s.waiters, 'w' .. w.id, r, 'h' .. w.id, l_heard(w, now), 'r' .. w.replica, now + w.lease)
   s.lempty = false
   l_touch(s, w.lease)
   return r
@@ -228,9 +235,9 @@ local function l_check(s, w, now)
   end
   l_live(s, w.replica, w.lease, now)
   local e = l_entry(s, w.id)
-  if e == nil and (w.place or '') ~= '' then
+  if e ~= nil or (w.place or '') ~= '' then
     l_enter(s, w, now)
-    e = l_entry(s, w.id)
+    e = e or l_entry(s, w.id)
   end
   local head = l_head(s, now)
   if head == nil then

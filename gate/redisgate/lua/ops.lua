@@ -11,7 +11,7 @@ end
 local function read_waiter(x, i, a, j)
   return {
     priority = x[i + 1], weight = x[i + 2], other_weight = x[i + 3], max_tenants = x[i + 4], aging = x[i + 5],
-    lease = x[i + 6], named = x[i + 7] == 1, id = a[j + 1], replica = replica_or(a[j + 2]), tenant = a[j + 3],
+    lease = x[i + 6], named = x[i + 7] == 1, due = x[i + 8], id = a[j + 1], replica = replica_or(a[j + 2]), tenant = a[j + 3],
   }
 end
 
@@ -33,7 +33,7 @@ local function admit(r, x, xi, a, ai)
   local tokens, waits, nc, ti = x[xi + 1], x[xi + 2] == 1, x[xi + 3], x[xi + 4]
   local permit, i, j = a[ai + 1], xi + 4, ai + 1 -- the candidates' numbers after x[i], places after a[j]
   if waits then
-    i, j = i + 7, j + 3
+    i, j = i + 8, j + 3
   end
   local m = marker()
   if not m or m ~= C.h.seen then
@@ -217,7 +217,7 @@ local function peek(r, x, xi, a, ai, nn)
   end
   if x[xi + 5] == 1 then
     w = read_waiter(x, i, a, j)
-    i, j = i + 7, j + 3
+    i, j = i + 8, j + 3
   end
   local now, n = now_ms(), #r
   r[n + 1], r[n + 2], r[n + 3] = progress(), now, marker() or ''
