@@ -351,3 +351,26 @@ func joins(cfg *config.Scope, srcs []*source, c *Call, nr *NoRunnable, circuit b
 func queuedRefusal(nr *NoRunnable) bool {
 	return slices.ContainsFunc(nr.Sources, func(r gate.Rejection) bool { return r.Reason == gate.ReasonQueued })
 }
+
+// answerWithin is how long OnNoRunnable may hold its caller: until just
+// before the RPC's deadline (ok false: the RPC has none).
+func answerWithin(ctx context.Context) (time.Duration, bool) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return 0, false
+	}
+	left := time.Until(deadline)
+	return max(0, left-min(left/10, 50*time.Millisecond)), true
+}
+
+// longestHold bounds how long OnNoRunnable holds a caller that joins a
+// line: its sleep (at most the stall budget plus a poll interval), cut short
+// by the RPC's deadline. The caller's next Pick is due when the hold ends:
+// a wait in line has no certain time, so its answer leaves nothing to sleep.
+func longestHold(ctx context.Context, cfg *config.Scope) time.Duration {
+	d := cfg.StallWindow + cfg.PollInterval
+	if within, ok := answerWithin(ctx); ok {
+		d = min(d, within)
+	}
+	return d
+}
