@@ -12,8 +12,12 @@ VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 PYSDK := clientsdk/python
 PYGEN := $(PYSDK)/src/polygate/_gen
+# The TypeScript SDK: its pinned packages installed by npm ci from the
+# committed lockfile, and the stubs buf generates into the package.
+TSSDK := clientsdk/typescript
+TSGEN := $(TSSDK)/src/gen
 
-.PHONY: all run test ci generate check-generated lint pytypes gotest fuzz pytest redis-server chromium tools venv bench
+.PHONY: all run test ci generate check-generated lint pytypes gotest fuzz pytest redis-server chromium tools venv bench tsdeps ts
 
 all: test
 
@@ -65,13 +69,21 @@ $(VENV)/.installed: $(PYSDK)/requirements-dev.txt
 	$(PY) -m pip install -q --disable-pip-version-check -r $(PYSDK)/requirements-dev.txt
 	touch $@
 
-## generate: regenerate gen/ (Go, buf) and the Python SDK's stubs (grpcio-tools) from proto/
+## tsdeps: the TypeScript SDK's node_modules, exactly as package-lock.json pins them
+tsdeps: $(TSSDK)/node_modules/.installed
+$(TSSDK)/node_modules/.installed: $(TSSDK)/package.json $(TSSDK)/package-lock.json
+	cd $(TSSDK) && npm ci --no-audit --no-fund
+	touch $@
+
+## generate: regenerate gen/ (Go, buf), the Python SDK's stubs (grpcio-tools)
+## and the TypeScript SDK's (buf with protoc-gen-es from its node_modules) from proto/
 # Mapping proto/ to polygate/_gen (-Ipolygate/_gen=proto) makes the Python
 # stubs import each other as polygate._gen.polygate.admission.v1, with no
 # hand-edited imports.
-generate: tools venv
+generate: tools venv tsdeps
 	rm -rf gen/polygate # not buf's clean, which would delete gen/go.mod
 	$(BIN)/buf generate
+	$(BIN)/buf generate --template $(TSSDK)/buf.gen.yaml
 	touch gen # the directory's time says when it was last generated
 	rm -rf $(PYGEN)
 	mkdir -p $(PYGEN)
@@ -82,8 +94,8 @@ generate: tools venv
 
 ## check-generated: fail when regenerating changes the committed code
 check-generated: generate
-	@git diff --exit-code --stat -- gen/ $(PYGEN) || { echo "generated code is stale: run make generate and commit"; exit 1; }
-	@test -z "$$(git status --porcelain -- gen/ $(PYGEN))" || { git status --porcelain -- gen/ $(PYGEN); echo "untracked generated files: run make generate and commit"; exit 1; }
+	@git diff --exit-code --stat -- gen/ $(PYGEN) $(TSGEN) || { echo "generated code is stale: run make generate and commit"; exit 1; }
+	@test -z "$$(git status --porcelain -- gen/ $(PYGEN) $(TSGEN))" || { git status --porcelain -- gen/ $(PYGEN) $(TSGEN); echo "untracked generated files: run make generate and commit"; exit 1; }
 
 ## lint: gofmt, go vet, buf lint and buf breaking against main
 lint: tools
