@@ -1,0 +1,481 @@
+// Package kit is polygate's SDK conformance kit: the format of its scripted
+// exchanges (README.md beside this package's directory), their loading and
+// validation, and the scripted fake sidecar that serves one exchange at a
+// time (Fake), which each SDK's runner drives.
+package kit
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// Exchange is one scripted conversation between an SDK and the sidecar.
+type Exchange struct {
+	Name  string `json:"name"`
+	About string `json:"about"`
+	// Scope of every call (default "chat").
+	Scope  string     `json:"scope,omitempty"`
+	Client ClientSpec `json:"client,omitzero"`
+	// Calls are what the application does, in order, with one client.
+	Calls []Call `json:"calls"`
+	// Script is every event the fake expects, in order: the SDK's RPCs and
+	// the attempts that reach the upstream, with the fake's replies.
+	Script []Step `json:"script"`
+}
+
+// ClientSpec configures the SDK's client.
+type ClientSpec struct {
+	// OnSidecarUnavailable is "fail" (the default) or "allow".
+	OnSidecarUnavailable string `json:"on_sidecar_unavailable,omitempty"`
+	// Fallback is the source an "allow" client calls for the scope before any grant.
+	Fallback *FallbackSpec `json:"fallback,omitempty"`
+	// Priority and Tenant are the client's defaults.
+	Priority int32  `json:"priority,omitempty"`
+	Tenant   string `json:"tenant,omitempty"`
+}
+
+// FallbackSpec names the fallback source; its base_url is the fake upstream's
+// route of that name.
+type FallbackSpec struct {
+	Source string `json:"source"`
+}
+
+// Call is one request of the application and what it must see.
+type Call struct {
+	// SidecarDown: the runner stops the fake's sidecar before this call.
+	SidecarDown bool       `json:"sidecar_down,omitempty"`
+	Request     AppRequest `json:"request"`
+	Options     AppOptions `json:"options,omitzero"`
+	// AbortAfter: the application gives the call up (aborts, cancels) once
+	// the fake has seen this many events of the exchange; 0: never.
+	AbortAfter int     `json:"abort_after,omitempty"`
+	AppSees    AppSees `json:"app_sees"`
+}
+
+// AppRequest is the application's HTTP request, against the placeholder
+// http://polygate.invalid (the SDK points each attempt at the granted source).
+type AppRequest struct {
+	Method  string            `json:"method"`
+	Path    string            `json:"path"`
+	Headers map[string]string `json:"headers,omitempty"`
+	Body    string            `json:"body,omitempty"`
+}
+
+// AppOptions are the call's options.
+type AppOptions struct {
+	EstimatedTokens int64   `json:"estimated_tokens,omitempty"`
+	DeadlineMs      int64   `json:"deadline_ms,omitempty"`
+	Priority        *int32  `json:"priority,omitempty"`
+	Tenant          *string `json:"tenant,omitempty"`
+}
+
+// AppSees is what the application finally sees: a response, or an error.
+type AppSees struct {
+	// Error: "aborted" (the application's own abort or cancellation) or
+	// "unavailable" (the SDK's error for a sidecar that cannot be reached or
+	// answers UNAVAILABLE); empty when the application gets a response.
+	Error  string `json:"error,omitempty"`
+	Status int    `json:"status,omitempty"`
+	// Headers the response must carry with these values; null: must not carry.
+	Headers map[string]*string `json:"headers,omitempty"`
+	// Body is the exact body; BodyJSON values at dotted paths of a JSON body.
+	Body     *string        `json:"body,omitempty"`
+	BodyJSON map[string]any `json:"body_json,omitempty"`
+}
+
+// Step is one event the fake expects: an RPC (RPC set) or an attempt that
+// reaches the upstream (Upstream set: the source's route), the request the
+// SDK must send and the fake's reply. AfterMs is the least time since the
+// previous step's reply (or, for one that hangs, its arrival): a sleep the
+// SDK must have made.
+type Step struct {
+	RPC      string          `json:"rpc,omitempty"`
+	Upstream string          `json:"upstream,omitempty"`
+	AfterMs  int64           `json:"after_ms,omitempty"`
+	Request  json.RawMessage `json:"request,omitempty"`
+	Reply    json.RawMessage `json:"reply,omitempty"`
+
+	want  any // *PickWant, *RecordWant, *UpstreamWant or nil
+	reply any // *PickReply, *OnNoRunnableReply, *RecordReply, *CancelReply or *UpstreamReply
+}
+
+// PickWant is what a Pick must carry. Opens: it opens the call (call_id
+// empty); otherwise it carries the call's id and nothing else.
+type PickWant struct {
+	Opens           bool   `json:"opens,omitempty"`
+	EstimatedTokens int64  `json:"estimated_tokens,omitempty"`
+	Priority        int32  `json:"priority,omitempty"`
+	Tenant          string `json:"tenant,omitempty"`
+	// DeadlineMsAtMost: the deadline is set, above 0 and at most this; 0:
+	// no deadline.
+	DeadlineMsAtMost int64 `json:"deadline_ms_at_most,omitempty"`
+}
+
+// RecordWant is what a RecordOutcome must carry besides the call's id and
+// the last grant's permit id.
+type RecordWant struct {
+	Outcome          string `json:"outcome"`
+	HTTPStatus       int32  `json:"http_status,omitempty"`
+	RetryAfterHintMs int64  `json:"retry_after_hint_ms,omitempty"`
+	// ActualTokens: set to this; null or absent: unset.
+	ActualTokens *int64 `json:"actual_tokens,omitempty"`
+}
+
+// UpstreamWant is what an attempt's HTTP request must be, where given.
+type UpstreamWant struct {
+	Method string `json:"method,omitempty"`
+	// Path is the path and query after the source's route.
+	Path    string            `json:"path,omitempty"`
+	Headers map[string]string `json:"headers,omitempty"`
+	Body    *string           `json:"body,omitempty"`
+}
+
+// ErrorReply is a gRPC error; Reason, when set, is attached as the
+// sidecar's google.rpc.ErrorInfo (an UNAVAILABLE without one is what an
+// SDK sees of a sidecar it cannot reach).
+type ErrorReply struct {
+	Code    string `json:"code"`
+	Reason  string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+}
+
+// Reason is one source's refusal.
+type Reason struct {
+	Source       string `json:"source"`
+	Reason       string `json:"reason"`
+	RetryAfterMs int64  `json:"retry_after_ms,omitempty"`
+}
+
+// FailureReply is a verdict.
+type FailureReply struct {
+	Reason       string   `json:"reason"`
+	RetryAfterMs int64    `json:"retry_after_ms,omitempty"`
+	Reasons      []Reason `json:"reasons,omitempty"`
+}
+
+// GrantReply is a permit; the fake numbers permits and attempts, and the
+// base_url attribute is the fake upstream's route of the source unless
+// Attributes sets it.
+type GrantReply struct {
+	Source     string            `json:"source"`
+	Attributes map[string]string `json:"attributes,omitempty"`
+	TimeoutMs  int64             `json:"timeout_ms,omitempty"`
+	Probe      bool              `json:"probe,omitempty"`
+}
+
+// PickReply is a Pick's answer: exactly one of its fields.
+type PickReply struct {
+	Grant      *GrantReply `json:"grant,omitempty"`
+	NoRunnable *struct {
+		GateRejections int32    `json:"gate_rejections,omitempty"`
+		Reasons        []Reason `json:"reasons,omitempty"`
+	} `json:"no_runnable,omitempty"`
+	Failure *FailureReply `json:"failure,omitempty"`
+	Error   *ErrorReply   `json:"error,omitempty"`
+	Hang    bool          `json:"hang,omitempty"`
+}
+
+// OnNoRunnableReply is an OnNoRunnable's answer: exactly one of its fields.
+type OnNoRunnableReply struct {
+	Wait *struct {
+		SleepMs int64 `json:"sleep_ms,omitempty"`
+	} `json:"wait,omitempty"`
+	Failure *FailureReply `json:"failure,omitempty"`
+	Error   *ErrorReply   `json:"error,omitempty"`
+	Hang    bool          `json:"hang,omitempty"`
+}
+
+// RecordReply is a RecordOutcome's answer: exactly one of its fields.
+type RecordReply struct {
+	Done  *struct{} `json:"done,omitempty"`
+	Retry *struct {
+		BackoffMs int64 `json:"backoff_ms,omitempty"`
+	} `json:"retry,omitempty"`
+	Failure *FailureReply `json:"failure,omitempty"`
+	Error   *ErrorReply   `json:"error,omitempty"`
+	Hang    bool          `json:"hang,omitempty"`
+}
+
+// CancelReply is a CancelCall's answer (default: ended_now true).
+type CancelReply struct {
+	NotEnded bool        `json:"not_ended,omitempty"`
+	Error    *ErrorReply `json:"error,omitempty"`
+	Hang     bool        `json:"hang,omitempty"`
+}
+
+// UpstreamReply is the upstream's answer. Body defaults to an OpenAI-style
+// completion ("ok from SOURCE", usage.total_tokens 8) for a 2xx and an
+// OpenAI-style error otherwise, as application/json; Stream sends its chunks
+// one by one as text/event-stream instead.
+type UpstreamReply struct {
+	Status  int               `json:"status,omitempty"`
+	Headers map[string]string `json:"headers,omitempty"`
+	Body    *string           `json:"body,omitempty"`
+	Stream  []string          `json:"stream,omitempty"`
+	Hang    bool              `json:"hang,omitempty"`
+}
+
+// Names the format accepts.
+var (
+	rpcs         = []string{"Pick", "OnNoRunnable", "RecordOutcome", "CancelCall"}
+	outcomes     = []string{"SUCCESS", "TRANSIENT", "RATE_LIMITED", "SOURCE_DEAD", "CLIENT_ERROR", "CANCELLED"}
+	appErrors    = []string{"aborted", "unavailable"}
+	sidecarModes = []string{"fail", "allow"}
+)
+
+// Parse decodes and validates one exchange; unknown fields are errors.
+func Parse(data []byte) (*Exchange, error) {
+	var ex Exchange
+	if err := strictDecode(data, &ex); err != nil {
+		return nil, err
+	}
+	if err := ex.validate(); err != nil {
+		return nil, fmt.Errorf("exchange %q: %w", ex.Name, err)
+	}
+	return &ex, nil
+}
+
+// Load reads every *.json exchange of dir, in file name order.
+func Load(dir string) ([]*Exchange, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*.json"))
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(files)
+	var out []*Exchange
+	names := map[string]string{}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		ex, err := Parse(data)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", filepath.Base(f), err)
+		}
+		if prev, ok := names[ex.Name]; ok {
+			return nil, fmt.Errorf("%s: name %q is also %s's", filepath.Base(f), ex.Name, prev)
+		}
+		names[ex.Name] = filepath.Base(f)
+		out = append(out, ex)
+	}
+	return out, nil
+}
+
+func strictDecode(data []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if dec.More() {
+		return fmt.Errorf("more than one JSON value")
+	}
+	return nil
+}
+
+func oneOf(field, v string, allowed []string) error {
+	if !slices.Contains(allowed, v) {
+		return fmt.Errorf("%s: %q is not allowed; one of %s", field, v, strings.Join(allowed, ", "))
+	}
+	return nil
+}
+
+func (ex *Exchange) validate() error {
+	if ex.Name == "" {
+		return fmt.Errorf("name: empty")
+	}
+	if ex.Scope == "" {
+		ex.Scope = "chat"
+	}
+	if m := ex.Client.OnSidecarUnavailable; m != "" {
+		if err := oneOf("client.on_sidecar_unavailable", m, sidecarModes); err != nil {
+			return err
+		}
+	}
+	if len(ex.Calls) == 0 {
+		return fmt.Errorf("calls: none")
+	}
+	for i, c := range ex.Calls {
+		if c.Request.Method == "" || !strings.HasPrefix(c.Request.Path, "/") {
+			return fmt.Errorf("calls[%d].request: want a method and a path starting with /", i)
+		}
+		s := c.AppSees
+		if s.Error != "" {
+			if err := oneOf(fmt.Sprintf("calls[%d].app_sees.error", i), s.Error, appErrors); err != nil {
+				return err
+			}
+			if s.Status != 0 || s.Headers != nil || s.Body != nil || s.BodyJSON != nil {
+				return fmt.Errorf("calls[%d].app_sees: an error has no status, headers or body", i)
+			}
+		} else if s.Status < 100 || s.Status > 599 {
+			return fmt.Errorf("calls[%d].app_sees: want a status in 100..599 or an error", i)
+		}
+		if c.AbortAfter < 0 || c.AbortAfter > len(ex.Script) {
+			return fmt.Errorf("calls[%d].abort_after: %d is not within 0..%d, the script's events", i, c.AbortAfter, len(ex.Script))
+		}
+	}
+	for i := range ex.Script {
+		if err := ex.Script[i].parse(); err != nil {
+			return fmt.Errorf("script[%d]: %w", i, err)
+		}
+	}
+	return nil
+}
+
+func (s *Step) parse() error {
+	if (s.RPC == "") == (s.Upstream == "") {
+		return fmt.Errorf("want exactly one of rpc and upstream")
+	}
+	if s.AfterMs < 0 {
+		return fmt.Errorf("after_ms: %d is negative", s.AfterMs)
+	}
+	decode := func(raw json.RawMessage, field string, v any) error {
+		if len(raw) == 0 {
+			raw = json.RawMessage("{}")
+		}
+		if err := strictDecode(raw, v); err != nil {
+			return fmt.Errorf("%s: %w", field, err)
+		}
+		return nil
+	}
+	if s.Upstream != "" {
+		w, r := &UpstreamWant{}, &UpstreamReply{}
+		if err := decode(s.Request, "request", w); err != nil {
+			return err
+		}
+		if err := decode(s.Reply, "reply", r); err != nil {
+			return err
+		}
+		if r.Status != 0 && (r.Status < 200 || r.Status > 599) {
+			return fmt.Errorf("reply.status: %d is not within 200..599", r.Status)
+		}
+		if r.Hang && (r.Status != 0 || r.Body != nil || r.Stream != nil) {
+			return fmt.Errorf("reply: a hang has no status, body or stream")
+		}
+		s.want, s.reply = w, r
+		return nil
+	}
+	if err := oneOf("rpc", s.RPC, rpcs); err != nil {
+		return err
+	}
+	var alternatives int
+	count := func(set ...bool) {
+		for _, b := range set {
+			if b {
+				alternatives++
+			}
+		}
+	}
+	switch s.RPC {
+	case "Pick":
+		w, r := &PickWant{}, &PickReply{}
+		if err := decode(s.Request, "request", w); err != nil {
+			return err
+		}
+		if err := decode(s.Reply, "reply", r); err != nil {
+			return err
+		}
+		count(r.Grant != nil, r.NoRunnable != nil, r.Failure != nil, r.Error != nil, r.Hang)
+		if r.Grant != nil && r.Grant.Source == "" {
+			return fmt.Errorf("reply.grant.source: empty")
+		}
+		if r.NoRunnable != nil {
+			if err := reasonsValid("reply.no_runnable.reasons", r.NoRunnable.Reasons); err != nil {
+				return err
+			}
+		}
+		s.want, s.reply = w, r
+		if !w.Opens && (w.EstimatedTokens != 0 || w.Priority != 0 || w.Tenant != "" || w.DeadlineMsAtMost != 0) {
+			return fmt.Errorf("request: estimated_tokens, priority, tenant and deadline_ms_at_most are only on the Pick that opens the call")
+		}
+		if err := failureValid("reply.failure", r.Failure); err != nil {
+			return err
+		}
+	case "OnNoRunnable":
+		r := &OnNoRunnableReply{}
+		if err := decode(s.Request, "request", &struct{}{}); err != nil {
+			return err
+		}
+		if err := decode(s.Reply, "reply", r); err != nil {
+			return err
+		}
+		count(r.Wait != nil, r.Failure != nil, r.Error != nil, r.Hang)
+		s.reply = r
+		if err := failureValid("reply.failure", r.Failure); err != nil {
+			return err
+		}
+	case "RecordOutcome":
+		w, r := &RecordWant{}, &RecordReply{}
+		if err := decode(s.Request, "request", w); err != nil {
+			return err
+		}
+		if err := oneOf("request.outcome", w.Outcome, outcomes); err != nil {
+			return err
+		}
+		if err := decode(s.Reply, "reply", r); err != nil {
+			return err
+		}
+		count(r.Done != nil, r.Retry != nil, r.Failure != nil, r.Error != nil, r.Hang)
+		s.want, s.reply = w, r
+		if err := failureValid("reply.failure", r.Failure); err != nil {
+			return err
+		}
+	case "CancelCall":
+		r := &CancelReply{}
+		if err := decode(s.Request, "request", &struct{}{}); err != nil {
+			return err
+		}
+		if err := decode(s.Reply, "reply", r); err != nil {
+			return err
+		}
+		// An answer (ended_now unless not_ended), an error or a hang.
+		if (r.Error != nil) && r.Hang || r.NotEnded && (r.Error != nil || r.Hang) {
+			return fmt.Errorf("reply: want one of an answer, an error and a hang")
+		}
+		alternatives = 1
+		s.reply = r
+	}
+	if alternatives != 1 {
+		return fmt.Errorf("reply: want exactly one answer of %s, got %d", s.RPC, alternatives)
+	}
+	return errorValid(s.Reply)
+}
+
+func failureValid(field string, f *FailureReply) error {
+	if f == nil {
+		return nil
+	}
+	if _, ok := failureReasons[f.Reason]; !ok {
+		return fmt.Errorf("%s.reason: %q is not a failure reason; one of %s", field, f.Reason, strings.Join(sortedKeys(failureReasons), ", "))
+	}
+	return reasonsValid(field+".reasons", f.Reasons)
+}
+
+func reasonsValid(field string, rs []Reason) error {
+	for i, r := range rs {
+		if _, ok := refusalReasons[r.Reason]; !ok {
+			return fmt.Errorf("%s[%d].reason: %q is not a refusal; one of %s", field, i, r.Reason, strings.Join(sortedKeys(refusalReasons), ", "))
+		}
+	}
+	return nil
+}
+
+func errorValid(raw json.RawMessage) error {
+	var holder struct {
+		Error *ErrorReply `json:"error"`
+	}
+	_ = json.Unmarshal(raw, &holder)
+	if holder.Error == nil {
+		return nil
+	}
+	if _, ok := statusCodes[holder.Error.Code]; !ok {
+		return fmt.Errorf("reply.error.code: %q is not a gRPC code; one of %s", holder.Error.Code, strings.Join(sortedKeys(statusCodes), ", "))
+	}
+	return nil
+}
