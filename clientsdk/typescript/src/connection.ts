@@ -154,29 +154,36 @@ const CODE_NAMES: Record<number, StatusCode> = {
 const ERROR_INFO = "google.rpc.ErrorInfo";
 
 /**
- * The SDK's error for an RPC's failure. The sidecar attaches a
- * google.rpc.ErrorInfo to every error it answers; UNAVAILABLE without one is
- * the sidecar not reached at all (unreachable).
+ * The SDK's error for an RPC's failure that the caller did not cause (an
+ * abort of the caller's is the caller's). The sidecar attaches a
+ * google.rpc.ErrorInfo to every error it answers; an UNAVAILABLE without
+ * one, a stream the connection closed under it (CANCELLED) or a failed
+ * connection is the sidecar not reached at all: an UnavailableError that is
+ * `unreachable`.
  */
 export function rpcError(method: string, err: unknown): SidecarError {
   const ce = ConnectError.from(err);
-  const code = CODE_NAMES[ce.code] ?? "UNKNOWN";
+  let code = CODE_NAMES[ce.code] ?? "UNKNOWN";
   let info: { reason: string; metadata: Record<string, string> } | undefined;
   for (const d of ce.details) {
     if ("type" in d && d.type === ERROR_INFO) {
       info = decodeErrorInfo(d.value);
     }
   }
+  const unreachable = info === undefined && (code === "UNAVAILABLE" || code === "CANCELLED" || isConnectionFailure(ce));
+  if (unreachable) {
+    code = "UNAVAILABLE";
+  }
   return sidecarError(method, code, ce.rawMessage, {
     reason: info?.reason ?? "",
     metadata: info?.metadata ?? {},
-    unreachable: info === undefined && (code === "UNAVAILABLE" || isConnectionFailure(ce)),
+    unreachable,
   });
 }
 
 function isConnectionFailure(ce: ConnectError): boolean {
   const cause = ce.cause as { code?: unknown } | undefined;
-  return typeof cause?.code === "string" && /^(ECONNREFUSED|ECONNRESET|ENOENT|EHOSTUNREACH|ENETUNREACH|EPIPE|ERR_HTTP2_)/.test(cause.code);
+  return typeof cause?.code === "string" && /^(ECONNREFUSED|ECONNRESET|ENOENT|EHOSTUNREACH|ENETUNREACH|EPIPE|ETIMEDOUT|ERR_HTTP2_)/.test(cause.code);
 }
 
 /** google.rpc.ErrorInfo: reason = 1, domain = 2, map<string, string> metadata = 3. */

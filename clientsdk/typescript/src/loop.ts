@@ -177,12 +177,12 @@ export async function runCall<T>(env: LoopEnv, scope: string, fn: AttemptFn<T>, 
     }
     const left = end - env.now();
     if (report) {
-      return Math.max(left, REPORT_TIMEOUT_MS);
+      return Math.ceil(Math.max(left, REPORT_TIMEOUT_MS));
     }
     if (left <= 0) {
       throw deadlineExceeded();
     }
-    return left + RPC_GRACE_MS;
+    return Math.ceil(left + RPC_GRACE_MS); // gRPC timeouts are whole units
   };
   const call = async <R>(method: string, send: (o: { timeoutMs?: number; signal?: AbortSignal; headers: Record<string, string> }) => Promise<R>, report = false): Promise<R> => {
     const t = timeoutMs(report);
