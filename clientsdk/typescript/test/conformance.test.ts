@@ -45,7 +45,9 @@ function mutated(file: string, edit: (ex: Record<string, any>) => void): string 
 }
 
 describe("a changed expectation fails the run", () => {
-  const cases: [string, string, (ex: Record<string, any>) => void, RegExp][] = [
+  // A step the SDK never sends is reported however long the fake waits for
+  // it: that mutation's run does not wait.
+  const cases: [string, string, (ex: Record<string, any>) => void, RegExp, number?][] = [
     ["an RPC's field", "02-retry-backoff.json", (ex) => (ex.script[2].request.outcome = "RATE_LIMITED"), /outcome = TRANSIENT, want RATE_LIMITED/],
     ["the opening Pick's options", "01-grant-success.json", (ex) => (ex.script[0].request.estimated_tokens = 501), /estimated_tokens = 500, want 501/],
     ["the tokens reported", "01-grant-success.json", (ex) => (ex.script[2].request.actual_tokens = 9), /actual_tokens = 8, want 9/],
@@ -56,11 +58,11 @@ describe("a changed expectation fails the run", () => {
     ["what the application sees", "08-dead-key.json", (ex) => (ex.calls[0].app_sees.headers["polygate-failure-reason"] = "circuit_open"), /header polygate-failure-reason = "source_dead", want "circuit_open"/],
     ["a synthesized status", "06-quota-exhausted.json", (ex) => (ex.calls[0].app_sees.status = 503), /status = 429, want 503/],
     ["an error the application sees", "16-sidecar-down-fail.json", (ex) => (ex.calls[0].app_sees = { error: "aborted" }), /want the aborted error/],
-    ["a step that never comes", "12-deadline-silent.json", (ex) => ex.script.push({ rpc: "Pick", reply: { hang: true } }), /step 3 \(Pick\): never came/],
+    ["a step that never comes", "12-deadline-silent.json", (ex) => ex.script.push({ rpc: "Pick", reply: { hang: true } }), /step 3 \(Pick\): never came/, 0],
   ];
-  for (const [what, file, edit, want] of cases) {
+  for (const [what, file, edit, want, wait] of cases) {
     it(`${what} (${file})`, async () => {
-      const problems = await kit.run(mutated(file, edit));
+      const problems = await kit.run(mutated(file, edit), wait);
       assert.ok(
         problems.some((p) => want.test(p)),
         `want a difference matching ${want}, got ${JSON.stringify(problems)}`,

@@ -46,8 +46,12 @@ export class Kit {
     return r;
   }
 
-  /** Runs one exchange (its JSON text); resolves to every difference found, none when the SDK conformed. */
-  async run(text: string): Promise<string[]> {
+  /**
+   * Runs one exchange (its JSON text); resolves to every difference found,
+   * none when the SDK conformed. resultWaitMs bounds the wait for steps that
+   * have not come when the application is done.
+   */
+  async run(text: string, resultWaitMs = TIMEOUT_MS): Promise<string[]> {
     const ex = JSON.parse(text) as Exchange;
     const ep = (await (await this.fetch("/exchange", { method: "POST", body: text })).json()) as { sidecar: string; upstream: string };
     const fallback = ex.client?.fallback;
@@ -74,7 +78,7 @@ export class Kit {
     } finally {
       client.close();
     }
-    const report = (await (await this.fetch(`/result?timeout_ms=${TIMEOUT_MS}`)).json()) as { mismatches: string[]; events: unknown[] };
+    const report = (await (await this.fetch(`/result?timeout_ms=${resultWaitMs}`)).json()) as { mismatches: string[]; events: unknown[] };
     problems.push(...report.mismatches);
     if (problems.length > 0) {
       problems.push(`(events: ${JSON.stringify(report.events)})`);
