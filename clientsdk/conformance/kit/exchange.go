@@ -37,6 +37,12 @@ type ClientSpec struct {
 	// Priority and Tenant are the client's defaults.
 	Priority int32  `json:"priority,omitempty"`
 	Tenant   string `json:"tenant,omitempty"`
+	// Token is the client's bearer token: every RPC must carry
+	// "authorization: Bearer <token>" (none when empty).
+	Token string `json:"token,omitempty"`
+	// TLS: "tls" serves the sidecar over TLS, "mtls" also requires a client
+	// certificate; the runner gives its client the PEMs of Endpoints.TLS.
+	TLS string `json:"tls,omitempty"`
 }
 
 // FallbackSpec names the fallback source; its base_url is the fake upstream's
@@ -226,6 +232,7 @@ var (
 	outcomes     = []string{"SUCCESS", "TRANSIENT", "RATE_LIMITED", "SOURCE_DEAD", "CLIENT_ERROR", "CANCELLED"}
 	appErrors    = []string{"aborted", "unavailable"}
 	sidecarModes = []string{"fail", "allow"}
+	tlsModes     = []string{"tls", "mtls"}
 )
 
 // Parse decodes and validates one exchange; unknown fields are errors.
@@ -295,6 +302,11 @@ func (ex *Exchange) validate() error {
 	}
 	if m := ex.Client.OnSidecarUnavailable; m != "" {
 		if err := oneOf("client.on_sidecar_unavailable", m, sidecarModes); err != nil {
+			return err
+		}
+	}
+	if m := ex.Client.TLS; m != "" {
+		if err := oneOf("client.tls", m, tlsModes); err != nil {
 			return err
 		}
 	}

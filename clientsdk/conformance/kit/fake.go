@@ -17,6 +17,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -97,6 +98,8 @@ type Endpoints struct {
 	Sidecar string `json:"sidecar"`
 	// Upstream is the fake upstream's URL; a source's route is Upstream + "/" + name.
 	Upstream string `json:"upstream"`
+	// TLS, for an exchange whose client uses TLS: the PEMs to trust and present.
+	TLS *TLSFiles `json:"tls,omitempty"`
 }
 
 // Begin ends the current exchange (if any) and serves ex on fresh ports.
@@ -106,7 +109,18 @@ func (f *Fake) Begin(ex *Exchange) (Endpoints, error) {
 	if err != nil {
 		return Endpoints{}, err
 	}
-	srv := grpc.NewServer()
+	var opts []grpc.ServerOption
+	var files *TLSFiles
+	if ex.Client.TLS != "" {
+		creds, tf, err := serverTLS(ex.Client.TLS == "mtls")
+		if err != nil {
+			lis.Close()
+			return Endpoints{}, err
+		}
+		opts, files = append(opts, grpc.Creds(creds)), tf
+	}
+	opts = append(opts, grpc.UnaryInterceptor(f.checkToken))
+	srv := grpc.NewServer(opts...)
 	admissionv1.RegisterAdmissionServiceServer(srv, &admission{f: f})
 	up := httptest.NewServer(http.HandlerFunc(f.serveUpstream))
 	f.mu.Lock()
@@ -117,7 +131,29 @@ func (f *Fake) Begin(ex *Exchange) (Endpoints, error) {
 	f.grpc, f.upstream = srv, up
 	f.mu.Unlock()
 	go func() { _ = srv.Serve(lis) }()
-	return Endpoints{Sidecar: lis.Addr().String(), Upstream: up.URL}, nil
+	return Endpoints{Sidecar: lis.Addr().String(), Upstream: up.URL, TLS: files}, nil
+}
+
+// checkToken records, as a mismatch, an RPC whose authorization is not the
+// exchange's token; the RPC is then served as usual.
+func (f *Fake) checkToken(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	var got string
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if v := md.Get("authorization"); len(v) > 0 {
+			got = v[0]
+		}
+	}
+	f.mu.Lock()
+	want := ""
+	if f.ex != nil && f.ex.Client.Token != "" {
+		want = "Bearer " + f.ex.Client.Token
+	}
+	if got != want {
+		name := info.FullMethod[strings.LastIndex(info.FullMethod, "/")+1:]
+		f.miss = append(f.miss, fmt.Sprintf("%s: authorization %q, want %q", name, got, want))
+	}
+	f.mu.Unlock()
+	return handler(ctx, req)
 }
 
 // StopSidecar stops the exchange's gRPC server: from its return on, the

@@ -12,7 +12,14 @@ import { TIMEOUT_MS } from "./procs.js";
 export interface Exchange {
   name: string;
   scope?: string;
-  client?: { on_sidecar_unavailable?: "fail" | "allow"; fallback?: { source: string }; priority?: number; tenant?: string };
+  client?: {
+    on_sidecar_unavailable?: "fail" | "allow";
+    fallback?: { source: string };
+    priority?: number;
+    tenant?: string;
+    token?: string;
+    tls?: "tls" | "mtls";
+  };
   calls: Call[];
   script: unknown[];
 }
@@ -29,6 +36,13 @@ interface Call {
     body?: string;
     body_json?: Record<string, unknown>;
   };
+}
+
+/** Where an exchange's sidecar and upstream listen, and the PEMs of a TLS one. */
+export interface Endpoints {
+  sidecar: string;
+  upstream: string;
+  tls?: { ca: string; client_cert?: string; client_key?: string };
 }
 
 /** The placeholder the application's requests are written against. */
@@ -53,7 +67,7 @@ export class Kit {
    */
   async run(text: string, resultWaitMs = TIMEOUT_MS): Promise<string[]> {
     const ex = JSON.parse(text) as Exchange;
-    const ep = (await (await this.fetch("/exchange", { method: "POST", body: text })).json()) as { sidecar: string; upstream: string };
+    const ep = await this.begin(text);
     const fallback = ex.client?.fallback;
     const logs: string[] = [];
     const client = new Client({
@@ -62,6 +76,8 @@ export class Kit {
       ...(fallback === undefined ? {} : { fallback: { [ex.scope ?? "chat"]: { source: fallback.source, attributes: { base_url: `${ep.upstream}/${fallback.source}` } } } }),
       ...(ex.client?.priority === undefined ? {} : { priority: ex.client.priority }),
       ...(ex.client?.tenant === undefined ? {} : { tenant: ex.client.tenant }),
+      token: ex.client?.token ?? "",
+      ...(ep.tls === undefined ? {} : { tls: { ca: ep.tls.ca, ...(ep.tls.client_cert === undefined ? {} : { cert: ep.tls.client_cert, key: ep.tls.client_key! }) } }),
       tracerProvider: null,
       log: (m) => logs.push(m),
     });
@@ -69,7 +85,7 @@ export class Kit {
     try {
       for (const [i, call] of ex.calls.entries()) {
         if (call.sidecar_down) {
-          await this.fetch("/sidecar/stop", { method: "POST" });
+          await this.stopSidecar();
         }
         for (const p of await this.call(client, ex.scope ?? "chat", call)) {
           problems.push(`calls[${i}]: ${p}`);
@@ -78,12 +94,27 @@ export class Kit {
     } finally {
       client.close();
     }
-    const report = (await (await this.fetch(`/result?timeout_ms=${resultWaitMs}`)).json()) as { mismatches: string[]; events: unknown[] };
+    const report = await this.result(resultWaitMs);
     problems.push(...report.mismatches);
     if (problems.length > 0) {
       problems.push(`(events: ${JSON.stringify(report.events)})`);
     }
     return problems;
+  }
+
+  /** Serves an exchange (its JSON text); resolves to where its sidecar and upstream listen. */
+  async begin(text: string): Promise<Endpoints> {
+    return (await (await this.fetch("/exchange", { method: "POST", body: text })).json()) as Endpoints;
+  }
+
+  /** Stops the exchange's sidecar: its address refuses connections from then on. */
+  async stopSidecar(): Promise<void> {
+    await this.fetch("/sidecar/stop", { method: "POST" });
+  }
+
+  /** What the fake saw, once every step came (or after waitMs). */
+  async result(waitMs = TIMEOUT_MS): Promise<{ mismatches: string[]; events: unknown[] }> {
+    return (await (await this.fetch(`/result?timeout_ms=${waitMs}`)).json()) as { mismatches: string[]; events: unknown[] };
   }
 
   /** One call of the application; the differences between what it saw and app_sees. */

@@ -35,6 +35,8 @@ export function binary(env: string, pkg: string): string {
 export interface Started {
   proc: ChildProcess;
   addr: string;
+  /** The rest of the first line of its standard output that starts with prefix. */
+  line(prefix: string): Promise<string>;
   /** Its standard error so far. */
   logs(): string;
   stop(): Promise<void>;
@@ -51,26 +53,45 @@ export async function start(path: string, args: string[], prefix: string, env?: 
   proc.stderr!.setEncoding("utf8").on("data", (d: string) => {
     stderr += d;
   });
-  const exited = new Promise<void>((resolve) => proc.once("exit", () => resolve()));
-  const addr = await new Promise<string>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`${path} did not announce its address within ${TIMEOUT_MS} ms:\n${stderr}`)), TIMEOUT_MS);
-    proc.once("exit", (code) => {
-      clearTimeout(timer);
-      reject(new Error(`${path} exited (${code}) before announcing its address:\n${stderr}`));
-    });
-    createInterface({ input: proc.stdout! }).on("line", (line) => {
-      if (line.startsWith(prefix)) {
-        clearTimeout(timer);
-        resolve(line.slice(prefix.length).trim());
-      }
-    });
+  const lines: string[] = [];
+  const waiters: (() => void)[] = [];
+  let exitCode: number | null | undefined;
+  createInterface({ input: proc.stdout! }).on("line", (l) => {
+    lines.push(l);
+    waiters.splice(0).forEach((w) => w());
   });
+  const exited = new Promise<void>((resolve) =>
+    proc.once("exit", (code) => {
+      exitCode = code;
+      waiters.splice(0).forEach((w) => w());
+      resolve();
+    }),
+  );
+  const line = (p: string): Promise<string> =>
+    new Promise((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`${path} printed no line "${p}..." within ${TIMEOUT_MS} ms:\n${stderr}`)), TIMEOUT_MS);
+      const check = (): void => {
+        const found = lines.find((l) => l.startsWith(p));
+        if (found !== undefined) {
+          clearTimeout(timer);
+          resolve(found.slice(p.length).trim());
+        } else if (exitCode !== undefined) {
+          clearTimeout(timer);
+          reject(new Error(`${path} exited (${exitCode}) before printing "${p}...":\n${stderr}`));
+        } else {
+          waiters.push(check);
+        }
+      };
+      check();
+    });
+  const addr = await line(prefix);
   return {
     proc,
     addr,
+    line,
     logs: () => stderr,
     stop: async () => {
-      if (proc.exitCode === null && proc.signalCode === null) {
+      if (exitCode === undefined) {
         proc.kill("SIGTERM");
         await exited;
       }
