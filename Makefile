@@ -36,7 +36,7 @@ bench: redis-server $(BIN)/ratelimit
 	"$$d/polybench" -sidecar "$$d/sidecar" -ratelimit $(BIN)/ratelimit $(BENCH_FLAGS)
 
 ## test: everything CI runs
-test: tools redis-server chromium check-generated lint pytypes gotest fuzz pytest
+test: tools redis-server chromium check-generated lint pytypes gotest fuzz pytest ts
 
 ci: test
 
@@ -129,6 +129,16 @@ fuzz:
 		echo "fuzz $$t for $(FUZZTIME)"; \
 		go -C "$${t%%:*}" test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) . || exit 1; \
 	done
+
+## ts: the TypeScript SDK: npm ci, tsc --strict on the package and its
+## examples, then its unit tests, the conformance kit (clientsdk/conformance)
+## and the end-to-end tests with openai-node against the real sidecar, with
+## the Go programs they start built once here.
+ts: tsdeps
+	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \
+	go build -o "$$d/" ./cmd/sidecar ./e2e/cmd/fakeupstream ./clientsdk/conformance/fakesidecar && \
+	cd $(TSSDK) && npm run typecheck && \
+	POLYGATE_SIDECAR_BIN="$$d/sidecar" POLYGATE_FAKEUPSTREAM_BIN="$$d/fakeupstream" POLYGATE_FAKESIDECAR_BIN="$$d/fakesidecar" npm test
 
 ## pytest: install the Python SDK into .venv and run its tests and the Python e2e tests
 pytest: venv

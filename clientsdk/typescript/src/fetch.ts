@@ -50,8 +50,6 @@ export function failureOf(response: Response): CallFailedError | undefined {
   return verdicts.get(response);
 }
 
-let warnedRetry = false;
-
 /**
  * A fetch that governs every request as one call of scope: for each attempt
  * the sidecar grants, the request goes to the granted source (its base URL
@@ -80,10 +78,11 @@ export function governedFetch(client: Client, scope: string, options: GovernedFe
   const attribute = options.attribute ?? "base_url";
   const base = options.baseUrl === undefined ? undefined : new URL(options.baseUrl).href.replace(/\/+$/, "");
   const maxBody = options.maxRequestBody ?? DEFAULT_MAX_REQUEST_BODY;
+  let warned = false;
 
   return async (input, init) => {
     const request = new Request(input, init);
-    warnProviderRetry(scope, request);
+    warned ||= warnProviderRetry(scope, request);
     const tokens = typeof options.estimatedTokens === "function" ? options.estimatedTokens(request) : (options.estimatedTokens ?? 0);
     const body = await requestBody(request, maxBody);
     const rest = restOf(request.url, base);
@@ -144,17 +143,18 @@ export function governedFetch(client: Client, scope: string, options: GovernedFe
   };
 }
 
-function warnProviderRetry(scope: string, request: Request): void {
+/** Warns when the request is a provider SDK's retry; true when it warned. */
+function warnProviderRetry(scope: string, request: Request): boolean {
   const count = (request.headers.get(RETRY_HEADER) ?? "0").trim();
-  if (warnedRetry || !/^\d+$/.test(count) || Number(count) === 0) {
-    return;
+  if (!/^\d+$/.test(count) || Number(count) === 0) {
+    return false;
   }
-  warnedRetry = true;
   process.emitWarning(
     `a provider SDK retried a request governed by polygate (scope ${scope}, ${RETRY_HEADER}: ${count.slice(0, 20)}): ` +
       "every retry of the SDK starts a new governed call; turn the SDK's retries off (maxRetries: 0)",
     "ProviderRetryWarning",
   );
+  return true;
 }
 
 /** fetch options other than those the governed request sets (an undici dispatcher, keepalive...). */

@@ -35,22 +35,27 @@ scopes:
 }
 
 describe("openai-node through the governed fetch, against the real sidecar", () => {
-  let up: Upstream;
-  let sc: Sidecar;
-  let pg: Client;
+  let up!: Upstream;
+  let sc!: Sidecar;
+  let pg!: Client;
+  let started: { stop(): void | Promise<void> }[] = [];
 
   beforeEach(async () => {
+    started = [];
     up = await Upstream.start();
+    started.push(up);
     sc = await Sidecar.start(config(up));
+    started.push(sc);
     pg = new Client({ addr: sc.addr, tracerProvider: null });
+    started.push({ stop: () => pg.close() });
   });
 
   afterEach(async (t) => {
-    pg.close();
-    await sc.stop();
-    await up.stop();
-    if ((t as { passed?: boolean }).passed === false) {
+    if ((t as { passed?: boolean }).passed === false && started.includes(sc)) {
       console.log(`sidecar logs:\n${sc.logs()}`);
+    }
+    for (const s of started.reverse()) {
+      await s.stop();
     }
   });
 

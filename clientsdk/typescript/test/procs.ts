@@ -44,11 +44,18 @@ export interface Started {
 
 /**
  * Starts a program and waits for its "<prefix> ADDR" line on standard
- * output. Its standard input is a pipe: programs started with
- * --exit-on-stdin-eof end with the test process.
+ * output. Its environment is the test's without POLYGATE_* variables (the
+ * sidecar would read them as its configuration), plus env. Its standard
+ * input is a pipe: programs started with --exit-on-stdin-eof end with the
+ * test process, which a program left running never holds up.
  */
 export async function start(path: string, args: string[], prefix: string, env?: Record<string, string>): Promise<Started> {
-  const proc = spawn(path, args, { stdio: ["pipe", "pipe", "pipe"], env: { ...process.env, ...env } });
+  const inherited = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith("POLYGATE_")));
+  const proc = spawn(path, args, { stdio: ["pipe", "pipe", "pipe"], env: { ...inherited, ...env } });
+  proc.unref();
+  for (const s of [proc.stdin, proc.stdout, proc.stderr]) {
+    (s as unknown as { unref?: () => void } | null)?.unref?.();
+  }
   let stderr = "";
   proc.stderr!.setEncoding("utf8").on("data", (d: string) => {
     stderr += d;
@@ -92,6 +99,7 @@ export async function start(path: string, args: string[], prefix: string, env?: 
     logs: () => stderr,
     stop: async () => {
       if (exitCode === undefined) {
+        proc.ref(); // the wait for its exit holds the test process
         proc.kill("SIGTERM");
         await exited;
       }
