@@ -1,5 +1,5 @@
 // Plain fetch through polygate, and the loop around an attempt of your own.
-import { CallFailedError, Client, classify, failureOf, governedFetch, type Grant } from "polygate-sdk";
+import { CallFailedError, Client, classify, classifyError, failureOf, governedFetch, type Grant } from "polygate-sdk";
 
 const pg = new Client({ addr: "127.0.0.1:50051", tenant: "search", onSidecarUnavailable: "allow" });
 
@@ -26,7 +26,12 @@ try {
   const answer = await pg.call(
     "chat",
     async (grant, signal) => {
-      const r = await fetch(`${grant.attributes.base_url}/chat/completions`, { method: "POST", body: "{}", signal });
+      let r: Response;
+      try {
+        r = await fetch(`${grant.attributes.base_url}/chat/completions`, { method: "POST", body: "{}", signal });
+      } catch (e) {
+        return classifyError(e, signal); // TRANSIENT, or CANCELLED when the caller gave up
+      }
       const body = await r.text();
       return { ...classify(r.status, r.headers, body), httpStatus: r.status, value: body };
     },

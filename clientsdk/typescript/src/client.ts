@@ -6,9 +6,9 @@ import { createClient, type Client as RpcClient, type Transport } from "@connect
 import { AdmissionService } from "./gen/polygate/admission/v1/admission_pb.js";
 import { connect, type TLSOptions } from "./connection.js";
 import type { SidecarError } from "./errors.js";
-import { runCall, type AttemptFn } from "./loop.js";
-import { CallTrace, tracer, type TracerProviderLike, type Tracing } from "./tracing.js";
-import type { CallOptions, Grant } from "./types.js";
+import { runCall } from "./loop.js";
+import { CallTrace, tracer, type Tracing } from "./tracing.js";
+import type { AttemptFn, CallOptions, Grant, TracerProviderLike } from "./types.js";
 
 /** What a call does when the sidecar cannot be reached. */
 export type OnSidecarUnavailable = "fail" | "allow";
@@ -150,22 +150,22 @@ export class Client {
     this.closeConn();
   }
 
+  /** Follows the sidecar's reachability: an outage of an "allow" client is logged when it begins and when it ends. */
   private observe(err: SidecarError | undefined): void {
-    if (err === undefined || !err.unreachable) {
-      if (this.outage) {
-        this.outage = false;
-        this.log(`polygate: the sidecar at ${this.target} answers again; calls are governed again (${this.ungoverned} ungoverned attempts so far)`);
-      }
+    const down = err !== undefined && err.unreachable;
+    if (down === this.outage) {
       return;
     }
-    if (!this.outage) {
-      this.outage = true;
-      const then =
-        this.mode === "allow"
-          ? "attempts go directly to the source each scope's calls last began on, ungoverned, until it answers again"
-          : "calls fail until it answers again";
-      this.log(`polygate: the sidecar at ${this.target} is unreachable (${err.details.slice(0, 200)}); on_sidecar_unavailable=${this.mode}: ${then}`);
+    this.outage = down;
+    if (this.mode !== "allow") {
+      return;
     }
+    this.log(
+      down
+        ? `polygate: the sidecar at ${this.target} is unreachable (${err.details.slice(0, 200)}); on_sidecar_unavailable=allow: ` +
+            "attempts go directly to the source each scope's calls last began on, ungoverned, until it answers again"
+        : `polygate: the sidecar at ${this.target} answers again; calls are governed again (${this.ungoverned} ungoverned attempts so far)`,
+    );
   }
 
   private ungovernedGrant(scope: string): Grant | undefined {

@@ -37,7 +37,7 @@ export interface CallFacts {
 
 /**
  * The sidecar's verdict that ended a call. `reason` is the sidecar's failure
- * reason; the subclasses name the common ones.
+ * reason ("" for one this SDK does not know); the subclasses name them.
  */
 export class CallFailedError extends PolygateError {
   override name = "CallFailedError";

@@ -112,7 +112,7 @@ export function governedFetch(client: Client, scope: string, options: GovernedFe
       try {
         response = await send(req, { ...passThrough(init), signal });
       } catch (e) {
-        return errorResult(e, signal);
+        return classifyError(e, signal);
       }
       last = response;
       return resultOf(response);
@@ -249,7 +249,7 @@ async function resultOf(response: Response): Promise<AttemptResult<Response>> {
       ({ bytes: head, complete } = await readPrefix(response.clone().body!, limit));
     } catch (e) {
       discard(response);
-      return { ...errorResult(e, undefined), httpStatus: response.status };
+      return { ...classifyError(e), httpStatus: response.status };
     }
   }
   const { outcome, retryAfterMs } = classify(response.status, response.headers, head);
@@ -262,8 +262,12 @@ async function resultOf(response: Response): Promise<AttemptResult<Response>> {
   };
 }
 
-/** A fetch that threw: the source's timeout, the caller's abort, or a transport error. */
-function errorResult(e: unknown, signal: AbortSignal | undefined): AttemptResult<Response> {
+/**
+ * The result of an attempt whose request threw, given the attempt's signal:
+ * CANCELLED when the caller gave up, TRANSIENT for the source's timeout and
+ * for a transport error (a refused or reset connection, a DNS failure).
+ */
+export function classifyError(e: unknown, signal?: AbortSignal): AttemptResult<never> {
   if (signal?.aborted) {
     const reason: unknown = signal.reason;
     if (reason instanceof AttemptTimeoutError) {

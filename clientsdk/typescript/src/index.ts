@@ -4,13 +4,11 @@
 // an attempt of the application's own.
 
 export { Client, type ClientOptions, type Fallback, type OnSidecarUnavailable } from "./client.js";
-export { governedFetch, failureOf, type Fetch, type GovernedFetchOptions } from "./fetch.js";
+export { classifyError, failureOf, governedFetch, type Fetch, type GovernedFetchOptions } from "./fetch.js";
 export { classify, retryHintMs, totalTokens, MAX_RETRY_HINT_MS, type Classification, type Outcome } from "./classify.js";
 export { CALL_ID, FAILURE_REASON, RETRY_AFTER } from "./answer.js";
 export type { TLSOptions } from "./connection.js";
-export type { AttemptFn } from "./loop.js";
-export type { TracerProviderLike } from "./tracing.js";
-export type { AttemptResult, CallOptions, Grant, SourceReason } from "./types.js";
+export type { AttemptFn, AttemptResult, CallOptions, Grant, SourceReason, TracerProviderLike } from "./types.js";
 export {
   AllSourcesExhaustedError,
   CallCancelledError,

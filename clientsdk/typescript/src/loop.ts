@@ -28,7 +28,7 @@ import { MAX_RETRY_HINT_MS } from "./classify.js";
 import { rpcError } from "./connection.js";
 import { CallFailedError, DeadlineExceededError, PolygateError, SidecarError, sidecarError, verdictError } from "./errors.js";
 import type { CallTrace } from "./tracing.js";
-import type { AttemptResult, CallOptions, Grant, SourceReason } from "./types.js";
+import type { AttemptFn, AttemptResult, CallOptions, Grant, SourceReason } from "./types.js";
 
 /** Bound of a CancelCall, and the least time a RecordOutcome gets. */
 export const REPORT_TIMEOUT_MS = 2000;
@@ -38,9 +38,6 @@ export const RPC_GRACE_MS = 1000;
 const MAX_DETAIL = 1024;
 const MAX_INT32 = 2 ** 31 - 1;
 const MAX_INT64 = 2n ** 63n - 1n;
-
-/** The application's attempt: it gets the grant and a signal that aborts with the caller's or after the source's timeout. */
-export type AttemptFn<T> = (grant: Grant, signal: AbortSignal) => Promise<AttemptResult<T>> | AttemptResult<T>;
 
 /** What the loop needs of its client. */
 export interface LoopEnv {
@@ -162,7 +159,7 @@ export async function runCall<T>(env: LoopEnv, scope: string, fn: AttemptFn<T>, 
   const failure = (f: PbFailure, refused: PbSourceReason[] = []): CallFailedError => {
     verdict = true;
     const reasons = f.perSourceReasons.length > 0 ? f.perSourceReasons : refused;
-    return verdictError(FAILURES[f.reason] ?? PbFailureReason[f.reason] ?? String(f.reason), {
+    return verdictError(FAILURES[f.reason] ?? "", {
       ...facts(),
       retryAfterMs: ms(f.retryAfter),
       perSourceReasons: sourceReasons(reasons),

@@ -10,14 +10,9 @@
 
 import type * as otel from "@opentelemetry/api";
 
-import type { AttemptResult, Grant, SourceReason } from "./types.js";
+import type { AttemptResult, Grant, SourceReason, TracerProviderLike } from "./types.js";
 import { CallFailedError } from "./errors.js";
 import { VERSION } from "./version.js";
-
-/** The part of an OpenTelemetry TracerProvider the SDK uses. */
-export interface TracerProviderLike {
-  getTracer(name: string, version?: string): unknown;
-}
 
 type Api = typeof otel;
 

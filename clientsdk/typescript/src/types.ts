@@ -43,6 +43,9 @@ export interface AttemptResult<T> {
   value?: T;
 }
 
+/** The application's attempt: it gets the grant and a signal that aborts with the caller's or after the source's timeout. */
+export type AttemptFn<T> = (grant: Grant, signal: AbortSignal) => Promise<AttemptResult<T>> | AttemptResult<T>;
+
 /** One source's refusal of the call's last Pick. */
 export interface SourceReason {
   source: string;
@@ -72,4 +75,12 @@ export interface CallOptions {
    * call rejects with the signal's reason.
    */
   signal?: AbortSignal | undefined;
+}
+
+/**
+ * The part of an OpenTelemetry TracerProvider the SDK uses (declared here so
+ * that the package's types need no @opentelemetry/api).
+ */
+export interface TracerProviderLike {
+  getTracer(name: string, version?: string): unknown;
 }

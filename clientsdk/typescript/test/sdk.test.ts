@@ -10,9 +10,11 @@ import { createGrpcTransport } from "@connectrpc/connect-node";
 
 import { millis, secondsText, statusFor } from "../src/answer.js";
 import { isLoopback } from "../src/connection.js";
+import { AttemptTimeoutError } from "../src/loop.js";
 import {
   CircuitOpenError,
   Client,
+  classifyError,
   InvalidArgumentError,
   UnavailableError,
   governedFetch,
@@ -259,6 +261,18 @@ describe("the client's options", () => {
   it("is plaintext only to loopback addresses by default", () => {
     for (const h of ["localhost", "127.0.0.1", "127.3.2.1", "::1"]) assert.ok(isLoopback(h), h);
     for (const h of ["10.0.0.1", "sidecar", "::2", "128.0.0.1"]) assert.ok(!isLoopback(h), h);
+  });
+});
+
+describe("classifyError", () => {
+  it("is TRANSIENT for a transport error and the source's timeout, CANCELLED for the caller's abort", () => {
+    assert.equal(classifyError(new TypeError("fetch failed")).outcome, "TRANSIENT");
+    const timedOut = new AbortController();
+    timedOut.abort(new AttemptTimeoutError("source a timed out after 50 ms"));
+    assert.deepEqual(classifyError(new Error("aborted"), timedOut.signal), { outcome: "TRANSIENT", detail: "source a timed out after 50 ms" });
+    const aborted = new AbortController();
+    aborted.abort();
+    assert.equal(classifyError(aborted.signal.reason, aborted.signal).outcome, "CANCELLED");
   });
 });
 
