@@ -348,12 +348,14 @@ func (a *admission) Pick(ctx context.Context, req *admissionv1.PickRequest) (*ad
 		m = append(m, differ("estimated_tokens", req.GetEstimatedTokens(), w.EstimatedTokens)...)
 		m = append(m, differ("priority", req.GetPriority(), w.Priority)...)
 		m = append(m, differ("tenant", req.GetTenant(), w.Tenant)...)
+		// In milliseconds (rounded up), which do not overflow for any Duration.
 		d := req.GetDeadline()
+		deadline := d.GetSeconds()*1000 + (int64(d.GetNanos())+999_999)/1_000_000
 		switch {
-		case w.DeadlineMsAtMost == 0 && d != nil && d.AsDuration() != 0:
-			m = append(m, fmt.Sprintf("deadline = %v, want none", d.AsDuration()))
-		case w.DeadlineMsAtMost > 0 && (d.AsDuration() <= 0 || d.AsDuration() > time.Duration(w.DeadlineMsAtMost)*time.Millisecond):
-			m = append(m, fmt.Sprintf("deadline = %v, want in (0, %d ms]", d.AsDuration(), w.DeadlineMsAtMost))
+		case w.DeadlineMsAtMost == 0 && deadline != 0:
+			m = append(m, fmt.Sprintf("deadline = %d ms, want none", deadline))
+		case w.DeadlineMsAtMost > 0 && (deadline <= 0 || deadline > w.DeadlineMsAtMost):
+			m = append(m, fmt.Sprintf("deadline = %d ms, want in (0, %d ms]", deadline, w.DeadlineMsAtMost))
 		}
 		r := s.reply.(*PickReply)
 		if w.Opens && r.Error == nil && !r.Hang {

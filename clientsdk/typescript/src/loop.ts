@@ -38,6 +38,17 @@ export const RPC_GRACE_MS = 1000;
 const MAX_DETAIL = 1024;
 const MAX_INT32 = 2 ** 31 - 1;
 const MAX_INT64 = 2n ** 63n - 1n;
+/** The longest a Node.js timer waits: a longer delay would fire at once. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+/** The longest RPC timeout: gRPC writes it in at most 8 digits (of milliseconds here, 27 hours). */
+const MAX_RPC_TIMEOUT_MS = 99_999_999;
+/** The longest deadline a google.protobuf.Duration holds (10 000 years). */
+const MAX_DEADLINE_MS = 315_576_000_000_000;
+
+/** x truncated and saturated to [lo, hi]; 0 when it is not a number. */
+function saturate(x: number, lo: number, hi: number): number {
+  return Number.isNaN(x) ? 0 : Math.max(lo, Math.min(Math.trunc(x), hi));
+}
 
 /** What the loop needs of its client. */
 export interface LoopEnv {
@@ -129,7 +140,7 @@ function sleep(msValue: number, signal: AbortSignal | undefined): Promise<void> 
     const timer = setTimeout(() => {
       signal?.removeEventListener("abort", onAbort);
       resolve();
-    }, Math.ceil(msValue));
+    }, Math.min(Math.ceil(msValue), MAX_TIMER_MS));
     signal?.addEventListener("abort", onAbort, { once: true });
   });
 }
@@ -174,12 +185,12 @@ export async function runCall<T>(env: LoopEnv, scope: string, fn: AttemptFn<T>, 
     }
     const left = end - env.now();
     if (report) {
-      return Math.ceil(Math.max(left, REPORT_TIMEOUT_MS));
+      return Math.min(Math.ceil(Math.max(left, REPORT_TIMEOUT_MS)), MAX_RPC_TIMEOUT_MS);
     }
     if (left <= 0) {
       throw deadlineExceeded();
     }
-    return Math.ceil(left + RPC_GRACE_MS); // gRPC timeouts are whole units
+    return Math.min(Math.ceil(left + RPC_GRACE_MS), MAX_RPC_TIMEOUT_MS); // gRPC timeouts are whole units
   };
   const call = async <R>(method: string, send: (o: { timeoutMs?: number; signal?: AbortSignal; headers: Record<string, string> }) => Promise<R>, report = false): Promise<R> => {
     const t = timeoutMs(report);
@@ -213,10 +224,10 @@ export async function runCall<T>(env: LoopEnv, scope: string, fn: AttemptFn<T>, 
       env.rpc.pick(
         {
           scope,
-          estimatedTokens: BigInt(Math.max(0, Math.min(Math.trunc(opts.estimatedTokens ?? 0), Number.MAX_SAFE_INTEGER))),
-          priority: Math.max(-MAX_INT32 - 1, Math.min(Math.trunc(opts.priority), MAX_INT32)),
+          estimatedTokens: BigInt(saturate(opts.estimatedTokens ?? 0, 0, Number.MAX_SAFE_INTEGER)),
+          priority: saturate(opts.priority, -MAX_INT32 - 1, MAX_INT32),
           tenant: opts.tenant,
-          ...(opts.deadlineMs === undefined ? {} : { deadline: duration(Math.min(opts.deadlineMs, 315_576_000_000_000)) }),
+          ...(opts.deadlineMs === undefined ? {} : { deadline: duration(Math.min(opts.deadlineMs, MAX_DEADLINE_MS)) }),
         },
         o,
       ),
@@ -349,7 +360,7 @@ async function attempt<T>(fn: AttemptFn<T>, g: Grant, signal: AbortSignal | unde
   const timeout = new AbortController();
   const timer =
     g.timeoutMs > 0
-      ? setTimeout(() => timeout.abort(new AttemptTimeoutError(`source ${g.source} timed out after ${g.timeoutMs} ms`)), g.timeoutMs)
+      ? setTimeout(() => timeout.abort(new AttemptTimeoutError(`source ${g.source} timed out after ${g.timeoutMs} ms`)), Math.min(g.timeoutMs, MAX_TIMER_MS))
       : undefined;
   const attemptSignal = signal === undefined ? timeout.signal : AbortSignal.any([signal, timeout.signal]);
   try {

@@ -72,6 +72,17 @@ describe("the governed fetch", () => {
     assert.deepEqual(await mismatches(), []);
   });
 
+  it("saturates the numbers it sends", async () => {
+    const ep = await script(
+      { rpc: "Pick", request: { opens: true, priority: 2147483647, deadline_ms_at_most: 315_576_000_000_000 }, reply: { grant: { source: "a" } } },
+      { upstream: "a" },
+      success,
+    );
+    const r = await governed(ep, "http://polygate.invalid/x", {}, { estimatedTokens: () => Number.NaN, priority: 1e12, deadlineMs: Number.POSITIVE_INFINITY });
+    assert.equal(r.status, 200);
+    assert.deepEqual(await mismatches(), []);
+  });
+
   it("refuses a request outside its baseUrl before asking the sidecar", async () => {
     const ep = await script();
     await assert.rejects(governed(ep, "http://elsewhere.invalid/v1/models", {}, { baseUrl: "http://polygate.invalid/v1" }), /is not under the governed fetch's baseUrl/);
