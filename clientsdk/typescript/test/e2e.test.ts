@@ -155,6 +155,17 @@ describe("openai-node through the governed fetch, against the real sidecar", () 
     assert.equal(err.headers.get("polygate-failure-reason"), "retry_exhausted", "the last upstream 503, with the verdict");
   });
 
+  it("reaches a sidecar on a unix socket", async () => {
+    const unix = await Sidecar.start(config(up), "unix://$DIR/polygate.sock");
+    started.push(unix);
+    assert.match(unix.addr, /^unix:\/\/\/.*polygate\.sock$/);
+    const local = new Client({ addr: unix.addr, tracerProvider: null });
+    started.push({ stop: () => local.close() });
+    const r = await governedFetch(local, "chat")("http://polygate.invalid/chat/completions", { method: "POST", body: "{}" });
+    assert.equal(r.status, 200);
+    assert.ok(r.headers.get("polygate-call-id"), "a governed call");
+  });
+
   it("serves the Vercel AI SDK", async () => {
     const provider = createOpenAI({ baseURL: PLACEHOLDER, apiKey: "sk-test", fetch: governedFetch(pg, "chat", { baseUrl: PLACEHOLDER }) });
     const { text } = await generateText({ model: provider.chat("gpt-x"), prompt: "Hello", maxRetries: 0 });

@@ -7,8 +7,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 
 import { createClient, type Client as RpcClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
 
+import { connect } from "../src/connection.js";
 import { AdmissionService, type SourceState } from "../src/gen/polygate/admission/v1/admission_pb.js";
 import { TIMEOUT_MS, binary, start, type Started } from "./procs.js";
 
@@ -76,14 +76,15 @@ export class Sidecar {
     readonly metricsUrl: string,
     private readonly proc: Started,
   ) {
-    this.raw = createClient(AdmissionService, createGrpcTransport({ baseUrl: `http://${addr}` }));
+    this.raw = createClient(AdmissionService, connect(addr, undefined, undefined).transport);
   }
 
-  /** Starts the sidecar with config (YAML), metrics on a free port. */
-  static async start(config: string): Promise<Sidecar> {
-    const file = join(mkdtempSync(join(tmpdir(), "polygate-e2e-")), "polygate.yaml");
+  /** Starts the sidecar with config (YAML) on listen (a free port by default), metrics on a free port. */
+  static async start(config: string, listen = "127.0.0.1:0"): Promise<Sidecar> {
+    const dir = mkdtempSync(join(tmpdir(), "polygate-e2e-"));
+    const file = join(dir, "polygate.yaml");
     writeFileSync(file, `metrics_listen: 127.0.0.1:0\n${config}`);
-    const p = await start(binary("POLYGATE_SIDECAR_BIN", "./cmd/sidecar"), ["--config", file, "--listen", "127.0.0.1:0"], "polygate listening on ");
+    const p = await start(binary("POLYGATE_SIDECAR_BIN", "./cmd/sidecar"), ["--config", file, "--listen", listen.replace("$DIR", dir)], "polygate listening on ");
     return new Sidecar(p.addr, await p.line("polygate metrics on "), p);
   }
 
