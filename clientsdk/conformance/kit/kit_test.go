@@ -193,3 +193,33 @@ func TestFakeReportsASleepTooShortAndStepsThatNeverCame(t *testing.T) {
 		t.Errorf("mismatches = %q", m)
 	}
 }
+
+func TestAppSeesCheck(t *testing.T) {
+	exs, err := Load("../exchanges")
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(exs, func(e *Exchange) bool { return e.Name == "wait-failure" })
+	want := exs[i].Calls[0].AppSees
+	h := http.Header{}
+	for k, v := range map[string]string{"Polygate-Failure-Reason": "circuit_open", "Polygate-Retry-After": "30.000", "Retry-After": "30", "Polygate-Call-Id": "call-1"} {
+		h.Set(k, v)
+	}
+	body := []byte(`{"error":{"type":"polygate_error","code":"circuit_open","polygate":{"retry_after_s":30,"per_source":[{"source":"a"}]}}}`)
+	if m := want.Check(503, h, body); len(m) != 0 {
+		t.Errorf("a matching response: %q", m)
+	}
+	h.Set("Polygate-Failure-Reason", "stalled")
+	m := want.Check(429, h, []byte(`{"error":{"code":"stalled"}}`))
+	wantM := []string{
+		"status = 429, want 503",
+		`header polygate-failure-reason = "stalled", want "circuit_open"`,
+		`body error.code = "stalled", want "circuit_open"`,
+		"body error.polygate.per_source.0.source = null, want \"a\"",
+		"body error.polygate.retry_after_s = null, want 30",
+		`body error.type = null, want "polygate_error"`,
+	}
+	if !slices.Equal(m, wantM) {
+		t.Errorf("mismatches = %q\nwant %q", m, wantM)
+	}
+}
