@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 # polygate sidecar: a static binary on a distroless base, running as non-root.
-#   docker build -t polygate:dev .
+#   docker build --build-arg VERSION=$(git describe --tags --always --dirty) \
+#     --build-arg REVISION=$(git rev-parse HEAD) -t polygate:dev .
 #   docker run --rm -v $PWD/polygate.yaml:/etc/polygate/polygate.yaml:ro -p 50051:50051 \
 #     polygate:dev --config /etc/polygate/polygate.yaml
 # The telemetry driver is pure Go (modernc.org/sqlite), so CGO stays off.
@@ -13,19 +14,22 @@ COPY gen/go.mod gen/go.sum gen/
 COPY clientsdk/go/go.mod clientsdk/go/go.sum clientsdk/go/
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
-# docker build --build-arg VERSION=v1.2.3 --build-arg REVISION=$(git rev-parse HEAD) .
-# stamps --version and polygate_build_info (.git is not in the build context).
+# .git is not in the build context: give the stamps as build arguments,
+#   docker build --build-arg VERSION=$(git describe --tags --always --dirty) \
+#     --build-arg REVISION=$(git rev-parse HEAD) -t polygate:dev .
+# for --version and polygate_build_info. make build compiles exactly as make
+# release does (-trimpath, CGO off, the stamps in -ldflags).
 ARG VERSION=""
 ARG REVISION=""
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X github.com/polygate/polygate/internal/sidecar.version=${VERSION} -X github.com/polygate/polygate/internal/sidecar.revision=${REVISION}" -o /out/polygate ./cmd/sidecar \
- && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/polygatectl ./cmd/polygatectl \
+    make build DIST=/out VERSION="${VERSION}" REVISION="${REVISION}" \
  && mkdir -p /out/var/lib/polygate /out/run/polygate
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/polygate /usr/local/bin/polygate
 # The operator CLI, for kubectl exec POD -c polygate -- polygatectl describe SCOPE
-# (it dials 127.0.0.1:50051 and uses the sidecar's POLYGATE_AUTH__TOKEN).
+# (it dials 127.0.0.1:50051 with the sidecar's POLYGATE_AUTH__OPERATOR_TOKEN, else
+# its POLYGATE_AUTH__TOKEN).
 COPY --from=build /out/polygatectl /usr/local/bin/polygatectl
 # Writable places for the telemetry database and a unix socket; in Kubernetes
 # mount volumes there (the root filesystem can then be read-only).

@@ -9,6 +9,7 @@ BUF_AGAINST ?= .git\#branch=main
 # test dependencies, and the stubs generated into the package.
 PYTHON ?= python3
 VENV := $(CURDIR)/.venv
+VENV2 := $(CURDIR)/.venv-openai2
 PY := $(VENV)/bin/python
 PYSDK := clientsdk/python
 PYGEN := $(PYSDK)/src/polygate/_gen
@@ -17,13 +18,61 @@ PYGEN := $(PYSDK)/src/polygate/_gen
 TSSDK := clientsdk/typescript
 TSGEN := $(TSSDK)/src/gen
 
-.PHONY: all run test ci generate check-generated lint pytypes gotest fuzz pytest redis-server chromium tools venv bench tsdeps ts
+.PHONY: all run build release version test ci generate check-generated lint pytypes gotest fuzz pytest redis-server chromium tools grpcurl venv bench tsdeps ts
 
 all: test
 
 ## run: the sidecar with its embedded demo configuration
 run:
 	go run ./cmd/sidecar
+
+# Builds stamp the version and revision into internal/buildinfo with -ldflags,
+# from git unless given (make release VERSION=v1.2.3 REVISION=...), so that
+# --version and polygate_build_info name them whatever -buildvcs says.
+# CGO stays off: the telemetry driver (modernc.org/sqlite) is pure Go, so the
+# binaries are static and cross-compile to every platform.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+DIST ?= $(CURDIR)/dist
+PLATFORMS ?= linux/amd64 linux/arm64
+STAMP := github.com/polygate/polygate/internal/buildinfo
+GOBUILD = CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags '-s -w -X $(STAMP).version=$(VERSION) -X $(STAMP).revision=$(REVISION)'
+# A stamp goes into -ldflags and into file names: letters, digits, . _ + - only.
+CHECK_STAMPS = @for v in '$(VERSION)' '$(REVISION)'; do \
+	[[ "$$v" =~ ^[A-Za-z0-9._+-]*$$ ]] || { echo "VERSION and REVISION take letters, digits, . _ + -; got '$$v'"; exit 1; }; done
+
+## version: the version and revision builds stamp
+version:
+	@echo "$(VERSION) $(REVISION)"
+
+## build: polygate (the sidecar) and polygatectl for this machine (GOOS/GOARCH
+## to choose another), stamped, into $(DIST)
+build:
+	$(CHECK_STAMPS)
+	mkdir -p $(DIST)
+	$(GOBUILD) -o $(DIST)/polygate ./cmd/sidecar
+	$(GOBUILD) -o $(DIST)/polygatectl ./cmd/polygatectl
+
+## release: both binaries for each of PLATFORMS, stamped, with LICENSE and
+## README.md, as dist/polygate_VERSION_OS_ARCH/ and .tar.gz, and SHA256SUMS
+release:
+	$(CHECK_STAMPS)
+	@test -n '$(VERSION)' || { echo "release: no VERSION (not a git work tree? give VERSION=... REVISION=...)"; exit 1; }
+	mkdir -p $(DIST)
+	rm -f $(DIST)/SHA256SUMS
+	@for p in $(PLATFORMS); do \
+		os=$${p%/*} arch=$${p#*/} name=polygate_$(VERSION)_$${p%/*}_$${p#*/}; \
+		echo "release $$name"; \
+		rm -rf "$(DIST)/$$name" "$(DIST)/$$name.tar.gz" && mkdir -p "$(DIST)/$$name" && \
+		GOOS=$$os GOARCH=$$arch $(GOBUILD) -o "$(DIST)/$$name/polygate" ./cmd/sidecar && \
+		GOOS=$$os GOARCH=$$arch $(GOBUILD) -o "$(DIST)/$$name/polygatectl" ./cmd/polygatectl && \
+		cp LICENSE README.md "$(DIST)/$$name/" && \
+		tar --sort=name --mtime=@$(SOURCE_DATE_EPOCH) --owner=0 --group=0 --numeric-owner -C $(DIST) -cf - "$$name" \
+			| gzip -n > "$(DIST)/$$name.tar.gz" || exit 1; \
+	done
+	cd $(DIST) && sha256sum polygate_$(VERSION)_*.tar.gz > SHA256SUMS
+	@cat $(DIST)/SHA256SUMS
 
 ## bench: what a decision costs (docs/performance.md): the real sidecar on the
 ## memory and Redis backends against a bare grpc-go health server, ratios to it,
@@ -40,17 +89,28 @@ test: tools redis-server chromium check-generated lint pytypes gotest fuzz pytes
 
 ci: test
 
-tools: $(BIN)/buf $(GO_TOOLS) $(BIN)/ratelimit
+tools: $(BIN)/buf $(GO_TOOLS) $(BIN)/ratelimit $(BIN)/staticcheck
 
-# Go tools at the versions pinned in tools/go.mod, tools/buf/go.mod and
-# tools/ratelimit/go.mod (envoy's ratelimit service: the peer make bench
-# measures, and internal/bench's tests start).
+## grpcurl: only grpcurl, at the version pinned in tools/go.mod, into bin/
+## (make tools also builds buf, staticcheck and the benchmark's peer)
+grpcurl: $(BIN)/grpcurl
+
+# Go tools at the versions pinned in tools/go.mod, tools/buf/go.mod,
+# tools/staticcheck/go.mod and tools/ratelimit/go.mod (envoy's ratelimit
+# service: the peer make bench measures, and internal/bench's tests start).
+# One go build per tool, so that make grpcurl builds grpcurl alone.
 $(BIN)/ratelimit: tools/ratelimit/go.mod
 	cd tools/ratelimit && go build -o $(BIN)/ratelimit github.com/envoyproxy/ratelimit/src/service_cmd
+$(BIN)/staticcheck: tools/staticcheck/go.mod
+	cd tools/staticcheck && go build -o $(BIN)/ honnef.co/go/tools/cmd/staticcheck
 $(BIN)/buf: tools/buf/go.mod
 	cd tools/buf && go build -o $(BIN)/ github.com/bufbuild/buf/cmd/buf
-$(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/grpcurl: tools/go.mod
-	cd tools && go build -o $(BIN)/ google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc github.com/fullstorydev/grpcurl/cmd/grpcurl
+$(BIN)/protoc-gen-go: tools/go.mod
+	cd tools && go build -o $(BIN)/ google.golang.org/protobuf/cmd/protoc-gen-go
+$(BIN)/protoc-gen-go-grpc: tools/go.mod
+	cd tools && go build -o $(BIN)/ google.golang.org/grpc/cmd/protoc-gen-go-grpc
+$(BIN)/grpcurl: tools/go.mod
+	cd tools && go build -o $(BIN)/ github.com/fullstorydev/grpcurl/cmd/grpcurl
 
 ## redis-server: the Debian package the Redis tests start on free ports
 redis-server:
@@ -62,11 +122,18 @@ chromium:
 	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	@chromium --version
 
-## venv: .venv with the Python SDK's pinned tools and test dependencies
-venv: $(VENV)/.installed
-$(VENV)/.installed: $(PYSDK)/requirements-dev.txt
+## venv: the Python test environments, from pinned requirements: .venv (the
+## SDK's tools and tests, openai 3 on httpx2, httpx beside it) and
+## .venv-openai2 (openai 2 on httpx: one distribution cannot be at two
+## versions in one environment)
+venv: $(VENV)/.installed $(VENV2)/.installed
+$(VENV)/.installed: $(PYSDK)/requirements-dev.txt e2e/python/requirements-openai3.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -r $(PYSDK)/requirements-dev.txt
+	$(PY) -m pip install -q --disable-pip-version-check -r e2e/python/requirements-openai3.txt
+	touch $@
+$(VENV2)/.installed: $(PYSDK)/requirements-dev.txt e2e/python/requirements-openai2.txt
+	$(PYTHON) -m venv $(VENV2)
+	$(VENV2)/bin/python -m pip install -q --disable-pip-version-check -r e2e/python/requirements-openai2.txt
 	touch $@
 
 ## tsdeps: the TypeScript SDK's node_modules, exactly as package-lock.json pins them
@@ -97,10 +164,12 @@ check-generated: generate
 	@git diff --exit-code --stat -- gen/ $(PYGEN) $(TSGEN) || { echo "generated code is stale: run make generate and commit"; exit 1; }
 	@test -z "$$(git status --porcelain -- gen/ $(PYGEN) $(TSGEN))" || { git status --porcelain -- gen/ $(PYGEN) $(TSGEN); echo "untracked generated files: run make generate and commit"; exit 1; }
 
-## lint: gofmt, go vet, buf lint and buf breaking against main
+## lint: gofmt, go vet, staticcheck (every package but gen/, a module of its
+## own), buf lint and buf breaking against main
 lint: tools
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '^gen/'); echo "gofmt needed"; exit 1; }
 	go vet ./...
+	$(BIN)/staticcheck ./...
 	$(BIN)/buf lint
 	@if git rev-parse --verify -q main >/dev/null; then $(BIN)/buf breaking --against '$(BUF_AGAINST)'; else echo "no main branch: buf breaking skipped"; fi
 
@@ -140,7 +209,16 @@ ts: tsdeps
 	cd $(TSSDK) && npm run typecheck && \
 	POLYGATE_SIDECAR_BIN="$$d/sidecar" POLYGATE_FAKEUPSTREAM_BIN="$$d/fakeupstream" POLYGATE_FAKESIDECAR_BIN="$$d/fakesidecar" npm test
 
-## pytest: install the Python SDK into .venv and run its tests and the Python e2e tests
+## pytest: install the Python SDK into both environments; run its tests and the
+## Python e2e tests with openai 3 (.venv), then the e2e tests with openai 2
+## (.venv-openai2)
+PYTEST_ARGS := -c $(PYSDK)/pyproject.toml --rootdir $(CURDIR) -p no:cacheprovider
+# (An environment made before the distribution was named polygate-sdk holds
+# it as polygate too: that one is removed first.)
 pytest: venv
+	$(PY) -m pip uninstall -q -y --disable-pip-version-check polygate
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation ./$(PYSDK)
-	$(PY) -m pytest -c $(PYSDK)/pyproject.toml --rootdir $(CURDIR) -p no:cacheprovider $(PYSDK)/tests e2e/python
+	$(VENV2)/bin/python -m pip uninstall -q -y --disable-pip-version-check polygate
+	$(VENV2)/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation ./$(PYSDK)
+	$(PY) -m pytest $(PYTEST_ARGS) $(PYSDK)/tests e2e/python
+	$(VENV2)/bin/python -m pytest $(PYTEST_ARGS) e2e/python

@@ -14,7 +14,7 @@ import (
 // TestErrorsShowValuesBounded: a configuration error names the key and
 // shows the value, but a hostile value (a 100 KB string from the file, the
 // environment or a flag) is cut, so that a rejected reload's log line stays
-// small. On main each of these errors echoed the whole value.
+// small.
 func TestErrorsShowValuesBounded(t *testing.T) {
 	long := strings.Repeat("A", 100_000)
 	const ok = "scopes:\n  s:\n    sources: [{name: a}]\n"
@@ -30,7 +30,7 @@ func TestErrorsShowValuesBounded(t *testing.T) {
 		{"duration", "scopes:\n  s:\n    backoff: {base: " + long + "}\n    sources: [{name: a}]\n", nil, "backoff.base"},
 		{"number", "scopes:\n  s:\n    max_attempts: " + long + "\n    sources: [{name: a}]\n", nil, "max_attempts"},
 		{"environment value", ok, []string{"POLYGATE_SCOPES__S__CIRCUIT_OPEN=" + long}, "scopes.s.circuit_open"},
-		{"environment key", ok, []string{"POLYGATE_" + long + "=1"}, "invalid keys"},
+		{"environment key", ok, []string{"POLYGATE_" + long + "=1"}, "unknown key"},
 		{"environment source", ok, []string{"POLYGATE_SCOPES__S__SOURCES__" + long + "__RPM=1"}, "POLYGATE_SCOPES__S__SOURCES__"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -54,10 +54,10 @@ func TestErrorsShowValuesBounded(t *testing.T) {
 }
 
 // TestMaxConcurrencyIsBounded: max_concurrency is at most 2^53 (exact in
-// Lua's doubles and in the pacer's float64 ceiling). On main 2^63-1,
-// written to mean "no real limit", was accepted and the pacer's ceiling,
-// float64(2^63-1) converted back to int, wrapped to its floor of 1: the
-// source served one attempt at a time.
+// Lua's doubles and in the pacer's float64 ceiling). Were 2^63-1, written
+// to mean "no real limit", accepted, the pacer's ceiling, float64(2^63-1)
+// converted back to int, would wrap to its floor of 1: the source would
+// serve one attempt at a time.
 func TestMaxConcurrencyIsBounded(t *testing.T) {
 	for _, tc := range []struct {
 		value string
@@ -129,8 +129,8 @@ func TestManyErrorsAreCounted(t *testing.T) {
 	}
 }
 
-// TestManyDecodeErrorsAreCounted: the decoder's message (unknown keys,
-// wrong types) is cut to config.MaxErrors lines too.
+// TestManyDecodeErrorsAreCounted: the decoder's problems (unknown keys,
+// wrong types) are cut to config.MaxErrors too.
 func TestManyDecodeErrorsAreCounted(t *testing.T) {
 	var b strings.Builder
 	b.WriteString("scopes:\n  s:\n    sources:\n")
@@ -144,7 +144,7 @@ func TestManyDecodeErrorsAreCounted(t *testing.T) {
 	if lines := strings.Count(err.Error(), "\n"); lines > config.MaxErrors+1 {
 		t.Errorf("an error of %d lines, want at most config.MaxErrors + 1 = %d", lines, config.MaxErrors+1)
 	}
-	if !strings.Contains(err.Error(), "weight") || !strings.Contains(err.Error(), "more lines") {
+	if !strings.Contains(err.Error(), "weight") || !strings.Contains(err.Error(), "more problems") {
 		t.Errorf("error %.300s…, want the key named and the rest counted", err)
 	}
 }

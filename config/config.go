@@ -136,6 +136,11 @@ type Log struct {
 	Level  string
 }
 
+// Redacted is what --check and the reload log show in place of a secret.
+// A configuration that holds it as a secret is refused: it was printed,
+// not written.
+const Redacted = "(redacted)"
+
 // Auth guards the admission service.
 type Auth struct {
 	// Token, when set, must come with every call of the admission service as
@@ -146,6 +151,9 @@ type Auth struct {
 	// WatchEvents (Token is then refused for them). It is
 	// auth.operator_token, or the content of auth.operator_token_file.
 	OperatorToken string
+	// TokenFile and OperatorTokenFile are the files the tokens were read
+	// from ("" when given inline or not at all).
+	TokenFile, OperatorTokenFile string
 }
 
 // Calls bounds the sidecar's memory of calls.
@@ -175,6 +183,8 @@ func show(v any) string {
 	switch v := v.(type) {
 	case string:
 		return fmt.Sprintf("%q", v)
+	case time.Duration:
+		return formatDuration(v)
 	case nil:
 		return "nothing"
 	}

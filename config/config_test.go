@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -180,10 +181,10 @@ func TestBadValues(t *testing.T) {
 		{"timeout", "scopes: {chat: {sources: [{name: a, timeout: 0s}]}}", "scopes.chat.sources.a.timeout", "at least 1ms"},
 		// A lease is timeout + lease_grace: unbounded, the two overflowed into
 		// a negative lease that freed every slot at once.
-		{"timeout above a year", "scopes: {chat: {sources: [{name: a, timeout: 2000000h}]}}", "scopes.chat.sources.a.timeout", "at most 8760h0m0s"},
-		{"lease_grace above a year", "scopes: {chat: {lease_grace: 2000000h, sources: [{name: a}]}}", "scopes.chat.lease_grace", "at most 8760h0m0s"},
-		{"cooldown above a year", "scopes: {chat: {breaker: {cooldown: 8761h, max_cooldown: 9000h}, sources: [{name: a}]}}", "scopes.chat.breaker.cooldown", "at most 8760h0m0s"},
-		{"idle_timeout above a year", "calls: {idle_timeout: 8761h}", "calls.idle_timeout", "at most 8760h0m0s"},
+		{"timeout above a year", "scopes: {chat: {sources: [{name: a, timeout: 2000000h}]}}", "scopes.chat.sources.a.timeout", "at most 8760h (365 days)"},
+		{"lease_grace above a year", "scopes: {chat: {lease_grace: 2000000h, sources: [{name: a}]}}", "scopes.chat.lease_grace", "at most 8760h (365 days)"},
+		{"cooldown above a year", "scopes: {chat: {breaker: {cooldown: 8761h, max_cooldown: 9000h}, sources: [{name: a}]}}", "scopes.chat.breaker.cooldown", "at most 8760h (365 days)"},
+		{"idle_timeout above a year", "calls: {idle_timeout: 8761h}", "calls.idle_timeout", "at most 8760h (365 days)"},
 		{"no scopes", "scopes: {}", "scopes", "at least one scope"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -298,5 +299,105 @@ func TestOperationsKeys(t *testing.T) {
 	if cfg.Telemetry.Path != "/var/lib/polygate/t.db" || cfg.Telemetry.Retention != 24*time.Hour ||
 		cfg.Telemetry.QueueSize != 200 || cfg.Events.WatchBuffer != 16 {
 		t.Fatalf("set: telemetry %+v events %+v", cfg.Telemetry, cfg.Events)
+	}
+}
+
+// problems are the problems err reports, one per line.
+func problems(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	if err == nil {
+		return nil
+	}
+	return []error{err}
+}
+
+// TestUnknownKeysAreNamedByTheirPath: an unknown key is named by its path,
+// with the known key it is likely a typo of, or the keys allowed there.
+func TestUnknownKeysAreNamedByTheirPath(t *testing.T) {
+	for _, tc := range []struct{ name, yaml, key, suggest, message string }{
+		{"scope", "scopes: {chat: {max_atempts: 3, sources: [{name: a}]}}", "scopes.chat.max_atempts", "max_attempts",
+			"scopes.chat.max_atempts: unknown key; did you mean max_attempts?"},
+		{"source, by its name", "scopes: {chat: {sources: [{name: a, rpn: 5}]}}", "scopes.chat.sources.a.rpn", "rpm", ""},
+		{"source without a valid name, by its index", "scopes: {chat: {sources: [{name: A, rpn: 5}]}}", "scopes.chat.sources[0].rpn", "rpm", ""},
+		{"breaker", "scopes: {chat: {breaker: {fail_treshold: 3}, sources: [{name: a}]}}", "scopes.chat.breaker.fail_treshold", "fail_threshold", ""},
+		{"top level", "lisen: 127.0.0.1:1\n" + base, "lisen", "listen", ""},
+		{"no close key", "scopes: {chat: {colour: red, sources: [{name: a}]}}", "scopes.chat.colour", "",
+			"scopes.chat.colour: unknown key; allowed here: mode, circuit_open, source_dead, quota_full, max_attempts, backoff, backpressure, lease_grace, tenants, default_tenant_weight, max_tenants, priority_aging, breaker, sources"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := config.Parse([]byte(tc.yaml), nil)
+			var ke *config.KeyError
+			if !errors.As(err, &ke) || ke.Key != tc.key || ke.Suggest != tc.suggest {
+				t.Fatalf("error %v, want unknown key %s (did you mean %q)", err, tc.key, tc.suggest)
+			}
+			if tc.message != "" && err.Error() != tc.message {
+				t.Fatalf("message %q, want %q", err, tc.message)
+			}
+		})
+	}
+}
+
+// TestWrongTypesAreNamed: a value of the wrong type is refused with its key,
+// the value and what is allowed, in the configuration's words.
+func TestWrongTypesAreNamed(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml, key string
+		value           any
+		allowed         string
+	}{
+		{"not a number", "scopes: {chat: {max_attempts: many, sources: [{name: a}]}}", "scopes.chat.max_attempts", "many", "a whole number"},
+		{"not a whole number", "scopes: {chat: {sources: [{name: a, rpm: 1.5}]}}", "scopes.chat.sources.a.rpm", 1.5, "a whole number"},
+		{"duration without a unit", "scopes: {chat: {breaker: {cooldown: 60}, sources: [{name: a}]}}", "scopes.chat.breaker.cooldown", 60, "a duration needs a unit"},
+		{"not a duration", "scopes: {chat: {backoff: {base: soon}, sources: [{name: a}]}}", "scopes.chat.backoff.base", "soon", "a duration with a unit"},
+		{"not a boolean", "backend: {redis: {cluster: maybe}}\n" + base, "backend.redis.cluster", "maybe", "true or false"},
+		{"not a mapping", "scopes: {chat: {tenants: [a], sources: [{name: a}]}}", "scopes.chat.tenants", []any{"a"}, "a mapping"},
+		{"not a list", "scopes: {chat: {sources: primary}}", "scopes.chat.sources", "primary", "a list"},
+		{"a section that is not a mapping", "log: loud\n" + base, "log", "loud", "a mapping of keys: format, level"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := config.Parse([]byte(tc.yaml), nil)
+			var fe *config.FieldError
+			if !errors.As(err, &fe) || fe.Key != tc.key || !reflect.DeepEqual(fe.Value, tc.value) || !strings.Contains(fe.Allowed, tc.allowed) {
+				t.Fatalf("error %v, want %s: %v refused allowing %q", err, tc.key, tc.value, tc.allowed)
+			}
+		})
+	}
+}
+
+// TestEnumsListTheirWords: a value outside an enum is refused with the
+// allowed words, and the one it is likely a typo of.
+func TestEnumsListTheirWords(t *testing.T) {
+	_, err := config.Parse([]byte("scopes: {chat: {circuit_open: fail-fast, sources: [{name: a}]}}"), nil)
+	if want := `scopes.chat.circuit_open: "fail-fast" is not allowed; allowed: fail_fast, wait; did you mean fail_fast?`; err == nil || err.Error() != want {
+		t.Fatalf("error %v, want %q", err, want)
+	}
+	_, err = config.Parse([]byte("log: {level: loud}\n"+base), nil)
+	if want := `log.level: "loud" is not allowed; allowed: debug, info, warn, error`; err == nil || err.Error() != want {
+		t.Fatalf("error %v, want %q", err, want)
+	}
+}
+
+// TestAProblemIsReportedOnceWhereItIsWritten: a scope's value that its
+// sources inherit is one problem, under the scope's key, not one per source.
+func TestAProblemIsReportedOnceWhereItIsWritten(t *testing.T) {
+	_, err := config.Parse([]byte(`
+scopes:
+  chat:
+    breaker: {fail_rate: 1.5, cooldown: 10m}
+    sources: [{name: a}, {name: b}, {name: c, breaker: {fail_rate: 2}}]
+`), nil)
+	var got []string
+	for _, p := range problems(err) {
+		got = append(got, p.Error())
+	}
+	want := []string{
+		"scopes.chat.breaker.fail_rate: 1.5 is not allowed; must be in (0, 1]",
+		"scopes.chat.breaker.max_cooldown: 5m is not allowed; must be at least cooldown (10m); it is the default 5m here, so set breaker.max_cooldown too",
+		"scopes.chat.sources.c.breaker.fail_rate: 2 is not allowed; must be in (0, 1]",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("problems:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }

@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 
@@ -12,6 +13,7 @@ import (
 // half-checked configuration.
 func FuzzParse(f *testing.F) {
 	f.Add([]byte(string(config.Demo())))
+	f.Add([]byte(full))
 	f.Add([]byte("scopes: {chat: {sources: [{name: a}]}}"))
 	f.Add([]byte("listen: unix:///tmp/p.sock\nlisten_mode: \"0660\"\nscopes: {chat: {backoff: {max_retry_after: 1m}, sources: [{name: a, tpm: 10}]}}"))
 	f.Add([]byte("limits: {max_request_bytes: 1024}\nevents: {max_watchers: 1}\nscopes: {c: {sources: [{name: a}, {name: a}]}}"))
@@ -46,6 +48,28 @@ func FuzzParse(f *testing.F) {
 		}
 		if l := cfg.Limits; l.MaxRequestBytes < 1024 || l.MaxStreamsPerConnection < 1 || cfg.Events.MaxWatchers < 1 {
 			t.Fatalf("limits %+v, events %+v", l, cfg.Events)
+		}
+		// What --check prints of it reads back as the same configuration:
+		// printed again, it is the same document. (A secret given inline is
+		// printed Redacted, which the loader refuses.)
+		if cfg.Auth.Token != "" || cfg.Auth.OperatorToken != "" || cfg.Backend.Redis.Password != "" {
+			return
+		}
+		for _, output := range config.Outputs {
+			var once, twice bytes.Buffer
+			if err := config.Print(&once, cfg, output); err != nil {
+				t.Fatal(err)
+			}
+			again, err := config.Parse(once.Bytes(), nil)
+			if err != nil {
+				t.Fatalf("--output %s does not read back: %v\n%s", output, err, once.String())
+			}
+			if err := config.Print(&twice, again, output); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(once.Bytes(), twice.Bytes()) {
+				t.Fatalf("--output %s printed again differs:\n%s\n---\n%s", output, once.String(), twice.String())
+			}
 		}
 	})
 }

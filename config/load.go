@@ -5,15 +5,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"reflect"
+	"slices"
 	"strings"
-	"time"
 
-	"github.com/go-viper/mapstructure/v2"
 	"github.com/knadh/koanf/parsers/yaml"
 	"github.com/knadh/koanf/providers/env/v2"
 	"github.com/knadh/koanf/providers/rawbytes"
 	"github.com/knadh/koanf/v2"
+
+	"github.com/polygate/polygate/internal/boundedfile"
 )
 
 //go:embed demo.yaml
@@ -30,8 +30,10 @@ type Options struct {
 	// File is the YAML file (--config or POLYGATE_CONFIG); empty serves the
 	// embedded demo.
 	File string
-	// Check: validate, print the effective configuration and exit.
-	Check bool
+	// Check: validate, print the effective configuration in Output ("yaml"
+	// or "json") and exit.
+	Check  bool
+	Output string
 	// Version: print the version and exit.
 	Version bool
 	// flags set on the command line, as configuration keys.
@@ -44,7 +46,8 @@ func ParseFlags(args []string, environ []string, stderr io.Writer) (Options, err
 	fs.SetOutput(stderr)
 	var o Options
 	fs.StringVar(&o.File, "config", lookup(environ, EnvPrefix+"CONFIG"), "YAML configuration `file` (env POLYGATE_CONFIG); none serves the embedded demo scope")
-	fs.BoolVar(&o.Check, "check", false, "validate the configuration, print it as one JSON document and exit")
+	fs.BoolVar(&o.Check, "check", false, "validate the configuration, print it with every default filled in (as --output) and exit")
+	fs.StringVar(&o.Output, "output", "yaml", "`format` of --check: yaml or json")
 	fs.BoolVar(&o.Version, "version", false, "print the version, revision and Go version and exit")
 	listen := fs.String("listen", "", "gRPC listen `address`, host:port or unix:///path (env POLYGATE_LISTEN)")
 	metrics := fs.String("metrics-listen", "", "Prometheus listen `address` host:port (env POLYGATE_METRICS_LISTEN)")
@@ -54,6 +57,9 @@ func ParseFlags(args []string, environ []string, stderr io.Writer) (Options, err
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %s: polygate takes flags only", shown(fs.Args()))
+	}
+	if !slices.Contains(Outputs, o.Output) {
+		return o, fmt.Errorf("--output: %s is not allowed; allowed: %s", shown(o.Output), strings.Join(Outputs, ", "))
 	}
 	o.flags = map[string]string{}
 	fs.Visit(func(f *flag.Flag) {
@@ -93,7 +99,7 @@ func Load(o Options, environ []string) (*Config, error) {
 		err = k.Load(rawbytes.Provider(demo), yaml.Parser())
 	} else {
 		var data []byte
-		if data, err = readBounded(o.File, MaxFileBytes); err == nil {
+		if data, err = boundedfile.Read(o.File, MaxFileBytes); err == nil {
 			err = k.Load(rawbytes.Provider(data), yaml.Parser())
 		}
 	}
@@ -135,7 +141,7 @@ func load(k *koanf.Koanf, flags map[string]string, environ []string) (*Config, e
 	var errs []error
 	for key, value := range ek.All() {
 		if err := set(k, key, value); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", cut(EnvPrefix+strings.ToUpper(strings.ReplaceAll(key, ".", "__")), maxLine), err))
+			errs = append(errs, fmt.Errorf("%s: %w", cut(envName(key), maxLine), err))
 		}
 	}
 	for key, value := range flags {
@@ -148,15 +154,8 @@ func load(k *koanf.Koanf, flags map[string]string, environ []string) (*Config, e
 	}
 
 	var f fileConfig
-	if err := k.UnmarshalWithConf("", &f, koanf.UnmarshalConf{DecoderConfig: &mapstructure.DecoderConfig{
-		DecodeHook:       mapstructure.ComposeDecodeHookFunc(durationHook, mapstructure.StringToSliceHookFunc(",")),
-		Metadata:         nil,
-		Result:           &f,
-		WeaklyTypedInput: true,
-		ErrorUnused:      true,
-		TagName:          "koanf",
-	}}); err != nil {
-		return nil, fmt.Errorf("config: %w", cutLines(err))
+	if errs := decode(k.Raw(), &f); len(errs) > 0 {
+		return nil, joinAtMost(errs)
 	}
 	return resolve(&f)
 }
@@ -190,23 +189,7 @@ func set(k *koanf.Koanf, key string, value any) error {
 	return fmt.Errorf("scope %s has no source named %s to override", shown(parts[1]), shown(parts[3]))
 }
 
-var durationType = reflect.TypeOf(time.Duration(0))
-
-// durationHook decodes Go duration strings and refuses bare numbers, which
-// would otherwise silently mean nanoseconds.
-func durationHook(from, to reflect.Type, data any) (any, error) {
-	if to != durationType {
-		return data, nil
-	}
-	switch from.Kind() {
-	case reflect.String:
-		d, err := time.ParseDuration(data.(string))
-		if err != nil {
-			return nil, fmt.Errorf("%s is not a duration; write a Go duration with a unit, e.g. 60s or 250ms", shown(data))
-		}
-		return d, nil
-	case reflect.Int, reflect.Int64, reflect.Int32, reflect.Float64, reflect.Float32, reflect.Uint, reflect.Uint64:
-		return nil, fmt.Errorf("%v has no unit; write a Go duration with a unit, e.g. 60s or 250ms", data)
-	}
-	return data, nil
+// envName is the environment variable that sets key.
+func envName(key string) string {
+	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(key, ".", "__"))
 }

@@ -1,390 +1,14 @@
 package config
 
 import (
-	"errors"
 	"fmt"
-	"io"
 	"maps"
-	"net"
-	"os"
-	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/polygate/polygate/gate"
 )
-
-// The file shape: what YAML, environment and flags may say. Pointers tell an
-// absent key (the default applies) from an explicit value (used as given,
-// or rejected).
-
-type fileConfig struct {
-	Listen        *string              `koanf:"listen"`
-	MetricsListen *string              `koanf:"metrics_listen"`
-	ListenMode    any                  `koanf:"listen_mode"`
-	TLS           fileTLS              `koanf:"tls"`
-	Limits        fileLimits           `koanf:"limits"`
-	Backend       fileBackend          `koanf:"backend"`
-	Telemetry     fileTelemetry        `koanf:"telemetry"`
-	Events        fileEvents           `koanf:"events"`
-	Log           fileLog              `koanf:"log"`
-	Calls         fileCalls            `koanf:"calls"`
-	Auth          fileAuth             `koanf:"auth"`
-	Scopes        map[string]fileScope `koanf:"scopes"`
-}
-
-type fileBackend struct {
-	Kind   *string    `koanf:"kind"`
-	Memory fileMemory `koanf:"memory"`
-	Redis  fileRedis  `koanf:"redis"`
-}
-
-type fileMemory struct {
-	StatePath *string `koanf:"state_path"`
-}
-
-type fileRedis struct {
-	Addrs         []string       `koanf:"addrs"`
-	Cluster       *bool          `koanf:"cluster"`
-	MasterName    *string        `koanf:"master_name"`
-	Username      *string        `koanf:"username"`
-	Password      *string        `koanf:"password"`
-	DB            *int           `koanf:"db"`
-	KeyPrefix     *string        `koanf:"key_prefix"`
-	Timeout       *time.Duration `koanf:"timeout"`
-	TLS           *bool          `koanf:"tls"`
-	TLSCAFile     *string        `koanf:"tls_ca_file"`
-	TLSCertFile   *string        `koanf:"tls_cert_file"`
-	TLSKeyFile    *string        `koanf:"tls_key_file"`
-	TLSServerName *string        `koanf:"tls_server_name"`
-	OnUnavailable *string        `koanf:"on_unavailable"`
-	Replicas      *int           `koanf:"replicas"`
-	PoolSize      *int           `koanf:"pool_size"`
-	BatchLinger   *time.Duration `koanf:"batch_linger"`
-}
-
-type fileTelemetry struct {
-	Path      *string        `koanf:"path"`
-	Retention *time.Duration `koanf:"retention"`
-	QueueSize *int           `koanf:"queue_size"`
-}
-
-type fileEvents struct {
-	WatchBuffer *int `koanf:"watch_buffer"`
-	MaxWatchers *int `koanf:"max_watchers"`
-}
-
-type fileTLS struct {
-	CertFile     *string `koanf:"cert_file"`
-	KeyFile      *string `koanf:"key_file"`
-	ClientCAFile *string `koanf:"client_ca_file"`
-}
-
-type fileLimits struct {
-	MaxRequestBytes         *int           `koanf:"max_request_bytes"`
-	MaxStreamsPerConnection *int           `koanf:"max_streams_per_connection"`
-	KeepaliveMinTime        *time.Duration `koanf:"keepalive_min_time"`
-	MaxConnectionIdle       *time.Duration `koanf:"max_connection_idle"`
-}
-
-type fileLog struct {
-	Format *string `koanf:"format"`
-	Level  *string `koanf:"level"`
-}
-
-type fileAuth struct {
-	Token             *string `koanf:"token"`
-	TokenFile         *string `koanf:"token_file"`
-	OperatorToken     *string `koanf:"operator_token"`
-	OperatorTokenFile *string `koanf:"operator_token_file"`
-}
-
-type fileCalls struct {
-	MaxLive     *int           `koanf:"max_live"`
-	IdleTimeout *time.Duration `koanf:"idle_timeout"`
-}
-
-type fileScope struct {
-	CircuitOpen  *string          `koanf:"circuit_open"`
-	SourceDead   *string          `koanf:"source_dead"`
-	QuotaFull    *string          `koanf:"quota_full"`
-	MaxAttempts  *int             `koanf:"max_attempts"`
-	Backoff      fileBackoff      `koanf:"backoff"`
-	Backpressure fileBackpressure `koanf:"backpressure"`
-	LeaseGrace   *time.Duration   `koanf:"lease_grace"`
-	Breaker      fileBreaker      `koanf:"breaker"`
-	Sources      []fileSource     `koanf:"sources"`
-
-	Mode                *string        `koanf:"mode"`
-	Tenants             map[string]int `koanf:"tenants"`
-	DefaultTenantWeight *int           `koanf:"default_tenant_weight"`
-	MaxTenants          *int           `koanf:"max_tenants"`
-	PriorityAging       *time.Duration `koanf:"priority_aging"`
-}
-
-type fileBackoff struct {
-	Base          *time.Duration `koanf:"base"`
-	Max           *time.Duration `koanf:"max"`
-	MaxRetryAfter *time.Duration `koanf:"max_retry_after"`
-}
-
-type fileBackpressure struct {
-	StallWindow  *time.Duration `koanf:"stall_window"`
-	PollInterval *time.Duration `koanf:"poll_interval"`
-}
-
-type fileBreaker struct {
-	FailThreshold *int           `koanf:"fail_threshold"`
-	MinCalls      *int           `koanf:"min_calls"`
-	FailRate      *float64       `koanf:"fail_rate"`
-	Window        *time.Duration `koanf:"window"`
-	Cooldown      *time.Duration `koanf:"cooldown"`
-	MaxCooldown   *time.Duration `koanf:"max_cooldown"`
-	ProbeTTL      *time.Duration `koanf:"probe_ttl"`
-}
-
-type fileSource struct {
-	Name           *string           `koanf:"name"`
-	Priority       *int              `koanf:"priority"`
-	Weight         *int              `koanf:"weight"`
-	MaxConcurrency *int              `koanf:"max_concurrency"`
-	RPM            *int64            `koanf:"rpm"`
-	TPM            *int64            `koanf:"tpm"`
-	Timeout        *time.Duration    `koanf:"timeout"`
-	Attributes     map[string]string `koanf:"attributes"`
-	Breaker        fileBreaker       `koanf:"breaker"`
-}
-
-// Defaults, as documented in docs/configuration.md.
-const (
-	DefaultListen         = "127.0.0.1:50051"
-	DefaultMaxAttempts    = 3
-	DefaultBackoffBase    = time.Second
-	DefaultBackoffMax     = 60 * time.Second
-	DefaultStallWindow    = 300 * time.Second
-	DefaultPollInterval   = 50 * time.Millisecond
-	DefaultLeaseGrace     = 5 * time.Second
-	DefaultFailThreshold  = 5
-	DefaultMinCalls       = 10
-	DefaultFailRate       = 0.5
-	DefaultWindow         = 60 * time.Second
-	DefaultCooldown       = 60 * time.Second
-	DefaultMaxCooldown    = 300 * time.Second
-	DefaultWeight         = 1
-	DefaultMaxConcurrency = 8
-	DefaultTimeout        = 300 * time.Second
-	DefaultMaxLiveCalls   = 10000
-	DefaultCallIdle       = 10 * time.Minute
-	DefaultRedisTimeout   = 500 * time.Millisecond
-	// MaxRedisPoolSize bounds backend.redis.pool_size.
-	MaxRedisPoolSize = 10000
-	// DefaultRedisBatchLinger and MaxRedisBatchLinger are
-	// backend.redis.batch_linger's default and bound (redisgate's
-	// DefaultBatchLinger and MaxBatchLinger: TestBatchLingerBounds).
-	DefaultRedisBatchLinger = 2 * time.Millisecond
-	MaxRedisBatchLinger     = 100 * time.Millisecond
-	DefaultRetention        = 30 * 24 * time.Hour
-	DefaultTelemetryQueue   = 8192
-	DefaultWatchBuffer      = 1024
-	DefaultMaxWatchers      = 64
-	DefaultMaxRetryAfter    = 10 * time.Minute
-	DefaultTenantWeight     = 1
-	DefaultMaxTenants       = 64
-	// DefaultMaxRequestBytes is far above the largest valid request (a few
-	// KiB) and far below gRPC's 4 MiB.
-	DefaultMaxRequestBytes   = 64 << 10
-	DefaultMaxStreamsPerConn = 256
-	DefaultKeepaliveMinTime  = 10 * time.Second
-	DefaultMaxConnectionIdle = 30 * time.Minute
-)
-
-// Bounds of the fair share: a tenant's weight, the tenants a scope names or
-// tracks.
-const (
-	MaxTenantWeight = 1000
-	MaxTenants      = 1024
-)
-
-// MaxConcurrency bounds a source's max_concurrency: 2^53, exact in Lua's
-// doubles and in the pacer's float64 ceiling (2^63-1 came back from it as
-// an int of 1).
-const MaxConcurrency = 1 << 53
-
-// MaxName is the longest scope or source name, in bytes; the sidecar refuses
-// longer names in requests before looking them up.
-const MaxName = 63
-
-// MaxDuration bounds every duration key, as a call's deadline is bounded: far
-// above any useful setting, and low enough that the durations derived from
-// them (a lease is timeout + lease_grace, probe_ttl up to twice the slowest
-// timeout) can never overflow into a negative duration.
-const MaxDuration = 365 * 24 * time.Hour
-
-var nameRE = regexp.MustCompile(fmt.Sprintf(`^[a-z0-9][a-z0-9_-]{0,%d}$`, MaxName-1))
-
-var nameAllowed = fmt.Sprintf("a name is 1 to %d lowercase letters, digits, '_' or '-', starting with a letter or digit", MaxName)
-
-// ValidName reports whether name is a valid scope, source or tenant name.
-func ValidName(name string) bool { return nameRE.MatchString(name) }
-
-// MaxErrors bounds the problems one error reports; the rest are counted.
-const MaxErrors = 50
-
-// joinAtMost joins the first MaxErrors of errs and says how many more there
-// are, so that a file of thousands of problems is not a log line of
-// megabytes.
-func joinAtMost(errs []error) error {
-	if len(errs) <= MaxErrors {
-		return errors.Join(errs...)
-	}
-	shown := append(errs[:MaxErrors:MaxErrors], fmt.Errorf("and %d more problems", len(errs)-MaxErrors))
-	return errors.Join(shown...)
-}
-
-// checker collects every problem of a configuration, so that one start
-// reports all of them.
-type checker struct{ errs []error }
-
-func (c *checker) fail(key string, value any, allowed string) {
-	c.errs = append(c.errs, &FieldError{Key: key, Value: value, Allowed: allowed})
-}
-
-func (c *checker) oneOf(key, value string, allowed ...string) {
-	if !slices.Contains(allowed, value) {
-		c.fail(key, value, "allowed: "+strings.Join(allowed, ", "))
-	}
-}
-
-func (c *checker) atLeast(key string, value, least int64) {
-	if value < least {
-		c.fail(key, value, fmt.Sprintf("must be at least %d", least))
-	}
-}
-
-func (c *checker) between(key string, value, least, most int64) {
-	if value < least || value > most {
-		c.fail(key, value, fmt.Sprintf("must be from %d to %d", least, most))
-	}
-}
-
-// duration checks a duration is a whole number of milliseconds from least to
-// MaxDuration.
-func (c *checker) duration(key string, d, least time.Duration) {
-	switch {
-	case d%time.Millisecond != 0:
-		c.fail(key, d, "durations are whole milliseconds (a Go duration with a unit, e.g. 60s or 250ms)")
-	case d < least:
-		c.fail(key, d, fmt.Sprintf("must be at least %v", least))
-	case d > MaxDuration:
-		c.fail(key, d, fmt.Sprintf("must be at most %v (365 days)", MaxDuration))
-	}
-}
-
-func (c *checker) address(key, addr string, unix bool) {
-	if unix && strings.HasPrefix(addr, "unix://") {
-		if strings.TrimPrefix(addr, "unix://") == "" {
-			c.fail(key, addr, "a unix socket needs a path: unix:///run/polygate.sock")
-		}
-		return
-	}
-	if _, _, err := net.SplitHostPort(addr); err != nil {
-		allowed := "expected host:port"
-		if unix {
-			allowed += " or unix:///path"
-		}
-		c.fail(key, addr, allowed)
-	}
-}
-
-// pair refuses one of two keys that only make sense together.
-func (c *checker) pair(keyA, a, keyB, b string) {
-	switch {
-	case a != "" && b == "":
-		c.fail(keyB, b, "must be set with "+keyA)
-	case a == "" && b != "":
-		c.fail(keyA, a, "must be set with "+keyB)
-	}
-}
-
-// readable checks that a configured file can be read now.
-func (c *checker) readable(key, path string) {
-	if path == "" {
-		return
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		c.fail(key, path, fmt.Sprintf("a readable file (%v)", errors.Unwrap(err)))
-		return
-	}
-	f.Close()
-}
-
-// maxSecret bounds a token read from a file.
-const maxSecret = 4096
-
-// secret is a token given inline (key) or in a file (key_file, e.g. a
-// Kubernetes secret), without its trailing newline; "" when neither is set.
-func (c *checker) secret(key string, inline, file *string) string {
-	switch {
-	case inline != nil && file != nil:
-		c.fail(key+"_file", *file, "set "+key+" or "+key+"_file, not both")
-		return ""
-	case inline != nil:
-		if strings.TrimSpace(*inline) == "" {
-			c.fail(key, "(blank)", "a token must not be blank; remove the key to turn it off")
-		}
-		return *inline
-	case file != nil:
-		b, err := readBounded(*file, maxSecret)
-		if err != nil {
-			c.fail(key+"_file", *file, fmt.Sprintf("a readable file of at most %d bytes holding the token (%v)", maxSecret, err))
-			return ""
-		}
-		tok := strings.TrimRight(string(b), "\r\n")
-		if strings.TrimSpace(tok) == "" {
-			c.fail(key+"_file", *file, "the file holds no token")
-		}
-		return tok
-	}
-	return ""
-}
-
-func readBounded(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, errors.Unwrap(err)
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("longer than %d bytes", limit)
-	}
-	return b, nil
-}
-
-// fileMode reads a unix socket mode written as an octal string ("0660").
-// A YAML number is refused: 0660 and 660 would read as different modes.
-func (c *checker) fileMode(key string, v any) os.FileMode {
-	const allowed = "an octal mode in quotes, e.g. \"0660\" (at most 0777)"
-	switch v := v.(type) {
-	case nil:
-		return 0
-	case string:
-		m, err := strconv.ParseUint(strings.TrimPrefix(v, "0o"), 8, 32)
-		if err != nil || m > 0o777 || m == 0 {
-			c.fail(key, v, allowed)
-			return 0
-		}
-		return os.FileMode(m)
-	}
-	c.fail(key, v, allowed)
-	return 0
-}
 
 func or[T any](p *T, def T) T {
 	if p == nil {
@@ -467,7 +91,7 @@ func resolve(f *fileConfig) (*Config, error) {
 		// (No bound by timeout: a linger is never longer than the call
 		// before it, which timeout bounds.)
 		if l := r.BatchLinger; l%time.Millisecond != 0 || l < 0 || l > MaxRedisBatchLinger {
-			c.fail("backend.redis.batch_linger", l, fmt.Sprintf("must be whole milliseconds from 0 (off) to %v", MaxRedisBatchLinger))
+			c.fail("backend.redis.batch_linger", l, "must be whole milliseconds from 0 (off) to "+formatDuration(MaxRedisBatchLinger))
 		}
 		if !r.TLS && (r.TLSCAFile != "" || r.TLSCertFile != "" || r.TLSKeyFile != "" || r.TLSServerName != "") {
 			c.fail("backend.redis.tls", false, "must be true when backend.redis.tls_ca_file, tls_cert_file, tls_key_file or tls_server_name is set")
@@ -500,6 +124,10 @@ func resolve(f *fileConfig) (*Config, error) {
 	c.atLeast("events.max_watchers", int64(cfg.Events.MaxWatchers), 1)
 	cfg.Auth.Token = c.secret("auth.token", f.Auth.Token, f.Auth.TokenFile)
 	cfg.Auth.OperatorToken = c.secret("auth.operator_token", f.Auth.OperatorToken, f.Auth.OperatorTokenFile)
+	cfg.Auth.TokenFile, cfg.Auth.OperatorTokenFile = or(f.Auth.TokenFile, ""), or(f.Auth.OperatorTokenFile, "")
+	if cfg.Backend.Redis.Password == Redacted {
+		c.fail("backend.redis.password", Redacted, "--check prints this in place of a secret; write the password here, or set "+envName("backend.redis.password"))
+	}
 	if cfg.Auth.OperatorToken != "" && cfg.Auth.OperatorToken == cfg.Auth.Token {
 		c.fail("auth.operator_token", "(same as auth.token)", "must differ from auth.token, or the application could act as the operator")
 	}
@@ -541,7 +169,7 @@ func resolve(f *fileConfig) (*Config, error) {
 	}
 	if longest > 0 && cfg.Calls.IdleTimeout <= longest {
 		c.fail("calls.idle_timeout", cfg.Calls.IdleTimeout, fmt.Sprintf(
-			"must be longer than the longest permit lease (%s: timeout + lease_grace = %v), or a call would be forgotten during its own attempt", longestKey, longest))
+			"must be longer than the longest permit lease (%s: timeout + lease_grace = %s), or a call would be forgotten during its own attempt", longestKey, formatDuration(longest)))
 	}
 	if len(c.errs) > 0 {
 		return nil, joinAtMost(c.errs)
@@ -593,13 +221,13 @@ func resolveScope(c *checker, name string, f *fileScope) *Scope {
 	c.duration(key+".backoff.base", s.BackoffBase, time.Millisecond)
 	c.duration(key+".backoff.max", s.BackoffMax, time.Millisecond)
 	if s.BackoffMax < s.BackoffBase {
-		c.fail(key+".backoff.max", s.BackoffMax, fmt.Sprintf("must be at least backoff.base (%v)", s.BackoffBase))
+		c.fail(key+".backoff.max", s.BackoffMax, "must be at least backoff.base ("+formatDuration(s.BackoffBase)+")")
 	}
 	c.duration(key+".backoff.max_retry_after", s.MaxRetryAfter, time.Millisecond)
 	c.duration(key+".backpressure.stall_window", s.StallWindow, time.Millisecond)
 	c.duration(key+".backpressure.poll_interval", s.PollInterval, time.Millisecond)
 	if s.PollInterval > s.StallWindow {
-		c.fail(key+".backpressure.poll_interval", s.PollInterval, fmt.Sprintf("must be at most stall_window (%v)", s.StallWindow))
+		c.fail(key+".backpressure.poll_interval", s.PollInterval, "must be at most stall_window ("+formatDuration(s.StallWindow)+")")
 	}
 	c.duration(key+".lease_grace", s.LeaseGrace, 0)
 
@@ -639,7 +267,7 @@ func resolveScope(c *checker, name string, f *fileScope) *Scope {
 		c.atLeast(skey+".rpm", src.RPM, 0)
 		c.atLeast(skey+".tpm", src.TPM, 0)
 		c.duration(skey+".timeout", src.Timeout, time.Millisecond)
-		src.Breaker, src.ProbeTTLDerived = resolveBreaker(c, key, skey, &f.Breaker, &fs.Breaker, src.Timeout, slowest)
+		src.Breaker, src.ProbeTTLDerived = resolveBreaker(c, key, skey, or(f.Breaker, fileBreaker{}), &fs.Breaker, src.Timeout, slowest)
 		s.Sources = append(s.Sources, src)
 	}
 	return s
@@ -647,7 +275,7 @@ func resolveScope(c *checker, name string, f *fileScope) *Scope {
 
 // resolveBreaker merges a source's breaker keys over its scope's, key by key,
 // and derives probe_ttl when neither sets it.
-func resolveBreaker(c *checker, scopeKey, sourceKey string, scope, src *fileBreaker, timeout, slowest time.Duration) (p gate.BreakerPolicy, derived bool) {
+func resolveBreaker(c *checker, scopeKey, sourceKey string, scope fileBreaker, src *fileBreaker, timeout, slowest time.Duration) (p gate.BreakerPolicy, derived bool) {
 	// Errors name the key that set the value: the source's, else the scope's.
 	pick := func(bySource bool, name string) string {
 		if bySource {
@@ -670,9 +298,9 @@ func resolveBreaker(c *checker, scopeKey, sourceKey string, scope, src *fileBrea
 	c.duration(pick(src.Cooldown != nil, "cooldown"), p.Cooldown, time.Millisecond)
 	c.duration(pick(src.MaxCooldown != nil, "max_cooldown"), p.MaxCooldown, time.Millisecond)
 	if p.MaxCooldown < p.Cooldown {
-		allowed := fmt.Sprintf("must be at least cooldown (%v)", p.Cooldown)
+		allowed := "must be at least cooldown (" + formatDuration(p.Cooldown) + ")"
 		if src.MaxCooldown == nil && scope.MaxCooldown == nil {
-			allowed += fmt.Sprintf("; it is the default %v here, so set breaker.max_cooldown too", DefaultMaxCooldown)
+			allowed += "; it is the default " + formatDuration(DefaultMaxCooldown) + " here, so set breaker.max_cooldown too"
 		}
 		c.fail(pick(src.MaxCooldown != nil, "max_cooldown"), p.MaxCooldown, allowed)
 	}

@@ -3,7 +3,6 @@ package config
 import (
 	"fmt"
 	"reflect"
-	"strings"
 	"unicode/utf8"
 )
 
@@ -73,7 +72,7 @@ const maxShown = 120
 
 // KeepRestartKeys sets every key of next that needs a restart back to its
 // value in running, and returns the changes it undid, in a fixed order.
-// Secrets are shown as "(redacted)"; long values are cut.
+// Secrets are shown as Redacted; long values are cut.
 func (next *Config) KeepRestartKeys(running *Config) []Change {
 	var out []Change
 	for _, k := range restartKeys {
@@ -83,7 +82,7 @@ func (next *Config) KeepRestartKeys(running *Config) []Change {
 		}
 		c := Change{Key: k.key, Old: shown(was.Interface()), New: shown(now.Interface())}
 		if k.secret {
-			c.Old, c.New = "(redacted)", "(redacted)"
+			c.Old, c.New = Redacted, Redacted
 		}
 		out = append(out, c)
 		now.Set(was)
@@ -123,30 +122,3 @@ func cut(s string, n int) string {
 	}
 	return s[:n] + fmt.Sprintf("… (%d bytes)", l)
 }
-
-// cutLines is err with each line of its message cut to maxLine bytes, and
-// at most MaxErrors lines (the rest counted); it still wraps err.
-func cutLines(err error) error {
-	lines := strings.Split(err.Error(), "\n")
-	changed := false
-	if len(lines) > MaxErrors {
-		lines, changed = append(lines[:MaxErrors:MaxErrors], fmt.Sprintf("and %d more lines", len(lines)-MaxErrors)), true
-	}
-	for i, l := range lines {
-		if len(l) > maxLine {
-			lines[i], changed = cut(l, maxLine), true
-		}
-	}
-	if !changed {
-		return err
-	}
-	return &cutError{msg: strings.Join(lines, "\n"), err: err}
-}
-
-type cutError struct {
-	msg string
-	err error
-}
-
-func (e *cutError) Error() string { return e.msg }
-func (e *cutError) Unwrap() error { return e.err }

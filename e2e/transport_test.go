@@ -130,9 +130,10 @@ func TestTransport_FailsOverInsideOneRequest(t *testing.T) {
 }
 
 // The sidecar's verdicts through Transport: a non_retryable 400 is the
-// caller's response to read; a call that every source fails is an error
-// carrying the *FailureError; a body too large to buffer is refused before
-// any upstream request; a provider SDK's own retry is refused.
+// caller's response to read; a call that every source fails is the last
+// upstream answer, with the verdict beside it (FailureOf); a body too large
+// to buffer is refused before any upstream request; a provider SDK's own
+// retry is refused.
 func TestTransport_Verdicts(t *testing.T) {
 	up := newUpstream(t)
 	sc := startSidecar(t, twoSources(up))
@@ -163,13 +164,17 @@ func TestTransport_Verdicts(t *testing.T) {
 		}
 	})
 
-	t.Run("every source failing is the verdict", func(t *testing.T) {
+	t.Run("every source failing is the last answer with the verdict", func(t *testing.T) {
 		up.Set("a", upstream.Step{Status: 503})
 		up.Set("b", upstream.Step{Status: 503})
 		resp, err := post(t, strings.NewReader(`{}`))
-		var failed *polygate.FailureError
-		if resp != nil || !errors.As(err, &failed) || failed.Reason != polygate.RetryExhausted || failed.Attempts != 3 {
-			t.Fatalf("client.Do = %v, %v; want a retry_exhausted FailureError after 3 attempts", resp, err)
+		if err != nil {
+			t.Fatalf("client.Do = %v; want the last 503", err)
+		}
+		resp.Body.Close()
+		failed, ok := polygate.FailureOf(resp)
+		if resp.StatusCode != 503 || resp.Header.Get("Polygate-Failure-Reason") != "retry_exhausted" || !ok || failed.Reason != polygate.RetryExhausted || failed.Attempts != 3 {
+			t.Fatalf("response %d %v, FailureOf %v; want the upstream's 503 and a retry_exhausted verdict after 3 attempts", resp.StatusCode, resp.Header, failed)
 		}
 	})
 

@@ -82,8 +82,11 @@ type Event struct {
 	Cooldown time.Duration
 	// PermitID names the probe (probe events) or the settled permit (stale outcome).
 	PermitID string
-	// Override, Actor and Why describe an operator's change.
+	// Override, Actor and Why describe an operator's change: the override
+	// in force after it, who asked and why; Action is what they asked for
+	// (a clear and a reset both leave no override).
 	Override Override
 	Actor    string
 	Why      string
+	Action   Action
 }

@@ -54,3 +54,17 @@ func (r Record) Breaker(now int64) Breaker {
 	}
 	return b
 }
+
+// StateLoss is what one replica saw of a shared backend losing a scope's
+// state (a Redis restarted without persistence, or a failover to an empty
+// replica), for DescribeScope.
+type StateLoss struct {
+	// Count is how many losses the replica found; Last is when it found
+	// the last one.
+	Count uint64
+	Last  time.Time
+	// Restored is how many breakers the last re-assert wrote.
+	Restored int
+	// Pending: a loss was found and its re-assert has not succeeded yet.
+	Pending bool
+}

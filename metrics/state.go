@@ -15,6 +15,9 @@ type ScopeState struct {
 	Name        string
 	Description policy.Description
 	LiveCalls   int
+	// Waiting counts the calls of the scope waiting now: refused by every
+	// source, from their first Wait until a grant or their end.
+	Waiting int
 	// Err: the backend could not be read; only polygate_scope_up is exported.
 	Err error
 }
@@ -43,6 +46,7 @@ func desc(name, help string, labels ...string) *prometheus.Desc {
 var (
 	scopeUp      = desc("scope_up", "1 when the scope's state could be read from the backend at this scrape.", "scope")
 	liveCalls    = desc("live_calls", "Calls of the scope the sidecar holds open.", "scope")
+	waitingCalls = desc("waiting_calls", "Calls of the scope waiting now: refused by every source, from their first Wait (held in OnNoRunnable, or sleeping in the client) until a grant or their end.", "scope")
 	progressAge  = desc("scope_progress_age_seconds", "Time since the scope's last successful attempt (absent if none yet).", "scope")
 	breakerState = desc("breaker_state", "1 for the breaker's automatic state as a reader sees it (closed, open, half_open), 0 for the others.", "scope", "source", "state")
 	overrideSet  = desc("breaker_override", "1 for the operator override in force (none, forced_open, forced_closed, disabled), 0 for the others.", "scope", "source", "override")
@@ -62,7 +66,7 @@ var (
 )
 
 var allDescs = []*prometheus.Desc{
-	scopeUp, liveCalls, progressAge, breakerState, overrideSet, retryAfter, reopens, probeOut, windowCalls,
+	scopeUp, liveCalls, waitingCalls, progressAge, breakerState, overrideSet, retryAfter, reopens, probeOut, windowCalls,
 	windowFails, consecutive, inUse, permitLimit, pacerCeiling, rpmLimit, rpmUsed, tpmLimit, tpmUsed,
 }
 
@@ -94,6 +98,7 @@ func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range c.read(ctx) {
 		gauge(scopeUp, flag(s.Err == nil), s.Name)
 		gauge(liveCalls, float64(s.LiveCalls), s.Name)
+		gauge(waitingCalls, float64(s.Waiting), s.Name)
 		if s.Err != nil {
 			continue
 		}

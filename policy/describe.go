@@ -92,6 +92,11 @@ func (s *Scope) Override(ctx context.Context, name string, a gate.Action, actor,
 	if err != nil {
 		return gate.SourceView{}, err
 	}
+	for i := range r.Events {
+		if r.Events[i].Kind == gate.EventOverride {
+			r.Events[i].Action = a // observers name the action; backends report the override it left
+		}
+	}
 	s.remember(name, r.View.Breaker, time.Now())
 	s.absorb(r.Events)
 	return r.View, nil

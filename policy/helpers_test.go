@@ -179,8 +179,3 @@ func wantFailure(t *testing.T, a policy.Action, reason policy.FailureReason) *po
 	}
 	return a.Failure
 }
-
-func contextWithTimeout(t *testing.T, d time.Duration) (context.Context, context.CancelFunc) {
-	t.Helper()
-	return context.WithTimeout(context.Background(), d)
-}

@@ -75,7 +75,7 @@ func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 			c.mu.Unlock()
 			return Decision{}, err
 		}
-		d.Slept = time.Now().Sub(start)
+		d.Slept = time.Since(start)
 		if d.Woken || d.Uncertain || d.Slept >= d.Sleep {
 			d.Sleep = 0
 		} else {

@@ -10,7 +10,7 @@
 # second caller is told retry_after 0 (not the probe lease); with wait the
 # caller sleeps (inside the sidecar) until the cooldown ends, then probes.
 # Every step checks what it prints and the script exits non-zero on the first
-# surprise. Needs grpcurl (GRPCURL, default bin/grpcurl: make tools) and python3.
+# surprise. Needs grpcurl (GRPCURL, default bin/grpcurl: make grpcurl) and python3.
 set -euo pipefail
 ADDR=${1:?usage: incident.sh HOST:PORT}
 GRPCURL=${GRPCURL:-bin/grpcurl}

@@ -119,6 +119,15 @@ var actions = map[admissionv1.OverrideAction]gate.Action{
 	admissionv1.OverrideAction_OVERRIDE_ACTION_RESET:        gate.ActionReset,
 }
 
+// actionNames is actions the other way round, for OverrideChanged events.
+var actionNames = func() map[gate.Action]admissionv1.OverrideAction {
+	m := make(map[gate.Action]admissionv1.OverrideAction, len(actions))
+	for k, v := range actions {
+		m[v] = k
+	}
+	return m
+}()
+
 var onRefusal = map[config.OnRefusal]admissionv1.OnRefusal{
 	config.FailFast: admissionv1.OnRefusal_ON_REFUSAL_FAIL_FAST,
 	config.Wait:     admissionv1.OnRefusal_ON_REFUSAL_WAIT,
@@ -269,21 +278,6 @@ func encodedSourceState(v gate.SourceView, cfg *config.Scope, confs sourceConfig
 	return out
 }
 
-// DescribeConfig is cfg's scopes as ListScopes would show them before any
-// call: defaults and derived values included, no live state.
-func DescribeConfig(cfg *config.Config) *admissionv1.ListScopesResponse {
-	list := &admissionv1.ListScopesResponse{}
-	for _, name := range sortedKeys(cfg.Scopes) {
-		sc := cfg.Scopes[name]
-		d := &admissionv1.ScopeDescription{Config: scopeConfig(sc)}
-		for i := range sc.Sources {
-			d.Sources = append(d.Sources, &admissionv1.SourceState{Name: sc.Sources[i].Name, Config: sourceConfig(&sc.Sources[i], sc.LeaseGrace)})
-		}
-		list.Scopes = append(list.Scopes, d)
-	}
-	return list
-}
-
 func sourceConfig(s *config.Source, grace time.Duration) *admissionv1.SourceConfig {
 	b := s.Breaker
 	return &admissionv1.SourceConfig{
@@ -331,16 +325,7 @@ func sourceLine(l policy.LineState) *admissionv1.SourceLine {
 	return out
 }
 
-// StateLoss is what this replica saw of a shared backend losing a scope's
-// state (see redisgate.StateLoss).
-type StateLoss struct {
-	Count    uint64
-	Last     time.Time
-	Restored int
-	Pending  bool
-}
-
-func stateLoss(l StateLoss) *admissionv1.StateLoss {
+func stateLoss(l gate.StateLoss) *admissionv1.StateLoss {
 	out := &admissionv1.StateLoss{Count: l.Count, Restored: int32(min(l.Restored, math.MaxInt32)), ReassertPending: l.Pending}
 	if l.Count > 0 {
 		out.Last = timestamppb.New(l.Last)

@@ -27,6 +27,9 @@ var (
 	errTooManyCalls    = errors.New("too many live calls")
 	errTooManyWatchers = errors.New("too many WatchEvents streams")
 	errUnauthenticated = errors.New("missing or wrong bearer token")
+	// errPanic is a handler's panic, recovered and logged with its stack
+	// where it was recovered (panicked).
+	errPanic = errors.New("panic in handler")
 )
 
 // fieldError is a request field that is not allowed.
@@ -55,7 +58,7 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		meta   map[string]string
 	)
 	if _, ok := err.(interface{ GRPCStatus() *status.Status }); ok {
-		return err // already a status (a recovered panic)
+		return err // already a status: gRPC's own, from a stream's Send or Recv
 	}
 	switch {
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
@@ -89,6 +92,8 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	case errors.Is(err, gate.ErrUnavailable):
 		log.WarnContext(ctx, "backend unavailable", "err", err)
 		code, reason = codes.Unavailable, admissionv1.ErrorReason_ERROR_REASON_BACKEND_UNAVAILABLE
+	case errors.Is(err, errPanic):
+		return withInfo(status.New(codes.Internal, "internal error"), admissionv1.ErrorReason_ERROR_REASON_INTERNAL, nil)
 	default:
 		log.ErrorContext(ctx, "internal error", "err", err)
 		return withInfo(status.New(codes.Internal, "internal error"), admissionv1.ErrorReason_ERROR_REASON_INTERNAL, nil)

@@ -241,6 +241,7 @@ func (h *hub) Breaker(scope string, e gate.Event) {
 	case gate.EventOverride:
 		ev.Event = &admissionv1.WatchEventsResponse_OverrideChanged{OverrideChanged: &admissionv1.OverrideChanged{
 			Source: e.Source, Override: overrides[e.Override], Actor: e.Actor, Reason: e.Why, State: states[e.To], Epoch: e.Epoch,
+			Action: actionNames[e.Action],
 		}}
 	default:
 		return

@@ -50,11 +50,11 @@ type RPCCounter interface {
 //
 // For unary RPCs the links are one interceptor (unaryChain), not five: a call
 // held in OnNoRunnable parks its goroutine below the chain, and five chained
-// closures took 1.4 KB of that stack (4.1 KB in all, now 3.1 KB). The
+// closures would add 1.4 KB to that stack (3.1 KB in all with one). The
 // runtime halves a stack at GC when less than a quarter of it is in use
-// (counting 800 B of guard): a held call's stack that a Redis read grew to
-// 16 KB now shrinks back to 8 KB (docs/performance.md, "What a held call
-// costs").
+// (counting 800 B of guard): with one link, a held call's stack that a Redis
+// read grew to 16 KB shrinks back to 8 KB (docs/performance.md, "What a held
+// call costs").
 //
 // tokens are the bearer tokens of the application and operator roles (see
 // Tokens); they are read per call, so a reload can change them.
@@ -139,10 +139,11 @@ func (ch *unaryChain) admit(ctx context.Context, req any, handler grpc.UnaryHand
 	return handler(ctx, req)
 }
 
-// panicked logs a recovered panic with its stack and answers INTERNAL.
+// panicked logs a recovered panic with its stack and returns errPanic,
+// which the error edge (toStatus) answers as INTERNAL.
 func panicked(ctx context.Context, log *slog.Logger, p any) error {
 	log.ErrorContext(ctx, "panic in handler", "panic", p, "stack", string(debug.Stack()))
-	return status.Error(codes.Internal, "internal error")
+	return errPanic
 }
 
 // streamWorkers is the number of goroutines kept to serve RPCs. A new

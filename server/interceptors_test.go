@@ -7,6 +7,7 @@ import (
 	"net"
 	"path"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -240,4 +241,98 @@ func TestUnloggedCallsBuildNoFields(t *testing.T) {
 	}); n != 0 {
 		t.Errorf("logFinished of a successful call at info allocates %v times, want 0", n)
 	}
+}
+
+// panicky is an admission service whose handlers panic.
+type panicky struct {
+	admissionv1.UnimplementedAdmissionServiceServer
+}
+
+func (panicky) Pick(context.Context, *admissionv1.PickRequest) (*admissionv1.PickResponse, error) {
+	panic("pick-panic-value")
+}
+
+func (panicky) WatchEvents(*admissionv1.WatchEventsRequest, grpc.ServerStreamingServer[admissionv1.WatchEventsResponse]) error {
+	panic("watch-panic-value")
+}
+
+// TestPanicIsInternalWithReason: a panic in a unary or a streaming handler
+// reaches the client as INTERNAL with the ErrorInfo reason INTERNAL and a
+// generic message, and is logged with its stack.
+func TestPanicIsInternalWithReason(t *testing.T) {
+	logs := &records{level: slog.LevelDebug}
+	gs := grpc.NewServer(ServerOptions(slog.New(logs), NewTokens(config.Auth{}), Interceptors{})...)
+	admissionv1.RegisterAdmissionServiceServer(gs, panicky{})
+	lis := bufconn.Listen(1 << 20)
+	go func() { _ = gs.Serve(lis) }()
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(func() {
+		cancel()
+		conn.Close()
+		gs.Stop()
+	})
+	client := admissionv1.NewAdmissionServiceClient(conn)
+
+	tests := []struct {
+		name  string
+		value string
+		call  func() error
+	}{
+		{"Unary", "pick-panic-value", func() error {
+			_, err := client.Pick(ctx, &admissionv1.PickRequest{Scope: "chat"})
+			return err
+		}},
+		{"Stream", "watch-panic-value", func() error {
+			st, err := client.WatchEvents(ctx, &admissionv1.WatchEventsRequest{})
+			if err != nil {
+				return err
+			}
+			_, err = st.Recv()
+			return err
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.call()
+			wantStatus(t, err, codes.Internal, admissionv1.ErrorReason_ERROR_REASON_INTERNAL, "")
+			if msg := status.Convert(err).Message(); msg != "internal error" {
+				t.Errorf("message %q, want the generic \"internal error\"", msg)
+			}
+			if !logs.panicLogged(tc.value) {
+				t.Errorf("no \"panic in handler\" record with %q and a stack through panicky", tc.value)
+			}
+		})
+	}
+}
+
+// panicLogged reports whether a "panic in handler" record carries value as
+// its panic and a stack that goes through the panicking handler.
+func (r *records) panicLogged(value string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, rec := range r.recs {
+		if rec.Message != "panic in handler" {
+			continue
+		}
+		var p, stack string
+		rec.Attrs(func(a slog.Attr) bool {
+			switch a.Key {
+			case "panic":
+				p = a.Value.String()
+			case "stack":
+				stack = a.Value.String()
+			}
+			return true
+		})
+		if p == value && strings.Contains(stack, "server.panicky.") {
+			return true
+		}
+	}
+	return false
 }

@@ -67,9 +67,9 @@ func (l logObserver) Breaker(scope string, e gate.Event) {
 			attrs = append(attrs, "cooldown", e.Cooldown)
 		}
 	case gate.EventOverride:
-		msg = "breaker override " + e.Override.String()
+		msg = "breaker override " + e.Action.String()
 		level = slog.LevelWarn
-		attrs = append(attrs, "actor", e.Actor, "why", e.Why)
+		attrs = append(attrs, "override", e.Override.String(), "actor", e.Actor, "why", e.Why)
 	case gate.EventProbeExpired:
 		msg = "probe lease expired without an outcome; the next entrant probes"
 		level = slog.LevelWarn

@@ -69,7 +69,7 @@ type harnessOpts struct {
 	// loopback serves on a real TCP port instead of bufconn (benchmarks).
 	loopback bool
 	// stateLoss is Options.StateLoss.
-	stateLoss func(scope string) StateLoss
+	stateLoss func(scope string) gate.StateLoss
 }
 
 func start(t testing.TB, o harnessOpts) *harness {
@@ -468,9 +468,7 @@ func TestBackendFailures(t *testing.T) {
 	t.Run("PanicIsRecovered", func(t *testing.T) {
 		h := start(t, harnessOpts{backend: brokenBackend{panic: true}})
 		_, err := h.client.Pick(h.ctx, &admissionv1.PickRequest{Scope: "chat"})
-		if status.Code(err) != codes.Internal {
-			t.Fatalf("panic gave %v, want INTERNAL", err)
-		}
+		wantStatus(t, err, codes.Internal, admissionv1.ErrorReason_ERROR_REASON_INTERNAL, "")
 		if _, err := h.client.ListScopes(h.ctx, &admissionv1.ListScopesRequest{}); err == nil {
 			t.Fatal("ListScopes over a backend without Peek should fail, not pass") // the embedded nil Backend panics too
 		}

@@ -134,8 +134,8 @@ func BenchmarkSweepWhileCallsAreHeld(b *testing.B) {
 }
 
 // A call held in OnNoRunnable keeps its session and its call, one
-// allocation: keep it within the 288-byte size class (it was 312 bytes, in
-// the 320-byte class, before busy and the flags shared a word).
+// allocation: keep it within the 288-byte size class (busy and the flags
+// share a word so that it fits).
 func TestSessionStaysSmall(t *testing.T) {
 	if n := unsafe.Sizeof(sessionCall{}); n > 288 {
 		t.Fatalf("a session and its call are %d bytes, more than the 288 a held call is budgeted", n)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/polygate/polygate/config"
+	"github.com/polygate/polygate/internal/boundedfile"
 )
 
 // TLSConfig is the gRPC listener's TLS configuration, or nil when
@@ -111,39 +112,9 @@ func (f *certFiles) stampNow() string {
 }
 
 func certPool(key, path string) (*x509.CertPool, error) {
-	pem, err := os.ReadFile(path)
+	pool, err := boundedfile.CertPool(path)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", key, err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("%s %s: no PEM certificate in it", key, path)
+		return nil, fmt.Errorf("%s %s: %w", key, path, err)
 	}
 	return pool, nil
-}
-
-// RedisTLSConfig is the Redis client's TLS configuration, or nil when
-// backend.redis.tls is false: the system roots or backend.redis.tls_ca_file,
-// a client certificate when tls_cert_file and tls_key_file are set, and
-// tls_server_name when the certificate's name differs from the address.
-func RedisTLSConfig(r config.Redis) (*tls.Config, error) {
-	if !r.TLS {
-		return nil, nil
-	}
-	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: r.TLSServerName}
-	if r.TLSCAFile != "" {
-		pool, err := certPool("backend.redis.tls_ca_file", r.TLSCAFile)
-		if err != nil {
-			return nil, err
-		}
-		c.RootCAs = pool
-	}
-	if r.TLSCertFile != "" {
-		cert, err := tls.LoadX509KeyPair(r.TLSCertFile, r.TLSKeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("backend.redis.tls_cert_file %s, tls_key_file %s: %w", r.TLSCertFile, r.TLSKeyFile, err)
-		}
-		c.Certificates = []tls.Certificate{cert}
-	}
-	return c, nil
 }

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"crypto/tls"
 	"io"
 	"log/slog"
 	"os"
@@ -79,42 +78,5 @@ func TestListenUnixMode(t *testing.T) {
 	}
 	if fi.Mode().Perm() != 0o660 {
 		t.Fatalf("mode %v, want 0660", fi.Mode().Perm())
-	}
-}
-
-// TestRedisTLSConfig: the Redis keys make the client's TLS configuration,
-// which verifies the server by the CA and the name, and presents the client
-// certificate.
-func TestRedisTLSConfig(t *testing.T) {
-	ca := testcerts.NewCA(t)
-	srv, cli := ca.Issue("redis.internal"), ca.Issue("client")
-	c, err := RedisTLSConfig(config.Redis{TLS: true, TLSCAFile: ca.File, TLSCertFile: cli.CertFile, TLSKeyFile: cli.KeyFile, TLSServerName: "redis.internal"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{srv.TLS}, ClientCAs: ca.Pool, ClientAuth: tls.RequireAndVerifyClientCert})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lis.Close()
-	done := make(chan error, 1)
-	go func() {
-		conn, err := lis.Accept()
-		if err == nil {
-			err = conn.(*tls.Conn).Handshake()
-			conn.Close()
-		}
-		done <- err
-	}()
-	conn, err := tls.Dial("tcp", lis.Addr().String(), c)
-	if err != nil {
-		t.Fatalf("handshake: %v", err)
-	}
-	conn.Close()
-	if err := <-done; err != nil {
-		t.Fatalf("server side: %v", err)
-	}
-	if off, err := RedisTLSConfig(config.Redis{}); off != nil || err != nil {
-		t.Fatalf("tls off: %v %v", off, err)
 	}
 }

@@ -6,7 +6,9 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -33,6 +35,8 @@ type Client struct {
 	call []grpc.CallOption // sent with every RPC: the token's credentials
 	tr   trace.Tracer
 
+	watch *watch // what a call does when the sidecar is unreachable
+
 	priority int32  // every call's, unless WithPriority
 	tenant   string // every call's, unless WithTenant
 }
@@ -41,15 +45,20 @@ type Client struct {
 type Option func(*clientConfig)
 
 type clientConfig struct {
-	token  string
-	tls    *tls.Config
-	caFile string
-	dial   []grpc.DialOption
+	token    string
+	tokenSet bool // WithToken was given, even ""
+	tls      *tls.Config
+	caFile   string
+	dial     []grpc.DialOption
 
 	priority int32
 	tenant   string
 
 	tracerProvider trace.TracerProvider
+
+	mode      SidecarUnavailable
+	fallbacks map[string]Attempt
+	logger    *slog.Logger
 }
 
 // WithDefaultPriority is every call's priority unless the call sets its own
@@ -64,7 +73,11 @@ func WithDefaultTenant(t string) Option { return func(c *clientConfig) { c.tenan
 // configured with auth.token (or auth.operator_token). Over a plaintext
 // connection the token travels in clear: keep plaintext to loopback and unix
 // sockets, and use WithTLS or WithTLSCAFile for a sidecar beyond the host.
-func WithToken(token string) Option { return func(c *clientConfig) { c.token = token } }
+// Without WithToken the token is $POLYGATE_TOKEN, if set; WithToken("")
+// sends none.
+func WithToken(token string) Option {
+	return func(c *clientConfig) { c.token, c.tokenSet = token, true }
+}
 
 // WithTLS makes Dial connect with TLS configured by cfg (server CA, client
 // certificate for mTLS, server name). Without WithTLS or WithTLSCAFile the
@@ -83,9 +96,21 @@ func WithDialOptions(opts ...grpc.DialOption) Option {
 }
 
 // Dial returns a client of the sidecar at target: "host:port" or
-// "unix:///path/to/socket". It does not wait for the connection.
+// "unix:///path/to/socket"; "" is $POLYGATE_ADDR. It does not wait for the
+// connection.
 func Dial(target string, opts ...Option) (*Client, error) {
 	cfg := configure(opts)
+	if target == "" {
+		if target = strings.TrimSpace(os.Getenv(EnvAddr)); target == "" {
+			return nil, fmt.Errorf("polygate: Dial needs a target or $%s", EnvAddr)
+		}
+	}
+	if _, err := cfg.modeOf(); err != nil {
+		return nil, err
+	}
+	if err := cfg.tokenError(); err != nil {
+		return nil, err
+	}
 	creds, err := cfg.transportCredentials()
 	if err != nil {
 		return nil, err
@@ -102,11 +127,16 @@ func Dial(target string, opts ...Option) (*Client, error) {
 
 // New returns a client over a connection the caller owns (Close leaves it
 // open). The options of the transport (TLS, dial options) do not apply: the
-// connection's transport is the caller's.
+// connection's transport is the caller's. A bad value of
+// $POLYGATE_ON_SIDECAR_UNAVAILABLE or $POLYGATE_TOKEN, which Dial returns as
+// an error, is logged and ignored.
 func New(conn grpc.ClientConnInterface, opts ...Option) *Client {
 	cfg := configure(opts)
-	c := &Client{rpc: admissionv1.NewAdmissionServiceClient(tracedConn{conn}), priority: cfg.priority, tenant: cfg.tenant, tr: cfg.tracer()}
-	if cfg.token != "" {
+	w := newWatch(cfg)
+	c := &Client{rpc: admissionv1.NewAdmissionServiceClient(watchedConn{tracedConn{conn}, w}), priority: cfg.priority, tenant: cfg.tenant, tr: cfg.tracer(), watch: w}
+	if err := cfg.tokenError(); err != nil {
+		w.log.Error(err.Error() + "; no token sent")
+	} else if cfg.token != "" {
 		c.call = []grpc.CallOption{grpc.PerRPCCredentials(bearer(cfg.token))}
 	}
 	return c
@@ -117,7 +147,24 @@ func configure(opts []Option) clientConfig {
 	for _, o := range opts {
 		o(&cfg)
 	}
+	if !cfg.tokenSet {
+		cfg.token = strings.TrimSpace(os.Getenv(EnvToken))
+	}
 	return cfg
+}
+
+// tokenError refuses a token that cannot be a header value.
+func (cfg clientConfig) tokenError() error {
+	for _, r := range cfg.token {
+		if r < 0x21 || r > 0x7e {
+			where := "WithToken"
+			if !cfg.tokenSet {
+				where = "$" + EnvToken
+			}
+			return fmt.Errorf("polygate: %s: only printable ASCII without spaces is allowed in a bearer token", where)
+		}
+	}
+	return nil
 }
 
 // maxCAFile bounds the CA file WithTLSCAFile reads.
@@ -237,6 +284,9 @@ func Do[T any](ctx context.Context, c *Client, scope string, fn func(context.Con
 	ctx, spans := startCall(ctx, c.tr, scope)
 	call := &callState{c: c, scope: scope, spans: spans}
 	value, err := do(ctx, call, fn, opts)
+	if err != nil && c.watch.mode == SidecarAllow && unreachable(err) {
+		value, err = ungoverned(ctx, call, fn, value, err)
+	}
 	spans.end(call.attempts, err)
 	return value, err
 }
@@ -280,6 +330,7 @@ func do[T any](ctx context.Context, call *callState, fn func(context.Context, At
 		case *admissionv1.PickResponse_Grant:
 			call.spans.granted(r.Grant)
 			value, next, err := attempt(actx, call, r.Grant, fn)
+			call.c.watch.began(scope, call.lastAttempt)
 			last = value
 			if err != nil {
 				return last, call.abandon(ctx, err)
@@ -355,6 +406,8 @@ type callState struct {
 	attempts int
 	last     *Result
 	spans    *callSpans
+
+	lastAttempt Attempt // the grant of the last attempt
 }
 
 // attempt runs fn under the grant and reports its result. It is a function,
@@ -365,6 +418,7 @@ func attempt[T any](ctx context.Context, s *callState, pg *admissionv1.Grant, fn
 		Probe: pg.GetProbe(), Timeout: pg.GetTimeout().AsDuration(), PermitID: pg.GetPermitId(),
 	}
 	s.attempts++
+	s.lastAttempt = a
 	value, res := run(ctx, s, a, fn)
 	s.last = &res
 	if res.Outcome != Success && ctx.Err() != nil {

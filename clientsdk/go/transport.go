@@ -60,11 +60,19 @@ var ErrProviderRetry = errors.New("polygate: the provider SDK retried a request 
 // attempt also ends after the source's timeout (until its response headers
 // and the part of the body Transport reads).
 //
-// Answers: a 2xx, or the last attempt's response when the sidecar's verdict
-// is non_retryable (a 4xx such as 400 is the caller's to read), is returned
-// as the response. Every other verdict returns an error wrapping the
-// *FailureError (errors.As works through *url.Error); the last response, if
-// any, is closed.
+// Answers: the client gets a response whenever the call ended on an upstream
+// answer or on a verdict, so a provider SDK raises its own status error:
+// a 2xx (with Polygate-Call-Id); for a verdict, the last attempt's own
+// response (a dead key's 401, a 400, the last 5xx or 429 when retries are
+// spent) with the verdict's headers (Polygate-Failure-Reason,
+// Polygate-Retry-After, Polygate-Call-Id); and when no upstream answered
+// (every source open, stalled, a quota), a synthesized 503, or 429 for a
+// quota or budget reason, whose OpenAI-style JSON error names polygate's
+// reason and when to retry. FailureOf reads the verdict back from either.
+// An error is returned only when there is no answer at all: the sidecar's
+// gRPC errors (*StatusError), the request's context, a body that cannot be
+// replayed. Under SidecarAllow, an attempt made without the sidecar returns
+// the upstream's answer as it came.
 //
 // Warning: turn the provider SDK's own retries off (openai-go:
 // option.WithMaxRetries(0); openai-python: max_retries=0), so that the
@@ -116,15 +124,32 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		last = t.attempt(ctx, base, req, getBody, a)
 		return last, last.result
 	}, t.Options...)
-	if resp == nil {
-		return nil, err
-	}
-	if resp.resp != nil && (err == nil || resp.result.Outcome == Success || errors.Is(err, ErrNonRetryable)) {
+	var failure *FailureError
+	switch {
+	case resp != nil && resp.resp != nil && (err == nil || resp.result.Outcome == Success):
 		// A success is the caller's even when its report failed: the
 		// upstream did the work.
+		if resp.callID != "" {
+			resp.resp.Header.Set(HeaderCallID, resp.callID)
+		}
 		return resp.resp, nil
+	case errors.As(err, &failure) && (resp == nil || resp.unsent == nil):
+		if resp != nil && resp.resp != nil {
+			return withFailure(resp.resp, req, failure), nil // the upstream's own words
+		}
+		if resp != nil {
+			resp.close()
+		}
+		return synthesized(req, failure), nil
+	case resp != nil && resp.resp != nil && t.Client.watch.mode == SidecarAllow && unreachable(err):
+		return resp.resp, nil // an ungoverned attempt's answer, as it came
 	}
-	resp.close()
+	if resp != nil {
+		resp.close()
+		if resp.unsent != nil {
+			err = fmt.Errorf("polygate: %w (%w)", resp.unsent, err)
+		}
+	}
 	if err == nil {
 		err = fmt.Errorf("polygate: call of scope %s ended without a response: %s", t.Scope, resp.result.Detail)
 	}
@@ -164,6 +189,11 @@ type sent struct {
 	resp   *http.Response
 	result Result
 	cancel context.CancelFunc // cancels the request
+	callID string
+	// unsent is why the request could not be made (no usable base_url,
+	// Prepare's error, the body's): the call's end is then an error, not a
+	// response standing for a verdict.
+	unsent error
 }
 
 func (s *sent) close() {
@@ -180,25 +210,29 @@ func (t *Transport) attempt(ctx context.Context, base http.RoundTripper, orig *h
 	rctx, cancel := context.WithCancel(orig.Context())
 	detach := context.AfterFunc(ctx, cancel)
 	defer detach()
-	s := &sent{cancel: cancel}
+	s := &sent{cancel: cancel, callID: a.CallID}
 	fail := func(outcome Outcome, err error) *sent {
 		cancel()
 		s.result = Result{Outcome: outcome, Detail: err.Error()}
 		return s
 	}
+	unsent := func(err error) *sent {
+		s.unsent = err
+		return fail(ClientError, err)
+	}
 	req := orig.Clone(rctx)
 	if err := pointAt(req, a); err != nil {
-		return fail(ClientError, err)
+		return unsent(err)
 	}
 	body, err := getBody()
 	if err != nil {
-		return fail(ClientError, fmt.Errorf("request body: %w", err))
+		return unsent(fmt.Errorf("request body: %w", err))
 	}
 	req.Body = body
 	if t.Prepare != nil {
 		if err := t.Prepare(req, a); err != nil {
 			req.Body.Close()
-			return fail(ClientError, fmt.Errorf("Transport.Prepare for source %s: %w", a.Source, err))
+			return unsent(fmt.Errorf("Transport.Prepare for source %s: %w", a.Source, err))
 		}
 	}
 	resp, err := base.RoundTrip(req)
@@ -223,7 +257,8 @@ func (t *Transport) attempt(ctx context.Context, base http.RoundTripper, orig *h
 		}
 	}
 	head, complete, err := peek(resp, limit)
-	if err != nil {
+	if err != nil { // peek closed the body: there is no response to hand over
+		s.resp = nil
 		s.result = ResultOf(nil, nil, fmt.Errorf("reading the response of source %s: %w", a.Source, err))
 		s.result.HTTPStatus = resp.StatusCode
 		return s

@@ -285,7 +285,7 @@ func TestWatchPrintsOverrides(t *testing.T) {
 	} else if !strings.Contains(got, "forced_open") {
 		t.Errorf("override printed:\n%s", got)
 	}
-	want := `chat override backup forced_open actor="alice" reason="INC-42 backup returns garbage" state=CLOSED epoch=0`
+	want := `chat override backup force_open override=forced_open actor="alice" reason="INC-42 backup returns garbage" state=CLOSED epoch=0`
 	waitFor(t, ctx, "the override event", func() bool { return strings.Contains(out.String(), want) })
 	openPrimary(t, ctx, s)
 	transition := "chat breaker primary CLOSED -> OPEN cause=source_dead epoch=0 reopens=1 cooldown=10m0s"
@@ -303,7 +303,7 @@ func TestWatchPrintsOverrides(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b := section(t, desc, "BREAKERS")["backup"]; b["STATE"] != "CLOSED(forced_open)" || b["OVERRIDE"] != "forced_open" || b["NEXT ATTEMPT"] != "refused: forced_open" {
+	if b := section(t, desc, "BREAKERS")["backup"]; b["STATE"] != "OPEN (forced; breaker CLOSED)" || b["OVERRIDE"] != "forced_open" || b["NEXT ATTEMPT"] != "refused: forced_open" {
 		t.Errorf("backup after the override: %v", b)
 	}
 	if !strings.Contains(desc, `override of backup: forced_open by "alice": "INC-42 backup returns garbage"`) {
@@ -541,5 +541,47 @@ scopes:
 	if line := d.GetScope().GetSources()[0].GetLine(); line.GetLength() != 3 || len(line.GetGroups()) != 2 ||
 		line.GetGroups()[0].GetWaiting() != 2 || line.GetGroups()[0].GetTenant() != "search" {
 		t.Errorf("--json line %v", line)
+	}
+}
+
+// TestAddressAndTokenFromTheEnvironment: without --addr and --token,
+// polygatectl dials $POLYGATE_ADDR with $POLYGATE_TOKEN (the application's
+// variables); inside the sidecar's container it takes the sidecar's
+// operator token before its application token; flags win over all of them.
+func TestAddressAndTokenFromTheEnvironment(t *testing.T) {
+	ctx := testContext(t)
+	const operator = "op3rator-token"
+	file := filepath.Join(t.TempDir(), "polygate.yaml")
+	if err := os.WriteFile(file, []byte(testConfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := sidecartest.Start(t, []string{"--listen", "127.0.0.1:0", "--config", file},
+		"POLYGATE_AUTH__TOKEN="+token, "POLYGATE_AUTH__OPERATOR_TOKEN="+operator)
+	override := []string{"override", "chat", "backup", "force_open", "--reason", "env test"}
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  []string
+		want string // "" for success, else what the error says
+	}{
+		{"the application's variables", []string{"scopes"}, []string{"POLYGATE_ADDR=" + s.Addr, "POLYGATE_TOKEN=" + token}, ""},
+		{"--addr wins over $POLYGATE_ADDR", []string{"--addr", s.Addr, "scopes"}, []string{"POLYGATE_ADDR=127.0.0.1:1", "POLYGATE_TOKEN=" + token}, ""},
+		{"a wrong $POLYGATE_ADDR is named", []string{"scopes"}, []string{"POLYGATE_ADDR=127.0.0.1:1", "POLYGATE_TOKEN=" + token}, "listening on 127.0.0.1:1? (--addr or $POLYGATE_ADDR"},
+		{"--token wins over $POLYGATE_TOKEN", []string{"--token", token, "scopes"}, []string{"POLYGATE_ADDR=" + s.Addr, "POLYGATE_TOKEN=wrong"}, ""},
+		{"$POLYGATE_TOKEN is sent", []string{"scopes"}, []string{"POLYGATE_ADDR=" + s.Addr, "POLYGATE_TOKEN=wrong"}, "UNAUTHENTICATED"},
+		{"the application's token may not override", override, []string{"POLYGATE_ADDR=" + s.Addr, "POLYGATE_TOKEN=" + token}, "PERMISSION_DENIED"},
+		{"the sidecar's operator token first", override, []string{"POLYGATE_ADDR=" + s.Addr, "POLYGATE_AUTH__TOKEN=" + token, "POLYGATE_AUTH__OPERATOR_TOKEN=" + operator}, ""},
+		{"the sidecar's application token last", override, []string{"POLYGATE_ADDR=" + s.Addr, "POLYGATE_AUTH__TOKEN=" + token}, "PERMISSION_DENIED"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errOut admissiontest.LockedBuffer
+			err := run(ctx, tc.args, env(append(tc.env, "USER=tester")...), &out, &errOut)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("%v\n%s", err, errOut.String())
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("error %v, want one saying %q", err, tc.want)
+			}
+		})
 	}
 }

@@ -62,7 +62,7 @@ func printScopes(w io.Writer, scopes []*admissionv1.ScopeDescription) error {
 	for _, s := range scopes {
 		var src []string
 		for _, st := range s.GetSources() {
-			src = append(src, st.GetName()+"="+breakerState(st.GetState())+overrideSuffix(st.GetOverride()))
+			src = append(src, st.GetName()+"="+compactState(st.GetState(), st.GetOverride()))
 		}
 		row(tw, s.GetConfig().GetName(), s.GetBackend(), strconv.Itoa(int(s.GetLiveCalls())), lastSuccess(s.GetProgressAge()), strings.Join(src, " "))
 	}
@@ -150,7 +150,7 @@ func printBreakers(w io.Writer, sources []*admissionv1.SourceState) error {
 		if st.GetReason() != admissionv1.Reason_REASON_UNSPECIFIED {
 			next = "refused: " + enumName(st.GetReason().String(), "REASON_")
 		}
-		row(tw, st.GetName(), breakerState(st.GetState())+overrideSuffix(st.GetOverride()), openCause(st.GetOpenCause()), next, dur(st.GetRetryAfter()),
+		row(tw, st.GetName(), effectiveState(st.GetState(), st.GetOverride()), openCause(st.GetOpenCause()), next, dur(st.GetRetryAfter()),
 			strconv.FormatUint(st.GetEpoch(), 10), strconv.Itoa(int(st.GetReopens())), probe,
 			strconv.FormatInt(st.GetWindowCalls(), 10), strconv.FormatInt(st.GetWindowFailures(), 10),
 			fmt.Sprintf("%d/%d", st.GetConsecutiveFailures(), st.GetConfig().GetBreaker().GetFailThreshold()),
@@ -226,7 +226,11 @@ func eventLine(ev *admissionv1.WatchEventsResponse) string {
 		what = fmt.Sprintf("stale_outcome %s permit=%s epoch=%d state=%s", s.GetSource(), s.GetPermitId(), s.GetEpoch(), breakerState(s.GetState()))
 	case *admissionv1.WatchEventsResponse_OverrideChanged:
 		o := e.OverrideChanged
-		what = fmt.Sprintf("override %s %s actor=%q reason=%q state=%s epoch=%d", o.GetSource(), overrideName(o.GetOverride()),
+		action := "set" // a sidecar that does not name the action
+		if o.GetAction() != admissionv1.OverrideAction_OVERRIDE_ACTION_UNSPECIFIED {
+			action = enumName(o.GetAction().String(), "OVERRIDE_ACTION_")
+		}
+		what = fmt.Sprintf("override %s %s override=%s actor=%q reason=%q state=%s epoch=%d", o.GetSource(), action, overrideName(o.GetOverride()),
 			bounded(o.GetActor(), maxEchoLen), bounded(o.GetReason(), maxEchoLen), breakerState(o.GetState()), o.GetEpoch())
 	case *admissionv1.WatchEventsResponse_WaitStarted:
 		ws := e.WaitStarted
@@ -300,11 +304,40 @@ func overrideName(o admissionv1.Override) string {
 	return enumName(o.String(), "OVERRIDE_")
 }
 
-func overrideSuffix(o admissionv1.Override) string {
-	if o == admissionv1.Override_OVERRIDE_UNSPECIFIED {
-		return ""
+// effectiveState is what the breaker does now, an operator's override
+// first: "OPEN (forced)" refuses every attempt whatever the automatic state,
+// "OPEN (forced; breaker CLOSED)" says what clearing it would leave.
+func effectiveState(s admissionv1.BreakerState, o admissionv1.Override) string {
+	auto := breakerState(s)
+	does, ok := overrideDoes[o]
+	switch {
+	case !ok:
+		return auto
+	case does == auto:
+		return does + " (forced)"
+	case o == admissionv1.Override_OVERRIDE_DISABLED:
+		return does + " (breaker " + auto + ")"
 	}
-	return "(" + overrideName(o) + ")"
+	return does + " (forced; breaker " + auto + ")"
+}
+
+// compactState is effectiveState without spaces, for one-line lists.
+func compactState(s admissionv1.BreakerState, o admissionv1.Override) string {
+	does, ok := overrideDoes[o]
+	switch {
+	case !ok:
+		return breakerState(s)
+	case o == admissionv1.Override_OVERRIDE_DISABLED:
+		return does
+	}
+	return does + "(forced)"
+}
+
+// overrideDoes is the state each override makes a breaker act as.
+var overrideDoes = map[admissionv1.Override]string{
+	admissionv1.Override_OVERRIDE_FORCED_OPEN:   "OPEN",
+	admissionv1.Override_OVERRIDE_FORCED_CLOSED: "CLOSED",
+	admissionv1.Override_OVERRIDE_DISABLED:      "DISABLED",
 }
 
 func yesNo(b bool) string {

@@ -3,12 +3,10 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
 
@@ -21,9 +19,12 @@ import (
 	"google.golang.org/grpc/status"
 
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/internal/boundedfile"
+	"github.com/polygate/polygate/internal/buildinfo"
 )
 
 const usageText = `usage: polygatectl [options] COMMAND [ARGS] [options]
+       polygatectl --version
 
 commands:
   scopes                       every scope: backend, live calls, each source's breaker state
@@ -35,6 +36,9 @@ commands:
 
 options:
 `
+
+// defaultAddr is the sidecar's default listen address.
+const defaultAddr = "127.0.0.1:50051"
 
 // Bounds on what the command reads and echoes.
 const (
@@ -63,13 +67,14 @@ type options struct {
 	serverName string
 	timeout    time.Duration
 	json       bool
+	version    bool
 }
 
 // register adds the options to fs, with their current values as defaults,
 // so that flags given before the command carry over to its own flag set.
 func (o *options) register(fs *flag.FlagSet) {
-	fs.StringVar(&o.addr, "addr", o.addr, "the sidecar's gRPC address: host:port or unix:///path")
-	fs.StringVar(&o.token, "token", o.token, "bearer token (default: $POLYGATE_TOKEN, else the sidecar's own $POLYGATE_AUTH__TOKEN)")
+	fs.StringVar(&o.addr, "addr", o.addr, "the sidecar's gRPC address: host:port or unix:///path (default: $POLYGATE_ADDR, else 127.0.0.1:50051)")
+	fs.StringVar(&o.token, "token", o.token, "bearer token (default: $POLYGATE_TOKEN, else the sidecar's own $POLYGATE_AUTH__OPERATOR_TOKEN or $POLYGATE_AUTH__TOKEN)")
 	fs.StringVar(&o.tokenFile, "token-file", o.tokenFile, "read the bearer token from this file")
 	fs.BoolVar(&o.tls, "tls", o.tls, "connect with TLS (implied by --ca-file, --cert-file, --key-file, --server-name)")
 	fs.StringVar(&o.caFile, "ca-file", o.caFile, "PEM CA certificates that sign the sidecar's certificate (default: the system's)")
@@ -78,15 +83,26 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.serverName, "server-name", o.serverName, "the name the sidecar's certificate must carry (default: the host of --addr)")
 	fs.DurationVar(&o.timeout, "timeout", o.timeout, "limit on each request (for watch: on opening the stream)")
 	fs.BoolVar(&o.json, "json", o.json, "print the sidecar's answer as protojson, every field shown (watch: one object per line)")
+	fs.BoolVar(&o.version, "version", o.version, "print polygatectl's version and exit")
 }
 
 // run is the whole command; main only supplies the process's arguments,
 // environment and streams.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	o := &options{addr: "127.0.0.1:50051", timeout: 10 * time.Second}
+	// The application's variables (POLYGATE_ADDR, POLYGATE_TOKEN) are
+	// where the SDKs and the Kubernetes example keep the sidecar's address
+	// and token; flags win over them.
+	o := &options{addr: defaultAddr, timeout: 10 * time.Second}
+	if a := getenv("POLYGATE_ADDR"); a != "" {
+		o.addr = a
+	}
 	top := newFlagSet("polygatectl", o, stderr)
 	if err := top.Parse(args); err != nil {
 		return flagError(err)
+	}
+	if o.version {
+		_, err := fmt.Fprintln(stdout, buildinfo.Read().Line("polygatectl"))
+		return err
 	}
 	if top.NArg() == 0 {
 		top.Usage()
@@ -220,7 +236,7 @@ func parseAction(s string) (admissionv1.OverrideAction, error) {
 func (o *options) check(getenv func(string) string) (string, error) {
 	switch {
 	case o.addr == "" || len(o.addr) > maxAddrLen:
-		return "", usagef("--addr %q is not allowed; want host:port or unix:///path of at most %d bytes", bounded(o.addr, 64), maxAddrLen)
+		return "", usagef("--addr (or $POLYGATE_ADDR) %q is not allowed; want host:port or unix:///path of at most %d bytes", bounded(o.addr, 64), maxAddrLen)
 	case o.timeout <= 0 || o.timeout > maxTimeout:
 		return "", usagef("--timeout %s is not allowed; want a duration in (0, %s]", o.timeout, maxTimeout)
 	case o.token != "" && o.tokenFile != "":
@@ -233,20 +249,24 @@ func (o *options) check(getenv func(string) string) (string, error) {
 	}
 	token, from := o.token, "--token"
 	if o.tokenFile != "" {
-		b, err := readBounded(o.tokenFile, maxTokenFileLen)
+		b, err := boundedfile.Read(o.tokenFile, maxTokenFileLen)
 		if err != nil {
-			return "", fmt.Errorf("--token-file: %w", err)
+			return "", fmt.Errorf("--token-file %s: %w", o.tokenFile, err)
 		}
 		token, from = strings.TrimSpace(string(b)), "--token-file "+o.tokenFile
 		if token == "" {
 			return "", fmt.Errorf("--token-file %s is empty", o.tokenFile)
 		}
 	} else if token == "" {
-		token, from = getenv("POLYGATE_TOKEN"), "$POLYGATE_TOKEN"
-		if token == "" {
-			// Run inside the sidecar's own container (kubectl exec), the
-			// sidecar's token.
-			token, from = getenv("POLYGATE_AUTH__TOKEN"), "$POLYGATE_AUTH__TOKEN"
+		// The application's token; else, run inside the sidecar's own
+		// container (kubectl exec), the sidecar's tokens, the operator's
+		// first: it runs every command, the application's not override and
+		// watch when an operator token is set.
+		for _, name := range []string{"POLYGATE_TOKEN", "POLYGATE_AUTH__OPERATOR_TOKEN", "POLYGATE_AUTH__TOKEN"} {
+			if token = getenv(name); token != "" {
+				from = "$" + name
+				break
+			}
 		}
 	}
 	for _, r := range token {
@@ -263,14 +283,11 @@ func (o *options) dial() (*grpc.ClientConn, error) {
 	if o.tls {
 		cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: o.serverName}
 		if o.caFile != "" {
-			pem, err := readBounded(o.caFile, 1<<20)
+			pool, err := boundedfile.CertPool(o.caFile)
 			if err != nil {
-				return nil, fmt.Errorf("--ca-file: %w", err)
+				return nil, fmt.Errorf("--ca-file %s: %w", o.caFile, err)
 			}
-			cfg.RootCAs = x509.NewCertPool()
-			if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("--ca-file %s: no PEM certificate in it", o.caFile)
-			}
+			cfg.RootCAs = pool
 		}
 		if o.certFile != "" {
 			cert, err := tls.LoadX509KeyPair(o.certFile, o.keyFile)
@@ -286,22 +303,6 @@ func (o *options) dial() (*grpc.ClientConn, error) {
 		return nil, fmt.Errorf("--addr %q: %w", bounded(o.addr, 64), err)
 	}
 	return conn, nil
-}
-
-func readBounded(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("%s is larger than %d bytes", path, limit)
-	}
-	return b, nil
 }
 
 // cli runs one command against a connected sidecar.
@@ -328,7 +329,7 @@ func (c *cli) rpcError(what string, err error) error {
 	msg := fmt.Sprintf("%s: %s: %s", what, code, bounded(st.Message(), maxEchoLen))
 	switch st.Code() {
 	case codes.Unavailable:
-		msg += fmt.Sprintf("\nis the sidecar running and listening on %s? (--addr; --tls if it serves TLS)", c.opts.addr)
+		msg += fmt.Sprintf("\nis the sidecar running and listening on %s? (--addr or $POLYGATE_ADDR; --tls if it serves TLS)", c.opts.addr)
 	case codes.Unauthenticated:
 		msg += "\nthe sidecar wants a token: --token, --token-file or $POLYGATE_TOKEN"
 	case codes.DeadlineExceeded:

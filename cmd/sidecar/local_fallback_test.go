@@ -11,8 +11,8 @@ import (
 // through one replica; the other hears of it. Redis is lost and both
 // replicas fall back to their local gates (on_unavailable: local): both
 // keep refusing the source (forced_open, with who and why in
-// DescribeScope), as Redis would. On main both granted it at once: the
-// local gate started with every breaker CLOSED and no override.
+// DescribeScope), as Redis would. A local gate that started with every
+// breaker CLOSED and no override would grant it at once.
 func TestForcedOpenSurvivesTheLocalFallback(t *testing.T) {
 	r := redistest.Start(t)
 	c1, _ := replica(t, r.Addr, "local")

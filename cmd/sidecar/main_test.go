@@ -85,8 +85,8 @@ func TestBadConfigurationStopsTheStart(t *testing.T) {
 	if err == nil {
 		t.Fatalf("--check accepted a bad file: %s", out)
 	}
-	out, err = exec.Command(sidecartest.Binary(t), "--check").Output()
-	if err != nil || !json.Valid(out) || !regexp.MustCompile(`"probe_ttl_derived":\s+true`).Match(out) {
+	out, err = exec.Command(sidecartest.Binary(t), "--check", "--output", "json").Output()
+	if err != nil || !json.Valid(out) || !regexp.MustCompile(`"probe_ttl":\s+"1m"`).Match(out) {
 		t.Fatalf("--check of the demo: %v %s", err, out)
 	}
 }

@@ -1,5 +1,5 @@
 """Harness of the Python end-to-end tests: the real sidecar binary and the
-fake upstream of e2e/upstream, both built with `go build` once per session
+fake upstream of e2e/upstream, both built with `go build` once per test run
 (or taken from POLYGATE_SIDECAR_BIN / POLYGATE_FAKEUPSTREAM_BIN), started on
 free ports and stopped when each test ends."""
 
@@ -117,9 +117,10 @@ def upstream(binaries: Binaries) -> Iterator[Upstream]:
 class Sidecar:
     """A running sidecar and a raw stub for reading its state."""
 
-    def __init__(self, addr: str, logs: list[str]) -> None:
+    def __init__(self, addr: str, logs: list[str], proc: subprocess.Popen[str] | None = None) -> None:
         self.addr = addr
         self.logs = logs
+        self._proc = proc
         self._channel = grpc.insecure_channel(addr)
         self.raw = pb_grpc.AdmissionServiceStub(self._channel)
 
@@ -133,6 +134,11 @@ class Sidecar:
     def retry_after(self, scope: str, *sources: str) -> float:
         r = self.raw.RetryAfter(pb.RetryAfterRequest(scope=scope, sources=list(sources)), timeout=TIMEOUT)
         return r.retry_after.seconds + r.retry_after.nanos / 1e9
+
+    def stop(self) -> None:
+        """Stops the sidecar process (a sidecar that is down)."""
+        if self._proc is not None:
+            _stop(self._proc)
 
     def close(self) -> None:
         self._channel.close()
@@ -149,7 +155,7 @@ def start_sidecar(binaries: Binaries, tmp_path: Path, request: pytest.FixtureReq
         proc, addr, logs = _start(
             [binaries.sidecar, "--config", str(path), "--listen", "127.0.0.1:0"], "polygate listening on ", {**os.environ, **(env or {})}
         )
-        sc = Sidecar(addr, logs)
+        sc = Sidecar(addr, logs, proc)
         started.append((proc, sc))
         return sc
 

@@ -9,7 +9,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -33,16 +32,17 @@ type Step struct {
 	// Hang never answers: the request is held until the client gives up or
 	// the server closes (an upstream timeout).
 	Hang bool `json:"hang,omitempty"`
-	// Stream, when set, is the answer's body as text/event-stream, written
-	// and flushed one element at a time.
-	Stream []string `json:"stream,omitempty"`
-	// Gated holds each element of Stream after the first until the route is
-	// released once more (Release), so that a test can show a client reads
-	// one element before the next is sent.
-	Gated bool `json:"gated,omitempty"`
 	// Times is how many requests the step answers before the next step
 	// takes over; 0 means every request from here on. The last step repeats.
 	Times int `json:"times,omitempty"`
+	// Stream answers a server-sent event stream in place of Body: one
+	// "data:" event per element, each flushed as it is written, then
+	// "data: [DONE]".
+	Stream []string `json:"stream,omitempty"`
+	// Gated holds each event of Stream after the first (and the closing
+	// [DONE]) until the route is released once more (Release), so that a
+	// test can show a client reads one event before the next is sent.
+	Gated bool `json:"gated,omitempty"`
 }
 
 // Received is one logged request.
@@ -225,7 +225,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	for k, v := range step.Headers {
 		w.Header().Set(k, v)
 	}
-	if step.Stream != nil {
+	if len(step.Stream) > 0 {
 		s.stream(w, r, name, step)
 		return
 	}
@@ -238,9 +238,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write([]byte(body))
 }
 
-// stream writes step.Stream as text/event-stream, flushing each element;
-// a gated stream waits for one release of the route before each element
-// after the first (counting from the route's releases when it began).
+// stream writes step.Stream as server-sent events, one "data:" event per
+// element and then "data: [DONE]", flushing each; a gated stream waits for
+// one release of the route before each event after the first (counting
+// from the route's releases when it began).
 func (s *Server) stream(w http.ResponseWriter, r *http.Request, name string, step Step) {
 	s.mu.Lock()
 	base := s.route(name).released
@@ -248,11 +249,11 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, name string, ste
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.WriteHeader(step.Status)
 	flusher, _ := w.(http.Flusher)
-	for i, chunk := range step.Stream {
+	for i, data := range append(step.Stream[:len(step.Stream):len(step.Stream)], "[DONE]") {
 		if step.Gated && i > 0 && !s.releasedAtLeast(r.Context(), name, base+i) {
 			return
 		}
-		if _, err := io.WriteString(w, chunk); err != nil {
+		if _, err := fmt.Fprintf(w, "data: %s\n\n", data); err != nil {
 			return
 		}
 		if flusher != nil {

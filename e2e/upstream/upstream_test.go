@@ -81,7 +81,7 @@ func TestControlAPI(t *testing.T) {
 func TestGatedStream(t *testing.T) {
 	s := New()
 	defer s.Close()
-	s.Set("a", Step{Stream: []string{"data: 1\n\n", "data: 2\n\n", "data: [DONE]\n\n"}, Gated: true})
+	s.Set("a", Step{Stream: []string{"1", "2"}, Gated: true})
 	resp, err := http.Get(s.URL + "/a/chat")
 	if err != nil {
 		t.Fatal(err)

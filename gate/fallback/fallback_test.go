@@ -372,10 +372,10 @@ func (f *fixture) degrade(src *gate.Source) {
 
 // TestLocalKeepsAForcedOpenSource: an operator forced a source open in
 // Redis (a leaked key, a provider to keep away from); Redis is lost. The
-// local gate must keep refusing the source, as Redis would: on main it
-// knows nothing of the override and grants every caller the source the
-// operator closed (the cooldown memo stores nothing for a forced open,
-// whose retry_after is 0, so nothing above the gate catches it either).
+// local gate must keep refusing the source, as Redis would: a local gate
+// that knew nothing of the override would grant every caller the source
+// the operator closed (the cooldown memo stores nothing for a forced open,
+// whose retry_after is 0, so nothing above the gate would catch it either).
 func TestLocalKeepsAForcedOpenSource(t *testing.T) {
 	f := newFixture(t, fallback.Local, 1)
 	src := gatetest.Src("s")
@@ -401,8 +401,8 @@ func TestLocalKeepsAForcedOpenSource(t *testing.T) {
 
 // TestLocalKeepsAnOpenBreaker: a source OPEN in Redis (its cooldown still
 // running) is OPEN in the local gate too, with the cooldown left, and turns
-// HALF_OPEN there after it: one probe, not every caller. On main the local
-// breaker starts CLOSED and grants every caller at once.
+// HALF_OPEN there after it: one probe, not every caller, where a local
+// breaker started CLOSED would grant every caller at once.
 func TestLocalKeepsAnOpenBreaker(t *testing.T) {
 	f := newFixture(t, fallback.Local, 1)
 	src := gatetest.Src("s", func(s *gate.Source) {
@@ -478,8 +478,8 @@ func TestLocalStartsEachOutageFromRedis(t *testing.T) {
 // running), which the local gate does not know of: until they are settled
 // or their leases end, it admits their sources with that many fewer slots,
 // so the switch never makes more holders than max_concurrency (the mirror
-// of TestLocalPermitsKeepTheirSlots). On main the local gate grants a full
-// max_concurrency on top of them: 4 holders on max_concurrency 2.
+// of TestLocalPermitsKeepTheirSlots), where a full max_concurrency on top
+// of them would make 4 holders on max_concurrency 2.
 func TestLocalLeavesRoomForRedisPermits(t *testing.T) {
 	f := newFixture(t, fallback.Local, 1)
 	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 2; s.Limits.Lease = 10 * time.Second })
@@ -526,7 +526,7 @@ func TestLocalLeavesRoomForRedisPermits(t *testing.T) {
 // a source when Redis is lost. The local gate keeps that probe out (other
 // callers are refused probe_in_flight, as on Redis), and the probe's
 // outcome, reported while Redis is away, decides the local breaker: a
-// success closes it. On main the local breaker is CLOSED and grants every
+// success closes it. A local breaker started CLOSED would grant every
 // caller the source whose recovery is still being tested.
 func TestLocalKeepsTheProbeOut(t *testing.T) {
 	for _, tc := range []struct {
@@ -646,8 +646,8 @@ func TestFlappingRedisLeaksNothing(t *testing.T) {
 
 // TestShareOfHugeLimitsSaturates: a limit near the top of its type (an
 // rpm of 2^63-1 meant as "no real limit") divided among replicas is about
-// half of it, not 1: on main the rounding up (v+n-1)/n wrapped negative and
-// the local gate gave each replica 1 request a minute and 1 slot.
+// half of it, not 1: rounding up as (v+n-1)/n would wrap negative and give
+// each replica 1 request a minute and 1 slot.
 func TestShareOfHugeLimitsSaturates(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -704,8 +704,8 @@ func TestLocalKeepsAnOpenOfAnEarlierOutage(t *testing.T) {
 // TestHandBackKeepsThePacerCeiling: a replica's pacer ceiling bounds the
 // holders of a source, and after the hand-back the local permits still out
 // are holders Redis does not know of: with one out and a ceiling of 2 of 4,
-// Redis grants one more, not two (on main the local permits were taken from
-// max_concurrency only, and Redis granted up to the ceiling on top of them).
+// Redis grants one more, not two (the local permits are taken from the
+// ceiling too, not from max_concurrency only).
 func TestHandBackKeepsThePacerCeiling(t *testing.T) {
 	f := newFixture(t, fallback.Local, 1)
 	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 4; s.Limits.Lease = 10 * time.Second })
@@ -785,7 +785,7 @@ func TestLocalKeepsItsProbeAcrossAFlap(t *testing.T) {
 // for this replica in the last minute count in the local gate's minute at
 // the switch, so that a source's rpm and tpm hold across it: with rpm 4,
 // 3 admitted on Redis leave 1 to the local gate, until they leave the
-// minute. On main the local minute started empty: 4 more at once.
+// minute, where an empty local minute would grant 4 more at once.
 func TestLocalCountsTheMinuteOnRedis(t *testing.T) {
 	f := newFixture(t, fallback.Local, 1)
 	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.RPM, s.Limits.TPM = 4, 1000 })

@@ -63,9 +63,8 @@ func (s *switchable) Ping(context.Context) error {
 // held through ten polls of the scope; when the holder reports, it is woken
 // within a poll_interval (the scope's poller finds the local slot free: a
 // caller in line waits for its line, and the local line hands off only the
-// local gate's own slots) and granted locally. On main the
-// waiter was granted locally at its first Pick after the switch, next to
-// the holder: two holders on max_concurrency 1.
+// local gate's own slots) and granted locally, not at its first Pick after
+// the switch next to the holder: two holders on max_concurrency 1.
 func TestHeldCallerAcrossTheSwitch(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)

@@ -60,13 +60,20 @@ func TestLuaUsesLayoutsByName(t *testing.T) {
 // the Lua sources names a function or method that exists in package gate.
 func TestLuaTwinsExist(t *testing.T) {
 	fset := token.NewFileSet()
-	pkgs, err := goparser.ParseDir(fset, "..", func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	names, err := filepath.Glob("../*.go")
 	if err != nil {
 		t.Fatal(err)
 	}
 	have := map[string]bool{}
-	for _, pkg := range pkgs {
-		for _, f := range pkg.Files {
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := goparser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		{
 			for _, d := range f.Decls {
 				fd, ok := d.(*ast.FuncDecl)
 				if !ok {

@@ -20,8 +20,8 @@ import (
 // pinned in tools/ratelimit/go.mod), started against the bench's
 // redis-server with its settings at their defaults, and driven with
 // ShouldRateLimit on one descriptor no limit refuses. What Redis spends per
-// decision for it is what issue 11's target compares polygate's attempt
-// cycle with. Its API is spoken with protowire and a raw-bytes codec, not
+// decision for it is the yardstick of polygate's attempt cycle on Redis,
+// which is to cost the shared Redis at most twice as much. Its API is spoken with protowire and a raw-bytes codec, not
 // go-control-plane's generated code, which would bring envoy's dependencies
 // into the main module.
 

@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"runtime"
@@ -15,7 +16,7 @@ import (
 	"github.com/polygate/polygate/gate/fallback"
 	"github.com/polygate/polygate/gate/inmem"
 	"github.com/polygate/polygate/gate/redisgate"
-	"github.com/polygate/polygate/server"
+	"github.com/polygate/polygate/internal/boundedfile"
 )
 
 // backend is the configured gate.Backend with what Run needs around it.
@@ -25,7 +26,7 @@ type backend struct {
 	describe func() string
 	// stateLoss, for a shared backend, is what it saw of losing a scope's
 	// state, for DescribeScope.
-	stateLoss func(scope string) server.StateLoss
+	stateLoss func(scope string) gate.StateLoss
 	// subscribe, for a shared backend, delivers other replicas' breaker
 	// announcements until ctx ends.
 	subscribe func(ctx context.Context, handle func(scope string, e gate.Event)) error
@@ -92,7 +93,7 @@ func openRedis(r config.Redis, every time.Duration, log *slog.Logger, onChange f
 		ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1,
 		PoolSize: r.PoolSize,
 	}
-	tc, err := server.RedisTLSConfig(r)
+	tc, err := redisTLS(r)
 	if err != nil {
 		return nil, err
 	}
@@ -134,13 +135,48 @@ func openRedis(r config.Redis, every time.Duration, log *slog.Logger, onChange f
 			}
 			return "redis (unavailable: fail_closed)"
 		},
-		stateLoss:  func(scope string) server.StateLoss { return server.StateLoss(shared.StateLoss(scope)) },
+		stateLoss:  stateLosses(shared),
 		subscribe:  shared.Subscribe,
 		check:      fb.Check,
 		giveBacks:  func(ctx context.Context) { shared.RunGiveBacks(ctx, every) },
 		collectors: append(redisMetrics(shared), poolMetrics(client, r.PoolSize)...),
 		close:      client.Close,
 	}, nil
+}
+
+// redisTLS is the Redis client's TLS configuration, or nil when
+// backend.redis.tls is false: the system roots or backend.redis.tls_ca_file,
+// a client certificate when tls_cert_file and tls_key_file are set, and
+// tls_server_name when the certificate's name differs from the address.
+func redisTLS(r config.Redis) (*tls.Config, error) {
+	if !r.TLS {
+		return nil, nil
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: r.TLSServerName}
+	if r.TLSCAFile != "" {
+		pool, err := boundedfile.CertPool(r.TLSCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("backend.redis.tls_ca_file %s: %w", r.TLSCAFile, err)
+		}
+		c.RootCAs = pool
+	}
+	if r.TLSCertFile != "" {
+		cert, err := tls.LoadX509KeyPair(r.TLSCertFile, r.TLSKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("backend.redis.tls_cert_file %s, tls_key_file %s: %w", r.TLSCertFile, r.TLSKeyFile, err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return c, nil
+}
+
+// stateLosses reads what b saw of Redis losing a scope's state, for
+// DescribeScope.
+func stateLosses(b *redisgate.Backend) func(scope string) gate.StateLoss {
+	return func(scope string) gate.StateLoss {
+		l := b.StateLoss(scope)
+		return gate.StateLoss{Count: l.Count, Last: l.Last, Restored: l.Restored, Pending: l.Pending}
+	}
 }
 
 // announcements delivers other replicas' breaker announcements to the

@@ -40,8 +40,9 @@ func (sc *sidecar) serveMetrics(addr string, lis net.Listener, reg *prometheus.R
 	return nil
 }
 
-// scopeStates reads every scope's live state for the metrics collector.
-func scopeStates(srv *server.Server) metrics.ReadStates {
+// scopeStates reads every scope's live state for the metrics collector,
+// with the calls of each that rec sees waiting.
+func scopeStates(srv *server.Server, rec *status.Recorder) metrics.ReadStates {
 	return func(ctx context.Context) []metrics.ScopeState {
 		var out []metrics.ScopeState
 		for _, name := range srv.Scopes() {
@@ -50,7 +51,7 @@ func scopeStates(srv *server.Server) metrics.ReadStates {
 				continue // removed by a reload meanwhile
 			}
 			d, err := sc.Describe(ctx)
-			out = append(out, metrics.ScopeState{Name: name, Description: d, LiveCalls: srv.LiveCalls(name), Err: err})
+			out = append(out, metrics.ScopeState{Name: name, Description: d, LiveCalls: srv.LiveCalls(name), Waiting: rec.WaitingIn(name), Err: err})
 		}
 		return out
 	}

@@ -34,7 +34,7 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return err
 	}
 	if opts.Version {
-		_, err := fmt.Fprintln(stdout, buildInfo())
+		_, err := fmt.Fprintln(stdout, buildInfo().Line("polygate"))
 		return err
 	}
 	cfg, err := config.Load(opts, environ)
@@ -42,9 +42,9 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return err
 	}
 	if opts.Check {
-		// stdout carries the JSON document alone, for scripts.
+		// stdout carries the document alone, for scripts.
 		fmt.Fprintf(stderr, "configuration OK: %s\n", configName(opts))
-		return printConfig(stdout, cfg)
+		return config.Print(stdout, cfg, opts.Output)
 	}
 	level := new(slog.LevelVar)
 	log := newLogger(cfg.Log, level, stderr)
@@ -126,10 +126,14 @@ func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 
 	reloadNow := func() {
-		if next := reload(log, sc.srv, cfg, opts, environ); next != nil {
-			tokens.Set(next.Auth)
-			_ = level.UnmarshalText([]byte(next.Log.Level))
+		next := reload(log, sc.srv, cfg, opts, environ)
+		if next == nil {
+			sc.config.rejected()
+			return
 		}
+		sc.config.applied(next, time.Now())
+		tokens.Set(next.Auth)
+		_ = level.UnmarshalText([]byte(next.Log.Level))
 	}
 	sweep := time.NewTicker(time.Second)
 	defer sweep.Stop()

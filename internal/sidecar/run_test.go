@@ -12,10 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/polygate/polygate/config"
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 )
 
@@ -29,14 +31,10 @@ func TestRunChecksAndHelps(t *testing.T) {
 		t.Fatalf("--check: %v", err)
 	}
 	var doc struct {
-		Listen string `json:"listen"`
-		Scopes []struct {
-			Config struct {
-				Name string `json:"name"`
-			} `json:"config"`
-		} `json:"scopes"`
+		Listen string         `yaml:"listen"`
+		Scopes map[string]any `yaml:"scopes"`
 	}
-	if err := json.Unmarshal([]byte(out.String()), &doc); err != nil || doc.Listen != "127.0.0.1:50051" || len(doc.Scopes) != 1 || doc.Scopes[0].Config.Name != "demo" {
+	if err := yaml.Unmarshal([]byte(out.String()), &doc); err != nil || doc.Listen != "127.0.0.1:50051" || len(doc.Scopes) != 1 || doc.Scopes["demo"] == nil {
 		t.Errorf("--check printed (%v):\n%s", err, out.String())
 	}
 	if !strings.Contains(errOut.String(), "configuration OK") {
@@ -122,22 +120,23 @@ func TestRunServesAndStops(t *testing.T) {
 	done <- nil // for the deferred wait
 }
 
-// TestCheckPrintsTheWholeConfigurationAsJSON: --check's stdout is one JSON
-// document with every section of the configuration, and no secret in it.
+// TestCheckPrintsTheWholeConfigurationAsJSON: --check --output json's
+// stdout is one JSON document with every section of the configuration, and
+// no secret in it.
 func TestCheckPrintsTheWholeConfigurationAsJSON(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const token, operator, password = "s3cret-token-value", "s3cret-operator-value", "s3cret-redis-password"
 	environ := []string{"POLYGATE_AUTH__TOKEN=" + token, "POLYGATE_AUTH__OPERATOR_TOKEN=" + operator, "POLYGATE_BACKEND__REDIS__PASSWORD=" + password}
 	var out strings.Builder
-	if err := Run(ctx, []string{"--check"}, environ, &out, io.Discard); err != nil {
+	if err := Run(ctx, []string{"--check", "--output", "json"}, environ, &out, io.Discard); err != nil {
 		t.Fatalf("--check: %v", err)
 	}
 	var doc map[string]json.RawMessage
 	if err := json.Unmarshal([]byte(out.String()), &doc); err != nil {
 		t.Fatalf("--check is not one JSON document: %v\n%s", err, out.String())
 	}
-	for _, key := range []string{"listen", "metrics_listen", "backend", "telemetry", "events", "log", "auth", "tls", "limits", "calls", "scopes"} {
+	for _, key := range []string{"listen", "metrics_listen", "listen_mode", "backend", "telemetry", "events", "log", "auth", "tls", "limits", "calls", "scopes"} {
 		if _, ok := doc[key]; !ok {
 			t.Errorf("--check lacks %q", key)
 		}
@@ -151,8 +150,8 @@ func TestCheckPrintsTheWholeConfigurationAsJSON(t *testing.T) {
 	if err := json.Unmarshal(doc["auth"], &struct {
 		Token         *string `json:"token"`
 		OperatorToken *string `json:"operator_token"`
-	}{&auth.Token, &auth.OperatorToken}); err != nil || auth.Token != redacted || auth.OperatorToken != redacted {
-		t.Errorf("auth shown as %s (%v), want both %q", doc["auth"], err, redacted)
+	}{&auth.Token, &auth.OperatorToken}); err != nil || auth.Token != config.Redacted || auth.OperatorToken != config.Redacted {
+		t.Errorf("auth shown as %s (%v), want both %q", doc["auth"], err, config.Redacted)
 	}
 	if !strings.Contains(string(doc["backend"]), `"password": "(redacted)"`) {
 		t.Errorf("backend shown as %s", doc["backend"])
@@ -160,17 +159,17 @@ func TestCheckPrintsTheWholeConfigurationAsJSON(t *testing.T) {
 }
 
 // TestVersionNamesTheBuild: --version prints one line with the version, the
-// revision and the Go version, and -ldflags -X overrides the first two.
+// revision and the Go version, as internal/buildinfo reads them (the
+// stamps themselves: TestReleaseBinariesNameTheirVersion in cmd/sidecar).
 func TestVersionNamesTheBuild(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	defer func(v, r string) { version, revision = v, r }(version, revision)
-	version, revision = "v9.8.7", "abc123"
 	var out strings.Builder
 	if err := Run(ctx, []string{"--version"}, nil, &out, io.Discard); err != nil {
 		t.Fatalf("--version: %v", err)
 	}
-	if want := "polygate v9.8.7 revision abc123 " + runtime.Version() + "\n"; out.String() != want {
+	b := buildInfo()
+	if want := "polygate " + b.Version + " revision " + b.Revision + " " + runtime.Version() + "\n"; out.String() != want {
 		t.Errorf("--version printed %q, want %q", out.String(), want)
 	}
 }

@@ -41,6 +41,9 @@ type sidecar struct {
 	lis        net.Listener
 	metrics    *http.Server // nil when metrics_listen is empty
 	metricsLis net.Listener
+	// config says how the last configuration load went (exported with
+	// metrics_listen).
+	config *configMetrics
 	// served reports the first listener that fails.
 	served   chan error
 	stopOnce sync.Once
@@ -59,7 +62,7 @@ type sidecarDeps struct {
 	watchBuffer  int
 	// stateLoss, for a backend that can lose a scope's state (Redis), is
 	// what it saw of that, for DescribeScope (nil: none).
-	stateLoss func(scope string) server.StateLoss
+	stateLoss func(scope string) gate.StateLoss
 	// created is told the server as soon as it exists, before anything
 	// listens (a scrape reads the backend, which may report its health).
 	created func(*server.Server)
@@ -78,7 +81,7 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 	if d.watchBuffer == 0 {
 		d.watchBuffer = cfg.Events.WatchBuffer
 	}
-	sc := &sidecar{log: log, served: make(chan error, 2)}
+	sc := &sidecar{log: log, served: make(chan error, 2), config: newConfigMetrics(cfg, time.Now())}
 	defer func() {
 		if err != nil {
 			sc.stop()
@@ -121,7 +124,8 @@ func startSidecar(cfg *config.Config, log *slog.Logger, d sidecarDeps) (_ *sidec
 	}
 	if cfg.MetricsListen != "" {
 		reg.MustRegister(eventMetrics(sc.srv)...)
-		reg.MustRegister(metrics.NewStateCollector(scopeStates(sc.srv), 10*time.Second), buildInfoGauge(buildInfo()))
+		reg.MustRegister(metrics.NewStateCollector(scopeStates(sc.srv, recorder), 10*time.Second), buildInfoGauge(buildInfo()))
+		reg.MustRegister(sc.config.collectors()...)
 		reg.MustRegister(d.collectors...)
 	}
 	if d.tokens == nil {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/polygate/polygate/gate"
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/internal/buildinfo"
 	"github.com/polygate/polygate/policy"
 )
 
@@ -82,7 +83,7 @@ func lookupEnv(environ []string, name string) string {
 // compression and timeout from the standard OTEL_EXPORTER_OTLP_* variables,
 // the SDK its sampler (OTEL_TRACES_SAMPLER) and batching (OTEL_BSP_*), the
 // resource OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES.
-func newOTLPProvider(ctx context.Context, b Build, protocol string) (*sdktrace.TracerProvider, error) {
+func newOTLPProvider(ctx context.Context, b buildinfo.Build, protocol string) (*sdktrace.TracerProvider, error) {
 	var exp sdktrace.SpanExporter
 	var err error
 	if protocol == otlpGRPC {

@@ -150,7 +150,7 @@ scopes:
 		}
 		got := map[string]string{}
 		for _, a := range s.Attributes() {
-			got[string(a.Key)] = a.Value.Emit()
+			got[string(a.Key)] = a.Value.String()
 		}
 		for k, v := range wants[i].attrs {
 			if got[k] != v {

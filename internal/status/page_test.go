@@ -2,6 +2,8 @@ package status
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"io"
 	"log/slog"
 	"net/http/httptest"
@@ -48,5 +50,45 @@ func TestPageSaysWhenRedisLostTheScope(t *testing.T) {
 	}
 	if page := render(&admissionv1.StateLoss{ReassertPending: true}); !strings.Contains(page, "re-assert pending") {
 		t.Errorf("the page does not say the re-assert is pending:\n%s", page)
+	}
+}
+
+// TestPageRunsOnlyItsOwnScript: the page's Content-Security-Policy allows
+// its own inline script (by hash) and nothing from elsewhere; the fragment
+// the script fetches is the live part alone; a filter that names nothing
+// the page offers is ignored, not echoed.
+func TestPageRunsOnlyItsOwnScript(t *testing.T) {
+	now := time.Date(2026, 12, 1, 3, 4, 5, 0, time.UTC)
+	d := &admissionv1.ScopeDescription{Config: &admissionv1.ScopeConfig{Name: "chat"}, Backend: "memory",
+		Sources: []*admissionv1.SourceState{{Name: "primary", State: admissionv1.BreakerState_BREAKER_STATE_CLOSED, Config: &admissionv1.SourceConfig{}}}}
+	p := New(oneScope{d}, NewRecorder(func() time.Time { return now }), func() time.Time { return now }, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	get := func(url string) (string, string) {
+		t.Helper()
+		w := httptest.NewRecorder()
+		p.serveHTML(w, httptest.NewRequest("GET", url, nil))
+		body, _ := io.ReadAll(w.Result().Body)
+		if w.Code != 200 {
+			t.Fatalf("%s answered %d: %s", url, w.Code, body)
+		}
+		return string(body), w.Header().Get("Content-Security-Policy")
+	}
+	page, csp := get("/status")
+	sum := sha256.Sum256([]byte(script))
+	if want := "script-src 'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) + "'"; !strings.Contains(csp, want) || !strings.Contains(csp, "default-src 'none'") {
+		t.Errorf("Content-Security-Policy %q, want default-src 'none' and %s", csp, want)
+	}
+	if !strings.Contains(page, "<script>"+script+"</script>") || strings.Contains(page, "<script src") {
+		t.Error("the page does not carry its script inline, as written")
+	}
+	if !strings.Contains(page, `<section class="scope up" id="scope-chat">`) || !strings.Contains(page, "all 1 sources CLOSED") {
+		t.Errorf("the page:\n%s", page)
+	}
+	frag, _ := get("/status?fragment=1")
+	if strings.Contains(frag, "<html") || strings.Contains(frag, "<script") || !strings.Contains(frag, `id="scope-chat"`) {
+		t.Errorf("the fragment:\n%s", frag)
+	}
+	hostile, _ := get("/status?scope=%3Cb%3Ex&source=%3Cb%3Ey&kind=%3Cb%3Ez")
+	if strings.Contains(hostile, "<b>x") || strings.Contains(hostile, "&lt;b&gt;") || !strings.Contains(hostile, `id="scope-chat"`) {
+		t.Errorf("a filter naming nothing the page offers was not ignored:\n%s", hostile)
 	}
 }

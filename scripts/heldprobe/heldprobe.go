@@ -9,8 +9,7 @@
 // every call held, and the change per held call), .heap0 and .heap (heap
 // profiles before and while held: -diff_base gives the held phase's
 // allocations by call site, -sample_index=inuse_space what the held calls
-// keep) and .goroutine. docs/performance.md ("What a held call costs, fifth
-// session") has the recipe:
+// keep) and .goroutine. The recipe:
 //
 //	echo "{\"Replace\":{\"$PWD/cmd/sidecar/heldprobe.go\":\"$PWD/scripts/heldprobe/heldprobe.go\"}}" > /tmp/probe.json
 //	go build -tags heldprobe -overlay /tmp/probe.json -o /tmp/sc-probe ./cmd/sidecar

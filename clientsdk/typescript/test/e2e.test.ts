@@ -115,11 +115,11 @@ describe("openai-node through the governed fetch, against the real sidecar", () 
 
   it("streams chunks as the upstream sends them", async () => {
     const chunk = (content: string): string =>
-      `data: ${JSON.stringify({ id: "c1", object: "chat.completion.chunk", created: 1, model: "gpt-x", choices: [{ index: 0, delta: { content }, finish_reason: null }] })}\n\n`;
+      JSON.stringify({ id: "c1", object: "chat.completion.chunk", created: 1, model: "gpt-x", choices: [{ index: 0, delta: { content }, finish_reason: null }] });
     // Each chunk after the first is sent only once the test released it,
     // which it does when it has read the one before: a body buffered by the
     // SDK would never show the first chunk, and the test would time out.
-    await up.set("a", { stream: [chunk("Hel"), chunk("lo"), chunk("!"), "data: [DONE]\n\n"], gated: true });
+    await up.set("a", { stream: [chunk("Hel"), chunk("lo"), chunk("!")], gated: true });
     const stream = await openai("chat").chat.completions.create({ model: "gpt-x", messages: MESSAGES, stream: true });
     const got: string[] = [];
     for await (const c of stream) {

@@ -5,8 +5,9 @@ The application keeps its own HTTP transport; ``Client.call`` (or
 function, and every retry, backoff, failover and waiting decision stays in
 the sidecar. Verdicts are raised as CallFailedError subclasses, gRPC errors
 as SidecarError subclasses, both under PolygateError. ``PolygateTransport``
-(``polygate.transport``, needs httpx) governs every request of an
-``httpx.Client`` instead.
+(``polygate.httpx``, needs httpx; ``polygate.httpx2``, needs httpx2) governs
+every request of an HTTP client instead, answering with the upstream's own
+response or one that stands for the verdict (``failure_of`` reads it back).
 """
 
 from typing import TYPE_CHECKING, Any
@@ -36,21 +37,24 @@ from polygate._errors import (
     UnauthenticatedError,
     UnavailableError,
 )
+from polygate._outcome import Outcome
+from polygate._transport import ProviderRetryWarning, failure_of
+from polygate._types import Grant, Result, SourceReason
+from polygate._unavailable import Fallback
 from polygate._version import __version__
-from polygate._types import Grant, Outcome, Result, SourceReason
 
 if TYPE_CHECKING:
-    from polygate.transport import AsyncPolygateTransport, PolygateTransport, ProviderRetryWarning
+    from polygate.httpx import AsyncPolygateTransport, PolygateTransport
 
-_TRANSPORT = ("AsyncPolygateTransport", "PolygateTransport", "ProviderRetryWarning")
+_TRANSPORT = ("AsyncPolygateTransport", "PolygateTransport")
 
 
 def __getattr__(name: str) -> Any:
     """The httpx transports, imported when first used: httpx is optional."""
     if name in _TRANSPORT:
-        from polygate import transport
+        import polygate.httpx
 
-        return getattr(transport, name)
+        return getattr(polygate.httpx, name)
     raise AttributeError(f"module 'polygate' has no attribute {name!r}")
 
 
@@ -69,6 +73,7 @@ __all__ = [
     "Client",
     "DeadlineExceededError",
     "FailedPreconditionError",
+    "Fallback",
     "Grant",
     "InternalError",
     "InvalidArgumentError",
@@ -90,6 +95,7 @@ __all__ = [
     "classify",
     "classify_exception",
     "classify_response",
+    "failure_of",
     "MAX_HINT_S",
     "retry_hint",
     "total_tokens",

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from polygate._types import Outcome
+from polygate._outcome import Outcome
 
 MAX_HINT_S = 86_400.0
 """The ceiling of every retry hint the classifier returns: 24 hours. A hint

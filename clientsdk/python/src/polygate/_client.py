@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import ipaddress
+import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,10 +16,17 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
+from polygate._errors import PolygateError
 from polygate._gen.polygate.admission.v1 import admission_pb2_grpc as pb_grpc
 from polygate._loop import Attempt, CallLoop, Rpc, Step
 from polygate._tracing import tracer
 from polygate._types import Grant, Result
+from polygate._unavailable import Fallback, OnSidecarUnavailable, SidecarWatch, mode_of
+
+ENV_ADDR = "POLYGATE_ADDR"
+"""The sidecar's address when a client is given no target (nor channel)."""
+ENV_TOKEN = "POLYGATE_TOKEN"
+"""The bearer token when a client is given none (token=None)."""
 
 T = TypeVar("T")
 
@@ -80,11 +88,31 @@ def is_local(target: str) -> bool:
         return False
 
 
+class _RpcFailed(Exception):
+    """An RPC's failure, as the SDK's exception, on its way from a driver's
+    step back into the call loop (which decides what it means)."""
+
+    def __init__(self, error: PolygateError) -> None:
+        self.error = error
+
+
+def _target(target: str, channel: object, what: str) -> str:
+    if channel is not None or target:
+        return target
+    target = os.environ.get(ENV_ADDR, "").strip()
+    if not target:
+        raise ValueError(f"{what} needs a target, a channel or ${ENV_ADDR}")
+    return target
+
+
 def _metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    where = "token"
+    if token is None:
+        token, where = os.environ.get(ENV_TOKEN, "").strip(), f"${ENV_TOKEN}"
     if not token:
         return ()
     if not all(0x21 <= ord(c) <= 0x7E for c in token):
-        raise ValueError("token: only printable ASCII without spaces is allowed in a bearer token")
+        raise ValueError(f"{where}: only printable ASCII without spaces is allowed in a bearer token")
     return (("authorization", f"Bearer {token}"),)
 
 
@@ -112,6 +140,14 @@ class Client:
     ``tracer_provider``: the OpenTelemetry provider of the call and attempt
     spans (None: the global one); every RPC carries the current span's trace
     context. Without opentelemetry-api installed, no spans.
+    With no target and no channel, the target is ``$POLYGATE_ADDR``; with
+    ``token=None``, the token is ``$POLYGATE_TOKEN`` (if set and not empty).
+    ``on_sidecar_unavailable``: what a call does when the sidecar cannot be
+    reached: ``"fail"`` raises UnavailableError; ``"allow"`` makes the
+    call's attempt directly, ungoverned, on the source the scope's calls
+    last began on, or else on ``fallback[scope]`` (a Fallback), and counts it
+    (``ungoverned_attempts``); None reads ``$POLYGATE_ON_SIDECAR_UNAVAILABLE``,
+    else ``"fail"``.
     Safe to share between threads; close it (or use ``with``)."""
 
     def __init__(
@@ -125,9 +161,11 @@ class Client:
         priority: int = 0,
         tenant: str = "",
         tracer_provider: Any = None,
+        on_sidecar_unavailable: OnSidecarUnavailable | None = None,
+        fallback: Mapping[str, Fallback] | None = None,
     ) -> None:
-        if channel is None and not target:
-            raise ValueError("Client needs a target or a channel")
+        target = _target(target, channel, "Client")
+        self._watch = SidecarWatch(mode_of(on_sidecar_unavailable), fallback or {})
         self._metadata = _metadata(token)
         self._tracer = tracer(tracer_provider)
         self._priority, self._tenant = priority, tenant
@@ -137,6 +175,16 @@ class Client:
             channel = grpc.insecure_channel(target, options=opts) if creds is None else grpc.secure_channel(target, creds, options=opts)
         self._channel = channel
         self._stub = pb_grpc.AdmissionServiceStub(self._channel)
+
+    @property
+    def on_sidecar_unavailable(self) -> OnSidecarUnavailable:
+        """What a call does when the sidecar cannot be reached: fail or allow."""
+        return self._watch.mode
+
+    @property
+    def ungoverned_attempts(self) -> int:
+        """How many attempts ``allow`` made without the sidecar so far."""
+        return self._watch.ungoverned_attempts
 
     def close(self) -> None:
         """Closes the channel the client opened."""
@@ -177,18 +225,24 @@ class Client:
             priority=self._priority if priority is None else priority,
             tenant=self._tenant if tenant is None else tenant,
             tracer=self._tracer,
+            watch=self._watch,
         )
         steps = loop.run()
         answer: Any = None
+        error: PolygateError | None = None
         try:
             while True:
                 try:
-                    step = steps.send(answer)
+                    step = steps.send(answer) if error is None else steps.throw(error)
                 except StopIteration as stop:
                     loop.trace.end(loop.attempts, None)
                     value: T = stop.value
                     return value
-                answer = self._perform(loop, step, fn)
+                answer, error = None, None
+                try:
+                    answer = self._perform(loop, step, fn)
+                except _RpcFailed as failed:
+                    error = failed.error
         except BaseException as exc:
             self._give_up(loop, exc)
             loop.trace.end(loop.attempts, exc)
@@ -202,7 +256,7 @@ class Client:
             try:
                 return getattr(self._stub, step.method)(step.request, timeout=step.timeout, metadata=self._metadata + loop.trace.metadata())
             except grpc.RpcError as err:
-                raise loop.rpc_error(step.method, err) from None
+                raise _RpcFailed(loop.rpc_error(step.method, err)) from None
         time.sleep(step.seconds)
         return None
 
@@ -230,9 +284,11 @@ class AsyncClient:
         priority: int = 0,
         tenant: str = "",
         tracer_provider: Any = None,
+        on_sidecar_unavailable: OnSidecarUnavailable | None = None,
+        fallback: Mapping[str, Fallback] | None = None,
     ) -> None:
-        if channel is None and not target:
-            raise ValueError("AsyncClient needs a target or a channel")
+        target = _target(target, channel, "AsyncClient")
+        self._watch = SidecarWatch(mode_of(on_sidecar_unavailable), fallback or {})
         self._metadata = _metadata(token)
         self._tracer = tracer(tracer_provider)
         self._priority, self._tenant = priority, tenant
@@ -242,6 +298,16 @@ class AsyncClient:
             channel = grpc.aio.insecure_channel(target, options=opts) if creds is None else grpc.aio.secure_channel(target, creds, options=opts)
         self._channel = channel
         self._stub = pb_grpc.AdmissionServiceStub(self._channel)
+
+    @property
+    def on_sidecar_unavailable(self) -> OnSidecarUnavailable:
+        """What a call does when the sidecar cannot be reached: fail or allow."""
+        return self._watch.mode
+
+    @property
+    def ungoverned_attempts(self) -> int:
+        """How many attempts ``allow`` made without the sidecar so far."""
+        return self._watch.ungoverned_attempts
 
     async def close(self) -> None:
         """Closes the channel the client opened."""
@@ -277,18 +343,24 @@ class AsyncClient:
             priority=self._priority if priority is None else priority,
             tenant=self._tenant if tenant is None else tenant,
             tracer=self._tracer,
+            watch=self._watch,
         )
         steps = loop.run()
         answer: Any = None
+        error: PolygateError | None = None
         try:
             while True:
                 try:
-                    step = steps.send(answer)
+                    step = steps.send(answer) if error is None else steps.throw(error)
                 except StopIteration as stop:
                     loop.trace.end(loop.attempts, None)
                     value: T = stop.value
                     return value
-                answer = await self._perform(loop, step, fn)
+                answer, error = None, None
+                try:
+                    answer = await self._perform(loop, step, fn)
+                except _RpcFailed as failed:
+                    error = failed.error
         except BaseException as exc:
             await self._give_up(loop, exc)
             loop.trace.end(loop.attempts, exc)
@@ -303,7 +375,7 @@ class AsyncClient:
             try:
                 return await getattr(self._stub, step.method)(step.request, timeout=step.timeout, metadata=self._metadata + loop.trace.metadata())
             except grpc.aio.AioRpcError as err:
-                raise loop.rpc_error(step.method, err) from None
+                raise _RpcFailed(loop.rpc_error(step.method, err)) from None
         await asyncio.sleep(step.seconds)
         return None
 

@@ -2,10 +2,11 @@
 
 ``CallLoop.run()`` is a generator: it yields the next thing to do (an RPC, an
 attempt, a sleep) and is sent what it gave (the RPC's answer, the attempt's
-Result, None after a sleep). Every decision about the sidecar's answers lives
-here once; the clients only perform the steps, sync or async, and, when a
-step or the loop raises, perform ``give_up``'s RPC (if any) before
-propagating.
+Result, None after a sleep) or, for an RPC that failed, thrown the SDK's
+exception for it. Every decision about the sidecar's answers lives here once,
+what to do when it cannot be reached included; the clients only perform the
+steps, sync or async, and, when a step or the loop raises, perform
+``give_up``'s RPC (if any) before propagating.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from polygate._errors import VERDICTS, CallFailedError, DeadlineExceededError, PolygateError, sidecar_error
+from polygate._errors import VERDICTS, CallFailedError, DeadlineExceededError, PolygateError, SidecarError, UnavailableError, sidecar_error
 from polygate._gen.polygate.admission.v1 import admission_pb2 as pb
 from polygate._tracing import CallTrace
-from polygate._types import Grant, Outcome, Result, SourceReason
+from polygate._outcome import Outcome
+from polygate._types import Grant, Result, SourceReason
+from polygate._unavailable import SidecarWatch, is_unreachable
 
 T = TypeVar("T")
 
@@ -109,7 +112,9 @@ def _hint_ns(seconds: float) -> int:
 
 class CallLoop(Generic[T]):
     """One call of ``scope``: its bookkeeping and the decisions about the
-    sidecar's answers. ``clock`` is a monotonic clock in seconds."""
+    sidecar's answers. ``clock`` is a monotonic clock in seconds; ``watch``
+    the client's view of the sidecar's reachability (None: fail when it is
+    unreachable, remember nothing)."""
 
     def __init__(
         self,
@@ -120,6 +125,7 @@ class CallLoop(Generic[T]):
         priority: int = 0,
         tenant: str = "",
         tracer: Any = None,
+        watch: SidecarWatch | None = None,
     ) -> None:
         self.scope = scope
         self.trace = CallTrace(tracer, scope)
@@ -135,15 +141,26 @@ class CallLoop(Generic[T]):
         self._deadline = deadline
         self._clock = clock
         self._end = None if deadline is None else clock() + deadline
+        self._watch = watch
 
     def run(self) -> Generator[Step, Any, T]:
         """The loop: Pick; a Grant runs the attempt and reports it (done,
         retry after a backoff, or fail); a NoRunnable asks OnNoRunnable (wait,
         or fail); then Pick again. Verdicts are raised as CallFailedError.
-        Each attempt's span opens with the Pick that seeks its permit."""
+        Each attempt's span opens with the Pick that seeks its permit. When
+        the sidecar cannot be reached and the client allows it, the call ends
+        ungoverned (see _ungoverned)."""
         self.trace.start()
         self.trace.start_attempt(1)
-        pick = yield self._rpc("Pick", self._open_request())
+        try:
+            return (yield from self._governed())
+        except UnavailableError as err:
+            if self._watch is None or self._watch.mode != "allow" or not is_unreachable(err):
+                raise
+            return (yield from self._ungoverned(err))
+
+    def _governed(self) -> Generator[Step, Any, T]:
+        pick = yield from self._ask(self._rpc("Pick", self._open_request()))
         self.call_id = pick.call_id
         self.trace.call_id(self.call_id)
         while True:
@@ -151,10 +168,12 @@ class CallLoop(Generic[T]):
             if kind == "grant":
                 grant = self._grant(pick.grant)
                 self.trace.granted(grant)
+                if self._watch is not None:
+                    self._watch.began(self.scope, grant)
                 result = yield Attempt(grant)
                 req = self._record_request(grant, result)
                 self.last = result
-                rec = yield self._rpc("RecordOutcome", req, report=True)
+                rec = yield from self._ask(self._rpc("RecordOutcome", req, report=True))
                 self.permit_id = ""
                 nxt = rec.WhichOneof("next")
                 if nxt == "done":
@@ -169,7 +188,7 @@ class CallLoop(Generic[T]):
                 yield Sleep(backoff)
                 self.trace.start_attempt(self.attempts + 1)
             elif kind == "no_runnable":
-                d = yield self._rpc("OnNoRunnable", pb.OnNoRunnableRequest(scope=self.scope, call_id=self.call_id))
+                d = yield from self._ask(self._rpc("OnNoRunnable", pb.OnNoRunnableRequest(scope=self.scope, call_id=self.call_id)))
                 if d.WhichOneof("decision") == "failure":
                     raise self._failure(d.failure, pick.no_runnable.per_source_reasons)
                 sleep = _seconds(d.wait.sleep)
@@ -181,7 +200,44 @@ class CallLoop(Generic[T]):
                 raise self._failure(pick.failure)
             else:
                 raise PolygateError(f"Pick of call {self.call_id} answered no result")
-            pick = yield self._rpc("Pick", pb.PickRequest(scope=self.scope, call_id=self.call_id))
+            pick = yield from self._ask(self._rpc("Pick", pb.PickRequest(scope=self.scope, call_id=self.call_id)))
+
+    def _ask(self, rpc: Rpc) -> Generator[Step, Any, Any]:
+        """Performs rpc; tells the watch whether the sidecar answered."""
+        try:
+            answer = yield rpc
+        except SidecarError as err:
+            if self._watch is not None and is_unreachable(err):
+                self._watch.lost(err)
+            raise
+        if self._watch is not None:
+            self._watch.answered()
+        return answer
+
+    def _ungoverned(self, err: UnavailableError) -> Generator[Step, Any, T]:
+        """The call once the sidecar was found unreachable, under ``allow``:
+        an attempt already made stands (its value returned if it succeeded,
+        else err raised, for a transport to hand its response over); with no
+        attempt made, one attempt runs directly on the scope's fallback
+        source (the watch's), counted, and ends the call the same way. With
+        no source to fall back on, err is raised."""
+        self.permit_id = ""  # nobody can be told; the permit's lease frees it
+        if self.last is None:
+            grant = self._watch.fallback(self.scope) if self._watch is not None else None
+            if grant is None or self._watch is None:
+                raise err
+            self._watch.count()
+            self.attempts += 1
+            self.trace.granted(grant)
+            result = yield Attempt(grant)
+            if not isinstance(result, Result):
+                raise TypeError(f"the attempt on source {grant.source} returned {result!r:.200}, not a polygate.Result")
+            self.last = result
+            self.trace.reported(result, "ungoverned")
+        if self.last.outcome == Outcome.SUCCESS:
+            value: T = self.last.value
+            return value
+        raise err
 
     def give_up(self, exc: BaseException) -> Rpc | None:
         """What to tell the sidecar when the call ends by ``exc`` (an

@@ -1,10 +1,13 @@
-"""The values an application sees: outcomes, grants, results, refusals."""
+"""The values an application sees: grants, results, refusals."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, overload
+
+from polygate._classify import classify_exception, classify_response
+from polygate._outcome import Outcome
 
 T_co = TypeVar("T_co", covariant=True)
 R = TypeVar("R")
@@ -13,23 +16,6 @@ V = TypeVar("V")
 
 class _Unset(enum.Enum):
     UNSET = enum.auto()
-
-
-class Outcome(str, enum.Enum):
-    """How one attempt ended (the outcome table in the package README)."""
-
-    SUCCESS = "SUCCESS"
-    """2xx. The call is done."""
-    TRANSIENT = "TRANSIENT"
-    """5xx, 408, timeout, connection error. A breaker failure, charged to the retry budget."""
-    RATE_LIMITED = "RATE_LIMITED"
-    """429 that is not quota exhaustion. Neutral for the breaker, not charged."""
-    SOURCE_DEAD = "SOURCE_DEAD"
-    """401, 403, 429 insufficient_quota. Opens the source's breaker at once."""
-    CLIENT_ERROR = "CLIENT_ERROR"
-    """Any other 4xx. The call fails non_retryable."""
-    CANCELLED = "CANCELLED"
-    """The caller gave up. The call ends."""
 
 
 @dataclass(frozen=True)
@@ -82,8 +68,6 @@ class Result(Generic[T_co]):
         """Classifies an ``httpx`` or ``requests`` response (anything with
         ``status_code``, ``headers`` and ``content`` or ``text``); ``value``
         defaults to the response itself."""
-        from polygate._classify import classify_response
-
         outcome, hint = classify_response(response)
         return Result(
             outcome,
@@ -96,8 +80,6 @@ class Result(Generic[T_co]):
     def from_exception(cls, exc: BaseException) -> Result[Any]:
         """A transport error (timeout, refused or reset connection) is
         TRANSIENT; a cancellation is CANCELLED."""
-        from polygate._classify import classify_exception
-
         return Result(classify_exception(exc), detail=f"{type(exc).__name__}: {exc}")
 
 

@@ -3813,8 +3813,11 @@ type OverrideChanged struct {
 	Actor  string `protobuf:"bytes,3,opt,name=actor,proto3" json:"actor,omitempty"`
 	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
 	// The breaker's automatic state and epoch after the action.
-	State         BreakerState `protobuf:"varint,5,opt,name=state,proto3,enum=polygate.admission.v1.BreakerState" json:"state,omitempty"`
-	Epoch         uint64       `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	State BreakerState `protobuf:"varint,5,opt,name=state,proto3,enum=polygate.admission.v1.BreakerState" json:"state,omitempty"`
+	Epoch uint64       `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// What the operator asked for (a clear and a reset both leave override
+	// UNSPECIFIED).
+	Action        OverrideAction `protobuf:"varint,7,opt,name=action,proto3,enum=polygate.admission.v1.OverrideAction" json:"action,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3889,6 +3892,13 @@ func (x *OverrideChanged) GetEpoch() uint64 {
 		return x.Epoch
 	}
 	return 0
+}
+
+func (x *OverrideChanged) GetAction() OverrideAction {
+	if x != nil {
+		return x.Action
+	}
+	return OverrideAction_OVERRIDE_ACTION_UNSPECIFIED
 }
 
 // WaitStarted: a call was refused by every source and starts waiting (the
@@ -4287,14 +4297,15 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x1b\n" +
 	"\tpermit_id\x18\x02 \x01(\tR\bpermitId\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x129\n" +
-	"\x05state\x18\x04 \x01(\x0e2#.polygate.admission.v1.BreakerStateR\x05state\"\xe5\x01\n" +
+	"\x05state\x18\x04 \x01(\x0e2#.polygate.admission.v1.BreakerStateR\x05state\"\xa4\x02\n" +
 	"\x0fOverrideChanged\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12;\n" +
 	"\boverride\x18\x02 \x01(\x0e2\x1f.polygate.admission.v1.OverrideR\boverride\x12\x14\n" +
 	"\x05actor\x18\x03 \x01(\tR\x05actor\x12\x16\n" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\x129\n" +
 	"\x05state\x18\x05 \x01(\x0e2#.polygate.admission.v1.BreakerStateR\x05state\x12\x14\n" +
-	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\"\xef\x01\n" +
+	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\x12=\n" +
+	"\x06action\x18\a \x01(\x0e2%.polygate.admission.v1.OverrideActionR\x06action\"\xef\x01\n" +
 	"\vWaitStarted\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12/\n" +
 	"\x05sleep\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05sleep\x12'\n" +
@@ -4578,31 +4589,32 @@ var file_polygate_admission_v1_admission_proto_depIdxs = []int32{
 	4,  // 83: polygate.admission.v1.StaleOutcome.state:type_name -> polygate.admission.v1.BreakerState
 	6,  // 84: polygate.admission.v1.OverrideChanged.override:type_name -> polygate.admission.v1.Override
 	4,  // 85: polygate.admission.v1.OverrideChanged.state:type_name -> polygate.admission.v1.BreakerState
-	55, // 86: polygate.admission.v1.WaitStarted.sleep:type_name -> google.protobuf.Duration
-	13, // 87: polygate.admission.v1.WaitStarted.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
-	14, // 88: polygate.admission.v1.AdmissionService.Pick:input_type -> polygate.admission.v1.PickRequest
-	19, // 89: polygate.admission.v1.AdmissionService.OnNoRunnable:input_type -> polygate.admission.v1.OnNoRunnableRequest
-	22, // 90: polygate.admission.v1.AdmissionService.RecordOutcome:input_type -> polygate.admission.v1.RecordOutcomeRequest
-	26, // 91: polygate.admission.v1.AdmissionService.CancelCall:input_type -> polygate.admission.v1.CancelCallRequest
-	28, // 92: polygate.admission.v1.AdmissionService.RetryAfter:input_type -> polygate.admission.v1.RetryAfterRequest
-	30, // 93: polygate.admission.v1.AdmissionService.DescribeScope:input_type -> polygate.admission.v1.DescribeScopeRequest
-	32, // 94: polygate.admission.v1.AdmissionService.ListScopes:input_type -> polygate.admission.v1.ListScopesRequest
-	34, // 95: polygate.admission.v1.AdmissionService.OverrideBreaker:input_type -> polygate.admission.v1.OverrideBreakerRequest
-	44, // 96: polygate.admission.v1.AdmissionService.WatchEvents:input_type -> polygate.admission.v1.WatchEventsRequest
-	15, // 97: polygate.admission.v1.AdmissionService.Pick:output_type -> polygate.admission.v1.PickResponse
-	20, // 98: polygate.admission.v1.AdmissionService.OnNoRunnable:output_type -> polygate.admission.v1.OnNoRunnableResponse
-	23, // 99: polygate.admission.v1.AdmissionService.RecordOutcome:output_type -> polygate.admission.v1.RecordOutcomeResponse
-	27, // 100: polygate.admission.v1.AdmissionService.CancelCall:output_type -> polygate.admission.v1.CancelCallResponse
-	29, // 101: polygate.admission.v1.AdmissionService.RetryAfter:output_type -> polygate.admission.v1.RetryAfterResponse
-	31, // 102: polygate.admission.v1.AdmissionService.DescribeScope:output_type -> polygate.admission.v1.DescribeScopeResponse
-	33, // 103: polygate.admission.v1.AdmissionService.ListScopes:output_type -> polygate.admission.v1.ListScopesResponse
-	35, // 104: polygate.admission.v1.AdmissionService.OverrideBreaker:output_type -> polygate.admission.v1.OverrideBreakerResponse
-	45, // 105: polygate.admission.v1.AdmissionService.WatchEvents:output_type -> polygate.admission.v1.WatchEventsResponse
-	97, // [97:106] is the sub-list for method output_type
-	88, // [88:97] is the sub-list for method input_type
-	88, // [88:88] is the sub-list for extension type_name
-	88, // [88:88] is the sub-list for extension extendee
-	0,  // [0:88] is the sub-list for field type_name
+	7,  // 86: polygate.admission.v1.OverrideChanged.action:type_name -> polygate.admission.v1.OverrideAction
+	55, // 87: polygate.admission.v1.WaitStarted.sleep:type_name -> google.protobuf.Duration
+	13, // 88: polygate.admission.v1.WaitStarted.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
+	14, // 89: polygate.admission.v1.AdmissionService.Pick:input_type -> polygate.admission.v1.PickRequest
+	19, // 90: polygate.admission.v1.AdmissionService.OnNoRunnable:input_type -> polygate.admission.v1.OnNoRunnableRequest
+	22, // 91: polygate.admission.v1.AdmissionService.RecordOutcome:input_type -> polygate.admission.v1.RecordOutcomeRequest
+	26, // 92: polygate.admission.v1.AdmissionService.CancelCall:input_type -> polygate.admission.v1.CancelCallRequest
+	28, // 93: polygate.admission.v1.AdmissionService.RetryAfter:input_type -> polygate.admission.v1.RetryAfterRequest
+	30, // 94: polygate.admission.v1.AdmissionService.DescribeScope:input_type -> polygate.admission.v1.DescribeScopeRequest
+	32, // 95: polygate.admission.v1.AdmissionService.ListScopes:input_type -> polygate.admission.v1.ListScopesRequest
+	34, // 96: polygate.admission.v1.AdmissionService.OverrideBreaker:input_type -> polygate.admission.v1.OverrideBreakerRequest
+	44, // 97: polygate.admission.v1.AdmissionService.WatchEvents:input_type -> polygate.admission.v1.WatchEventsRequest
+	15, // 98: polygate.admission.v1.AdmissionService.Pick:output_type -> polygate.admission.v1.PickResponse
+	20, // 99: polygate.admission.v1.AdmissionService.OnNoRunnable:output_type -> polygate.admission.v1.OnNoRunnableResponse
+	23, // 100: polygate.admission.v1.AdmissionService.RecordOutcome:output_type -> polygate.admission.v1.RecordOutcomeResponse
+	27, // 101: polygate.admission.v1.AdmissionService.CancelCall:output_type -> polygate.admission.v1.CancelCallResponse
+	29, // 102: polygate.admission.v1.AdmissionService.RetryAfter:output_type -> polygate.admission.v1.RetryAfterResponse
+	31, // 103: polygate.admission.v1.AdmissionService.DescribeScope:output_type -> polygate.admission.v1.DescribeScopeResponse
+	33, // 104: polygate.admission.v1.AdmissionService.ListScopes:output_type -> polygate.admission.v1.ListScopesResponse
+	35, // 105: polygate.admission.v1.AdmissionService.OverrideBreaker:output_type -> polygate.admission.v1.OverrideBreakerResponse
+	45, // 106: polygate.admission.v1.AdmissionService.WatchEvents:output_type -> polygate.admission.v1.WatchEventsResponse
+	98, // [98:107] is the sub-list for method output_type
+	89, // [89:98] is the sub-list for method input_type
+	89, // [89:89] is the sub-list for extension type_name
+	89, // [89:89] is the sub-list for extension extendee
+	0,  // [0:89] is the sub-list for field type_name
 }
 
 func init() { file_polygate_admission_v1_admission_proto_init() }

@@ -717,20 +717,22 @@ class StaleOutcome(_message.Message):
     def __init__(self, source: _Optional[str] = ..., permit_id: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[_Union[BreakerState, str]] = ...) -> None: ...
 
 class OverrideChanged(_message.Message):
-    __slots__ = ("source", "override", "actor", "reason", "state", "epoch")
+    __slots__ = ("source", "override", "actor", "reason", "state", "epoch", "action")
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     OVERRIDE_FIELD_NUMBER: _ClassVar[int]
     ACTOR_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
     source: str
     override: Override
     actor: str
     reason: str
     state: BreakerState
     epoch: int
-    def __init__(self, source: _Optional[str] = ..., override: _Optional[_Union[Override, str]] = ..., actor: _Optional[str] = ..., reason: _Optional[str] = ..., state: _Optional[_Union[BreakerState, str]] = ..., epoch: _Optional[int] = ...) -> None: ...
+    action: OverrideAction
+    def __init__(self, source: _Optional[str] = ..., override: _Optional[_Union[Override, str]] = ..., actor: _Optional[str] = ..., reason: _Optional[str] = ..., state: _Optional[_Union[BreakerState, str]] = ..., epoch: _Optional[int] = ..., action: _Optional[_Union[OverrideAction, str]] = ...) -> None: ...
 
 class WaitStarted(_message.Message):
     __slots__ = ("call_id", "sleep", "gate_rejections", "per_source_reasons", "attempts")

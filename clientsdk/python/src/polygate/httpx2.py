@@ -1,0 +1,95 @@
+"""Transports that govern every request of an ``httpx2.Client`` (or
+``httpx2.AsyncClient``) with the sidecar, so that a provider SDK built on
+httpx2 (``openai`` 3.x) is governed with one line::
+
+    http = httpx2.Client(transport=PolygateTransport(client, "chat"))
+    llm = openai.OpenAI(base_url="http://polygate/v1", api_key=..., http_client=http, max_retries=0)
+
+``polygate.httpx`` is the same for httpx (``openai`` 2.x); both are one
+implementation (``polygate._transport``), documented in the package README:
+each request is one call of the scope, sent to each granted source in turn;
+the client gets the upstream's own response, or one synthesized for
+polygate's verdict when no upstream answered, never a connection error for a
+verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx2
+
+from polygate._client import AsyncClient, Client
+from polygate._transport import VERDICT_EXTENSION, Flavour, Governor, ProviderRetryWarning, failure_of
+from polygate._types import Grant
+
+__all__ = ["VERDICT_EXTENSION", "AsyncPolygateTransport", "PolygateTransport", "ProviderRetryWarning", "failure_of"]
+
+FLAVOUR: Flavour[httpx2.Request, httpx2.Response] = Flavour("httpx2", httpx2.Request, httpx2.Response, httpx2.RequestError, lambda s: str(httpx2.URL(s)))
+
+
+class PolygateTransport(httpx2.BaseTransport):
+    """Governs every request of an ``httpx2.Client`` as one call of
+    ``scope``.
+
+    ``client``: the polygate Client (the caller closes it). ``inner``: the
+    transport that sends the attempts (default ``httpx2.HTTPTransport()``,
+    closed with this one). ``estimated_tokens``: a number, or a function of
+    the request, for the scope's TPM quota. ``deadline``: each call's budget
+    in seconds. ``base_url``: the part of request URLs replaced by the
+    source's (default: scheme, host and port). ``attribute``: the source
+    attribute that holds its base URL. ``prepare(request, grant)``: called
+    on each attempt's request before it is sent, e.g. to set the granted
+    source's API key."""
+
+    def __init__(
+        self,
+        client: Client,
+        scope: str,
+        *,
+        inner: httpx2.BaseTransport | None = None,
+        estimated_tokens: int | Callable[[httpx2.Request], int] = 0,
+        deadline: float | None = None,
+        base_url: str | None = None,
+        attribute: str = "base_url",
+        prepare: Callable[[httpx2.Request, Grant], None] | None = None,
+    ) -> None:
+        self._client = client
+        self._inner = inner if inner is not None else httpx2.HTTPTransport()
+        self._gov = Governor(FLAVOUR, scope, estimated_tokens, deadline, base_url, attribute, prepare)
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        request.read()
+        return self._gov.handle(self._client, request, self._inner.handle_request, httpx2.Response.read, httpx2.Response.close)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class AsyncPolygateTransport(httpx2.AsyncBaseTransport):
+    """PolygateTransport for an ``httpx2.AsyncClient``, with a polygate
+    AsyncClient; ``inner`` defaults to ``httpx2.AsyncHTTPTransport()``.
+    Cancelling the request's task reports the attempt CANCELLED."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        scope: str,
+        *,
+        inner: httpx2.AsyncBaseTransport | None = None,
+        estimated_tokens: int | Callable[[httpx2.Request], int] = 0,
+        deadline: float | None = None,
+        base_url: str | None = None,
+        attribute: str = "base_url",
+        prepare: Callable[[httpx2.Request, Grant], None] | None = None,
+    ) -> None:
+        self._client = client
+        self._inner = inner if inner is not None else httpx2.AsyncHTTPTransport()
+        self._gov = Governor(FLAVOUR, scope, estimated_tokens, deadline, base_url, attribute, prepare)
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        await request.aread()
+        return await self._gov.ahandle(self._client, request, self._inner.handle_async_request, httpx2.Response.aread, httpx2.Response.aclose)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
