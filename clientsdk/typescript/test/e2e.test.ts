@@ -8,7 +8,7 @@ import { createOpenAI } from "@ai-sdk/openai";
 import { generateText } from "ai";
 import OpenAI from "openai";
 
-import { Client, failureOf, governedFetch } from "../src/index.js";
+import { Client, UnavailableError, failureOf, governedFetch } from "../src/index.js";
 import { Sidecar, Upstream, eventually } from "./harness.js";
 
 const PLACEHOLDER = "http://polygate.invalid/v1";
@@ -140,6 +140,19 @@ describe("openai-node through the governed fetch, against the real sidecar", () 
     await eventually("the attempt recorded as cancelled", async () => (await sc.metric("polygate_attempts_total", { scope: "chat", source: "a", outcome: "cancelled" })) === 1);
     assert.equal((await sc.source("chat", "a")).inFlight, 0, "the permit is free");
     assert.equal(await sc.liveCalls("chat"), 0, "the call ended");
+  });
+
+  it("rejects with openai's connection error, caused by UnavailableError, when the sidecar is down", async () => {
+    await sc.stop();
+    const err = await openai("chat")
+      .chat.completions.create({ model: "gpt-x", messages: MESSAGES })
+      .then(
+        () => assert.fail("a call without the sidecar succeeded"),
+        (e: unknown) => e,
+      );
+    assert.ok(err instanceof OpenAI.APIConnectionError, `got ${String(err)}`);
+    assert.ok(err.cause instanceof UnavailableError, `caused by ${String(err.cause)}`);
+    assert.equal((await up.requests("a")).length, 0, "no attempt when the client fails");
   });
 
   it("hands over the last upstream answer, with the verdict, when retries are spent", async () => {
