@@ -1,5 +1,6 @@
 # polygate: `make test` installs what it needs (pinned Go tools, redis-server, chromium,
-# the Python SDK's virtual environment) and runs every test; .ci/run calls it.
+# the Python SDK's virtual environments, the TypeScript SDK's node_modules) and runs
+# every test, the SDK conformance kit's runs in each language included; .ci/run calls it.
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 BIN := $(CURDIR)/bin
@@ -209,9 +210,9 @@ ts: tsdeps
 	cd $(TSSDK) && npm run typecheck && \
 	POLYGATE_SIDECAR_BIN="$$d/sidecar" POLYGATE_FAKEUPSTREAM_BIN="$$d/fakeupstream" POLYGATE_FAKESIDECAR_BIN="$$d/fakesidecar" npm test
 
-## pytest: install the Python SDK into both environments; run its tests and the
-## Python e2e tests with openai 3 (.venv), then the e2e tests with openai 2
-## (.venv-openai2)
+## pytest: install the Python SDK into both environments; run its tests (the
+## conformance kit's among them) and the Python e2e tests with openai 3
+## (.venv), then the e2e tests with openai 2 (.venv-openai2)
 PYTEST_ARGS := -c $(PYSDK)/pyproject.toml --rootdir $(CURDIR) -p no:cacheprovider
 # (An environment made before the distribution was named polygate-sdk holds
 # it as polygate too: that one is removed first.)
