@@ -115,6 +115,12 @@ type TLS struct {
 	ClientCAFile string
 }
 
+// Ways a client certificate names its caller's tenant (tls.tenant_from).
+const (
+	TenantFromURISAN     = "uri_san"
+	TenantFromCommonName = "common_name"
+)
+
 // Limits bound what one client may ask of the gRPC server.
 type Limits struct {
 	// MaxRequestBytes is the largest request message the server decodes.
@@ -127,6 +133,9 @@ type Limits struct {
 	// MaxConnectionIdle closes a connection without RPCs for this long
 	// (0: never); clients reconnect transparently.
 	MaxConnectionIdle time.Duration
+	// FirstMessageTimeout closes a stream whose first request message has
+	// not arrived this long after the stream opened.
+	FirstMessageTimeout time.Duration
 }
 
 // Log configures log/slog.
@@ -154,6 +163,20 @@ type Auth struct {
 	// TokenFile and OperatorTokenFile are the files the tokens were read
 	// from ("" when given inline or not at all).
 	TokenFile, OperatorTokenFile string
+	// TenantTokens are the application's tokens that name their caller's
+	// tenant: a call authenticated with one is that tenant's.
+	TenantTokens []TenantToken
+	// TenantFrom, when set (TenantFromURISAN, TenantFromCommonName), names
+	// a caller's tenant by its client certificate (tls.tenant_from).
+	TenantFrom string
+}
+
+// TenantToken is a token of one tenant, given inline or read from
+// TokenFile.
+type TenantToken struct {
+	Tenant    string
+	Token     string
+	TokenFile string
 }
 
 // Calls bounds the sidecar's memory of calls.

@@ -36,12 +36,15 @@ func TestDefaultsAndDerivedValues(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if cfg.Limits.FirstMessageTimeout != 10*time.Second {
+		t.Fatalf("limits.first_message_timeout %v, want 10s", cfg.Limits.FirstMessageTimeout)
+	}
 	s := cfg.Scopes["chat"]
 	if s.CircuitOpen != config.FailFast || s.QuotaFull != config.Wait || s.MaxAttempts != 3 ||
 		s.StallWindow != 300*time.Second || s.PollInterval != 50*time.Millisecond {
 		t.Fatalf("scope defaults %+v", s)
 	}
-	if s.Mode != config.Enforce || s.DefaultTenantWeight != 1 || s.MaxTenants != 64 || s.PriorityAging != 0 || s.TenantWeight("x") != 1 {
+	if s.Mode != config.Enforce || s.DefaultTenant != (config.Tenant{Weight: 1}) || s.MaxTenants != 64 || s.PriorityAging != 0 || s.TenantWeight("x") != 1 {
 		t.Fatalf("admission defaults %+v", s)
 	}
 	p := s.Sources[0]
@@ -137,6 +140,8 @@ func TestBadValues(t *testing.T) {
 		{"calls.idle_timeout", "calls: {idle_timeout: 10ms}", "calls.idle_timeout", "at least 1s"},
 		{"calls.idle_timeout below a lease", "calls: {idle_timeout: 1m}\nscopes: {chat: {sources: [{name: a, timeout: 5m}]}}", "calls.idle_timeout", "longer than the longest permit lease (scopes.chat.sources.a: timeout + lease_grace = 5m5s)"},
 		{"telemetry.retention", "telemetry: {retention: 1s}", "telemetry.retention", "at least 1m"},
+		{"first_message_timeout too short", "limits: {first_message_timeout: 10ms}", "limits.first_message_timeout", "at least 100ms"},
+		{"first_message_timeout too long", "limits: {first_message_timeout: 11m}", "limits.first_message_timeout", "at most 10m"},
 		{"state_path blank", "backend: {memory: {state_path: '  '}}", "backend.memory.state_path", "must not be blank"},
 		{"state_path directory", "backend: {memory: {state_path: /var/lib/polygate/}}", "backend.memory.state_path", "not a directory"},
 		{"state_path with redis", "backend: {kind: redis, redis: {addrs: ['127.0.0.1:6379']}, memory: {state_path: /x.json}}", "backend.memory.state_path", "only the memory backend"},
@@ -155,10 +160,23 @@ func TestBadValues(t *testing.T) {
 		{"poll_interval", "scopes: {chat: {backpressure: {poll_interval: 1500us}, sources: [{name: a}]}}", "scopes.chat.backpressure.poll_interval", "whole milliseconds"},
 		{"poll above stall", "scopes: {chat: {backpressure: {stall_window: 1s, poll_interval: 2s}, sources: [{name: a}]}}", "scopes.chat.backpressure.poll_interval", "at most stall_window"},
 		{"mode", "scopes: {chat: {mode: dry, sources: [{name: a}]}}", "scopes.chat.mode", "enforce, shadow"},
-		{"tenant weight", "scopes: {chat: {tenants: {search: 0}, sources: [{name: a}]}}", "scopes.chat.tenants.search", "from 1 to 1000"},
+		{"tenant weight", "scopes: {chat: {tenants: {search: 0}, sources: [{name: a}]}}", "scopes.chat.tenants.search.weight", "from 1 to 1000"},
 		{"tenant name", "scopes: {chat: {tenants: {Search: 2}, sources: [{name: a}]}}", "scopes.chat.tenants.Search", "lowercase"},
 		{"default_tenant_weight", "scopes: {chat: {default_tenant_weight: 0, sources: [{name: a}]}}", "scopes.chat.default_tenant_weight", "from 1 to 1000"},
 		{"max_tenants", "scopes: {chat: {max_tenants: 5000, sources: [{name: a}]}}", "scopes.chat.max_tenants", "from 1 to 1024"},
+		{"both default weights", "scopes: {chat: {default_tenant_weight: 2, default_tenant: {weight: 3}, sources: [{name: a}]}}", "scopes.chat.default_tenant_weight", "not both"},
+		{"max_priority", "scopes: {chat: {tenants: {gold: {max_priority: 3000000000}}, sources: [{name: a}]}}", "scopes.chat.tenants.gold.max_priority", "from -2147483648 to 2147483647"},
+		{"tenant rpm", "scopes: {chat: {tenants: {gold: {rpm: -1}}, sources: [{name: a}]}}", "scopes.chat.tenants.gold.rpm", "at least 0"},
+		{"default tenant live calls", "scopes: {chat: {default_tenant: {max_live_calls: -1}, sources: [{name: a}]}}", "scopes.chat.default_tenant.max_live_calls", "at least 0"},
+		{"budget without per", "scopes: {chat: {tenants: {gold: {token_budget: {tokens: 5}}}, sources: [{name: a}]}}", "scopes.chat.tenants.gold.token_budget.per", "whole minutes"},
+		{"budget per", "scopes: {chat: {tenants: {gold: {token_budget: {tokens: 5, per: 90s}}}, sources: [{name: a}]}}", "scopes.chat.tenants.gold.token_budget.per", "whole minutes from 1m"},
+		{"budget tokens", "scopes: {chat: {tenants: {gold: {token_budget: {tokens: 0, per: 1h}}}, sources: [{name: a}]}}", "scopes.chat.tenants.gold.token_budget.tokens", "at least 1"},
+		{"tenant token tenant", "auth: {tenant_tokens: [{tenant: 'Team A', token: x}]}", "auth.tenant_tokens[0].tenant", "lowercase"},
+		{"tenant token missing", "auth: {tenant_tokens: [{tenant: a}]}", "auth.tenant_tokens[0].token", "token or token_file"},
+		{"tenant token twice", "auth: {token: same, tenant_tokens: [{tenant: a, token: same}]}", "auth.tenant_tokens[0].token", "must differ"},
+		{"tenant token redacted", "auth: {tenant_tokens: [{tenant: a, token: '(redacted)'}]}", "auth.tenant_tokens[0].token", "set token_file"},
+		{"tenant_from", "tls: {tenant_from: san}", "tls.tenant_from", "uri_san, common_name"},
+		{"tenant_from without mTLS", "tls: {tenant_from: common_name}", "tls.tenant_from", "needs tls.client_ca_file"},
 		{"priority_aging", "scopes: {chat: {priority_aging: -1s, sources: [{name: a}]}}", "scopes.chat.priority_aging", "at least 1ms"},
 		{"lease_grace", "scopes: {chat: {lease_grace: -1s, sources: [{name: a}]}}", "scopes.chat.lease_grace", "at least 0s"},
 		{"fail_threshold", "scopes: {chat: {breaker: {fail_threshold: 0}, sources: [{name: a}]}}", "scopes.chat.breaker.fail_threshold", "at least 1"},
@@ -324,7 +342,7 @@ func TestUnknownKeysAreNamedByTheirPath(t *testing.T) {
 		{"breaker", "scopes: {chat: {breaker: {fail_treshold: 3}, sources: [{name: a}]}}", "scopes.chat.breaker.fail_treshold", "fail_threshold", ""},
 		{"top level", "lisen: 127.0.0.1:1\n" + base, "lisen", "listen", ""},
 		{"no close key", "scopes: {chat: {colour: red, sources: [{name: a}]}}", "scopes.chat.colour", "",
-			"scopes.chat.colour: unknown key; allowed here: mode, circuit_open, source_dead, quota_full, max_attempts, backoff, backpressure, lease_grace, tenants, default_tenant_weight, max_tenants, priority_aging, breaker, sources"},
+			"scopes.chat.colour: unknown key; allowed here: mode, circuit_open, source_dead, quota_full, max_attempts, backoff, backpressure, lease_grace, tenants, default_tenant, default_tenant_weight, max_tenants, priority_aging, breaker, sources"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := config.Parse([]byte(tc.yaml), nil)
@@ -353,6 +371,7 @@ func TestWrongTypesAreNamed(t *testing.T) {
 		{"not a duration", "scopes: {chat: {backoff: {base: soon}, sources: [{name: a}]}}", "scopes.chat.backoff.base", "soon", "a duration with a unit"},
 		{"not a boolean", "backend: {redis: {cluster: maybe}}\n" + base, "backend.redis.cluster", "maybe", "true or false"},
 		{"not a mapping", "scopes: {chat: {tenants: [a], sources: [{name: a}]}}", "scopes.chat.tenants", []any{"a"}, "a mapping"},
+		{"a tenant neither a weight nor a mapping", "scopes: {chat: {tenants: {gold: lots}, sources: [{name: a}]}}", "scopes.chat.tenants.gold", "lots", "a weight (a whole number) or a mapping of keys: weight, max_priority"},
 		{"not a list", "scopes: {chat: {sources: primary}}", "scopes.chat.sources", "primary", "a list"},
 		{"a section that is not a mapping", "log: loud\n" + base, "log", "loud", "a mapping of keys: format, level"},
 	} {

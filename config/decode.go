@@ -29,7 +29,10 @@ func (d *decoder) fail(key string, value any, allowed string) {
 	d.errs = append(d.errs, &FieldError{Key: key, Value: value, Allowed: allowed})
 }
 
-var durationType = reflect.TypeFor[time.Duration]()
+var (
+	durationType = reflect.TypeFor[time.Duration]()
+	tenantType   = reflect.TypeFor[fileTenant]()
+)
 
 // value decodes raw into v, the field at key.
 func (d *decoder) value(key string, raw any, v reflect.Value) {
@@ -38,6 +41,15 @@ func (d *decoder) value(key string, raw any, v reflect.Value) {
 	}
 	if v.Type() == durationType {
 		d.duration(key, raw, v)
+		return
+	}
+	if _, isMap := raw.(map[string]any); v.Type() == tenantType && !isMap {
+		// The shorthand of a tenant's entry: its weight.
+		if _, ok := whole(raw); !ok {
+			d.fail(key, raw, "a weight (a whole number) or a mapping of keys: "+strings.Join(fieldsOf(tenantType).names, ", "))
+			return
+		}
+		d.value(key, raw, v.Field(fieldsOf(tenantType).index["weight"]))
 		return
 	}
 	switch v.Kind() {

@@ -43,4 +43,10 @@ const (
 	DefaultMaxStreamsPerConn = 256
 	DefaultKeepaliveMinTime  = 10 * time.Second
 	DefaultMaxConnectionIdle = 30 * time.Minute
+	// DefaultFirstMessageTimeout is far longer than a client takes to send
+	// a request after its headers (the same write, as a rule) and short
+	// enough that streams that never send one cost nothing lasting.
+	DefaultFirstMessageTimeout = 10 * time.Second
+	// MaxFirstMessageTimeout bounds limits.first_message_timeout.
+	MaxFirstMessageTimeout = 10 * time.Minute
 )

@@ -15,10 +15,11 @@ func effective(cfg *Config) *fileConfig {
 		Listen:        &cfg.Listen,
 		MetricsListen: &cfg.MetricsListen,
 		ListenMode:    "",
-		TLS:           fileTLS{CertFile: &cfg.TLS.CertFile, KeyFile: &cfg.TLS.KeyFile, ClientCAFile: &cfg.TLS.ClientCAFile},
+		TLS:           fileTLS{CertFile: &cfg.TLS.CertFile, KeyFile: &cfg.TLS.KeyFile, ClientCAFile: &cfg.TLS.ClientCAFile, TenantFrom: &cfg.Auth.TenantFrom},
 		Limits: fileLimits{
 			MaxRequestBytes: &cfg.Limits.MaxRequestBytes, MaxStreamsPerConnection: &cfg.Limits.MaxStreamsPerConnection,
 			KeepaliveMinTime: &cfg.Limits.KeepaliveMinTime, MaxConnectionIdle: &cfg.Limits.MaxConnectionIdle,
+			FirstMessageTimeout: &cfg.Limits.FirstMessageTimeout,
 		},
 		Backend: fileBackend{
 			Kind:   &cfg.Backend.Kind,
@@ -43,6 +44,7 @@ func effective(cfg *Config) *fileConfig {
 	}
 	f.Auth.Token, f.Auth.TokenFile = secretKeys(cfg.Auth.Token, cfg.Auth.TokenFile)
 	f.Auth.OperatorToken, f.Auth.OperatorTokenFile = secretKeys(cfg.Auth.OperatorToken, cfg.Auth.OperatorTokenFile)
+	f.Auth.TenantTokens = effectiveTenantTokens(cfg.Auth.TenantTokens)
 	for name, sc := range cfg.Scopes {
 		f.Scopes[name] = effectiveScope(sc)
 	}
@@ -53,16 +55,20 @@ func effectiveScope(sc *Scope) fileScope {
 	circuitOpen, sourceDead, quotaFull, mode := string(sc.CircuitOpen), string(sc.SourceDead), string(sc.QuotaFull), string(sc.Mode)
 	f := fileScope{
 		CircuitOpen: &circuitOpen, SourceDead: &sourceDead, QuotaFull: &quotaFull,
-		MaxAttempts:         &sc.MaxAttempts,
-		Backoff:             fileBackoff{Base: &sc.BackoffBase, Max: &sc.BackoffMax, MaxRetryAfter: &sc.MaxRetryAfter},
-		Backpressure:        fileBackpressure{StallWindow: &sc.StallWindow, PollInterval: &sc.PollInterval},
-		LeaseGrace:          &sc.LeaseGrace,
-		Mode:                &mode,
-		Tenants:             nonNilMap(sc.Tenants),
-		DefaultTenantWeight: &sc.DefaultTenantWeight,
-		MaxTenants:          &sc.MaxTenants,
-		PriorityAging:       &sc.PriorityAging,
+		MaxAttempts:   &sc.MaxAttempts,
+		Backoff:       fileBackoff{Base: &sc.BackoffBase, Max: &sc.BackoffMax, MaxRetryAfter: &sc.MaxRetryAfter},
+		Backpressure:  fileBackpressure{StallWindow: &sc.StallWindow, PollInterval: &sc.PollInterval},
+		LeaseGrace:    &sc.LeaseGrace,
+		Mode:          &mode,
+		Tenants:       make(map[string]fileTenant, len(sc.Tenants)),
+		MaxTenants:    &sc.MaxTenants,
+		PriorityAging: &sc.PriorityAging,
 	}
+	for name, t := range sc.Tenants {
+		f.Tenants[name] = effectiveTenant(t)
+	}
+	def := effectiveTenant(sc.DefaultTenant)
+	f.DefaultTenant = &def // default_tenant_weight, its shorthand, stays null
 	// Breaker stays nil: every source carries the breaker it was resolved
 	// with.
 	for i := range sc.Sources {

@@ -66,6 +66,7 @@ type fileTLS struct {
 	CertFile     *string `koanf:"cert_file"`
 	KeyFile      *string `koanf:"key_file"`
 	ClientCAFile *string `koanf:"client_ca_file"`
+	TenantFrom   *string `koanf:"tenant_from"`
 }
 
 type fileLimits struct {
@@ -73,6 +74,7 @@ type fileLimits struct {
 	MaxStreamsPerConnection *int           `koanf:"max_streams_per_connection"`
 	KeepaliveMinTime        *time.Duration `koanf:"keepalive_min_time"`
 	MaxConnectionIdle       *time.Duration `koanf:"max_connection_idle"`
+	FirstMessageTimeout     *time.Duration `koanf:"first_message_timeout"`
 }
 
 type fileLog struct {
@@ -81,10 +83,17 @@ type fileLog struct {
 }
 
 type fileAuth struct {
-	Token             *string `koanf:"token"`
-	TokenFile         *string `koanf:"token_file"`
-	OperatorToken     *string `koanf:"operator_token"`
-	OperatorTokenFile *string `koanf:"operator_token_file"`
+	Token             *string           `koanf:"token"`
+	TokenFile         *string           `koanf:"token_file"`
+	OperatorToken     *string           `koanf:"operator_token"`
+	OperatorTokenFile *string           `koanf:"operator_token_file"`
+	TenantTokens      []fileTenantToken `koanf:"tenant_tokens"`
+}
+
+type fileTenantToken struct {
+	Tenant    *string `koanf:"tenant"`
+	Token     *string `koanf:"token"`
+	TokenFile *string `koanf:"token_file"`
 }
 
 type fileCalls struct {
@@ -93,22 +102,40 @@ type fileCalls struct {
 }
 
 type fileScope struct {
-	Mode                *string          `koanf:"mode"`
-	CircuitOpen         *string          `koanf:"circuit_open"`
-	SourceDead          *string          `koanf:"source_dead"`
-	QuotaFull           *string          `koanf:"quota_full"`
-	MaxAttempts         *int             `koanf:"max_attempts"`
-	Backoff             fileBackoff      `koanf:"backoff"`
-	Backpressure        fileBackpressure `koanf:"backpressure"`
-	LeaseGrace          *time.Duration   `koanf:"lease_grace"`
-	Tenants             map[string]int   `koanf:"tenants"`
-	DefaultTenantWeight *int             `koanf:"default_tenant_weight"`
-	MaxTenants          *int             `koanf:"max_tenants"`
-	PriorityAging       *time.Duration   `koanf:"priority_aging"`
+	Mode                *string               `koanf:"mode"`
+	CircuitOpen         *string               `koanf:"circuit_open"`
+	SourceDead          *string               `koanf:"source_dead"`
+	QuotaFull           *string               `koanf:"quota_full"`
+	MaxAttempts         *int                  `koanf:"max_attempts"`
+	Backoff             fileBackoff           `koanf:"backoff"`
+	Backpressure        fileBackpressure      `koanf:"backpressure"`
+	LeaseGrace          *time.Duration        `koanf:"lease_grace"`
+	Tenants             map[string]fileTenant `koanf:"tenants"`
+	DefaultTenant       *fileTenant           `koanf:"default_tenant"`
+	DefaultTenantWeight *int                  `koanf:"default_tenant_weight"`
+	MaxTenants          *int                  `koanf:"max_tenants"`
+	PriorityAging       *time.Duration        `koanf:"priority_aging"`
 	// Breaker is nil when the file sets none; --check shows a scope's
 	// breaker keys on each of its sources, where they apply.
 	Breaker *fileBreaker `koanf:"breaker"`
 	Sources []fileSource `koanf:"sources"`
+}
+
+// fileTenant is a tenant's entry: a mapping of its keys, or a whole number,
+// its weight (the shorthand "gold: 4"; decode reads it).
+type fileTenant struct {
+	Weight         *int             `koanf:"weight"`
+	MaxPriority    *int64           `koanf:"max_priority"`
+	RPM            *int64           `koanf:"rpm"`
+	TPM            *int64           `koanf:"tpm"`
+	MaxConcurrency *int             `koanf:"max_concurrency"`
+	MaxLiveCalls   *int             `koanf:"max_live_calls"`
+	TokenBudget    *fileTokenBudget `koanf:"token_budget"`
+}
+
+type fileTokenBudget struct {
+	Tokens *int64         `koanf:"tokens"`
+	Per    *time.Duration `koanf:"per"`
 }
 
 type fileBackoff struct {

@@ -34,7 +34,8 @@ scopes:
     source_dead: wait
     quota_full: fail_fast
     backoff: {base: 250ms, max: 90s}
-    tenants: {search: 3, batch: 1}
+    tenants: {search: 3, batch: 1, team: {weight: 2, max_priority: 5, rpm: 60, tpm: 9000, max_concurrency: 4, max_live_calls: 20, token_budget: {tokens: 100000, per: 24h}}}
+    default_tenant: {rpm: 10, max_live_calls: 50}
     priority_aging: 2s
     breaker: {fail_rate: 0.1, cooldown: 10m, max_cooldown: 1h}
     sources:
@@ -100,7 +101,7 @@ func canonical(c *config.Config) {
 	}
 	for _, sc := range c.Scopes {
 		if sc.Tenants == nil {
-			sc.Tenants = map[string]int{}
+			sc.Tenants = map[string]config.Tenant{}
 		}
 		for i := range sc.Sources {
 			s := &sc.Sources[i]
@@ -134,7 +135,8 @@ func TestPrintSpeaksTheFilesWords(t *testing.T) {
 		"fail_rate: 0.1\n          window: 1m\n          cooldown: 10m\n          max_cooldown: 1h\n          probe_ttl: 10m",
 		// backup overrides two keys.
 		"cooldown: 30s\n          max_cooldown: 1h\n          probe_ttl: 2m",
-		"tenants:\n      batch: 1\n      search: 3", `version: "2"`, "max_concurrency: 8", "tpm: 0",
+		"tenants:\n      batch:\n        weight: 1\n        max_priority: 2147483647", "search:\n        weight: 3",
+		"default_tenant:\n      weight: 1\n      max_priority: 0", `version: "2"`, "max_concurrency: 8", "tpm: 0",
 	} {
 		if !strings.Contains(doc, want) {
 			t.Errorf("--check lacks %q:\n%s", want, doc)

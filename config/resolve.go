@@ -50,12 +50,14 @@ func resolve(f *fileConfig) (*Config, error) {
 			Path: or(f.Telemetry.Path, ""), Retention: or(f.Telemetry.Retention, DefaultRetention),
 			QueueSize: or(f.Telemetry.QueueSize, DefaultTelemetryQueue),
 		},
-		TLS: TLS{CertFile: or(f.TLS.CertFile, ""), KeyFile: or(f.TLS.KeyFile, ""), ClientCAFile: or(f.TLS.ClientCAFile, "")},
+		TLS:  TLS{CertFile: or(f.TLS.CertFile, ""), KeyFile: or(f.TLS.KeyFile, ""), ClientCAFile: or(f.TLS.ClientCAFile, "")},
+		Auth: Auth{TenantFrom: or(f.TLS.TenantFrom, "")},
 		Limits: Limits{
 			MaxRequestBytes:         or(f.Limits.MaxRequestBytes, DefaultMaxRequestBytes),
 			MaxStreamsPerConnection: or(f.Limits.MaxStreamsPerConnection, DefaultMaxStreamsPerConn),
 			KeepaliveMinTime:        or(f.Limits.KeepaliveMinTime, DefaultKeepaliveMinTime),
 			MaxConnectionIdle:       or(f.Limits.MaxConnectionIdle, DefaultMaxConnectionIdle),
+			FirstMessageTimeout:     or(f.Limits.FirstMessageTimeout, DefaultFirstMessageTimeout),
 		},
 		Events: Events{WatchBuffer: or(f.Events.WatchBuffer, DefaultWatchBuffer), MaxWatchers: or(f.Events.MaxWatchers, DefaultMaxWatchers)},
 		Log:    Log{Format: or(f.Log.Format, "text"), Level: or(f.Log.Level, "info")},
@@ -121,6 +123,11 @@ func resolve(f *fileConfig) (*Config, error) {
 	}
 	c.duration("limits.keepalive_min_time", lim.KeepaliveMinTime, time.Second)
 	c.duration("limits.max_connection_idle", lim.MaxConnectionIdle, 0)
+	if lim.FirstMessageTimeout > MaxFirstMessageTimeout {
+		c.fail("limits.first_message_timeout", lim.FirstMessageTimeout, "must be at most "+formatDuration(MaxFirstMessageTimeout))
+	} else {
+		c.duration("limits.first_message_timeout", lim.FirstMessageTimeout, 100*time.Millisecond)
+	}
 	c.atLeast("events.max_watchers", int64(cfg.Events.MaxWatchers), 1)
 	cfg.Auth.Token = c.secret("auth.token", f.Auth.Token, f.Auth.TokenFile)
 	cfg.Auth.OperatorToken = c.secret("auth.operator_token", f.Auth.OperatorToken, f.Auth.OperatorTokenFile)
@@ -130,6 +137,13 @@ func resolve(f *fileConfig) (*Config, error) {
 	}
 	if cfg.Auth.OperatorToken != "" && cfg.Auth.OperatorToken == cfg.Auth.Token {
 		c.fail("auth.operator_token", "(same as auth.token)", "must differ from auth.token, or the application could act as the operator")
+	}
+	cfg.Auth.TenantTokens = resolveTenantTokens(c, f.Auth.TenantTokens, cfg.Auth.Token, cfg.Auth.OperatorToken)
+	if from := cfg.Auth.TenantFrom; from != "" {
+		c.oneOf("tls.tenant_from", from, TenantFromURISAN, TenantFromCommonName)
+		if cfg.TLS.ClientCAFile == "" {
+			c.fail("tls.tenant_from", from, "needs tls.client_ca_file: the tenant is read from a verified client certificate")
+		}
 	}
 	c.duration("telemetry.retention", cfg.Telemetry.Retention, time.Minute)
 	if cfg.Telemetry.Path != "" && strings.TrimSpace(cfg.Telemetry.Path) == "" {
@@ -192,25 +206,13 @@ func resolveScope(c *checker, name string, f *fileScope) *Scope {
 		PollInterval:  or(f.Backpressure.PollInterval, DefaultPollInterval),
 		LeaseGrace:    or(f.LeaseGrace, DefaultLeaseGrace),
 
-		Mode:                Mode(or(f.Mode, string(Enforce))),
-		Tenants:             f.Tenants,
-		DefaultTenantWeight: or(f.DefaultTenantWeight, DefaultTenantWeight),
-		MaxTenants:          or(f.MaxTenants, DefaultMaxTenants),
-		PriorityAging:       or(f.PriorityAging, 0),
+		Mode:          Mode(or(f.Mode, string(Enforce))),
+		MaxTenants:    or(f.MaxTenants, DefaultMaxTenants),
+		PriorityAging: or(f.PriorityAging, 0),
 	}
+	s.Tenants, s.DefaultTenant = resolveTenants(c, key, f)
 	c.oneOf(key+".mode", string(s.Mode), string(Enforce), string(Shadow))
-	c.between(key+".default_tenant_weight", int64(s.DefaultTenantWeight), 1, MaxTenantWeight)
 	c.between(key+".max_tenants", int64(s.MaxTenants), 1, MaxTenants)
-	if len(s.Tenants) > MaxTenants {
-		c.fail(key+".tenants", len(s.Tenants), fmt.Sprintf("at most %d tenants", MaxTenants))
-	}
-	for _, t := range slices.Sorted(maps.Keys(s.Tenants)) {
-		if !nameRE.MatchString(t) {
-			c.fail(key+".tenants."+t, t, "a tenant "+nameAllowed[len("a "):])
-			continue
-		}
-		c.between(key+".tenants."+t, int64(s.Tenants[t]), 1, MaxTenantWeight)
-	}
 	if s.PriorityAging != 0 {
 		c.duration(key+".priority_aging", s.PriorityAging, time.Millisecond)
 	}

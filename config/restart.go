@@ -23,6 +23,7 @@ var restartKeys = []struct {
 	{key: "limits.max_streams_per_connection", field: func(c *Config) any { return &c.Limits.MaxStreamsPerConnection }},
 	{key: "limits.keepalive_min_time", field: func(c *Config) any { return &c.Limits.KeepaliveMinTime }},
 	{key: "limits.max_connection_idle", field: func(c *Config) any { return &c.Limits.MaxConnectionIdle }},
+	{key: "limits.first_message_timeout", field: func(c *Config) any { return &c.Limits.FirstMessageTimeout }},
 	{key: "metrics_listen", field: func(c *Config) any { return &c.MetricsListen }},
 	{key: "backend.kind", field: func(c *Config) any { return &c.Backend.Kind }},
 	{key: "backend.memory.state_path", field: func(c *Config) any { return &c.Backend.Memory.StatePath }},

@@ -53,23 +53,71 @@ type Scope struct {
 	Sources    []Source
 	// Mode: enforce, or shadow (every Pick granted, would-be refusals reported).
 	Mode Mode
-	// Tenants weighs the fair share of a source's capacity among callers
-	// waiting for it; an unnamed tenant weighs DefaultTenantWeight. Beyond
-	// MaxTenants distinct tenants waiting, the others share one bucket.
-	Tenants             map[string]int
-	DefaultTenantWeight int
-	MaxTenants          int
+	// Tenants are the tenants the configuration names, each with its weight
+	// in the fair share of a source's capacity, its priority ceiling and its
+	// limits; DefaultTenant is every other tenant's (and a call's without a
+	// tenant). Beyond MaxTenants tenants it does not name waiting in a line,
+	// the others share one bucket of the fair share.
+	Tenants       map[string]Tenant
+	DefaultTenant Tenant
+	MaxTenants    int
 	// PriorityAging adds 1 to a waiting call's effective priority per
 	// PriorityAging waited; 0: no aging.
 	PriorityAging time.Duration
 }
 
+// Tenant is a tenant's policy in a scope. A zero limit is no limit.
+type Tenant struct {
+	// Weight is its weight in the fair share (1 to MaxTenantWeight).
+	Weight int
+	// MaxPriority is the highest priority its calls rank at: a higher one
+	// is clamped to it.
+	MaxPriority int32
+	// RPM, TPM and MaxConcurrency hold across every source of the scope.
+	RPM, TPM       int64
+	MaxConcurrency int
+	// MaxLiveCalls caps its calls open at once in the scope.
+	MaxLiveCalls int
+	// Budget is the tokens it may spend over BudgetPer (0: no budget).
+	Budget    int64
+	BudgetPer time.Duration
+}
+
+// Limits are t's limits as the backend keeps them.
+func (t Tenant) Limits() gate.TenantLimits {
+	return gate.TenantLimits{MaxConcurrency: t.MaxConcurrency, RPM: t.RPM, TPM: t.TPM, Budget: t.Budget, BudgetWindow: t.BudgetPer}
+}
+
+// Tenant is the policy of the named tenant: its own when the configuration
+// names it (named), else DefaultTenant.
+func (sc *Scope) Tenant(name string) (t Tenant, named bool) {
+	if t, ok := sc.Tenants[name]; ok {
+		return t, true
+	}
+	return sc.DefaultTenant, false
+}
+
+// TenantKey is what the named tenant's limits and counts are kept under:
+// its name when the configuration names it; gate.OverflowTenant, which
+// every other tenant shares, otherwise.
+func (sc *Scope) TenantKey(name string) string {
+	if _, ok := sc.Tenants[name]; ok {
+		return name
+	}
+	return gate.OverflowTenant
+}
+
+// Priority is the priority a call of tenant ranks at when it asks for p:
+// p, clamped to the tenant's MaxPriority.
+func (sc *Scope) Priority(tenant string, p int32) int32 {
+	t, _ := sc.Tenant(tenant)
+	return min(p, t.MaxPriority)
+}
+
 // TenantWeight is a tenant's weight in the fair share.
 func (sc *Scope) TenantWeight(tenant string) int {
-	if w, ok := sc.Tenants[tenant]; ok {
-		return w
-	}
-	return sc.DefaultTenantWeight
+	t, _ := sc.Tenant(tenant)
+	return t.Weight
 }
 
 // Source is one interchangeable endpoint of a scope, validated, with its

@@ -1,11 +1,19 @@
 package e2e
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	polygate "github.com/polygate/polygate/clientsdk/go"
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 	"github.com/polygate/polygate/internal/redistest"
 )
@@ -223,5 +231,164 @@ func TestChaos_RedisKill9Restart(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// While Redis is stopped (SIGSTOP), every RPC that needs it is answered
+// UNAVAILABLE with the ErrorInfo reason BACKEND_UNAVAILABLE — not
+// DEADLINE_EXCEEDED while the callers' own deadlines are far off — within
+// one Redis timeout (plus scheduling): an OnNoRunnable whose read joins a
+// line does not wait for the leave that follows its failure too. The Go
+// SDK reports it as ErrUnavailable. A scope in shadow mode grants its Picks
+// and says what enforcement would have answered.
+func TestChaos_RedisStallAnswersUnavailable(t *testing.T) {
+	const (
+		redisTimeout = 500 * time.Millisecond
+		pollInterval = 50 * time.Millisecond
+		waiters      = 3
+		// answerSlack is a loaded machine's scheduling beyond what the
+		// control saw, not a speed claim: an answer that waits for two
+		// backend calls takes two timeouts, one more than the bound.
+		answerSlack = 100 * time.Millisecond
+	)
+	rs := redistest.Start(t)
+	sc := startChaosSidecar(t, fmt.Sprintf(`
+backend:
+  kind: redis
+  redis: {addrs: ["%s"], timeout: %s, on_unavailable: fail_closed}
+scopes:
+  line:
+    quota_full: wait
+    backpressure: {stall_window: 300s, poll_interval: %s}
+    sources: [{name: only, max_concurrency: 1, attributes: {base_url: "http://127.0.0.1:1"}}]
+  shadowed:
+    mode: shadow
+    sources: [{name: a, tpm: 1000, attributes: {base_url: "http://127.0.0.1:1"}}, {name: b, tpm: 1000, attributes: {base_url: "http://127.0.0.1:1"}}]
+`, rs.Addr, redisTimeout, pollInterval))
+	ctx := ctxT(t)
+	if p, err := sc.raw.Pick(ctx, &admissionv1.PickRequest{Scope: "line"}); err != nil || p.GetGrant() == nil {
+		t.Fatalf("Pick: %v %v; want the only slot", p, err)
+	}
+	var refused []string
+	for range waiters {
+		p, err := sc.raw.Pick(ctx, &admissionv1.PickRequest{Scope: "line"})
+		if err != nil || p.GetNoRunnable() == nil {
+			t.Fatalf("Pick: %v %v; want a refusal", p, err)
+		}
+		refused = append(refused, p.GetCallId())
+	}
+	sdk, err := polygate.Dial(sc.proc.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sdk.Close() })
+	ctl := startControl(t, sc.conn, pollInterval)
+
+	stopped := time.Now()
+	rs.Pause()
+	t.Cleanup(rs.Resume)
+	var (
+		mu      sync.Mutex
+		answers []answer
+		wg      sync.WaitGroup
+	)
+	ask := func(rpc string, call func() error) {
+		wg.Go(func() {
+			start := time.Now()
+			err := call()
+			a := answer{rpc: rpc, start: start, took: time.Since(start), code: status.Code(err)}
+			if a.code != codes.Unavailable || errorReason(err) != admissionv1.ErrorReason_ERROR_REASON_BACKEND_UNAVAILABLE.String() {
+				t.Errorf("%s during the stall: %v; want UNAVAILABLE with BACKEND_UNAVAILABLE", rpc, err)
+			}
+			mu.Lock()
+			answers = append(answers, a)
+			mu.Unlock()
+		})
+	}
+	for _, id := range refused {
+		ask("OnNoRunnable", func() error {
+			_, err := sc.raw.OnNoRunnable(ctx, &admissionv1.OnNoRunnableRequest{Scope: "line", CallId: id})
+			return err
+		})
+	}
+	ask("Pick", func() error {
+		_, err := sc.raw.Pick(ctx, &admissionv1.PickRequest{Scope: "line"})
+		return err
+	})
+	wg.Wait()
+	_, sdkErr := polygate.Do(ctx, sdk, "line", func(context.Context, polygate.Attempt) (int, polygate.Result) {
+		t.Error("an attempt ran while Redis was stopped")
+		return 0, polygate.Result{Outcome: polygate.Success}
+	})
+	var shadow [2]*admissionv1.PickResponse
+	var shadowErr [2]error
+	for i, tokens := range []int64{100, 5000} {
+		shadow[i], shadowErr[i] = sc.raw.Pick(ctx, &admissionv1.PickRequest{Scope: "shadowed", EstimatedTokens: tokens})
+	}
+	sched := ctl.worst(stopped, time.Now())
+	rs.Resume()
+
+	if !errors.Is(sdkErr, polygate.ErrUnavailable) {
+		t.Errorf("the Go SDK's call during the stall: %v; want ErrUnavailable", sdkErr)
+	}
+	for i, want := range []admissionv1.ErrorReason{admissionv1.ErrorReason_ERROR_REASON_BACKEND_UNAVAILABLE, admissionv1.ErrorReason_ERROR_REASON_ESTIMATE_TOO_LARGE} {
+		if g := shadow[i].GetGrant(); shadowErr[i] != nil || !g.GetShadow() || g.GetShadowError() != want {
+			t.Errorf("shadow Pick %d during the stall: %v %v; want a shadow grant with shadow_error %v", i, shadow[i], shadowErr[i], want)
+		}
+	}
+	for _, a := range answers {
+		t.Logf("%s answered %v after %v (Redis timeout %v; the machine's scheduling meanwhile up to %v)", a.rpc, a.code, a.took.Round(time.Millisecond), redisTimeout, sched.Round(time.Millisecond))
+		if a.took > redisTimeout+sched+answerSlack {
+			t.Errorf("%s took %v during the stall, over the %v timeout + %v of scheduling + %v", a.rpc, a.took.Round(time.Millisecond), redisTimeout, sched.Round(time.Millisecond), answerSlack)
+		}
+	}
+}
+
+// errorReason is the ErrorInfo reason of a gRPC error ("" if none).
+func errorReason(err error) string {
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			return info.GetReason()
+		}
+	}
+	return ""
+}
+
+// Replica K1 opens a breaker with SOURCE_DEAD and forces another open;
+// replica K2, started after, only sees them (its Picks are refused). K1 is killed, then
+// Redis restarts empty. K2 re-asserts what it saw before it grants
+// anything: it grants neither source, not once in 200 Picks of each, and
+// its reads show both in force.
+func TestChaos_RedisLossAfterTheSetterLeft(t *testing.T) {
+	const cooldown = 300 * time.Second
+	rs := redistest.Start(t)
+	cfg := redisChaosConfig(rs.Addr, "fail_closed", 300*time.Millisecond, 20*time.Millisecond, 4, 5*time.Second, time.Second) +
+		"  held:\n    sources: [{name: primary, attributes: {base_url: \"http://127.0.0.1:1\"}}]\n" +
+		fmt.Sprintf("  dead:\n    breaker: {cooldown: %s, max_cooldown: %s}\n    sources: [{name: primary, attributes: {base_url: \"http://127.0.0.1:1\"}}]\n", cooldown, cooldown)
+	k1 := startChaosSidecar(t, cfg)
+	ctx := ctxT(t)
+	prot := k1.protect(ctx, "held", "dead")
+	k2 := startChaosSidecar(t, cfg) // it hears no announcement of them
+	refused := func(scope string) bool {
+		pk, err := k2.raw.Pick(ctx, &admissionv1.PickRequest{Scope: scope})
+		if err != nil {
+			t.Fatalf("K2 Pick(%s): %v", scope, err)
+		}
+		return pk.GetGrant() == nil
+	}
+	eventually(t, "K2's Picks refused on both", func() bool { return refused("held") && refused("dead") })
+	k1.kill9()
+	rs.Stop()
+	rs.Start()
+	for i := range 200 {
+		for _, scope := range []string{"held", "dead"} {
+			if !refused(scope) {
+				t.Fatalf("K2 granted %s at Pick %d after Redis restarted empty", scope, i+1)
+			}
+		}
+	}
+	held, dead, _, err := prot.read(ctx, k2)
+	if err != nil || !inForce(held, dead) {
+		t.Fatalf("K2 reads after the loss: %v, %v, %v; want both in force", held, dead, err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,7 +42,7 @@ scopes:
 // (with actor and reason), a breaker OPEN by a SOURCE_DEAD outcome and the
 // TPM used in the current minute all survive: DescribeScope shows them and a
 // burst over tpm is still refused. Without it, all three are lost — the
-// issue-9 failure this option exists for, kept as a test so that the docs'
+// failure this option exists for, kept as a test so that the docs'
 // "what is lost" stays true.
 func TestChaos_SidecarKill9Restart(t *testing.T) {
 	// The OPEN must outlast the restart, and the tokens must stay in the
@@ -165,5 +166,36 @@ func TestChaos_CorruptStateFileStopsStart(t *testing.T) {
 	}
 	if data, _ := os.ReadFile(statePath); string(data) != `{"version":1,"scopes":{"dead":` {
 		t.Error("the corrupt state file was changed")
+	}
+}
+
+// A state file whose OPEN lasts 292 years (open_until_ms at the largest
+// int64) or ends in the year 9999 starts the sidecar with that breaker OPEN
+// for at most its max_cooldown, and the log names the field it clamped.
+func TestChaos_StateFileOpenClampedToMaxCooldown(t *testing.T) {
+	const maxCooldown = 300 * time.Second
+	for name, until := range map[string]int64{"292 years": math.MaxInt64, "year 9999": 253402300799000} {
+		t.Run(name, func(t *testing.T) {
+			statePath := filepath.Join(t.TempDir(), "state.json")
+			state := fmt.Sprintf(`{"version":1,"scopes":{"dead":{"sources":{"primary":{"breaker":`+
+				`{"state":"open","epoch":1,"reopens":1,"opened_at_ms":%d,"open_until_ms":%d,"open_cause":"source_dead"}}}}}}`,
+				time.Now().UnixMilli(), until)
+			if err := os.WriteFile(statePath, []byte(state), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			sc := startChaosSidecar(t, restartConfig(statePath, maxCooldown))
+			src, err := sc.source(ctxT(t), "dead", "primary")
+			if err != nil {
+				t.Fatal(err)
+			}
+			left := src.GetRetryAfter().AsDuration()
+			t.Logf("open_until_ms %d loaded as an OPEN of %v (max_cooldown %v)", until, left.Round(time.Millisecond), maxCooldown)
+			if src.GetState() != admissionv1.BreakerState_BREAKER_STATE_OPEN || left <= 0 || left > maxCooldown {
+				t.Fatalf("breaker after the load: %v, retry_after %v; want OPEN for at most max_cooldown %v", src.GetState(), left, maxCooldown)
+			}
+			if logs := sc.proc.Logs(); !strings.Contains(logs, "field=scopes.dead.sources.primary.breaker.open_until_ms") {
+				t.Errorf("no warning naming the clamped field in the log:\n%s", logs)
+			}
+		})
 	}
 }

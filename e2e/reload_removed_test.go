@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -107,5 +108,85 @@ scopes:
 		if p, err := c.Pick(ctx, &admissionv1.PickRequest{Scope: "batch"}); err != nil || p.GetGrant() == nil {
 			t.Fatalf("Pick %d after batch came back: %v %v; want a grant (its slots are free)", i, p, err)
 		}
+	}
+}
+
+// A reload that removes a scope answers the calls held in its OnNoRunnable
+// at once with scope_removed, which ends them; when the scope comes back,
+// its line holds none of them.
+func TestReload_RemovedScopeTellsItsWaiters(t *testing.T) {
+	const base = `
+scopes:
+  chat:
+    sources: [{name: a}]
+`
+	const extra = `  batch:
+    quota_full: wait
+    backpressure: {stall_window: 300s, poll_interval: 50ms}
+    sources: [{name: a, max_concurrency: 1}]
+`
+	file := filepath.Join(t.TempDir(), "polygate.yaml")
+	write := func(config string) {
+		t.Helper()
+		if err := os.WriteFile(file, []byte(config), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(base + extra)
+	sc := sidecartest.Start(t, []string{"--config", file, "--listen", "127.0.0.1:0"})
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("sidecar logs:\n%s", sc.Logs())
+		}
+	})
+	c := dial(t, sc.Addr, insecure.NewCredentials())
+	ctx := ctxT(t)
+	line := func() int32 {
+		t.Helper()
+		d, err := c.DescribeScope(ctx, &admissionv1.DescribeScopeRequest{Scope: "batch"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.GetScope().GetSources()[0].GetLine().GetLength()
+	}
+	if p, err := c.Pick(ctx, &admissionv1.PickRequest{Scope: "batch"}); err != nil || p.GetGrant() == nil {
+		t.Fatalf("Pick: %v %v; want a grant", p, err)
+	}
+	const waiters = 3
+	answers := make(chan *admissionv1.OnNoRunnableResponse, waiters)
+	for range waiters {
+		p, err := c.Pick(ctx, &admissionv1.PickRequest{Scope: "batch"})
+		if err != nil || p.GetNoRunnable() == nil {
+			t.Fatalf("Pick: %v %v; want a refusal", p, err)
+		}
+		go func() {
+			d, err := c.OnNoRunnable(ctx, &admissionv1.OnNoRunnableRequest{Scope: "batch", CallId: p.GetCallId()})
+			if err != nil {
+				t.Errorf("OnNoRunnable: %v", err)
+			}
+			answers <- d
+		}()
+	}
+	eventually(t, "the waiters are held in line", func() bool { return line() == waiters })
+
+	write(base)
+	reload := time.Now()
+	sc.Signal(t, syscall.SIGHUP)
+	for range waiters {
+		d := <-answers
+		if f := d.GetFailure(); f.GetReason() != admissionv1.FailureReason_FAILURE_REASON_SCOPE_REMOVED {
+			t.Fatalf("a held call was answered %v after the reload; want Failure scope_removed", d)
+		}
+	}
+	t.Logf("%d held calls answered scope_removed within %v of SIGHUP", waiters, time.Since(reload).Round(time.Millisecond))
+
+	write(base + extra)
+	sc.Signal(t, syscall.SIGHUP)
+	eventually(t, "the reload adds batch back", func() bool {
+		_, err := c.DescribeScope(ctx, &admissionv1.DescribeScopeRequest{Scope: "batch"})
+		return err == nil
+	})
+	if n := line(); n != 0 {
+		t.Fatalf("line of %d when batch came back; want none of the removed scope's waiters", n)
 	}
 }

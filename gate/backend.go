@@ -35,6 +35,12 @@ type AdmitRequest struct {
 	// line.go): a candidate whose line has the Pick behind its head is
 	// refused as queued without asking its quota or breaker.
 	Line *Waiter
+	// Tenant, when set, is the call's tenant: it is asked before the walk,
+	// and when it refuses (ReasonTenantLimit, ReasonTenantBudget), every
+	// candidate is refused with its reason and wait, nothing is taken, and a
+	// Line waiter leaves the candidates' lines (it waits for its tenant, not
+	// for a source). A grant is counted in the tenant too.
+	Tenant *TenantCall
 }
 
 // Rejection is why one candidate was refused.
@@ -88,6 +94,9 @@ type SettleRequest struct {
 	Progress bool
 	// Line, when set, hands a released slot to the scope's line.
 	Line *LineHandoff
+	// Tenant, when set, is the permit's tenant: its slot is freed and its
+	// tokens settled there too.
+	Tenant *TenantCall
 }
 
 // Settlement is the result of one Settle.
@@ -116,6 +125,9 @@ type PeekRequest struct {
 	Tokens int64
 	// Line, when set, reads the line of each source (and may join some).
 	Line *LineRead
+	// Tenants are read too, each with Admit's verdict for an attempt of
+	// Tokens.
+	Tenants []TenantCall
 }
 
 // Candidate is source i of the request, as Admit would be offered it.
@@ -146,6 +158,9 @@ type SourceView struct {
 type Snapshot struct {
 	Sources     []SourceView
 	ProgressAge time.Duration
+	// Tenants are the request's Tenants, index by index (none from a
+	// backend that keeps no tenants).
+	Tenants []TenantView
 }
 
 // OverrideRequest carries an operator's action on one source's breaker.

@@ -29,8 +29,14 @@ import (
 //     nobody waiting banks no share (it starts at V). Lower first.
 //   - arrival: a counter of the line. Lower first.
 //
-// Beyond MaxTenants distinct tenants, newcomers share OverflowTenant's
-// bucket. When the line empties the shares, V and the counter start over.
+// The share table holds a bucket per tenant with someone in line: its last
+// tag, how many of its waiters are in line, and whether the configuration
+// names it. A bucket is freed when its last waiter leaves the line (granted,
+// gone or set aside), so the table holds the tenants waiting now, never the
+// ones that passed through. A tenant the configuration names (Waiter.Named)
+// always has its own bucket; beyond MaxTenants buckets of tenants it does
+// not name, further ones share OverflowTenant's. When the line empties, V
+// and the counter start over.
 //
 // A Pick of a waiter goes to the walk when it is the head, or was handed a
 // slot (called) that it has not spent; a newcomer goes when nobody waits or
@@ -63,9 +69,17 @@ const ClassOffset = 1 << 51
 type Line struct {
 	entries []*lineEntry // by member
 	byID    map[string]*lineEntry
-	last    map[string]int64 // tenant → its last share tag
+	shares  map[string]*shareBucket // by tenant (or OverflowTenant)
+	unnamed int                     // buckets of tenants the configuration does not name (not OverflowTenant's)
 	v, seq  int64
 	alive   map[string]int64 // replica → heard of until (ms)
+}
+
+// shareBucket is a tenant's entry in the share table.
+type shareBucket struct {
+	last    int64 // the tag of its last waiter to join
+	waiting int   // its waiters in line
+	unnamed bool  // counted in Line.unnamed
 }
 
 type lineEntry struct {
@@ -106,17 +120,29 @@ func (e *lineEntry) share() int64 {
 
 func (l *Line) init() {
 	if l.byID == nil {
-		l.byID, l.last, l.alive = map[string]*lineEntry{}, map[string]int64{}, map[string]int64{}
+		l.byID, l.shares, l.alive = map[string]*lineEntry{}, map[string]*shareBucket{}, map[string]int64{}
 	}
 }
 
 // Len is the number of waiters.
 func (l *Line) Len() int { return len(l.entries) }
 
-func (l *Line) insert(e *lineEntry) {
+// insert puts e in line, counting it in its tenant's bucket (made if the
+// tenant has none; named: the configuration names the tenant).
+func (l *Line) insert(e *lineEntry, named bool) {
 	i, _ := slices.BinarySearchFunc(l.entries, e.member, func(x *lineEntry, m string) int { return strings.Compare(x.member, m) })
 	l.entries = slices.Insert(l.entries, i, e)
 	l.byID[e.id] = e
+	b := l.shares[e.tenant]
+	if b == nil {
+		b = &shareBucket{unnamed: !named && e.tenant != OverflowTenant}
+		if b.unnamed {
+			l.unnamed++
+		}
+		l.shares[e.tenant] = b
+	}
+	b.last = max(b.last, e.share())
+	b.waiting++
 }
 
 // Lua twin: l_remove
@@ -125,10 +151,18 @@ func (l *Line) remove(e *lineEntry) {
 		l.entries = slices.Delete(l.entries, i, i+1)
 	}
 	delete(l.byID, e.id)
+	if b := l.shares[e.tenant]; b != nil {
+		if b.waiting--; b.waiting <= 0 {
+			delete(l.shares, e.tenant)
+			if b.unnamed {
+				l.unnamed--
+			}
+		}
+	}
 	if len(l.entries) == 0 {
-		clear(l.last)
+		clear(l.shares)
 		clear(l.alive)
-		l.v, l.seq = 0, 0
+		l.unnamed, l.v, l.seq = 0, 0, 0
 	}
 }
 
@@ -159,13 +193,18 @@ func (l *Line) head(now int64) *lineEntry {
 
 // Lua twin: l_key
 // key is where a waiter of w would join now: its tenant's bucket, share tag
-// and key.
+// and key. A tenant the configuration does not name, without a bucket,
+// joins OverflowTenant's when MaxTenants such tenants have one.
 func (l *Line) key(w *Waiter, now int64) (tenant string, share int64, key string) {
 	tenant, weight := w.Tenant, w.Weight
-	if _, known := l.last[tenant]; !known && len(l.last) >= w.MaxTenants {
+	if _, known := l.shares[tenant]; !known && !w.Named && l.unnamed >= w.MaxTenants {
 		tenant, weight = OverflowTenant, w.OtherWeight
 	}
-	share = max(l.v, l.last[tenant]) + ShareScale/int64(max(1, weight))
+	last := int64(0)
+	if b := l.shares[tenant]; b != nil {
+		last = b.last
+	}
+	share = max(l.v, last) + ShareScale/int64(max(1, weight))
 	class := int64(w.Priority)
 	if h := w.Aging.Milliseconds(); h > 0 {
 		class -= now / h
@@ -188,14 +227,13 @@ func (l *Line) enter(w *Waiter, now int64) string {
 	l.alive[w.Replica] = now + w.Lease.Milliseconds()
 	if e, ok := parseRecord(w.Place); ok && e.id == w.ID {
 		e.replica = w.Replica
-		l.insert(e)
+		l.insert(e, w.Named)
 		return e.record()
 	}
-	tenant, share, key := l.key(w, now)
+	tenant, _, key := l.key(w, now)
 	l.seq++
-	l.last[tenant] = share
 	e := &lineEntry{member: key + w.ID, id: w.ID, replica: w.Replica, tenant: tenant, prio: w.Priority, joined: now}
-	l.insert(e)
+	l.insert(e, w.Named)
 	return e.record()
 }
 

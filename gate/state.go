@@ -113,6 +113,12 @@ const (
 	// ReasonQueued: callers ranked ahead of this one wait for the source's
 	// capacity (the sidecar's ordered admission; never a backend's answer).
 	ReasonQueued
+	// ReasonTenantLimit: the call's tenant is at its rpm, tpm or concurrency
+	// limit in the scope; every source refuses it alike.
+	ReasonTenantLimit
+	// ReasonTenantBudget: the call's tenant has spent its token budget for
+	// the window; every source refuses it alike.
+	ReasonTenantBudget
 )
 
 var reasonNames = []string{
@@ -124,6 +130,8 @@ var reasonNames = []string{
 	ReasonAdaptivePaced: "adaptive_paced",
 	ReasonRateLimited:   "rate_limited",
 	ReasonQueued:        "queued",
+	ReasonTenantLimit:   "tenant_limit",
+	ReasonTenantBudget:  "tenant_budget",
 }
 
 func (r Reason) String() string { return enum.String(r, reasonNames) }

@@ -23,6 +23,10 @@ type Waiter struct {
 	Replica  string
 	Priority int32
 	Tenant   string
+	// Named: the configuration names Tenant, so it always has a bucket of
+	// its own in the share table; MaxTenants bounds the buckets of the
+	// tenants it does not name.
+	Named bool
 	// Weight is the tenant's weight, OtherWeight the overflow bucket's.
 	Weight, OtherWeight int
 	MaxTenants          int

@@ -15,6 +15,9 @@ type ScopeState struct {
 	Name        string
 	Description policy.Description
 	LiveCalls   int
+	// TenantLiveCalls are the calls open of each of Description.Tenants,
+	// index by index.
+	TenantLiveCalls []int
 	// Waiting counts the calls of the scope waiting now: refused by every
 	// source, from their first Wait until a grant or their end.
 	Waiting int
@@ -63,11 +66,19 @@ var (
 	rpmUsed      = desc("requests_last_minute", "Admissions over the sliding minute (counted when rpm or tpm is set).", "scope", "source")
 	tpmLimit     = desc("tpm_limit", "The source's tokens-per-minute limit (0: none).", "scope", "source")
 	tpmUsed      = desc("tokens_last_minute", "Tokens over the sliding minute (counted when rpm or tpm is set).", "scope", "source")
+	// A tenant label is a tenant the scope names, or ~other for all the
+	// others together: bounded by the configuration.
+	tenantInUse   = desc("tenant_permits_in_use", "A tenant's permits out now, over every source of the scope.", "scope", "tenant")
+	tenantRPMUsed = desc("tenant_requests_last_minute", "A tenant's admissions over the sliding minute (counted when it has an rpm or tpm).", "scope", "tenant")
+	tenantTPMUsed = desc("tenant_tokens_last_minute", "A tenant's tokens over the sliding minute (counted when it has an rpm or tpm).", "scope", "tenant")
+	tenantBudget  = desc("tenant_budget_used_tokens", "Tokens a tenant spent in its token budget's window (exported when it has a budget).", "scope", "tenant")
+	tenantLive    = desc("tenant_live_calls", "A tenant's calls the sidecar holds open in the scope.", "scope", "tenant")
 )
 
 var allDescs = []*prometheus.Desc{
 	scopeUp, liveCalls, waitingCalls, progressAge, breakerState, overrideSet, retryAfter, reopens, probeOut, windowCalls,
 	windowFails, consecutive, inUse, permitLimit, pacerCeiling, rpmLimit, rpmUsed, tpmLimit, tpmUsed,
+	tenantInUse, tenantRPMUsed, tenantTPMUsed, tenantBudget, tenantLive,
 }
 
 var (
@@ -127,6 +138,18 @@ func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(rpmUsed, float64(q.Requests), s.Name, name)
 			gauge(tpmLimit, float64(src.Config.TPM), s.Name, name)
 			gauge(tpmUsed, float64(q.Tokens), s.Name, name)
+		}
+		for i, t := range d.Tenants {
+			q := t.View.Quota
+			gauge(tenantInUse, float64(q.InFlight), s.Name, t.Name)
+			gauge(tenantRPMUsed, float64(q.Requests), s.Name, t.Name)
+			gauge(tenantTPMUsed, float64(q.Tokens), s.Name, t.Name)
+			if t.Config.Budget > 0 {
+				gauge(tenantBudget, float64(t.View.BudgetUsed), s.Name, t.Name)
+			}
+			if i < len(s.TenantLiveCalls) {
+				gauge(tenantLive, float64(s.TenantLiveCalls[i]), s.Name, t.Name)
+			}
 		}
 	}
 }

@@ -58,6 +58,10 @@ type Description struct {
 	Config      *config.Scope
 	Sources     []SourceState
 	ProgressAge time.Duration
+	// Tenants are every tenant the scope names, then gate.OverflowTenant
+	// for the others, with their use (none read from a backend that keeps
+	// no tenants).
+	Tenants []TenantState
 }
 
 // Describe reads the scope; it never takes a probe.
@@ -65,12 +69,19 @@ func (s *Scope) Describe(ctx context.Context) (Description, error) {
 	cfg, srcs := s.snapshot()
 	req := s.peekRequest(srcs, 0)
 	req.Line = &gate.LineRead{Lease: lineLease(cfg), Describe: true}
+	tenants, calls, at := describedTenants(cfg)
+	req.Tenants = calls
 	snap, err := s.backend.Peek(ctx, req)
 	if err != nil {
 		return Description{}, err
 	}
+	for j, v := range snap.Tenants {
+		if j < len(at) {
+			tenants[at[j]].View = v
+		}
+	}
 	now := time.Now()
-	d := Description{Config: cfg, ProgressAge: snap.ProgressAge}
+	d := Description{Config: cfg, ProgressAge: snap.ProgressAge, Tenants: tenants}
 	for i, src := range srcs {
 		l := snap.Sources[i].Line
 		d.Sources = append(d.Sources, SourceState{

@@ -39,6 +39,9 @@ import (
 type line struct {
 	mu   sync.Mutex
 	held map[string]*held // by call id
+	// leaving are the leaves in flight (leaveLater), by call id: each is
+	// closed when the backend has answered.
+	leaving map[string]chan struct{}
 }
 
 // held is a call of this replica in line.
@@ -49,7 +52,9 @@ type held struct {
 	wokenAt time.Time
 }
 
-func newLine() *line { return &line{held: make(map[string]*held)} }
+func newLine() *line {
+	return &line{held: make(map[string]*held), leaving: make(map[string]chan struct{})}
+}
 
 // lineLease is how long the line trusts a replica it has not heard of, and
 // how long a waiter handed a slot has to ask for it: a few poll intervals,
@@ -60,9 +65,10 @@ func lineLease(cfg *config.Scope) time.Duration {
 
 // waiter is c as the line's waiter. Called with c.mu held.
 func (s *Scope) waiter(c *Call, cfg *config.Scope) *gate.Waiter {
+	t, named := cfg.Tenant(c.Tenant)
 	return &gate.Waiter{
-		ID: c.ID, Priority: c.Priority, Tenant: c.Tenant,
-		Weight: cfg.TenantWeight(c.Tenant), OtherWeight: cfg.TenantWeight(gate.OverflowTenant),
+		ID: c.ID, Priority: c.Priority, Tenant: c.Tenant, Named: named,
+		Weight: t.Weight, OtherWeight: cfg.DefaultTenant.Weight,
 		MaxTenants: cfg.MaxTenants, Aging: cfg.PriorityAging, Lease: lineLease(cfg), Places: c.places,
 	}
 }
@@ -106,12 +112,51 @@ func (s *Scope) joining(c *Call) {
 // second: a waiter the backend could not be told about leaves with its
 // lease, or is set aside when it does not take a slot handed to it.
 func (s *Scope) leave(c *Call) {
+	if sources := s.unplace(c); len(sources) > 0 {
+		s.leaveLines(c, sources)
+	}
+}
+
+// unplace forgets c's places and returns the sources whose lines it has to
+// leave. Called with c.mu held.
+func (s *Scope) unplace(c *Call) []string {
 	if len(c.places) == 0 {
-		return
+		return nil
 	}
 	sources := slices.Sorted(maps.Keys(c.places))
 	s.placed(c, nil, false)
-	s.leaveLines(c, sources)
+	return sources
+}
+
+// leaveLater takes c out of the lines of sources without making its caller
+// wait for the backend, so that an answer costs at most one round trip: the
+// leave runs on a goroutine of its own, and the call's next read that joins
+// a line waits for it (left), so that a late leave never takes out a place
+// joined after it. Called with c.mu held.
+func (s *Scope) leaveLater(c *Call, sources []string) {
+	done := make(chan struct{})
+	s.line.mu.Lock()
+	s.line.leaving[c.ID] = done
+	s.line.mu.Unlock()
+	go func() {
+		s.leaveLines(c, sources)
+		s.line.mu.Lock()
+		delete(s.line.leaving, c.ID)
+		s.line.mu.Unlock()
+		close(done)
+	}()
+}
+
+// left waits until the leave of call id in flight, if any, has been
+// answered. Called with the call's lock held, so that no other leave of
+// the call starts meanwhile.
+func (l *line) left(id string) {
+	l.mu.Lock()
+	done := l.leaving[id]
+	l.mu.Unlock()
+	if done != nil {
+		<-done
+	}
 }
 
 // leaveLines takes c out of the lines of sources.
@@ -254,8 +299,10 @@ type LineState struct {
 func (s *Scope) inLine(c *Call, t *holder, d Decision) {
 	if d.Failure != nil {
 		c.mu.Lock()
-		s.leave(c)
-		c.mu.Unlock()
+		defer c.mu.Unlock()
+		if sources := s.unplace(c); len(sources) > 0 {
+			s.leaveLater(c, sources) // the failure is answered at once
+		}
 		return
 	}
 	s.line.attach(c, t)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -229,41 +230,86 @@ sources: [{name: a, max_concurrency: 1}, {name: b, max_concurrency: 1, tpm: 50}]
 	})
 }
 
-// lostJoin is a backend whose reads that join a line do join it, then lose
-// their answer (a timeout after the script ran).
-type lostJoin struct{ gate.Backend }
+// lostJoin is a backend whose first read that joins a line does join it,
+// then loses its answer after its timeout (the script ran, the reply never
+// came), and whose leaves take the same timeout to be answered, as a Redis
+// that stopped answering after the join, then came back, would.
+type lostJoin struct {
+	gate.Backend
+	timeout time.Duration
+	lost    atomic.Bool
+}
 
-func (l lostJoin) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot, error) {
-	if req.Line != nil && req.Line.Join != nil {
+func (l *lostJoin) Peek(ctx context.Context, req gate.PeekRequest) (gate.Snapshot, error) {
+	if req.Line != nil && req.Line.Join != nil && l.lost.CompareAndSwap(false, true) {
 		_, _ = l.Backend.Peek(ctx, req)
+		time.Sleep(l.timeout)
 		return gate.Snapshot{}, gate.ErrUnavailable
 	}
 	return l.Backend.Peek(ctx, req)
 }
 
+func (l *lostJoin) Leave(ctx context.Context, req gate.LeaveRequest) error {
+	time.Sleep(l.timeout)
+	return l.Backend.Leave(ctx, req)
+}
+
 // A read that joined the line but did not answer leaves no place behind:
-// nobody would ask for it, and at the head it would stall the line.
+// nobody would ask for it, and at the head it would stall the line. The
+// error is answered after one round trip, not after the leave's as well;
+// the call's next read that joins waits for the leave, which therefore
+// never takes out the place joined after it.
 func TestLostJoinLeavesNoPlace(t *testing.T) {
-	cfg, err := config.Parse([]byte("scopes:\n  s:\n    sources: [{name: only, max_concurrency: 1}]\n"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := inmem.New(time.Now)
-	s := policy.NewScope(cfg.Scopes["s"], lostJoin{b}, policy.Options{Rand: half})
-	t.Cleanup(s.Close)
-	grant(t, s, newCall(s)) // takes the only slot
-	c := newCall(s)
-	if p := pick(t, s, c); p.NoRunnable == nil {
-		t.Fatalf("%+v, want a refusal", p)
-	}
-	if _, err := s.OnNoRunnable(ctx(t), c); err == nil {
-		t.Fatal("OnNoRunnable answered although its read failed")
-	}
-	only := []*gate.Source{{Name: "only", Limits: gate.Limits{MaxConcurrency: 1}}}
-	snap, err := b.Peek(ctx(t), gate.PeekRequest{Scope: s.Name(), Sources: only, Line: &gate.LineRead{Lease: time.Hour}})
-	if err != nil || snap.Sources[0].Line.Length != 0 {
-		t.Fatalf("line after the lost join: %+v, %v; want empty", snap.Sources, err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		const timeout = 300 * time.Millisecond
+		cfg, err := config.Parse([]byte("scopes:\n  s:\n    sources: [{name: only, max_concurrency: 1}]\n"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := inmem.New(time.Now)
+		s := policy.NewScope(cfg.Scopes["s"], &lostJoin{Backend: b, timeout: timeout}, policy.Options{Rand: half})
+		t.Cleanup(s.Close)
+		grant(t, s, newCall(s)) // takes the only slot
+		c := newCall(s)
+		if p := pick(t, s, c); p.NoRunnable == nil {
+			t.Fatalf("%+v, want a refusal", p)
+		}
+		asked := time.Now()
+		if _, err := s.OnNoRunnable(ctx(t), c); err == nil {
+			t.Fatal("OnNoRunnable answered although its read failed")
+		}
+		if took := time.Since(asked); took != timeout {
+			t.Fatalf("the failed read was answered after %v; want one round trip, %v", took, timeout)
+		}
+		only := []*gate.Source{{Name: "only", Limits: gate.Limits{MaxConcurrency: 1}}}
+		line := func() int {
+			t.Helper()
+			snap, err := b.Peek(ctx(t), gate.PeekRequest{Scope: s.Name(), Sources: only, Line: &gate.LineRead{Lease: time.Hour}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return snap.Sources[0].Line.Length
+		}
+		// The caller asks again at once, while the leave is out.
+		again, cancel := context.WithCancel(ctx(t))
+		defer cancel()
+		held := make(chan error, 1)
+		go func() {
+			_, err := s.OnNoRunnable(again, c)
+			held <- err
+		}()
+		time.Sleep(timeout) // the leave's round trip
+		synctest.Wait()
+		if n := line(); n != 1 {
+			t.Fatalf("line of %d after the leave and the call's next read; want the call's one place", n)
+		}
+		cancel()
+		<-held
+		synctest.Wait()
+		if n := line(); n != 0 {
+			t.Fatalf("line of %d after the call left; want empty", n)
+		}
+	})
 }
 
 // park picks for c, which must be refused, and holds it in OnNoRunnable on a

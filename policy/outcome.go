@@ -98,6 +98,9 @@ const (
 	FailSourceDead
 	// FailScopeRemoved: a reload removed the call's scope.
 	FailScopeRemoved
+	// FailBudgetExhausted: the call's tenant spent its token budget, and
+	// waiting for the window to free enough is not the scope's policy.
+	FailBudgetExhausted
 )
 
 var failureReasonNames = []string{
@@ -111,6 +114,7 @@ var failureReasonNames = []string{
 	FailRetryAfterTooLong: "retry_after_too_long",
 	FailSourceDead:        "source_dead",
 	FailScopeRemoved:      "scope_removed",
+	FailBudgetExhausted:   "budget_exhausted",
 }
 
 func (r FailureReason) String() string { return enum.String(r, failureReasonNames) }

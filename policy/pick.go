@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -28,9 +29,12 @@ type Grant struct {
 	// Skipped are the sources refused before the granted one, in walk order.
 	Skipped []gate.Rejection
 	// Shadow: the scope is in shadow mode; ShadowRefusals is what
-	// enforcement would have refused and why (see shadow.go).
+	// enforcement would have refused and why, ShadowError the error it
+	// would have answered instead of any answer (ErrEstimateTooLarge, or
+	// the backend's gate.ErrUnavailable), nil for none (see shadow.go).
 	Shadow         bool
 	ShadowRefusals []gate.Rejection
+	ShadowError    error
 }
 
 // NoRunnable is a refusal of every source.
@@ -93,19 +97,37 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 		}
 		cands = append(cands, gate.Candidate{Source: &src.gate, Ceiling: src.pacer.Ceiling()})
 	}
+	shadow := cfg.Mode == config.Shadow
+	var shadowErr error // what enforcement would have answered instead (shadow mode)
 	if !fits {
-		return Pick{}, nil, fmt.Errorf("%w: %d tokens in scope %s", ErrEstimateTooLarge, c.Tokens, cfg.Name)
+		err := fmt.Errorf("%w: %d tokens exceed the tpm of every source of scope %s", ErrEstimateTooLarge, c.Tokens, cfg.Name)
+		if !shadow {
+			return Pick{}, nil, err
+		}
+		shadowErr = err
+	}
+	tc := s.tenant(c.Tenant)
+	if err := tooBigForTenant(tc, c.Tokens); err != nil {
+		if !shadow {
+			return Pick{}, nil, err
+		}
+		shadowErr = cmp.Or(shadowErr, err)
 	}
 
-	shadow := cfg.Mode == config.Shadow
 	var adm gate.Admission
 	if len(cands) > 0 {
 		var w *gate.Waiter
 		if !shadow {
 			w = s.waiter(c, cfg)
+			s.line.left(c.ID) // its places are the backend's once a leave in flight is
 		}
 		var err error
-		adm, err = s.backend.Admit(context.WithoutCancel(ctx), gate.AdmitRequest{Scope: s.name, PermitID: NewID("p"), Tokens: c.Tokens, Candidates: cands, Line: w})
+		adm, err = s.backend.Admit(context.WithoutCancel(ctx), gate.AdmitRequest{Scope: s.name, PermitID: NewID("p"), Tokens: c.Tokens, Candidates: cands, Line: w, Tenant: tc})
+		if shadow && errors.Is(err, gate.ErrUnavailable) {
+			// Enforcement answers UNAVAILABLE here (a backend that falls
+			// back to a local gate answers instead of failing).
+			adm, shadowErr, err = gate.Admission{}, err, nil
+		}
 		if err != nil {
 			return Pick{}, nil, err
 		}
@@ -114,7 +136,7 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 		}
 		if adm.Granted && ctx.Err() != nil {
 			i := slices.IndexFunc(cands, func(c gate.Candidate) bool { return c.Source.Name == adm.Permit.Source })
-			events, err := s.giveBack(ctx, adm.Permit, cands[i].Source)
+			events, err := s.giveBack(ctx, adm.Permit, cands[i].Source, tc)
 			return Pick{}, append(adm.Events, events...), errors.Join(ctx.Err(), err)
 		}
 		now = time.Now()
@@ -161,7 +183,7 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 		// The call points at the grant's permit: neither is written again.
 		c.permit, c.permitSrc, c.grantedAt = &p.Grant.Permit, &granted.gate, now
 		if shadow {
-			p.Grant.Skipped, p.Grant.Shadow, p.Grant.ShadowRefusals = nil, true, reasons
+			p.Grant.Skipped, p.Grant.Shadow, p.Grant.ShadowRefusals, p.Grant.ShadowError = nil, true, reasons, shadowErr
 		}
 	} else {
 		c.last = &NoRunnable{GateRejections: gateN, Sources: reasons}
@@ -170,15 +192,16 @@ func (s *Scope) pick(ctx context.Context, c *Call) (Pick, []gate.Event, error) {
 	return p, adm.Events, nil
 }
 
-// giveBack releases a permit of src nobody will report, without a verdict (a
-// probe's lease ends, the next entrant may probe).
-func (s *Scope) giveBack(ctx context.Context, p gate.Permit, src *gate.Source) ([]gate.Event, error) {
+// giveBack releases a permit of src (and of tenant tc) nobody will report,
+// without a verdict (a probe's lease ends, the next entrant may probe).
+func (s *Scope) giveBack(ctx context.Context, p gate.Permit, src *gate.Source, tc *gate.TenantCall) ([]gate.Event, error) {
 	st, err := s.backend.Settle(context.WithoutCancel(ctx), gate.SettleRequest{
 		Scope: s.name, Source: src, PermitID: p.ID, Epoch: p.Epoch, Probe: p.Probe, Verdict: gate.VerdictNone, ActualTokens: -1,
-		Line: s.lineHandoff(),
+		Line: s.lineHandoff(), Tenant: tc,
 	})
 	if err == nil && st.Released {
 		s.freed(st.Handoff)
+		s.tenantFreed(tc, true)
 	}
 	return st.Events, err
 }
@@ -193,7 +216,7 @@ func (s *Scope) Release(ctx context.Context, c *Call) error {
 	if p == nil {
 		return nil
 	}
-	events, err := s.giveBack(ctx, *p, src)
+	events, err := s.giveBack(ctx, *p, src, s.tenant(c.Tenant))
 	s.absorb(events)
 	return err
 }

@@ -22,7 +22,10 @@ import (
 // own. Callers asking while a read for the same token count is in flight
 // share the next one, which starts when that one ends; so per token count
 // there is at most one read in flight and one gathering callers, and n
-// concurrent callers cost about one read per read time instead of n.
+// concurrent callers cost about one read per read time instead of n. A read
+// that fails answers the callers gathered behind it with its error (see
+// ended), so that no caller waits for two reads of a backend that does not
+// answer.
 //
 // A caller that finds no read in flight leads one: it yields its processor
 // once (runtime.Gosched) before the read starts, so that the callers already
@@ -120,8 +123,8 @@ func (r *reads) peek(ctx context.Context, tokens int64, apart bool) ([]*source, 
 // record), then hands the read gathered behind it, if any, to a goroutine of
 // its own; also when the backend panics (the caller's recovery answers it),
 // so that later callers are not left waiting for a read that never ends.
-func (r *reads) alone(ctx context.Context, tokens int64) ([]*source, gate.Snapshot, error) {
-	defer r.handOn(tokens)
+func (r *reads) alone(ctx context.Context, tokens int64) (srcs []*source, snap gate.Snapshot, err error) {
+	defer func() { r.handOn(tokens, err) }()
 	return r.do(context.WithoutCancel(ctx), tokens)
 }
 
@@ -151,13 +154,13 @@ func (r *reads) inline(tokens int64, rd *read) ([]*source, gate.Snapshot, error)
 func (r *reads) answer(tokens int64, rd *read, srcs []*source, snap gate.Snapshot, err error) {
 	rd.srcs, rd.snap, rd.err, rd.ctx = srcs, snap, err, nil
 	close(rd.done)
-	r.handOn(tokens)
+	r.handOn(tokens, err)
 }
 
-// handOn notes that the running read of tokens ended and runs the read
-// gathered behind it, if any, on a goroutine of its own.
-func (r *reads) handOn(tokens int64) {
-	if next := r.ended(tokens); next != nil {
+// handOn notes that the running read of tokens ended with err and runs the
+// read gathered behind it, if any, on a goroutine of its own.
+func (r *reads) handOn(tokens int64, err error) {
+	if next := r.ended(tokens, err); next != nil {
 		go r.run(tokens, next)
 	}
 }
@@ -187,7 +190,7 @@ func (r *reads) run(tokens int64, rd *read) {
 		srcs, snap, err := r.guarded(rd.ctx, tokens)
 		rd.srcs, rd.snap, rd.err, rd.ctx = srcs, snap, err, nil
 		close(rd.done)
-		rd = r.ended(tokens)
+		rd = r.ended(tokens, err)
 	}
 }
 
@@ -217,12 +220,20 @@ func unanswered(p any) error {
 // maxPanicText bounds what a read's error says of a panic.
 const maxPanicText = 200
 
-// ended notes that the running read of tokens ended, and returns the read
-// gathered behind it, now running, if any.
-func (r *reads) ended(tokens int64) *read {
+// ended notes that the running read of tokens ended with err, and returns
+// the read gathered behind it, now running, if any. A read that failed
+// answers the callers gathered behind it with its error instead: it was in
+// flight all the while they asked, and the backend did not answer it, so a
+// read of their own would only make them wait a second timeout.
+func (r *reads) ended(tokens int64, err error) *read {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	next := r.keys[tokens].next
+	if next != nil && err != nil {
+		next.err, next.ctx = err, nil
+		close(next.done)
+		next = nil
+	}
 	if next == nil {
 		delete(r.keys, tokens)
 	} else {

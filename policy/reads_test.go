@@ -141,6 +141,43 @@ func TestReadsCallerGoneAndErrors(t *testing.T) {
 	})
 }
 
+// A caller that asks while a read is in flight gets that read's error when
+// it fails, and no read of its own after it: the backend did not answer a
+// read that was out all the while the caller asked, and a second one would
+// make it wait a second timeout. The next caller reads anew.
+func TestReadsShareAFailureWithThoseGatheredBehind(t *testing.T) {
+	for _, apart := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Inline", true: "Apart"}[apart], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				t0 := time.Now()
+				f := newFakeReads(t0)
+				down := errors.New("backend down")
+				f.err = down
+				var wg sync.WaitGroup
+				for _, at := range []time.Duration{0, 100 * time.Millisecond, 900 * time.Millisecond} {
+					wg.Go(func() {
+						time.Sleep(at)
+						_, _, err := f.peek(context.Background(), 0, apart)
+						if !errors.Is(err, down) || time.Since(t0) != time.Second {
+							t.Errorf("a caller that asked at %v: %v at %v; want the failed read's error at 1s", at, err, time.Since(t0))
+						}
+					})
+				}
+				wg.Wait()
+				if got := f.starts[0]; len(got) != 1 {
+					t.Fatalf("reads started at %v; want one: the callers behind the failed read share its failure", got)
+				}
+				f.mu.Lock()
+				f.err = nil
+				f.mu.Unlock()
+				if _, _, err := f.peek(context.Background(), 0, apart); err != nil || len(f.starts[0]) != 2 {
+					t.Fatalf("the next caller: %v after %d reads; want a read of its own", err, len(f.starts[0]))
+				}
+			})
+		})
+	}
+}
+
 // A read run inline runs without its caller's cancellation: a caller that
 // gives up during its own read is still answered by it when it ends (as
 // main's reads were: a read cut short would cost a Redis connection), and

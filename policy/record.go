@@ -94,14 +94,16 @@ func (s *Scope) record(ctx context.Context, c *Call, a Attempt) (Recorded, Attem
 	// backend's own timeout bounds it): a shared backend may apply an outcome
 	// whose reply the caller no longer waits for, and the answer must be
 	// recorded for the retry of the report.
+	tc := s.tenant(c.Tenant)
 	st, err := s.backend.Settle(context.WithoutCancel(ctx), gate.SettleRequest{
 		Scope: s.name, Source: c.permitSrc, PermitID: p.ID, Epoch: p.Epoch, Probe: p.Probe,
 		Verdict: r.verdict, Floor: floor, ActualTokens: a.ActualTokens, Progress: a.Outcome == Success,
-		Line: handoff,
+		Line: handoff, Tenant: tc,
 	})
 	if err != nil {
 		return Recorded{}, a, settled{}, err // the permit stays the call's; the report may be retried
 	}
+	s.tenantFreed(tc, st.Released)
 	now := time.Now()
 	a.Source, a.Latency = p.Source, now.Sub(c.grantedAt)
 	a.Number, a.Probe, a.Epoch = c.attempts, p.Probe, p.Epoch

@@ -21,16 +21,38 @@ func (s *Scope) RecordRemoved(ctx context.Context, c *Call, a Attempt) (Recorded
 	return rec, nil
 }
 
-// EndRemoved ends a live call of a removed scope that holds no permit (it is
-// between attempts) with scope_removed, and returns that failure; nil when
-// the call has ended already or holds a permit (its report ends it).
-func (c *Call) EndRemoved() *Failure {
+// Remove stops the scope after a reload removed it from the configuration:
+// every call held in OnNoRunnable is answered at once with scope_removed,
+// and every later OnNoRunnable of its calls too (Close, at shutdown,
+// answers the held calls with the rest of their sleep instead).
+func (s *Scope) Remove() {
+	s.removed.Store(true)
+	s.wait.close()
+}
+
+// removedDecision is OnNoRunnable for a call of a removed scope: a call
+// between attempts (no permit held) ends with scope_removed and leaves the
+// scope's lines, where it would never be served; the observers are told.
+func (s *Scope) removedDecision(c *Call) (Decision, error) {
+	d, err := s.endRemoved(c)
+	if err == nil {
+		s.observer.Decided(c, d)
+	}
+	return d, err
+}
+
+// endRemoved ends c for removedDecision.
+func (s *Scope) endRemoved(c *Call) (Decision, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.end != nil || c.permit != nil {
-		return nil
+	switch {
+	case c.end != nil:
+		return Decision{}, ErrCallEnded
+	case c.permit != nil:
+		return Decision{}, ErrNoRefusal
 	}
 	f := &Failure{Reason: FailScopeRemoved}
 	c.finish(Action{Failure: f})
-	return f
+	s.leave(c)
+	return Decision{Failure: f}, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/polygate/polygate/config"
@@ -21,8 +22,9 @@ var (
 	ErrPermitNotOfCall = errors.New("policy: permit is not held by this call")
 	// ErrNoRefusal: OnNoRunnable without a NoRunnable Pick before it.
 	ErrNoRefusal = errors.New("policy: the call's last Pick was not refused")
-	// ErrEstimateTooLarge: the token estimate exceeds every source's TPM.
-	ErrEstimateTooLarge = errors.New("policy: estimated tokens exceed the tpm of every source")
+	// ErrEstimateTooLarge: the token estimate can never be admitted: it
+	// exceeds every source's TPM, or its tenant's TPM or token budget.
+	ErrEstimateTooLarge = errors.New("policy: estimated tokens too large")
 	// ErrUnknownSource: a named source is not in the scope.
 	ErrUnknownSource = errors.New("policy: unknown source")
 	// ErrUnknownOutcome: an outcome outside the table.
@@ -101,21 +103,26 @@ type Scope struct {
 	cfg  *config.Scope
 	srcs []*source
 	// handoff is every Settle's line handoff under cfg (backends read it,
-	// never write it), made once per configuration rather than per settle.
+	// never write it), made once per configuration rather than per settle;
+	// tenants are cfg's tenants with limits, by key (tenantCalls).
 	handoff *gate.LineHandoff
+	tenants map[string]*gate.TenantCall
 
 	sel   *selector
 	memo  *Memo
 	wait  *waiter
 	line  *line
 	reads *reads
+	bells *bells
+
+	removed atomic.Bool // a reload removed the scope (Remove)
 }
 
 // NewScope returns the decisions of one scope over a backend.
 func NewScope(cfg *config.Scope, b gate.Backend, o Options) *Scope {
 	s := &Scope{
 		name: cfg.Name, backend: b, observer: o.Observer, rand: o.Rand,
-		sel: newSelector(), memo: newMemo(), line: newLine(),
+		sel: newSelector(), memo: newMemo(), line: newLine(), bells: newBells(),
 	}
 	s.wait = newWaiter(s.pollOnce, func() time.Duration {
 		cfg, _ := s.snapshot()
@@ -160,7 +167,7 @@ func (s *Scope) Update(cfg *config.Scope) {
 		}
 		srcs[i] = n
 	}
-	s.cfg, s.srcs, s.handoff = cfg, srcs, &gate.LineHandoff{Lease: lineLease(cfg)}
+	s.cfg, s.srcs, s.handoff, s.tenants = cfg, srcs, &gate.LineHandoff{Lease: lineLease(cfg)}, tenantCalls(cfg)
 	s.mu.Unlock()
 	s.sel.keep(srcs)
 	s.wait.changed()
@@ -185,6 +192,22 @@ func (s *Scope) lineHandoff() *gate.LineHandoff {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.handoff
+}
+
+// tenant is the named tenant's call under the current configuration (nil:
+// it has no limits).
+func (s *Scope) tenant(name string) *gate.TenantCall {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return tenantCall(s.cfg, s.tenants, name)
+}
+
+// tenantByKey is the call of the tenant kept under key (nil: none has
+// limits).
+func (s *Scope) tenantByKey(key string) *gate.TenantCall {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.tenants[key]
 }
 
 // peekRequest asks the backend about srcs, at their pacers' ceilings, for an

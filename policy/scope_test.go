@@ -177,8 +177,45 @@ sources: [{name: only}]
 		pick(t, s, c)
 		d, _ = s.OnNoRunnable(ctx(t), c)
 		f := wantFailure(t, policy.Action{Failure: d.Failure}, policy.FailStalled)
-		if len(f.Sources) != 1 || f.Sources[0].Reason != gate.ReasonCooldown {
-			t.Fatalf("stalled failure reasons %s", reasons(f.Sources))
+		// The Pick was refused by the cooldown memo; the answer says what
+		// its own read found: the breaker OPEN, with the cooldown left now.
+		if len(f.Sources) != 1 || f.Sources[0].Reason != gate.ReasonCircuitOpen || f.Sources[0].RetryAfter != f.RetryAfter {
+			t.Fatalf("stalled failure reasons %s, retry_after %v", reasons(f.Sources), f.RetryAfter)
+		}
+	})
+}
+
+// An answer carries the values of the one read it was decided on: an
+// OnNoRunnable failure some time after its Pick says each source's
+// retry_after as it is now, the same as the failure's own, not the Pick's.
+func TestFailureCarriesTheCurrentValues(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, _ := newScope(t, `
+circuit_open: fail_fast
+breaker: {fail_threshold: 1, cooldown: 10s}
+sources: [{name: a}, {name: b, breaker: {cooldown: 20s}}]
+`)
+		fail(t, s, policy.Transient)
+		fail(t, s, policy.Transient) // a and b OPEN, for 10s and 20s
+		c := newCall(s)
+		refused := pick(t, s, c).NoRunnable
+		if refused == nil || len(refused.Sources) != 2 {
+			t.Fatalf("Pick: %+v, want both sources refused", refused)
+		}
+		time.Sleep(3 * time.Second)
+		d, err := s.OnNoRunnable(ctx(t), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := wantFailure(t, policy.Action{Failure: d.Failure}, policy.FailCircuitOpen)
+		want := map[string]time.Duration{"a": 7 * time.Second, "b": 17 * time.Second}
+		for _, r := range f.Sources {
+			if r.Reason != gate.ReasonCircuitOpen || r.RetryAfter != want[r.Source] {
+				t.Errorf("%s: %v %v; want circuit_open with the cooldown left now, %v", r.Source, r.Reason, r.RetryAfter, want[r.Source])
+			}
+		}
+		if f.RetryAfter != want["a"] {
+			t.Errorf("failure retry_after %v; want the least of its sources', %v", f.RetryAfter, want["a"])
 		}
 	})
 }

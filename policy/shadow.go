@@ -17,7 +17,14 @@ import (
 //     not in in_flight, RPM or TPM, which count only what enforcement
 //     admits), and its outcome is stale to the breaker (an attempt that
 //     enforcement would not have made neither opens nor closes a breaker).
-//     ShadowRefusals lists every source's refusal.
+//     ShadowRefusals lists every source's refusal;
+//   - when enforcement answers an error instead, the grant is the same as
+//     for a refusal, and ShadowError is that error: ErrEstimateTooLarge
+//     (the estimate exceeds every source's tpm: ShadowRefusals has each
+//     source's rate_limited), or the backend's gate.ErrUnavailable when it
+//     could not be reached and does not fall back to a local gate
+//     (on_unavailable: fail_closed). Shadow mode never refuses for a limit
+//     nor for the backend; misuse is refused as when enforcing.
 //
 // Ordered admission (the line) does not apply in shadow mode. Switching
 // modes by reload keeps every state: the mode is read at each Pick.

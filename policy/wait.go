@@ -22,6 +22,11 @@ type Decision struct {
 	// Uncertain: there was no certain time to wait for (a probe in flight, a
 	// full pool), so the sidecar held the caller until something changed.
 	Uncertain bool
+	// forTenant: the call waits for its tenant's limits (holdTenant).
+	forTenant bool
+	// reasons are the call's per-source reasons as the decision's read saw
+	// them (see current).
+	reasons []gate.Rejection
 }
 
 // OnNoRunnable decides, after a NoRunnable Pick, whether the call waits or
@@ -48,10 +53,20 @@ type Decision struct {
 // rest of its sleep to the caller, an uncertain one leaves nothing (the caller
 // asks again). Close answers every wait at once the same way.
 func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
+	if s.removed.Load() {
+		return s.removedDecision(c)
+	}
 	// Take the wake-ups before reading the backend, so that no change between
 	// the read and the hold can be missed.
 	t := s.wait.ticket()
 	defer s.wait.release(t)
+	var bell <-chan struct{}
+	if tenantRefusal(c.lastSources()).Reason != gate.ReasonNone {
+		if tc := s.tenant(c.Tenant); tc != nil {
+			bell = s.bells.take(tc.Name)
+			defer s.bells.done(tc.Name)
+		}
+	}
 	d, circuit, first, err := s.decide(ctx, c)
 	if err != nil {
 		return Decision{}, err
@@ -59,7 +74,7 @@ func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 	s.inLine(c, t, d)
 	defer s.line.detach(c, t)
 	if first {
-		s.observer.Waiting(c, d.Sleep, c.lastSources())
+		s.observer.Waiting(c, d.Sleep, d.reasons)
 	}
 	if d.Failure == nil && !d.Woken {
 		nap := d.Sleep
@@ -69,7 +84,17 @@ func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 			nap = min(nap, max(0, left-min(left/10, 50*time.Millisecond)))
 		}
 		start := time.Now()
-		if d.Woken, err = s.wait.hold(ctx, t, nap, circuit, d.Uncertain); err != nil {
+		if d.forTenant {
+			// A call refused by its tenant waits for its tenant alone.
+			s.wait.release(t)
+			if !d.Uncertain {
+				bell = nil // its minute or budget frees at the end of the nap
+			}
+			d.Woken, err = s.holdTenant(ctx, bell, nap)
+		} else {
+			d.Woken, err = s.wait.hold(ctx, t, nap, circuit, d.Uncertain)
+		}
+		if err != nil {
 			c.mu.Lock()
 			s.leave(c) // the client is gone
 			c.mu.Unlock()
@@ -81,6 +106,10 @@ func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 		} else {
 			d.Sleep = ceilMs(d.Sleep - d.Slept)
 		}
+	}
+	if d.Failure == nil && s.removed.Load() {
+		// Removed while the call was held (Remove ended the hold).
+		return s.removedDecision(c)
 	}
 	s.observer.Decided(c, d)
 	return d, nil
@@ -100,6 +129,11 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 	}
 	cfg, srcs := s.snapshot()
 	circuit = nr.GateRejections == len(srcs)
+	refusal := tenantRefusal(nr.Sources)
+	var tc *gate.TenantCall
+	if refusal.Reason != gate.ReasonNone {
+		tc = s.tenant(c.Tenant)
+	}
 	var snap gate.Snapshot
 	me := ""
 	if names := joins(cfg, srcs, c, nr, circuit); len(names) > 0 {
@@ -107,29 +141,40 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 		// call's own.
 		req := s.peekRequest(srcs, c.Tokens)
 		req.Line = &gate.LineRead{Lease: lineLease(cfg), Join: s.waiter(c, cfg), Joins: names}
+		s.line.left(c.ID)
 		s.joining(c)
 		// Not cancelled with the RPC (the backend bounds it): a read that
 		// joined and then failed to answer leaves those lines at once, so
 		// no place stays in the backend that this sidecar does not know it
 		// holds (a ghost at a line's head would stall the line).
 		if snap, err = s.backend.Peek(context.WithoutCancel(ctx), req); err != nil {
-			s.leaveLines(c, names)
 			places := maps.Clone(c.places)
 			for _, n := range names {
 				delete(places, n)
 			}
 			s.placed(c, places, false)
+			s.leaveLater(c, names) // the error is answered now
 			return d, false, false, err
 		}
 		s.joined(c, names, snap)
 		me = c.ID
+	} else if tc != nil {
+		// The call's own read, with its tenant; apart, as the shared one.
+		if snap, err = s.readTenant(ctx, srcs, c.Tokens, tc); err != nil {
+			return d, false, false, err
+		}
 	} else if _, snap, err = s.reads.peek(ctx, c.Tokens, true); err != nil { // the caller may park for long: read apart
 		return d, false, false, err
 	}
 	now := time.Now()
 	hint := s.breakerWait(snap, now)
+	var tenantWait gate.Rejection // the tenant's refusal now
+	if tc != nil {
+		tenantWait = tenantVerdict(snap, refusal)
+	}
+	reasons := current(nr.Sources, snap)
 	fail := func(reason FailureReason, retryAfter time.Duration) (Decision, bool, bool, error) {
-		f := &Failure{Reason: reason, RetryAfter: max(retryAfter, 0), Sources: nr.Sources}
+		f := &Failure{Reason: reason, RetryAfter: max(retryAfter, 0), Sources: reasons}
 		c.finish(Action{Failure: f})
 		return Decision{Failure: f}, circuit, false, nil
 	}
@@ -142,7 +187,7 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 	}
 	peeked := c.peeked
 	c.peeked = false
-	if s.admissible(snap, me) && !peeked && (me != "" || !queuedRefusal(nr)) {
+	if s.admissible(snap, me) && tenantWait.Reason == gate.ReasonNone && !peeked && (me != "" || !queuedRefusal(nr)) {
 		// Something changed between the Pick and this read (a permit released,
 		// a breaker closed or reset elsewhere), before the wake-ups were
 		// taken: that is a wake-up, not a reason to fail or to wait. Only
@@ -156,17 +201,32 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 		// whatever circuit_open says.
 		return fail(FailSourceDead, hint)
 	}
-	if circuit {
+	stalled := c.stalledFor(now)
+	switch {
+	case circuit:
 		if cfg.CircuitOpen == config.FailFast {
 			return fail(FailCircuitOpen, hint)
 		}
-	} else {
+	case tenantWait.Reason == gate.ReasonTenantBudget:
+		// A spent budget ends the call, unless waiting for the window to
+		// free enough is a wait the scope's policy takes: quota_full wait,
+		// and the time fits in the rest of the stall budget.
+		wait := tenantWait.RetryAfter
+		if cfg.QuotaFull == config.FailFast || wait <= 0 || wait > cfg.StallWindow-stalled {
+			return fail(FailBudgetExhausted, wait)
+		}
+		hint = wait
+	case tenantWait.Reason == gate.ReasonTenantLimit:
 		if cfg.QuotaFull == config.FailFast {
-			return fail(FailQuotaExhausted, minRetryAfter(nr.Sources))
+			return fail(FailQuotaExhausted, tenantWait.RetryAfter)
+		}
+		hint = tenantWait.RetryAfter // the tenant's minute frees then; 0: one of its permits must end
+	default:
+		if cfg.QuotaFull == config.FailFast {
+			return fail(FailQuotaExhausted, minRetryAfter(reasons))
 		}
 		hint = 0
 	}
-	stalled := c.stalledFor(now)
 	if stalled > cfg.StallWindow && snap.ProgressAge > cfg.StallWindow {
 		return fail(FailStalled, hint)
 	}
@@ -188,7 +248,51 @@ func (s *Scope) decide(ctx context.Context, c *Call) (d Decision, circuit, first
 	}
 	first = !c.waiting
 	c.waiting = true
-	return Decision{Sleep: ceilMs(sleep), Uncertain: uncertain}, circuit, first, nil
+	return Decision{Sleep: ceilMs(sleep), Uncertain: uncertain, forTenant: tenantWait.Reason != gate.ReasonNone, reasons: reasons}, circuit, first, nil
+}
+
+// readTenant reads srcs and the tenant tc for an attempt of tokens, on a
+// goroutine of its own (as reads.peek reads apart: the caller may park for
+// long after it) and without ctx's cancellation (the backend bounds it).
+func (s *Scope) readTenant(ctx context.Context, srcs []*source, tokens int64, tc *gate.TenantCall) (snap gate.Snapshot, err error) {
+	req := s.peekRequest(srcs, tokens)
+	req.Tenants = []gate.TenantCall{*tc}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		snap, err = s.backend.Peek(context.WithoutCancel(ctx), req)
+	}()
+	<-done
+	return snap, err
+}
+
+// current is each source's reason of a refusal (in its order) as read now
+// in snap, so that an answer carries the values of the one read it was
+// decided on, not the Pick's: a source refused by its breaker (or the
+// cooldown memo) has its breaker's reason and wait, one refused for
+// capacity what Admit would answer now; a source that would admit now keeps
+// its reason with nothing to wait for, and one the read did not see is kept
+// as it was.
+func current(refused []gate.Rejection, snap gate.Snapshot) []gate.Rejection {
+	out := make([]gate.Rejection, len(refused))
+	for i, r := range refused {
+		out[i] = r
+		j := slices.IndexFunc(snap.Sources, func(v gate.SourceView) bool { return v.Source == r.Source })
+		if j < 0 {
+			continue
+		}
+		v := snap.Sources[j]
+		now := v.Verdict
+		if r.Reason.Gate() && v.Breaker.Reason != gate.ReasonNone {
+			now = gate.Rejection{Reason: v.Breaker.Reason, RetryAfter: v.Breaker.RetryAfter}
+		}
+		if now.Reason == gate.ReasonNone {
+			out[i].RetryAfter = 0
+			continue
+		}
+		out[i].Reason, out[i].RetryAfter = now.Reason, now.RetryAfter
+	}
+	return out
 }
 
 // pollOnce is the poller's read of the backend: whether some source with
@@ -202,10 +306,12 @@ func (s *Scope) pollOnce() bool {
 	defer cancel()
 	req := s.peekRequest(srcs, 0)
 	req.Line = &gate.LineRead{Lease: lineLease(cfg)}
+	ringTenants := s.pollTenants(&req)
 	snap, err := s.backend.Peek(ctx, req)
 	if err != nil {
 		return false
 	}
+	ringTenants(snap)
 	found := s.admissible(snap, "")
 	for _, v := range snap.Sources {
 		// A slot handed to a waiter here by another replica is its to ask

@@ -60,6 +60,8 @@ var reasons = map[gate.Reason]admissionv1.Reason{
 	gate.ReasonAdaptivePaced: admissionv1.Reason_REASON_ADAPTIVE_PACED,
 	gate.ReasonRateLimited:   admissionv1.Reason_REASON_RATE_LIMITED,
 	gate.ReasonQueued:        admissionv1.Reason_REASON_QUEUED,
+	gate.ReasonTenantLimit:   admissionv1.Reason_REASON_TENANT_LIMIT,
+	gate.ReasonTenantBudget:  admissionv1.Reason_REASON_TENANT_BUDGET,
 }
 
 var failureReasons = map[policy.FailureReason]admissionv1.FailureReason{
@@ -73,6 +75,7 @@ var failureReasons = map[policy.FailureReason]admissionv1.FailureReason{
 	policy.FailRetryAfterTooLong: admissionv1.FailureReason_FAILURE_REASON_RETRY_AFTER_TOO_LONG,
 	policy.FailSourceDead:        admissionv1.FailureReason_FAILURE_REASON_SOURCE_DEAD,
 	policy.FailScopeRemoved:      admissionv1.FailureReason_FAILURE_REASON_SCOPE_REMOVED,
+	policy.FailBudgetExhausted:   admissionv1.FailureReason_FAILURE_REASON_BUDGET_EXHAUSTED,
 }
 
 var openCauses = map[gate.OpenCause]admissionv1.OpenCause{
@@ -297,7 +300,7 @@ func scopeConfig(c *config.Scope) *admissionv1.ScopeConfig {
 		MaxAttempts: int32(c.MaxAttempts), BackoffBase: dur(c.BackoffBase), BackoffMax: dur(c.BackoffMax),
 		StallWindow: dur(c.StallWindow), PollInterval: dur(c.PollInterval), LeaseGrace: dur(c.LeaseGrace),
 		MaxRetryAfter: dur(c.MaxRetryAfter), SourceDead: onRefusal[c.SourceDead], Mode: modes[c.Mode], Tenants: tenantWeights(c.Tenants),
-		DefaultTenantWeight: int32(c.DefaultTenantWeight), MaxTenants: int32(c.MaxTenants), PriorityAging: dur(c.PriorityAging),
+		DefaultTenantWeight: int32(c.DefaultTenant.Weight), MaxTenants: int32(c.MaxTenants), PriorityAging: dur(c.PriorityAging),
 	}
 }
 
@@ -306,13 +309,40 @@ var modes = map[config.Mode]admissionv1.ScopeMode{
 	config.Shadow:  admissionv1.ScopeMode_SCOPE_MODE_SHADOW,
 }
 
-func tenantWeights(ts map[string]int) map[string]int32 {
+func tenantWeights(ts map[string]config.Tenant) map[string]int32 {
 	if len(ts) == 0 {
 		return nil
 	}
 	out := make(map[string]int32, len(ts))
-	for t, w := range ts {
-		out[t] = int32(w)
+	for name, t := range ts {
+		out[name] = int32(t.Weight)
+	}
+	return out
+}
+
+// tenantStates are a describe's tenants, with the calls this sidecar holds
+// open for each (live, index by index).
+func tenantStates(ts []policy.TenantState, live []int) []*admissionv1.TenantState {
+	out := make([]*admissionv1.TenantState, len(ts))
+	for i, t := range ts {
+		c, v := t.Config, t.View
+		st := &admissionv1.TenantState{
+			Name: t.Name,
+			Config: &admissionv1.TenantConfig{
+				Weight: int32(c.Weight), MaxPriority: c.MaxPriority, Rpm: c.RPM, Tpm: c.TPM,
+				MaxConcurrency: int32(min(c.MaxConcurrency, math.MaxInt32)), MaxLiveCalls: int32(min(c.MaxLiveCalls, math.MaxInt32)),
+				BudgetTokens: c.Budget,
+			},
+			InFlight: int32(min(v.Quota.InFlight, math.MaxInt32)), RequestsLastMinute: v.Quota.Requests, TokensLastMinute: v.Quota.Tokens,
+			BudgetUsed: v.BudgetUsed, Reason: reasons[v.Verdict.Reason], RetryAfter: dur(v.Verdict.RetryAfter),
+		}
+		if c.Budget > 0 {
+			st.Config.BudgetPer = dur(c.BudgetPer)
+		}
+		if i < len(live) {
+			st.LiveCalls = int32(min(live[i], math.MaxInt32))
+		}
+		out[i] = st
 	}
 	return out
 }
@@ -333,8 +363,8 @@ func stateLoss(l gate.StateLoss) *admissionv1.StateLoss {
 	return out
 }
 
-func scopeDescription(d policy.Description, live int, backend string, confs sourceConfigs) *admissionv1.ScopeDescription {
-	out := &admissionv1.ScopeDescription{Config: scopeConfig(d.Config), LiveCalls: int32(live), Backend: backend}
+func scopeDescription(d policy.Description, live int, tenantsLive []int, backend string, confs sourceConfigs) *admissionv1.ScopeDescription {
+	out := &admissionv1.ScopeDescription{Config: scopeConfig(d.Config), LiveCalls: int32(live), Backend: backend, Tenants: tenantStates(d.Tenants, tenantsLive)}
 	if d.ProgressAge != gate.Never {
 		out.ProgressAge = dur(d.ProgressAge)
 	}

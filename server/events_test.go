@@ -188,9 +188,10 @@ func TestWatchEventsWaitAndStaleAndBackend(t *testing.T) {
 			t.Fatalf("wait started %v", ws)
 		}
 		// The sleep is the remaining cooldown (10s, the clock stood still) plus
-		// the jitter of at most one poll interval.
+		// the jitter of at most one poll interval; the reason is what the
+		// wait's read found (the Pick's was the cooldown memo's).
 		r := ws.GetPerSourceReasons()[0]
-		if r.GetSource() != "primary" || r.GetReason() != admissionv1.Reason_REASON_COOLDOWN || r.GetRetryAfter().AsDuration() != 10*time.Second ||
+		if r.GetSource() != "primary" || r.GetReason() != admissionv1.Reason_REASON_CIRCUIT_OPEN || r.GetRetryAfter().AsDuration() != 10*time.Second ||
 			ws.GetSleep().AsDuration() < 10*time.Second || ws.GetSleep().AsDuration() > 10*time.Second+time.Millisecond {
 			t.Fatalf("wait started %v", ws)
 		}
@@ -202,7 +203,7 @@ func TestWatchEventsWaitAndStaleAndBackend(t *testing.T) {
 		logs := e.logs.String()
 		for _, want := range []string{
 			`msg="call waiting" scope=chat call=` + c.GetCallId() + " sleep=10.00",
-			"sources.primary.reason=cooldown sources.primary.retry_after=10s attempts=0",
+			"sources.primary.reason=circuit_open sources.primary.retry_after=10s attempts=0",
 			`msg="breaker closed → open" scope=chat source=primary epoch=0 cause=consecutive_failures reopens=1 cooldown=10s`,
 		} {
 			if !strings.Contains(logs, want) {

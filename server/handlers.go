@@ -13,16 +13,19 @@ func (s *Server) Pick(ctx context.Context, req *admissionv1.PickRequest) (*admis
 	if err != nil {
 		return nil, err
 	}
+	tenant, err := callerTenant(ctx, req.GetTenant())
+	if err != nil {
+		return nil, err
+	}
 	var sess *session
 	opening := req.GetCallId() == ""
 	if opening {
-		sess, err = s.calls.open(sc.Name(), req.GetEstimatedTokens(), req.GetDeadline().AsDuration())
-		if err == nil {
-			// Set before the call's first Pick, while only this RPC holds it.
-			sess.call.Priority, sess.call.Tenant = req.GetPriority(), req.GetTenant()
-		}
+		cfg := sc.Config()
+		t, _ := cfg.Tenant(tenant)
+		sess, err = s.calls.open(sc.Name(), tenant, cfg.Priority(tenant, req.GetPriority()), req.GetEstimatedTokens(),
+			req.GetDeadline().AsDuration(), liveCap{max: t.MaxLiveCalls, named: cfg.Tenants})
 	} else {
-		sess, err = s.calls.acquire(req.GetCallId(), sc.Name())
+		sess, err = s.acquire(ctx, req.GetCallId(), sc.Name())
 	}
 	if err != nil {
 		return nil, err
@@ -36,24 +39,24 @@ func (s *Server) Pick(ctx context.Context, req *admissionv1.PickRequest) (*admis
 	if err != nil {
 		return nil, err
 	}
-	return pickResponse(sess.call.ID, p), nil
+	resp := pickResponse(sess.call.ID, p)
+	if g := p.Grant; g != nil && g.ShadowError != nil {
+		resp.GetGrant().ShadowError = reasonOf(ctx, s.log, g.ShadowError)
+	}
+	return resp, nil
 }
 
 // OnNoRunnable implements admissionv1.AdmissionServiceServer.
 func (s *Server) OnNoRunnable(ctx context.Context, req *admissionv1.OnNoRunnableRequest) (*admissionv1.OnNoRunnableResponse, error) {
-	sc, sess, removed, err := s.call(req.GetScope(), req.GetCallId())
+	sc, sess, removed, err := s.call(ctx, req.GetScope(), req.GetCallId())
 	if err != nil {
 		return nil, err
 	}
 	defer s.calls.release(sess)
-	if removed {
-		if f := sess.call.EndRemoved(); f != nil {
-			return decisionResponse(policy.Decision{Failure: f}), nil
-		}
-		return nil, errorf(errUnknownScope, "%s", clip(req.GetScope()))
+	if !removed { // a removed scope's answers scope_removed at once
+		s.waits.hold(sc.Name())
+		defer s.waits.unhold(sc.Name())
 	}
-	s.waits.hold(sc.Name())
-	defer s.waits.unhold(sc.Name())
 	d, err := sc.OnNoRunnable(ctx, sess.call)
 	if err != nil {
 		return nil, err
@@ -63,7 +66,7 @@ func (s *Server) OnNoRunnable(ctx context.Context, req *admissionv1.OnNoRunnable
 
 // RecordOutcome implements admissionv1.AdmissionServiceServer.
 func (s *Server) RecordOutcome(ctx context.Context, req *admissionv1.RecordOutcomeRequest) (*admissionv1.RecordOutcomeResponse, error) {
-	sc, sess, removed, err := s.call(req.GetScope(), req.GetCallId())
+	sc, sess, removed, err := s.call(ctx, req.GetScope(), req.GetCallId())
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +91,7 @@ func (s *Server) RecordOutcome(ctx context.Context, req *admissionv1.RecordOutco
 
 // CancelCall implements admissionv1.AdmissionServiceServer.
 func (s *Server) CancelCall(ctx context.Context, req *admissionv1.CancelCallRequest) (*admissionv1.CancelCallResponse, error) {
-	sc, sess, _, err := s.call(req.GetScope(), req.GetCallId())
+	sc, sess, _, err := s.call(ctx, req.GetScope(), req.GetCallId())
 	if err != nil {
 		return nil, err
 	}
@@ -105,13 +108,28 @@ func (s *Server) CancelCall(ctx context.Context, req *admissionv1.CancelCallRequ
 
 // call finds an open call of a scope, served or removed by a reload
 // (removed reports the latter).
-func (s *Server) call(scope, id string) (sc *policy.Scope, sess *session, removed bool, err error) {
+func (s *Server) call(ctx context.Context, scope, id string) (sc *policy.Scope, sess *session, removed bool, err error) {
 	sc, removed, err = s.scopeOrRemoved(scope)
 	if err != nil {
 		return nil, nil, false, err
 	}
-	sess, err = s.calls.acquire(id, sc.Name())
+	sess, err = s.acquire(ctx, id, sc.Name())
 	return sc, sess, removed, err
+}
+
+// acquire holds an open call of a scope busy for one RPC, when the caller
+// may act on it: a credential that names a tenant acts on its tenant's
+// calls only.
+func (s *Server) acquire(ctx context.Context, id, scope string) (*session, error) {
+	sess, err := s.calls.acquire(id, scope)
+	if err != nil {
+		return nil, err
+	}
+	if own := credentialTenant(ctx); own != "" && own != sess.call.Tenant {
+		s.calls.release(sess)
+		return nil, &tenantError{err: errTenantMismatch, tenant: own, requested: sess.call.Tenant, by: "the call " + clip(id)}
+	}
+	return sess, nil
 }
 
 // scopeOrRemoved is the named scope, or the removed scope of that name whose
@@ -167,7 +185,7 @@ func (s *Server) describe(ctx context.Context, sc *policy.Scope) (*admissionv1.S
 	if err != nil {
 		return nil, err
 	}
-	out := scopeDescription(d, s.calls.liveIn(sc.Name()), s.backendName(), *s.confs.Load())
+	out := scopeDescription(d, s.calls.liveIn(sc.Name()), s.TenantLiveCalls(sc.Name(), d), s.backendName(), *s.confs.Load())
 	if s.stateLoss != nil {
 		out.StateLoss = stateLoss(s.stateLoss(sc.Name()))
 	}

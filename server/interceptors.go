@@ -47,6 +47,8 @@ type RPCCounter interface {
 // The chain is the admission service's: health and reflection skip every
 // link of it (they are never behind the token, and a probe every second is
 // neither logged nor counted), so a health check costs what grpc-go's does.
+// Only the end of a stream's silence (heard, see firstMessage) is every
+// service's: first in the stream chain, first thing in the unary one.
 //
 // For unary RPCs the links are one interceptor (unaryChain), not five: a call
 // held in OnNoRunnable parks its goroutine below the chain, and five chained
@@ -87,6 +89,7 @@ func ServerOptions(log *slog.Logger, tokens *Tokens, extra Interceptors) []grpc.
 	for i, in := range stream {
 		stream[i] = admissionStream(in)
 	}
+	stream = append([]grpc.StreamServerInterceptor{heardStream}, stream...) // every service's
 	return []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...),
 		grpc.NumStreamWorkers(streamWorkers),
@@ -105,6 +108,7 @@ type unaryChain struct {
 // keeps the method's name, not info, across the call: a call held in
 // OnNoRunnable would keep info as long as it is held.
 func (ch *unaryChain) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	heard(ctx) // the request is here: the stream is no longer silent
 	method := info.FullMethod
 	if !strings.HasPrefix(method, admissionPrefix) {
 		return handler(ctx, req)

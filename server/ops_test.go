@@ -58,7 +58,7 @@ func startOps(t *testing.T, o opsOpts) *opsEnv {
 	logs := &admissiontest.LockedBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	srv := New(cfg, inmem.New(time.Now), log, Options{WatchBuffer: o.watchBuffer})
-	gs := grpc.NewServer(append(ServerOptions(log, NewTokens(cfg.Auth), o.interceptors), append(LimitOptions(cfg.Limits), CodecOption())...)...)
+	gs := grpc.NewServer(append(ServerOptions(log, NewTokens(cfg.Auth), o.interceptors), append(LimitOptions(cfg.Limits, log), CodecOption())...)...)
 	admissionv1.RegisterAdmissionServiceServer(gs, srv)
 	lis := bufconn.Listen(1 << 20)
 	go func() { _ = gs.Serve(lis) }()

@@ -9,7 +9,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/polygate/polygate/gate"
 	"github.com/polygate/polygate/gate/redisgate"
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 	"github.com/polygate/polygate/internal/redistest"
@@ -146,10 +145,7 @@ func TestDescribeShowsStateLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := start(t, harnessOpts{backend: b, stateLoss: func(scope string) gate.StateLoss {
-		l := b.StateLoss(scope)
-		return gate.StateLoss{Count: l.Count, Last: l.Last, Restored: l.Restored, Pending: l.Pending}
-	}})
+	h := start(t, harnessOpts{backend: b, stateLoss: b.StateLoss})
 	describe := func() *admissionv1.StateLoss {
 		t.Helper()
 		d, err := h.client.DescribeScope(h.ctx, &admissionv1.DescribeScopeRequest{Scope: "other"})

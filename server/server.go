@@ -80,8 +80,11 @@ func New(cfg *config.Config, backend gate.Backend, log *slog.Logger, o Options) 
 // limits and keep their breaker and quota state, new ones start, removed ones
 // stop being served: a new Pick answers NOT_FOUND, but their open calls can
 // still RecordOutcome and CancelCall, which settle the permit (freeing its
-// slot) and end the call with scope_removed. A removed scope is forgotten
-// once none of its calls is live (Sweep), or when it is added again.
+// slot) and end the call with scope_removed; a call held in OnNoRunnable is
+// answered scope_removed at once, and so is a later one. Every call of a
+// removed scope leaves the scope's lines at once, so that none holds a place
+// there if the scope comes back. A removed scope is forgotten once none of
+// its calls is live (Sweep), or when it is added again.
 func (s *Server) Apply(cfg *config.Config) {
 	s.calls.configure(cfg.Calls.MaxLive, cfg.Calls.IdleTimeout)
 	confs := newSourceConfigs(cfg)
@@ -99,14 +102,24 @@ func (s *Server) Apply(cfg *config.Config) {
 	}
 	for name, sc := range s.scopes {
 		if _, ok := next[name]; !ok {
-			sc.Close()
+			sc.Remove()
 			s.removed[name] = sc
+			go s.unqueue(sc) // the backend is not asked under the lock
 		}
 	}
 	for name := range next {
 		delete(s.removed, name)
 	}
 	s.scopes = next
+}
+
+// unqueue takes every live call of sc, a removed scope, out of its lines.
+func (s *Server) unqueue(sc *policy.Scope) {
+	for _, c := range s.calls.liveCalls() {
+		if c.Scope == sc.Name() {
+			sc.Forget(c)
+		}
+	}
 }
 
 // Close ends every server-side wait, answering with the rest of its sleep,
@@ -123,6 +136,19 @@ func (s *Server) Close() {
 
 // LiveCalls is the number of open calls of scope.
 func (s *Server) LiveCalls(scope string) int { return s.calls.liveIn(scope) }
+
+// TenantLiveCalls counts the open calls of each tenant of d, a description
+// of scope, index by index (~other: every tenant the scope does not name).
+func (s *Server) TenantLiveCalls(scope string, d policy.Description) []int {
+	if len(d.Tenants) == 0 {
+		return nil // a describe that failed
+	}
+	names := make([]string, len(d.Tenants))
+	for i, t := range d.Tenants {
+		names[i] = t.Name
+	}
+	return s.calls.tenantsLive(scope, names, d.Config.Tenants)
+}
 
 // EventCounts are the event hub's counters, for metrics.
 type EventCounts struct {

@@ -70,6 +70,9 @@ type harnessOpts struct {
 	loopback bool
 	// stateLoss is Options.StateLoss.
 	stateLoss func(scope string) gate.StateLoss
+	// auth, when set, is the whole auth configuration (token and operator
+	// are then ignored).
+	auth *config.Auth
 }
 
 func start(t testing.TB, o harnessOpts) *harness {
@@ -86,7 +89,11 @@ func start(t testing.TB, o harnessOpts) *harness {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	srv := New(cfg, o.backend, log, Options{StateLoss: o.stateLoss})
-	gs := grpc.NewServer(append(ServerOptions(log, NewTokens(config.Auth{Token: o.token, OperatorToken: o.operator}), Interceptors{}), append(LimitOptions(cfg.Limits), CodecOption())...)...)
+	a := config.Auth{Token: o.token, OperatorToken: o.operator}
+	if o.auth != nil {
+		a = *o.auth
+	}
+	gs := grpc.NewServer(append(ServerOptions(log, NewTokens(a), Interceptors{}), append(LimitOptions(cfg.Limits, log), CodecOption())...)...)
 	admissionv1.RegisterAdmissionServiceServer(gs, srv)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/polygate/polygate/config"
 	"github.com/polygate/polygate/policy"
 )
 
@@ -31,12 +32,24 @@ type sessions struct {
 	max  int
 	idle time.Duration
 
-	mu      sync.Mutex
-	live    map[string]*session // calls that have not ended (or were not seen to)
-	byScope map[string]int      // live calls by scope
-	quiet   idleList            // live calls no RPC is in, by when the last one ended
-	ended   [endedGenerations]map[string]*session
-	rotated time.Time // when ended[0] started
+	mu       sync.Mutex
+	live     map[string]*session // calls that have not ended (or were not seen to)
+	byScope  map[string]int      // live calls by scope
+	byTenant map[scopeTenant]int // live calls by scope and tenant, as the calls name it
+	quiet    idleList            // live calls no RPC is in, by when the last one ended
+	ended    [endedGenerations]map[string]*session
+	rotated  time.Time // when ended[0] started
+}
+
+// scopeTenant is a tenant of a scope, as a call names it ("" none).
+type scopeTenant struct{ scope, tenant string }
+
+// liveCap is the max_live_calls a new call of a tenant must fit in: max
+// (0: none) over the tenant's calls when named names it, else over the
+// calls of every tenant named does not name, together.
+type liveCap struct {
+	max   int
+	named map[string]config.Tenant
 }
 
 // A session and its call are one allocation (open), 288 bytes: a size
@@ -94,7 +107,8 @@ func (l *idleList) remove(s *session) {
 }
 
 func newSessions(max int, idle time.Duration) *sessions {
-	s := &sessions{max: max, idle: idle, live: make(map[string]*session), byScope: make(map[string]int), rotated: time.Now()}
+	s := &sessions{max: max, idle: idle, live: make(map[string]*session), byScope: make(map[string]int),
+		byTenant: make(map[scopeTenant]int), rotated: time.Now()}
 	for i := range s.ended {
 		s.ended[i] = make(map[string]*session)
 	}
@@ -108,8 +122,9 @@ func (s *sessions) configure(max int, idle time.Duration) {
 	s.max, s.idle = max, idle
 }
 
-// open starts a call and holds it busy for the RPC that opened it.
-func (s *sessions) open(scope string, tokens int64, deadline time.Duration) (*session, error) {
+// open starts a call of tenant at priority and holds it busy for the RPC
+// that opened it; the tenant's calls must fit in lim.
+func (s *sessions) open(scope, tenant string, priority int32, tokens int64, deadline time.Duration, lim liveCap) (*session, error) {
 	id := policy.NewID("c") // outside the lock: crypto/rand
 	now := time.Now()
 	var until time.Time
@@ -120,16 +135,48 @@ func (s *sessions) open(scope string, tokens int64, deadline time.Duration) (*se
 	// together).
 	both := &sessionCall{session: session{busy: 1, touched: now}}
 	both.call.Init(id, scope, tokens, until, now)
+	both.call.Tenant, both.call.Priority = tenant, priority
 	sess := &both.session
 	sess.call = &both.call
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if lim.max > 0 && s.tenantLive(scope, tenant, lim.named) >= lim.max {
+		return nil, &tenantError{err: errTenantTooManyCalls, tenant: tenant, limit: lim.max}
+	}
 	if n := len(s.live); n >= s.max {
 		return nil, fmt.Errorf("%w: %d calls are open (calls.max_live)", errTooManyCalls, n)
 	}
 	s.live[id] = sess
 	s.byScope[scope]++
+	s.byTenant[scopeTenant{scope, tenant}]++
 	return sess, nil
+}
+
+// tenantLive counts the live calls of tenant in scope: its own when named
+// names it, else those of every tenant named does not name. Called with mu
+// held.
+func (s *sessions) tenantLive(scope, tenant string, named map[string]config.Tenant) int {
+	if _, ok := named[tenant]; ok {
+		return s.byTenant[scopeTenant{scope, tenant}]
+	}
+	n := s.byScope[scope]
+	for name := range named {
+		n -= s.byTenant[scopeTenant{scope, name}]
+	}
+	return n
+}
+
+// tenantsLive counts the live calls of each tenant of names in scope (as
+// tenantLive; gate.OverflowTenant, which named never names, counts the
+// tenants named does not name).
+func (s *sessions) tenantsLive(scope string, names []string, named map[string]config.Tenant) []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]int, len(names))
+	for i, name := range names {
+		out[i] = s.tenantLive(scope, name, named)
+	}
+	return out
 }
 
 // find looks an id up among the live and the remembered ended calls.
@@ -188,6 +235,10 @@ func (s *sessions) forget(sess *session) {
 	delete(s.live, sess.call.ID)
 	if s.byScope[sess.call.Scope]--; s.byScope[sess.call.Scope] <= 0 {
 		delete(s.byScope, sess.call.Scope)
+	}
+	k := scopeTenant{sess.call.Scope, sess.call.Tenant}
+	if s.byTenant[k]--; s.byTenant[k] <= 0 {
+		delete(s.byTenant, k)
 	}
 }
 

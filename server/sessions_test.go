@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"maps"
 	"math/rand/v2"
 	"testing"
@@ -8,8 +9,12 @@ import (
 	"time"
 	"unsafe"
 
-	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
 	"google.golang.org/grpc/codes"
+
+	"github.com/polygate/polygate/config"
+	"github.com/polygate/polygate/gate/inmem"
+	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
+	"github.com/polygate/polygate/policy"
 )
 
 // An ended call keeps answering its last RecordOutcome the same way for at
@@ -72,11 +77,17 @@ func TestSweepForgetsWhatAFullScanWould(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 1))
 			s := newSessions(1000, 10*time.Second)
+			cfg, err := config.Parse([]byte("scopes:\n  scope:\n    sources: [{name: only}]\n"), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sc := policy.NewScope(cfg.Scopes["scope"], inmem.New(time.Now), policy.Options{})
+			defer sc.Close()
 			var all []*session
 			for step := range 400 {
 				switch op := rng.IntN(10); {
 				case op < 2:
-					sess, err := s.open("scope", 0, 0)
+					sess, err := s.open("scope", "", 0, 0, 0, liveCap{})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -84,7 +95,7 @@ func TestSweepForgetsWhatAFullScanWould(t *testing.T) {
 				case op < 4 && len(all) > 0: // an RPC of a call ends
 					if sess := all[rng.IntN(len(all))]; sess.busy > 0 {
 						if rng.IntN(4) == 0 {
-							sess.call.EndRemoved() // its last
+							_, _, _ = sc.Cancel(context.Background(), sess.call) // its last
 						}
 						s.release(sess)
 					}
@@ -122,7 +133,7 @@ func TestSweepForgetsWhatAFullScanWould(t *testing.T) {
 func BenchmarkSweepWhileCallsAreHeld(b *testing.B) {
 	s := newSessions(20000, time.Minute)
 	for range 10000 {
-		if _, err := s.open("scope", 0, 0); err != nil {
+		if _, err := s.open("scope", "", 0, 0, 0, liveCap{}); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -16,10 +16,12 @@ import (
 )
 
 // LimitOptions are the gRPC server's bounds on one client: the largest
-// request it decodes, concurrent RPCs per connection, the keepalive pings it
-// tolerates and how long an idle connection is kept.
-func LimitOptions(l config.Limits) []grpc.ServerOption {
+// request it decodes, concurrent RPCs per connection, the time from a
+// stream's headers to its request (logging the streams it closes to log),
+// the keepalive pings it tolerates and how long an idle connection is kept.
+func LimitOptions(l config.Limits, log *slog.Logger) []grpc.ServerOption {
 	return []grpc.ServerOption{
+		grpc.InTapHandle((&firstMessage{bound: l.FirstMessageTimeout, log: log}).tap),
 		grpc.MaxRecvMsgSize(l.MaxRequestBytes),
 		grpc.MaxConcurrentStreams(uint32(l.MaxStreamsPerConnection)),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: l.KeepaliveMinTime, PermitWithoutStream: true}),
@@ -40,7 +42,7 @@ func idle(d time.Duration) time.Duration {
 // the codec that answers undecodable requests (CodecOption), and TLS
 // credentials when tls.cert_file is set.
 func TransportOptions(cfg *config.Config, log *slog.Logger) ([]grpc.ServerOption, error) {
-	opts := append(LimitOptions(cfg.Limits), CodecOption())
+	opts := append(LimitOptions(cfg.Limits, log), CodecOption())
 	tc, err := TLSConfig(cfg.TLS, log)
 	if err != nil {
 		return nil, err

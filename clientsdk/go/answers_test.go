@@ -142,6 +142,7 @@ func TestTransport_SynthesizesAVerdictNoUpstreamAnswered(t *testing.T) {
 		{admissionv1.FailureReason_FAILURE_REASON_QUOTA_EXHAUSTED, "quota_exhausted", 429},
 		{admissionv1.FailureReason_FAILURE_REASON_STALLED, "stalled", 503},
 		{admissionv1.FailureReason_FAILURE_REASON_SOURCE_DEAD, "source_dead", 503},
+		{admissionv1.FailureReason_FAILURE_REASON_BUDGET_EXHAUSTED, "budget_exhausted", 429},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			f := failure(tt.reason, 0, per...)

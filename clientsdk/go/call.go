@@ -386,6 +386,9 @@ var refusalNames = map[admissionv1.Reason]string{
 	admissionv1.Reason_REASON_FORCED_OPEN:     "forced_open",
 	admissionv1.Reason_REASON_ADAPTIVE_PACED:  "adaptive_paced",
 	admissionv1.Reason_REASON_RATE_LIMITED:    "rate_limited",
+	admissionv1.Reason_REASON_QUEUED:          "queued",
+	admissionv1.Reason_REASON_TENANT_LIMIT:    "tenant_limit",
+	admissionv1.Reason_REASON_TENANT_BUDGET:   "tenant_budget",
 }
 
 func refusalName(r admissionv1.Reason) string {

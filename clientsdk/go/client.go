@@ -56,7 +56,8 @@ type clientConfig struct {
 func WithDefaultPriority(p int32) Option { return func(c *clientConfig) { c.priority = p } }
 
 // WithDefaultTenant is every call's tenant unless the call sets its own
-// (WithTenant); default none (the scope's default tenant).
+// (WithTenant); default none: the tenant a tenant token names
+// (POLYGATE_TOKEN), or else the scope's default tenant.
 func WithDefaultTenant(t string) Option { return func(c *clientConfig) { c.tenant = t } }
 
 // WithToken sends "authorization: Bearer token" with every RPC, for a sidecar

@@ -44,6 +44,9 @@ const (
 	DeadSource
 	// ScopeRemoved: a reload removed the call's scope.
 	ScopeRemoved
+	// BudgetExhausted: the call's tenant spent its token budget; RetryAfter
+	// is the time until the budget's window frees enough.
+	BudgetExhausted
 )
 
 var failureNames = map[FailureReason]string{
@@ -51,6 +54,7 @@ var failureNames = map[FailureReason]string{
 	RetryExhausted: "retry_exhausted", NonRetryable: "non_retryable",
 	DeadlineExceeded: "deadline_exceeded", CallCancelled: "cancelled",
 	RetryAfterTooLong: "retry_after_too_long", DeadSource: "source_dead", ScopeRemoved: "scope_removed",
+	BudgetExhausted: "budget_exhausted",
 }
 
 // String is the reason as the sidecar's API names it, e.g. "circuit_open".
@@ -72,6 +76,7 @@ var failureFromProto = map[admissionv1.FailureReason]FailureReason{
 	admissionv1.FailureReason_FAILURE_REASON_RETRY_AFTER_TOO_LONG: RetryAfterTooLong,
 	admissionv1.FailureReason_FAILURE_REASON_SOURCE_DEAD:          DeadSource,
 	admissionv1.FailureReason_FAILURE_REASON_SCOPE_REMOVED:        ScopeRemoved,
+	admissionv1.FailureReason_FAILURE_REASON_BUDGET_EXHAUSTED:     BudgetExhausted,
 }
 
 // Verdicts, for errors.Is on a *FailureError.
@@ -85,6 +90,7 @@ var (
 	ErrCancelled        = errors.New("polygate: call cancelled")
 	ErrSourceDead       = errors.New("polygate: every source is dead")
 	ErrScopeRemoved     = errors.New("polygate: scope removed by a reload")
+	ErrBudgetExhausted  = errors.New("polygate: the tenant's token budget is spent")
 	// ErrAllSourcesExhausted matches the verdicts that end a call refused by
 	// every source: CircuitOpen, DeadSource, QuotaExhausted and Stalled.
 	ErrAllSourcesExhausted = errors.New("polygate: every source refused the call")
@@ -94,14 +100,15 @@ var failureSentinels = map[FailureReason]error{
 	CircuitOpen: ErrCircuitOpen, QuotaExhausted: ErrQuotaExhausted, Stalled: ErrStalled,
 	RetryExhausted: ErrRetryExhausted, NonRetryable: ErrNonRetryable,
 	DeadlineExceeded: ErrDeadlineExceeded, CallCancelled: ErrCancelled,
-	DeadSource: ErrSourceDead, ScopeRemoved: ErrScopeRemoved,
+	DeadSource: ErrSourceDead, ScopeRemoved: ErrScopeRemoved, BudgetExhausted: ErrBudgetExhausted,
 }
 
 // SourceReason is one source's refusal of the call's last Pick.
 type SourceReason struct {
 	Source string
 	// Reason is the refusal as the sidecar's API names it: "cooldown", "circuit_open",
-	// "probe_in_flight", "forced_open", "adaptive_paced" or "rate_limited".
+	// "probe_in_flight", "forced_open", "adaptive_paced", "rate_limited", "queued",
+	// "tenant_limit" or "tenant_budget".
 	Reason string
 	// RetryAfter is the time until this source's earliest certain retry (0
 	// when there is none).

@@ -36,6 +36,7 @@ scopes:
     sources:
       - {name: primary, max_concurrency: 4, rpm: 600}
       - {name: backup, priority: 1, max_concurrency: 2}
+    tenants: {team: {weight: 3, max_priority: 2, rpm: 60, max_live_calls: 5, token_budget: {tokens: 1000, per: 1h}}}
 `
 )
 
@@ -109,7 +110,7 @@ func openPrimary(t *testing.T, ctx context.Context, s *sidecartest.Sidecar) {
 }
 
 // section returns the rows of the table under title in describe's output,
-// each row a map from column header to cell. Columns are found from the
+// each row a map from column header to cell, by its first cell. Columns are found from the
 // header line's layout (headers may contain single spaces; columns are
 // separated by at least two).
 func section(t *testing.T, out, title string) map[string]map[string]string {
@@ -126,6 +127,7 @@ func section(t *testing.T, out, title string) map[string]map[string]string {
 			starts = append(starts, i)
 		}
 	}
+	first := strings.Fields(header)[0]
 	rows := map[string]map[string]string{}
 	for _, line := range lines[1:] {
 		if line == "" || strings.HasPrefix(line, "override of ") {
@@ -143,7 +145,7 @@ func section(t *testing.T, out, title string) map[string]map[string]string {
 			}
 			r[strings.TrimSpace(header[start:hEnd])] = strings.TrimSpace(line[min(start, len(line)):end])
 		}
-		rows[r["SOURCE"]] = r
+		rows[r[first]] = r
 	}
 	return rows
 }
@@ -198,6 +200,17 @@ func TestDescribeShowsAnOpenBreakerAndZeros(t *testing.T) {
 	for _, src := range []string{"primary", "backup"} {
 		if l := line[src]; l["WAITING"] != "0" || l["OLDEST WAIT"] != "0s" || l["BY PRIORITY/TENANT"] != "none" {
 			t.Errorf("%s LINE %v, want 0 waiting, 0s, none", src, l)
+		}
+	}
+	tenants := section(t, out, "TENANTS")
+	for name, want := range map[string]map[string]string{
+		"team":   {"WEIGHT": "3", "MAX PRIORITY": "2", "LIVE CALLS": "0/5", "RPM": "0/60", "TOKEN BUDGET": "0/1000 per 1h0m0s", "NEXT PICK": "admitted"},
+		"~other": {"WEIGHT": "1", "MAX PRIORITY": "0", "LIVE CALLS": "1/no limit", "IN FLIGHT": "0/no limit", "TOKEN BUDGET": "none"},
+	} {
+		for col, v := range want {
+			if tenants[name][col] != v {
+				t.Errorf("tenant %s %s = %q, want %q", name, col, tenants[name][col], v)
+			}
 		}
 	}
 	cfg := section(t, out, "CONFIGURATION")
@@ -472,6 +485,7 @@ scopes:
   queue:
     quota_full: wait
     backpressure: {stall_window: 10m, poll_interval: 10m}
+    tenants: {search: 1, batch: 1} # named: no priority ceiling
     sources: [{name: only, max_concurrency: 1}]
 `), 0o600); err != nil {
 		t.Fatal(err)

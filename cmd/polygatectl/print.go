@@ -121,6 +121,13 @@ func printScope(w io.Writer, s *admissionv1.ScopeDescription) error {
 		return err
 	}
 
+	if len(s.GetTenants()) > 0 {
+		fmt.Fprintln(w, "\nTENANTS")
+		if err := printTenants(w, s.GetTenants()); err != nil {
+			return err
+		}
+	}
+
 	fmt.Fprintln(w, "\nCONFIGURATION")
 	tw = newTable(w)
 	row(tw, "SOURCE", "PRIORITY", "WEIGHT", "TIMEOUT", "LEASE", "FAIL THRESHOLD", "MIN CALLS", "FAIL RATE", "WINDOW", "COOLDOWN", "MAX COOLDOWN", "PROBE TTL")
@@ -166,6 +173,29 @@ func printBreakers(w io.Writer, sources []*admissionv1.SourceState) error {
 		}
 	}
 	return nil
+}
+
+// printTenants is a table of the scope's tenants (~other: every tenant it
+// does not name, together): their weight and priority ceiling, and each
+// limit as use/limit, over all the scope's sources.
+func printTenants(w io.Writer, tenants []*admissionv1.TenantState) error {
+	tw := newTable(w)
+	row(tw, "TENANT", "WEIGHT", "MAX PRIORITY", "LIVE CALLS", "IN FLIGHT", "RPM", "TPM", "TOKEN BUDGET", "NEXT PICK", "RETRY AFTER")
+	for _, t := range tenants {
+		c := t.GetConfig()
+		budget := "none"
+		if c.GetBudgetTokens() > 0 {
+			budget = fmt.Sprintf("%d/%d per %s", t.GetBudgetUsed(), c.GetBudgetTokens(), dur(c.GetBudgetPer()))
+		}
+		next := "admitted"
+		if t.GetReason() != admissionv1.Reason_REASON_UNSPECIFIED {
+			next = "refused: " + enumName(t.GetReason().String(), "REASON_")
+		}
+		row(tw, bounded(t.GetName(), 64), strconv.Itoa(int(c.GetWeight())), strconv.Itoa(int(c.GetMaxPriority())),
+			used(int64(t.GetLiveCalls()), int64(c.GetMaxLiveCalls())), used(int64(t.GetInFlight()), int64(c.GetMaxConcurrency())),
+			used(t.GetRequestsLastMinute(), c.GetRpm()), used(t.GetTokensLastMinute(), c.GetTpm()), budget, next, dur(t.GetRetryAfter()))
+	}
+	return tw.Flush()
 }
 
 // maxGroups bounds the line's groups shown per source; --json has them all.

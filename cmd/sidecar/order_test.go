@@ -335,6 +335,7 @@ func TestPriorityGoesFirst(t *testing.T) { eachBackend(t, testPriorityGoesFirst)
 func testPriorityGoesFirst(t *testing.T, be orderBackend) {
 	_, client := startScope(t, `  chat:
     backpressure: {poll_interval: 500ms}
+    default_tenant: {max_priority: 10} # callers that name no tenant may rank up to 10
     sources: [{name: only, max_concurrency: 1}]
 `, be.config(t))
 	q := newQueue(t, client, "chat", 0)
@@ -358,6 +359,7 @@ func testPriorityGoesFirst(t *testing.T, be orderBackend) {
 func TestPriorityAcrossSidecars(t *testing.T) {
 	scope := `  chat:
     backpressure: {poll_interval: 100ms}
+    default_tenant: {max_priority: 10}
     sources: [{name: only, max_concurrency: 1}]
 `
 	backend := orderBackends[1].config(t)
@@ -387,6 +389,7 @@ func testAgingServesTheOldFirst(t *testing.T, be orderBackend) {
 	_, client := startScope(t, fmt.Sprintf(`  chat:
     backpressure: {poll_interval: 500ms}
     priority_aging: %v
+    default_tenant: {max_priority: 10}
     sources: [{name: only, max_concurrency: 1}]
 `, aging), be.config(t))
 	q := newQueue(t, client, "chat", 0)

@@ -296,7 +296,7 @@ FROM calls WHERE scope = 'single' AND result IN ('done', 'failure')`).Scan(&call
 	}
 
 	// The log (JSON, as configured) has the line of call 1's wait, with the
-	// scope, the source's reason and the sleep.
+	// scope, the source's reason as the wait's read found it and the sleep.
 	var found bool
 	for _, line := range strings.Split(p.Logs(), "\n") {
 		var l struct {
@@ -307,7 +307,7 @@ FROM calls WHERE scope = 'single' AND result IN ('done', 'failure')`).Scan(&call
 			Sources map[string]struct{ Reason string } `json:"sources"`
 		}
 		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "call waiting" && l.Call == c1.id {
-			found = l.Scope == "single" && l.Sources["only"].Reason == "cooldown" && l.Sleep > 0 && l.Sleep <= cooldown+20*time.Millisecond
+			found = l.Scope == "single" && l.Sources["only"].Reason == "circuit_open" && l.Sleep > 0 && l.Sleep <= cooldown+20*time.Millisecond
 			if !found {
 				t.Errorf("wait line %s", line)
 			}

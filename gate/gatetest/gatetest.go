@@ -61,6 +61,7 @@ func Run(t *testing.T, factory Factory) {
 	t.Run("Verdict", func(t *testing.T) { runVerdict(t, factory) })
 	t.Run("Model", func(t *testing.T) { runModel(t, factory) })
 	t.Run("Line", func(t *testing.T) { runLine(t, factory) })
+	t.Run("Tenants", func(t *testing.T) { runTenants(t, factory) })
 }
 
 // env is one test's backend, clock and scope.

@@ -22,7 +22,9 @@ type Trace struct {
 	Seed int64
 	// Variants[i] are the configurations source i takes; a reload switches.
 	Variants [][]gate.Source
-	Ops      []Op
+	// Tenants are the tenants an admit may name; every peek reads them.
+	Tenants []gate.TenantCall
+	Ops     []Op
 }
 
 // OpKind names an operation of a trace.
@@ -53,6 +55,8 @@ type Op struct {
 	Candidates []int
 	Cut        []int
 	Tokens     int64
+	// Tenant is the admit's tenant, from 1 (0: none).
+	Tenant int
 	// Settle: the permit (index into the permits granted so far, modulo
 	// their number), the verdict, an upstream floor, the actual tokens
 	// (< 0 keeps the estimate), whether the attempt made progress, and
@@ -76,7 +80,13 @@ type Op struct {
 func NewTrace(seed int64, n int) Trace {
 	r := rand.New(rand.NewPCG(uint64(seed), 0x9e3779b97f4a7c15))
 	pick := func(vs ...int64) int64 { return vs[r.IntN(len(vs))] }
-	tr := Trace{Seed: seed}
+	tr := Trace{Seed: seed, Tenants: []gate.TenantCall{
+		{Name: "ta", Limits: gate.TenantLimits{MaxConcurrency: 2, RPM: 4, Budget: 120, BudgetWindow: 3 * time.Second}},
+		{Name: "tb", Limits: gate.TenantLimits{TPM: 80}},
+	}}
+	// The tenants come from a stream of their own, so that the rest of a
+	// seed's trace is what it was before traces named tenants.
+	tenants := rand.New(rand.NewPCG(uint64(seed), 7))
 	for i, name := range []string{"a", "b", "c"} {
 		var vs []gate.Source
 		for range 2 {
@@ -113,7 +123,7 @@ func NewTrace(seed int64, n int) Trace {
 		case w < 20:
 			op = Op{Kind: OpAdvance, Advance: steps[r.IntN(len(steps))]}
 		case w < 55:
-			op = Op{Kind: OpAdmit, Tokens: pick(0, 5, 20, 40, 61)}
+			op = Op{Kind: OpAdmit, Tokens: pick(0, 5, 20, 40, 61), Tenant: tenants.IntN(3)}
 			op.Candidates = r.Perm(3)[:1+r.IntN(3)]
 			for range op.Candidates {
 				op.Cut = append(op.Cut, int(pick(0, 0, 0, 1, 2)))
@@ -157,6 +167,7 @@ func (tr Trace) Replay(ctx context.Context, b gate.Backend, clock *Clock, scope 
 		index[s.Name] = i
 	}
 	var permits []gate.Permit
+	var permitTenants []*gate.TenantCall
 	lines := make([]string, 0, len(tr.Ops))
 	for n, op := range tr.Ops {
 		var res any
@@ -167,6 +178,9 @@ func (tr Trace) Replay(ctx context.Context, b gate.Backend, clock *Clock, scope 
 			res = clock.Now().Sub(Epoch)
 		case OpAdmit:
 			req := gate.AdmitRequest{Scope: scope, PermitID: fmt.Sprintf("p%d", n), Tokens: op.Tokens}
+			if op.Tenant > 0 {
+				req.Tenant = &tr.Tenants[op.Tenant-1]
+			}
 			for k, i := range op.Candidates {
 				src := current[i]
 				req.Candidates = append(req.Candidates, gate.Candidate{Source: &src, Ceiling: max(1, src.Limits.MaxConcurrency-op.Cut[k])})
@@ -175,6 +189,7 @@ func (tr Trace) Replay(ctx context.Context, b gate.Backend, clock *Clock, scope 
 			a, err = b.Admit(ctx, req)
 			if a.Granted {
 				permits = append(permits, a.Permit)
+				permitTenants = append(permitTenants, req.Tenant)
 			}
 			cov.admission(a)
 			res = a
@@ -187,7 +202,7 @@ func (tr Trace) Replay(ctx context.Context, b gate.Backend, clock *Clock, scope 
 			src := current[index[p.Source]]
 			req := gate.SettleRequest{
 				Scope: scope, Source: &src, PermitID: p.ID, Epoch: p.Epoch, Probe: p.Probe, Verdict: op.Verdict,
-				Floor: op.Floor, ActualTokens: op.Actual, Progress: op.Progress,
+				Floor: op.Floor, ActualTokens: op.Actual, Progress: op.Progress, Tenant: permitTenants[op.Permit%len(permits)],
 			}
 			if op.Forge {
 				req.Epoch++
@@ -197,7 +212,7 @@ func (tr Trace) Replay(ctx context.Context, b gate.Backend, clock *Clock, scope 
 			cov.settlement(s)
 			res = s
 		case OpPeek:
-			req := gate.PeekRequest{Scope: scope}
+			req := gate.PeekRequest{Scope: scope, Tenants: tr.Tenants}
 			for _, i := range op.Sources {
 				src := current[i]
 				req.Sources = append(req.Sources, &src)
@@ -249,8 +264,8 @@ func (c Coverage) admission(a gate.Admission) {
 	}
 	for _, r := range a.Rejections {
 		c["reason:"+r.Reason.String()]++
-		if r.Reason == gate.ReasonRateLimited && r.RetryAfter > 0 {
-			c["reason:rate_limited_with_wait"]++
+		if (r.Reason == gate.ReasonRateLimited || r.Reason == gate.ReasonTenantBudget) && r.RetryAfter > 0 {
+			c["reason:"+r.Reason.String()+"_with_wait"]++
 		}
 	}
 	if a.Granted && a.Permit.Probe {
@@ -289,7 +304,8 @@ func (c Coverage) events(evs []gate.Event) {
 // differential run to mean something.
 var WantCoverage = []string{
 	"reason:circuit_open", "reason:probe_in_flight", "reason:forced_open", "reason:adaptive_paced",
-	"reason:rate_limited", "reason:rate_limited_with_wait", "grant:probe", "grant:after_rejection",
+	"reason:rate_limited", "reason:rate_limited_with_wait", "reason:tenant_limit", "reason:tenant_budget",
+	"reason:tenant_budget_with_wait", "grant:probe", "grant:after_rejection",
 	"effect:applied", "effect:no_verdict", "effect:stale", "effect:ignored", "settle:not_released",
 	"event:transition", "event:probe_leased", "event:probe_expired", "event:probe_released",
 	"event:stale_outcome", "event:override",

@@ -27,6 +27,7 @@ type scope struct {
 	sources  map[string]*gate.SourceState
 	progress int64                 // ms of the last successful attempt; 0 = never
 	lines    map[string]*gate.Line // by source
+	tenants  map[string]*gate.Tenant
 }
 
 // New returns a memory backend reading time from now (time.Now if nil).
@@ -72,6 +73,27 @@ func (s *scope) line(source string) *gate.Line {
 	return l
 }
 
+// tenant is the named tenant's state, made when first needed.
+func (s *scope) tenant(name string) *gate.Tenant {
+	t, ok := s.tenants[name]
+	if !ok {
+		if s.tenants == nil {
+			s.tenants = make(map[string]*gate.Tenant)
+		}
+		t = &gate.Tenant{}
+		s.tenants[name] = t
+	}
+	return t
+}
+
+// tidyTenant forgets a tenant that holds nothing, so that a scope keeps
+// only its busy tenants.
+func (s *scope) tidyTenant(tc *gate.TenantCall, now int64) {
+	if t, ok := s.tenants[tc.Name]; ok && t.Idle(tc.Limits, now) {
+		delete(s.tenants, tc.Name)
+	}
+}
+
 // tidy forgets source's line when it is empty.
 func (s *scope) tidy(source string) {
 	if l, ok := s.lines[source]; ok && l.Len() == 0 {
@@ -99,6 +121,18 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (out gate.Ad
 	defer b.unlock(ctx, s, &out.Events)
 	out.ProgressAge = s.progressAge(now)
 	w := req.Line
+	if tc := req.Tenant; tc != nil {
+		if reason, wait := s.tenant(tc.Name).Verdict(tc.Limits, req.Tokens, now); reason != gate.ReasonNone {
+			for _, c := range req.Candidates {
+				out.Rejections = append(out.Rejections, gate.Rejection{Source: c.Source.Name, Reason: reason, RetryAfter: gate.Millis(wait)})
+			}
+			if w != nil {
+				out.Places = s.after(w, req.Candidates, out)
+			}
+			s.tidyTenant(tc, now)
+			return out, nil
+		}
+	}
 	for _, c := range req.Candidates {
 		name := c.Source.Name
 		if w != nil && s.inLine(w, name) && !s.line(name).Check(w.At(name), now) {
@@ -115,6 +149,12 @@ func (b *Backend) Admit(ctx context.Context, req gate.AdmitRequest) (out gate.Ad
 	}
 	if w != nil {
 		out.Places = s.after(w, req.Candidates, out)
+	}
+	if tc := req.Tenant; tc != nil {
+		if out.Granted {
+			s.tenant(tc.Name).Take(tc.Limits, out.Permit.ID, out.Permit.Tokens, out.Permit.Lease, now)
+		}
+		s.tidyTenant(tc, now)
 	}
 	return out, nil
 }
@@ -164,6 +204,12 @@ func (b *Backend) Settle(ctx context.Context, req gate.SettleRequest) (out gate.
 	if req.Progress {
 		s.progress = now
 	}
+	if tc := req.Tenant; tc != nil {
+		if t, ok := s.tenants[tc.Name]; ok {
+			t.Release(req.PermitID, req.ActualTokens, now)
+			s.tidyTenant(tc, now)
+		}
+	}
 	if l, ok := s.lines[req.Source.Name]; ok && req.Line != nil && out.Released {
 		out.Handoff = l.Handoff(req.Line, now)
 		s.tidy(req.Source.Name)
@@ -194,6 +240,13 @@ func (b *Backend) Peek(_ context.Context, req gate.PeekRequest) (gate.Snapshot, 
 			s.tidy(src.Name)
 		}
 		out.Sources = append(out.Sources, v)
+	}
+	for _, tc := range req.Tenants {
+		t, ok := s.tenants[tc.Name]
+		if !ok {
+			t = &gate.Tenant{}
+		}
+		out.Tenants = append(out.Tenants, t.View(tc, req.Tokens, now))
 	}
 	return out, nil
 }

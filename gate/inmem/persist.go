@@ -30,7 +30,13 @@ type Options struct {
 	// StatePath, when set, is the file that keeps overrides, breakers and the
 	// minute's RPM and TPM use across restarts (backend.memory.state_path).
 	StatePath string
-	// Log receives the state file's write failures (slog.Default() if nil).
+	// MaxOpen is, for a source of the state file, the longest its breaker
+	// may stay OPEN from the load on: its breaker.max_cooldown (nil or 0:
+	// not bounded). A longer OPEN in the file is clamped to it with a
+	// warning, as is any time in the file after the load.
+	MaxOpen func(scope, source string) time.Duration
+	// Log receives the state file's write failures and what its load
+	// clamped (slog.Default() if nil).
 	Log *slog.Logger
 }
 
@@ -61,18 +67,22 @@ func Open(o Options) (*Backend, error) {
 	if o.StatePath == "" {
 		return b, nil
 	}
-	scopes, err := load(o.StatePath, b.now().UnixMilli())
+	log := o.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	scopes, fixed, err := load(o.StatePath, b.now().UnixMilli(), o.MaxOpen)
 	if err != nil {
 		return nil, err
+	}
+	for _, f := range fixed {
+		log.Warn("memory state file: a value out of its bounds was clamped", "path", o.StatePath,
+			"field", f.field, "value", f.was, "clamped_to", f.is, "allowed", f.allowed)
 	}
 	if scopes != nil {
 		b.scopes = scopes
 	}
 	removeTemps(o.StatePath)
-	log := o.Log
-	if log == nil {
-		log = slog.Default()
-	}
 	st := &store{
 		path: o.StatePath, log: log, kick: make(chan struct{}, 1),
 		stop: make(chan struct{}), done: make(chan struct{}), flushed: make(chan struct{}),

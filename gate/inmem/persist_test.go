@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -343,5 +345,97 @@ func TestContractWithStateFile(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = b.Close() })
 		return b
+	})
+}
+
+// records keeps every log record's message and attributes.
+type records struct {
+	mu   sync.Mutex
+	logs []string
+}
+
+func (r *records) Enabled(context.Context, slog.Level) bool { return true }
+func (r *records) Handle(_ context.Context, rec slog.Record) error {
+	line := rec.Level.String() + " " + rec.Message
+	rec.Attrs(func(a slog.Attr) bool { line += " " + a.String(); return true })
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.logs = append(r.logs, line)
+	return nil
+}
+func (r *records) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *records) WithGroup(string) slog.Handler      { return r }
+
+// A state file's times are brought within the configured bounds on load,
+// each with a warning naming the field: an OPEN ends at most max_cooldown
+// after the load (not in 292 years), and no time is later than the load, so
+// that neither keeps a breaker OPEN or a minute full for years. A state
+// within its bounds is loaded as it is.
+func TestStateFileClampedOnLoad(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		now := time.Now().UnixMilli()
+		const year = int64(365 * 24 * time.Hour / time.Millisecond)
+		state := fmt.Sprintf(`{"version":1,"scopes":{"chat":{"progress_ms":%d,"sources":{
+			"forever":{"breaker":{"state":"open","epoch":1,"reopens":1,"opened_at_ms":%d,"open_until_ms":%d}},
+			"year9999":{"breaker":{"state":"open","epoch":1,"reopens":1,"opened_at_ms":%d,"open_until_ms":253402300799000,"override":"forced_open","override_at_ms":%d}},
+			"soon":{"breaker":{"state":"open","epoch":1,"reopens":1,"opened_at_ms":%d,"open_until_ms":%d},"minute":[[%d,100],[%d,100]]}}}}}`,
+			now+year, now+year, int64(math.MaxInt64), now-1000, now+year, now-1000, now+5000, now-1000, now+year)
+		path := filepath.Join(t.TempDir(), "state.json")
+		if err := os.WriteFile(path, []byte(state), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		maxCooldown := map[string]time.Duration{"forever": 300 * time.Second, "year9999": 60 * time.Second, "soon": 300 * time.Second}
+		logs := &records{}
+		b, err := Open(Options{StatePath: path, Log: slog.New(logs),
+			MaxOpen: func(scope, source string) time.Duration { return maxCooldown[source] }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Close() })
+
+		for _, tc := range []struct {
+			name  string
+			left  time.Duration
+			until int64
+		}{
+			{"forever", 300 * time.Second, now + 300_000},
+			{"soon", 5 * time.Second, now + 5000}, // within its bounds: as saved
+		} {
+			if v := peek(t, b, src(tc.name)).Breaker; v.State != gate.Open || v.RetryAfter != tc.left {
+				t.Errorf("%s after the load: %+v; want OPEN for %v", tc.name, v, tc.left)
+			}
+		}
+		if v := peek(t, b, src("year9999")).Breaker; v.Override != gate.ForcedOpen {
+			t.Errorf("year9999 after the load: %+v; want its override kept", v)
+		}
+		if q := peek(t, b, src("soon")).Quota; q.Tokens != 200 {
+			t.Errorf("soon's minute after the load: %+v; want both admissions, the later one moved to the load", q)
+		}
+		time.Sleep(time.Minute)
+		if q := peek(t, b, src("soon")).Quota; q.Tokens != 0 {
+			t.Errorf("soon's minute a minute after the load: %+v; want empty, not full for a year", q)
+		}
+		want := []string{
+			"scopes.chat.progress_ms",
+			"scopes.chat.sources.forever.breaker.opened_at_ms",
+			"scopes.chat.sources.forever.breaker.open_until_ms value=9223372036854775807",
+			"scopes.chat.sources.year9999.breaker.open_until_ms value=253402300799000",
+			"scopes.chat.sources.year9999.breaker.override_at_ms",
+			"scopes.chat.sources.soon.minute",
+		}
+		logs.mu.Lock()
+		defer logs.mu.Unlock()
+		if len(logs.logs) != len(want) {
+			t.Errorf("%d log lines, want %d warnings:\n%s", len(logs.logs), len(want), strings.Join(logs.logs, "\n"))
+		}
+		for _, field := range want {
+			found := false
+			for _, l := range logs.logs {
+				found = found || strings.HasPrefix(l, "WARN memory state file: a value out of its bounds was clamped") && strings.Contains(l, "field="+field)
+			}
+			if !found {
+				t.Errorf("no warning naming %s in:\n%s", field, strings.Join(logs.logs, "\n"))
+			}
+		}
 	})
 }

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
+	"time"
 
 	"github.com/polygate/polygate/gate"
 )
@@ -114,6 +116,49 @@ func init() {
 	}
 }
 
+// clamped is a value of a state file that was out of its bounds when the
+// file was loaded, and was brought back within them.
+type clamped struct {
+	field   string // as in the file, from the scope: scopes.chat.sources.a.breaker.open_until_ms
+	was, is int64
+	allowed string
+}
+
+// clamp brings the times of a loaded state within their bounds, and lists
+// what it changed: no time after the load (a clock that jumped, a file
+// written by hand), and an OPEN that ends at most maxOpen after it (its
+// breaker's max_cooldown; 0: unbounded), which no cooldown of the
+// configuration can exceed.
+func clamp(in *sourceState, now int64, maxOpen time.Duration) []clamped {
+	var out []clamped
+	atMost := func(field string, v *int64, bound int64, allowed string) {
+		if *v > bound {
+			out = append(out, clamped{field: field, was: *v, is: bound, allowed: allowed})
+			*v = bound
+		}
+	}
+	const notLater = "at most the time of the load"
+	b := &in.Breaker
+	atMost("breaker.opened_at_ms", &b.OpenedAtMs, now, notLater)
+	atMost("breaker.override_at_ms", &b.OverrideAtMs, now, notLater)
+	if maxOpen > 0 {
+		until := int64(math.MaxInt64)
+		if ms := maxOpen.Milliseconds(); now <= math.MaxInt64-ms {
+			until = now + ms
+		}
+		atMost("breaker.open_until_ms", &b.OpenUntilMs, until, fmt.Sprintf("at most max_cooldown (%v) after the load", maxOpen))
+	}
+	if n := len(in.Minute); n > 0 && in.Minute[n-1][0] > now {
+		// Sorted (checked after): the latest tells; every later one is moved.
+		last := in.Minute[n-1][0]
+		for i := range in.Minute {
+			in.Minute[i][0] = min(in.Minute[i][0], now)
+		}
+		out = append(out, clamped{field: "minute", was: last, is: now, allowed: notLater})
+	}
+	return out
+}
+
 // decodeSource checks one source's saved state and rebuilds it at now.
 func decodeSource(in sourceState, now int64) (*gate.SourceState, error) {
 	b := in.Breaker
@@ -170,65 +215,79 @@ func decodeSource(in sourceState, now int64) (*gate.SourceState, error) {
 }
 
 // load reads the state file at path. A missing file is a fresh start (nil,
-// nil); anything unreadable is an error naming the path.
-func load(path string, now int64) (map[string]*scope, error) {
+// nil); anything unreadable is an error naming the path. maxOpen bounds the
+// OPEN of each source (see clamp); what was clamped is returned.
+func load(path string, now int64, maxOpen func(scope, source string) time.Duration) (map[string]*scope, []clamped, error) {
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("memory state file %s: %w", path, err)
+		return nil, nil, fmt.Errorf("memory state file %s: %w", path, err)
 	}
 	defer f.Close()
 	data, err := io.ReadAll(io.LimitReader(f, maxStateBytes+1))
 	if err != nil {
-		return nil, fmt.Errorf("memory state file %s: %w", path, err)
+		return nil, nil, fmt.Errorf("memory state file %s: %w", path, err)
 	}
-	scopes, err := parse(data, now)
+	scopes, fixed, err := parse(data, now, maxOpen)
 	if err != nil {
-		return nil, fmt.Errorf("memory state file %s is corrupt (fix or remove it; polygate does not start over silently): %w", path, err)
+		return nil, nil, fmt.Errorf("memory state file %s is corrupt (fix or remove it; polygate does not start over silently): %w", path, err)
 	}
-	return scopes, nil
+	return scopes, fixed, nil
 }
 
-func parse(data []byte, now int64) (map[string]*scope, error) {
+func parse(data []byte, now int64, maxOpen func(scope, source string) time.Duration) (map[string]*scope, []clamped, error) {
 	if len(data) > maxStateBytes {
-		return nil, fmt.Errorf("larger than %d bytes", maxStateBytes)
+		return nil, nil, fmt.Errorf("larger than %d bytes", maxStateBytes)
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var doc stateFile
 	if err := dec.Decode(&doc); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if dec.More() {
-		return nil, errors.New("trailing data after the JSON document")
+		return nil, nil, errors.New("trailing data after the JSON document")
 	}
 	if doc.Version != StateVersion {
-		return nil, fmt.Errorf("version %d: this polygate reads version %d", doc.Version, StateVersion)
+		return nil, nil, fmt.Errorf("version %d: this polygate reads version %d", doc.Version, StateVersion)
 	}
 	scopes := make(map[string]*scope, len(doc.Scopes))
+	var fixed []clamped
 	for name, ss := range doc.Scopes {
 		if name == "" || len(name) > maxNameLen {
-			return nil, fmt.Errorf("scope name %q: 1 to %d bytes", clip(name), maxNameLen)
+			return nil, nil, fmt.Errorf("scope name %q: 1 to %d bytes", clip(name), maxNameLen)
 		}
 		if ss.ProgressMs < 0 {
-			return nil, fmt.Errorf("scopes.%s.progress_ms %d: must be at least 0", name, ss.ProgressMs)
+			return nil, nil, fmt.Errorf("scopes.%s.progress_ms %d: must be at least 0", name, ss.ProgressMs)
+		}
+		if ss.ProgressMs > now {
+			fixed = append(fixed, clamped{field: "scopes." + name + ".progress_ms", was: ss.ProgressMs, is: now, allowed: "at most the time of the load"})
+			ss.ProgressMs = now
 		}
 		s := &scope{sources: make(map[string]*gate.SourceState, len(ss.Sources)), progress: ss.ProgressMs}
 		for src, in := range ss.Sources {
 			if src == "" || len(src) > maxNameLen {
-				return nil, fmt.Errorf("scopes.%s: source name %q: 1 to %d bytes", name, clip(src), maxNameLen)
+				return nil, nil, fmt.Errorf("scopes.%s: source name %q: 1 to %d bytes", name, clip(src), maxNameLen)
+			}
+			var bound time.Duration
+			if maxOpen != nil {
+				bound = maxOpen(name, src)
+			}
+			for _, f := range clamp(&in, now, bound) {
+				f.field = "scopes." + name + ".sources." + src + "." + f.field
+				fixed = append(fixed, f)
 			}
 			st, err := decodeSource(in, now)
 			if err != nil {
-				return nil, fmt.Errorf("scopes.%s.sources.%s.%w", name, src, err)
+				return nil, nil, fmt.Errorf("scopes.%s.sources.%s.%w", name, src, err)
 			}
 			s.sources[src] = st
 		}
 		scopes[name] = s
 	}
-	return scopes, nil
+	return scopes, fixed, nil
 }
 
 // clip bounds a value echoed into an error.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -48,13 +49,14 @@ func TestNewRejectsABraceInThePrefix(t *testing.T) {
 func TestErrorKinds(t *testing.T) {
 	ctx := testCtx(t)
 	srv := redistest.Start(t)
-	c := redis.NewClient(failFast(srv.Addr))
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: time.Second})
 	t.Cleanup(func() { _ = c.Close() })
 	b := newBackend(t, c, redisgate.Options{Prefix: "kinds:"})
 	src := gatetest.Src("s")
 	req := gate.AdmitRequest{Scope: "k", PermitID: "p", Candidates: []gate.Candidate{{Source: src, Ceiling: 1}}}
 
-	if err := c.Set(ctx, b.SourceKey("k", "s", ""), "not a hash", 0).Err(); err != nil {
+	warm(t, b, "k")
+	if err := c.Set(ctx, b.SourceKey("k", "s", "leases"), "not a hash", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	_, err := b.Admit(ctx, req)
@@ -83,11 +85,9 @@ func TestErrorKinds(t *testing.T) {
 	}
 }
 
-// TestRaisedSettleKeepsItsLease: a settle alone that raises in q_release
-// (the minute's data key broken) keeps its lease field: it deleted it
-// before the data's commands, so that the record's held count stayed one
-// too high (its held-1 never saved) with no lease behind it, a slot that
-// no repeat of the settle could free until the lease would have ended.
+// TestRaisedSettleKeepsItsLease: a settle that raises while it settles the
+// permit's tokens (the minute's tokens key broken) keeps the permit's
+// slot, so that the settle repeated frees it and applies its outcome.
 func TestRaisedSettleKeepsItsLease(t *testing.T) {
 	ctx := testCtx(t)
 	src := gatetest.Src("s", func(s *gate.Source) {
@@ -95,9 +95,9 @@ func TestRaisedSettleKeepsItsLease(t *testing.T) {
 		s.Limits.RPM = 1000
 	})
 	const scope = "t-settle-raise"
-	b, _, c := batchFixture(t, redisgate.Options{}, scope)
+	b, _, c := batchFixture(t, redisgate.Options{})
 	p := admit(t, ctx, b, scope, "p", src).Permit
-	data := b.SourceKey(scope, "s", "data")
+	data := b.SourceKey(scope, "s", "tokens")
 	must(c.Del(ctx, data).Result())(t)
 	must(c.Set(ctx, data, "not a hash", 0).Result())(t)
 	req := settleReq(scope, src, p, gate.VerdictSuccess)

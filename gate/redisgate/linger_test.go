@@ -19,9 +19,8 @@ import (
 	"github.com/polygate/polygate/internal/redistest"
 )
 
-// lingerHook makes each call of Admits and Settles (a batch, or an op
-// alone) take flight of bubble time before it is sent, and records when it
-// was sent and how many ops it carried.
+// lingerHook makes each call take flight of bubble time before it is sent,
+// and records when it was sent and how many ops it carried.
 type lingerHook struct {
 	redistest.PassThrough
 	flight time.Duration
@@ -33,17 +32,11 @@ type lingerHook struct {
 func (h *lingerHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		a := cmd.Args()
-		if len(a) >= 4 && strings.EqualFold(fmt.Sprint(a[0]), "fcall") {
-			fn, n := fmt.Sprint(a[1]), 0
+		if len(a) >= 3 && strings.EqualFold(toString(a[0]), "fcall") && toString(a[1]) == redisgate.Function {
 			nkeys, _ := a[2].(int)
-			switch {
-			case strings.HasSuffix(fn, "_batch"):
-				n, _ = redisgate.BatchOps(a[3+nkeys])
-			case strings.HasSuffix(fn, "_admit") || strings.HasSuffix(fn, "_settle"):
-				n = 1
-			}
+			n := countOps(a[3+nkeys:])
 			h.mu.Lock()
-			record := n > 0 && !h.start.IsZero()
+			record := !h.start.IsZero()
 			if record {
 				h.calls = append(h.calls, fmt.Sprintf("%v: %d", time.Since(h.start), n))
 			}
@@ -216,29 +209,5 @@ func TestBatchLingerMoreThanFull(t *testing.T) {
 	want := []string{"0s: 1", "4ms: 2", "9ms: 64", "17ms: 7"}
 	if !slices.Equal(calls, want) {
 		t.Errorf("calls %q; want %q", calls, want)
-	}
-}
-
-// A batch full by its keys (maxBatchKeys) is full too: 60 admits of three
-// candidates each queued at 5ms go at 8ms, as many as fit, with no linger;
-// the rest linger after them.
-func TestBatchNoLingerWhenFullByKeys(t *testing.T) {
-	calls, stats := lingerBubble(t, 10*time.Millisecond, func(b *redisgate.Backend, src *gate.Source, at func(time.Duration, func())) {
-		firstBatch(t, b, src, at)
-		srcs := []*gate.Source{src, gatetest.Src("b"), gatetest.Src("c")}
-		for i := range 60 {
-			at(5*time.Millisecond, func() {
-				if _, err := b.Admit(context.Background(), admitReq("s", fmt.Sprint("D", i), srcs...)); err != nil {
-					t.Errorf("admit D%d: %v", i, err)
-				}
-			})
-		}
-	})
-	var n int
-	if len(calls) < 3 || !strings.HasPrefix(calls[2], "8ms: ") || stats.Lingered != 4*time.Millisecond {
-		t.Fatalf("calls %q, lingered %v; want the third at 8ms, and only the last to linger (4ms)", calls, stats.Lingered)
-	}
-	if _, err := fmt.Sscanf(calls[2], "8ms: %d", &n); err != nil || n >= 60 {
-		t.Errorf("calls %q: want the third cut by its keys, fewer than 60 ops", calls)
 	}
 }

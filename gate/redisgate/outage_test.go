@@ -1,7 +1,6 @@
 package redisgate_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -33,7 +32,7 @@ func budget(o *redis.Options) time.Duration {
 	return o.PoolTimeout + o.DialTimeout + o.WriteTimeout + o.ReadTimeout
 }
 
-// TestOutage (M6): Redis is killed in the middle of a load and restarted.
+// TestOutage: Redis is killed in the middle of a load and restarted.
 // Every call during the outage fails, within the client's timeouts, with an
 // error wrapping gate.ErrUnavailable; afterwards calls succeed again, and
 // the permits whose outcome could not be reported during the outage give
@@ -46,7 +45,7 @@ func TestOutage(t *testing.T) {
 	c := redis.NewClient(opts)
 	t.Cleanup(func() { _ = c.Close() })
 	clock := gatetest.NewClock()
-	b := newBackend(t, c, redisgate.Options{Clock: clock.Now})
+	b := newBackend(t, c, redisgate.Options{Clock: clock.Now, Timeout: budget(opts)})
 	const scope = "outage"
 	src := gatetest.Src("s", func(s *gate.Source) { s.Limits.MaxConcurrency = 4; s.Limits.Lease = 10 * time.Second })
 
@@ -111,14 +110,14 @@ func TestOutage(t *testing.T) {
 			}
 		})
 	}
-	waitFor(t, "the load to run", func() bool { return ok.Load() > 50 })
+	waitFor(t, func() bool { return ok.Load() > 50 }, "the load to run")
 
 	srv.Stop()
 	before := fails.Load()
-	waitFor(t, "calls to fail during the outage", func() bool { return fails.Load() > before+50 })
+	waitFor(t, func() bool { return fails.Load() > before+50 }, "calls to fail during the outage")
 	srv.Start()
 	after := ok.Load()
-	waitFor(t, "calls to succeed after the restart", func() bool { return ok.Load() > after+50 })
+	waitFor(t, func() bool { return ok.Load() > after+50 }, "calls to succeed after the restart")
 	stop.Store(true)
 	wg.Wait()
 	for _, p := range problems {
@@ -146,28 +145,13 @@ func TestOutage(t *testing.T) {
 	}
 }
 
-// waitFor polls cond until it holds, failing the test after 30s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("timed out waiting for %s", what)
-		case <-tick.C:
-		}
-	}
-}
-
-// TestNoAdmitAfterStateLoss: a replica that knows a source OPEN (or FORCED_OPEN)
-// never grants it after Redis lost the scope, not even once and without
-// waiting for RunGiveBacks (not running here): Admit checks the scope's
-// marker in its own script run and re-asserts first. It holds whichever
-// replica finds the loss first: one that did not know (other) may grant
-// once, and after the knowing replica's next Admit nobody grants.
+// TestNoAdmitAfterStateLoss: a replica that knows a source OPEN (or
+// FORCED_OPEN) never grants it after Redis lost the scope, not even once
+// and without waiting for RunGiveBacks (not running here): Admit checks the
+// scope's marker in its own script run and re-asserts first. It holds
+// whichever replica finds the loss first: one that never saw the scope
+// (fresh) may grant once, and after a knowing replica's next Admit nobody
+// grants.
 func TestNoAdmitAfterStateLoss(t *testing.T) {
 	ctx := testCtx(t)
 	srv := redistest.Start(t)
@@ -212,18 +196,19 @@ func TestNoAdmitAfterStateLoss(t *testing.T) {
 		}
 		refused(t, other, "o")
 		if l := other.StateLoss(scope); l.Count != 0 {
-			t.Errorf("the replica that never saw the scope before reports a loss: %+v", l)
+			t.Errorf("the replica that never admitted before reports a loss: %+v", l)
 		}
 	})
 
 	t.Run("another replica first", func(t *testing.T) {
 		must(srv.Client(t).FlushAll(ctx).Result())(t)
-		// other knows nothing (it subscribes to no announcements here): it
-		// finds the loss first, re-asserts nothing, and grants.
-		if a := admit(t, ctx, other, scope, "o1", dead); !a.Granted {
+		// fresh never saw the scope (nor heard of it): it finds the loss
+		// first, re-asserts nothing, and grants.
+		fresh := newBackend(t, srv.Client(t), redisgate.Options{})
+		if a := admit(t, ctx, fresh, scope, "o1", dead); !a.Granted {
 			t.Fatalf("other's admit after the flush: %+v, want granted (it never saw the OPEN)", a)
 		} else {
-			settle(t, ctx, other, scope, dead, a.Permit, gate.VerdictSuccess)
+			settle(t, ctx, fresh, scope, dead, a.Permit, gate.VerdictSuccess)
 		}
 		for i := range 10 {
 			refused(t, knows, fmt.Sprint("k2-", i))

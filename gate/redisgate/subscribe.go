@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/polygate/polygate/gate"
 )
@@ -23,12 +22,10 @@ var globEscaper = strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`
 //
 // The announcements use PUBLISH and one PSUBSCRIBE pattern rather than
 // sharded SPUBLISH/SSUBSCRIBE: a replica must hear every scope without being
-// told their names, and sharded pub/sub has no pattern subscription (it
-// would need one subscription per scope, each on the node that owns the
-// scope's slot, renewed on every resharding). On a Cluster a PUBLISH reaches
-// every node; breakers change state rarely, so that costs nothing.
+// told their names, and sharded pub/sub has no pattern subscription. On a
+// Cluster a PUBLISH reaches every node; breakers change state rarely.
 func (b *Backend) Subscribe(ctx context.Context, handle func(scope string, e gate.Event)) error {
-	ps := b.client.PSubscribe(ctx, globEscaper.Replace(b.prefix)+"{*}"+channelSuffix)
+	ps := b.client.PSubscribe(ctx, globEscaper.Replace(b.prefix)+"{*}:events")
 	defer ps.Close()
 	ch := ps.Channel()
 	for {
@@ -39,54 +36,40 @@ func (b *Backend) Subscribe(ctx context.Context, handle func(scope string, e gat
 			if !ok {
 				return nil
 			}
-			if scope, e, err := decodeAnnouncement(m.Payload); err == nil {
-				b.hear(scope, e)
-				handle(scope, e)
+			scope, marker, e, err := decodeAnnouncement(m.Payload)
+			if err != nil {
+				continue
 			}
+			b.loss.marked(scope, marker)
+			b.loss.heard(scope, []gate.Event{e})
+			handle(scope, e)
 		}
 	}
 }
 
-// hear remembers another replica's announcement: of a scope this Backend
-// may not serve, so it takes no room from one it does (memory.scope).
-func (b *Backend) hear(scope string, e gate.Event) {
-	b.memory.see(scope, []gate.Event{e}, time.Now(), false)
-}
-
-// decodeAnnouncement reads the record ANN (a JSON array), as lib.lua's
-// announce writes it.
-func decodeAnnouncement(payload string) (string, gate.Event, error) {
+// decodeAnnouncement reads lua/store.lua's announce: a JSON list of the
+// version, the scope, the source, the scope's marker, then the event as a
+// reply carries it (put_events'). It is checked as a reply is: what a
+// replica hears it may re-assert after a loss.
+func decodeAnnouncement(payload string) (scope, marker string, e gate.Event, err error) {
 	var a []any
 	d := json.NewDecoder(strings.NewReader(payload))
 	d.UseNumber()
 	if err := d.Decode(&a); err != nil {
-		return "", gate.Event{}, fmt.Errorf("redisgate: announcement: %w", err)
-	}
-	if len(a) != len(announcement.fields) {
-		return "", gate.Event{}, fmt.Errorf("redisgate: announcement of %d fields, want %d", len(a), len(announcement.fields))
+		return "", "", e, fmt.Errorf("redisgate: announcement: %w", err)
 	}
 	for i, v := range a {
 		if n, ok := v.(json.Number); ok {
-			a[i] = jsonInt(n)
+			if k, err := n.Int64(); err == nil {
+				a[i] = k
+			}
 		}
 	}
-	p := &parser{op: "announcement"}
-	r := announcement.parse(p, a)
-	if p.err == nil && r.version != 1 {
-		p.fail("version %d, want 1", r.version)
-	}
-	if p.err != nil {
-		return "", gate.Event{}, p.err
-	}
-	return r.scope, r.e, nil
-}
-
-// jsonInt is n as an int64, or n itself (which the parser refuses) when it
-// is not an integer in range.
-func jsonInt(n json.Number) any {
-	i, err := n.Int64()
-	if err != nil {
-		return n
-	}
-	return i
+	c := &cursor{what: "announcement", a: a}
+	c.num("version", 1, 1)
+	scope, source, marker := c.str("scope"), c.str("source"), c.str("marker")
+	c.num("group", groupEvent, groupEvent)
+	e = c.event(func(int64) string { return source })
+	c.done()
+	return scope, marker, e, c.err
 }

@@ -2,6 +2,7 @@ package redisgate_test
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -143,5 +144,37 @@ func TestAnnouncementsOnCluster(t *testing.T) {
 	for _, scope := range []string{"a", "b", "c", "d", "e", "f", "{", "}", "x}y{z"} {
 		s := openBreaker(t, ctx, a, scope, src)
 		wantAnnounced(t, got, scope, s.Events...)
+	}
+}
+
+// TestAnnouncedScopesBounded: announcements naming ever new scopes (anyone
+// who can PUBLISH can send them) do not grow what a Backend keeps of
+// scopes past its bound.
+func TestAnnouncedScopesBounded(t *testing.T) {
+	c := redistest.Start(t).Client(t)
+	b := must(redisgate.New(c, redisgate.Options{}))(t)
+	n := 2*redisgate.MaxRecords + 500
+	var heard atomic.Int64
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- b.Subscribe(ctx, func(string, gate.Event) { heard.Add(1) }) }()
+	defer func() { cancel(); <-done }()
+	waitSubscribed(t, c)
+	p := c.Pipeline()
+	for i := range n {
+		scope := fmt.Sprintf("s%d", i)
+		p.Publish(ctx, "polygate:{"+scope+"}:events",
+			fmt.Sprintf(`[1,%q,"a","m",2,1,%d,0,0,0,0,0,0,"",0,"",""]`, scope, gate.EventOverride))
+	}
+	must(p.Exec(ctx))(t)
+	deadline := time.Now().Add(time.Minute)
+	for heard.Load() < int64(n) {
+		if time.Now().After(deadline) {
+			t.Fatalf("heard %d of %d announcements within a minute", heard.Load(), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := b.WatchedScopes(); got > 2*redisgate.MaxRecords {
+		t.Fatalf("%d scopes watched after %d announced, want at most %d", got, n, 2*redisgate.MaxRecords)
 	}
 }

@@ -10,9 +10,9 @@ import (
 	"github.com/polygate/polygate/internal/redistest"
 )
 
-// TestTTL: every key expires once it is no longer needed, except the state
+// TestTTL: every key expires once it is no longer needed, except the record
 // of a breaker that is OPEN, HALF_OPEN or overridden, which must never
-// expire into a fresh CLOSED one (BREAKER-PITFALLS #18, M7).
+// expire into a fresh CLOSED one.
 func TestTTL(t *testing.T) {
 	ctx := testCtx(t)
 	c := redistest.Start(t).Client(t)
@@ -34,18 +34,18 @@ func TestTTL(t *testing.T) {
 	}
 	persisted := func(what string) {
 		t.Helper()
-		if d := pttl(key("")); d != -1 {
+		if d := pttl(key("state")); d != -1 {
 			t.Fatalf("%s: breaker PTTL = %v, want none (persisted)", what, d)
 		}
 	}
 
 	p := admit(t, ctx, b, scope, "p1", src).Permit
-	within("closed breaker holding a lease", key(""), time.Hour)
-	within("minute log", key("log"), time.Minute+time.Second)
-	within("minute log data", key("data"), time.Minute+time.Second)
+	within("closed breaker holding a lease", key("state"), time.Hour)
+	within("minute log", key("minute"), time.Minute+time.Second)
+	within("minute tokens", key("tokens"), time.Minute+time.Second)
 	settle(t, ctx, b, scope, src, p, gate.VerdictSuccess)
-	within("closed breaker that counted an outcome", key(""), time.Hour)
-	within("progress", "polygate:{ttl}:progress", time.Hour)
+	within("closed breaker that counted an outcome", key("state"), time.Hour)
+	within("progress", b.ScopeKey(scope, "progress"), time.Hour)
 
 	admit(t, ctx, b, scope, "held", src) // holds a lease through what follows
 	openBreaker(t, ctx, b, scope, src)
@@ -53,7 +53,7 @@ func TestTTL(t *testing.T) {
 
 	// The minute's keys expiring (here: deleted) leave the breaker as it was.
 	before := peek(t, ctx, b, scope, src)
-	if n := must(c.Del(ctx, key("log"), key("data")).Result())(t); n != 2 {
+	if n := must(c.Del(ctx, key("minute"), key("tokens")).Result())(t); n != 2 {
 		t.Fatalf("deleted %d quota keys, want 2", n)
 	}
 	after := peek(t, ctx, b, scope, src)
@@ -72,10 +72,10 @@ func TestTTL(t *testing.T) {
 	}
 	persisted("half open with the probe out")
 	settle(t, ctx, b, scope, src, probe, gate.VerdictSuccess)
-	within("closed again by the probe", key(""), time.Hour)
+	within("closed again by the probe", key("state"), time.Hour)
 
 	must(b.Override(ctx, gate.OverrideRequest{Scope: scope, Source: src, Action: gate.ActionForceClosed, Actor: "op"}))(t)
 	persisted("closed with an override")
 	must(b.Override(ctx, gate.OverrideRequest{Scope: scope, Source: src, Action: gate.ActionClear, Actor: "op"}))(t)
-	within("override cleared", key(""), time.Hour)
+	within("override cleared", key("state"), time.Hour)
 }

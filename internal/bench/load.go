@@ -152,7 +152,8 @@ type probe struct {
 }
 
 // run drives one cell: callers start, run for warm unmeasured, then for dur
-// measured (operations, CPU, latencies, Redis work), then stop.
+// (or until the first operation ends, if later) measured (operations, CPU,
+// latencies, Redis work), then stop.
 func (c *client) run(ctx context.Context, o op, lv level, warm, dur time.Duration, pr probe) (cell, error) {
 	res := cell{op: o, level: lv}
 	ctx, cancel := context.WithCancel(ctx)
@@ -239,7 +240,12 @@ func (c *client) run(ctx context.Context, o op, lv level, warm, dur time.Duratio
 	}
 	t0 := time.Now()
 	measuring.Store(true)
-	sleep(ctx, dur)
+	// At least dur, and until an operation ended: on a machine busy enough
+	// to stall the target for all of dur, a cell of nothing measures
+	// nothing.
+	for ok := sleep(ctx, dur); ok && ops.Load()+errs.Load() == 0; {
+		ok = sleep(ctx, dur/10+time.Millisecond)
+	}
 	measuring.Store(false)
 	res.wall = time.Since(t0)
 	res.ops, res.errs = ops.Load(), errs.Load()

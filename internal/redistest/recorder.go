@@ -40,7 +40,7 @@ func (r *Recorder) record(cmds ...redis.Cmder) {
 	defer r.mu.Unlock()
 	for _, c := range cmds {
 		// A copy of the arguments as sent: a caller may reuse a byte
-		// argument's buffer once its call returns (redisgate does).
+		// argument's buffer once its call returns.
 		args := slices.Clone(c.Args())
 		for i, a := range args {
 			if b, ok := a.([]byte); ok {

@@ -48,7 +48,7 @@ type backend struct {
 func openBackend(cfg *config.Config, log *slog.Logger, onChange func(degraded bool, cause error), onLoss func(scope string, restored int)) (*backend, error) {
 	switch cfg.Backend.Kind {
 	case "memory":
-		mem, err := inmem.Open(inmem.Options{StatePath: cfg.Backend.Memory.StatePath, Log: log})
+		mem, err := inmem.Open(inmem.Options{StatePath: cfg.Backend.Memory.StatePath, MaxOpen: maxCooldowns(cfg), Log: log})
 		if err != nil {
 			return nil, fmt.Errorf("backend.memory.state_path: %w", err)
 		}
@@ -57,6 +57,27 @@ func openBackend(cfg *config.Config, log *slog.Logger, onChange func(degraded bo
 		return openRedis(cfg.Backend.Redis, retryEvery(cfg), log, onChange, onLoss)
 	}
 	return nil, fmt.Errorf("backend.kind %q is not supported", cfg.Backend.Kind)
+}
+
+// maxCooldowns bounds the OPEN a state file may hold for a source: its
+// breaker.max_cooldown, or, for a source the configuration does not have
+// (its scope may come back by a reload), the longest one configured.
+func maxCooldowns(cfg *config.Config) func(scope, source string) time.Duration {
+	type key struct{ scope, source string }
+	by := make(map[key]time.Duration)
+	var longest time.Duration
+	for name, sc := range cfg.Scopes {
+		for _, src := range sc.Sources {
+			by[key{name, src.Name}] = src.Breaker.MaxCooldown
+			longest = max(longest, src.Breaker.MaxCooldown)
+		}
+	}
+	return func(scope, source string) time.Duration {
+		if d, ok := by[key{scope, source}]; ok {
+			return d
+		}
+		return longest
+	}
 }
 
 // batchLinger is redisgate's Options.BatchLinger for backend.redis.batch_linger:
@@ -135,7 +156,7 @@ func openRedis(r config.Redis, every time.Duration, log *slog.Logger, onChange f
 			}
 			return "redis (unavailable: fail_closed)"
 		},
-		stateLoss:  stateLosses(shared),
+		stateLoss:  shared.StateLoss,
 		subscribe:  shared.Subscribe,
 		check:      fb.Check,
 		giveBacks:  func(ctx context.Context) { shared.RunGiveBacks(ctx, every) },
@@ -168,15 +189,6 @@ func redisTLS(r config.Redis) (*tls.Config, error) {
 		c.Certificates = []tls.Certificate{cert}
 	}
 	return c, nil
-}
-
-// stateLosses reads what b saw of Redis losing a scope's state, for
-// DescribeScope.
-func stateLosses(b *redisgate.Backend) func(scope string) gate.StateLoss {
-	return func(scope string) gate.StateLoss {
-		l := b.StateLoss(scope)
-		return gate.StateLoss{Count: l.Count, Last: l.Last, Restored: l.Restored, Pending: l.Pending}
-	}
 }
 
 // announcements delivers other replicas' breaker announcements to the

@@ -51,7 +51,7 @@ func scopeStates(srv *server.Server, rec *status.Recorder) metrics.ReadStates {
 				continue // removed by a reload meanwhile
 			}
 			d, err := sc.Describe(ctx)
-			out = append(out, metrics.ScopeState{Name: name, Description: d, LiveCalls: srv.LiveCalls(name), Waiting: rec.WaitingIn(name), Err: err})
+			out = append(out, metrics.ScopeState{Name: name, Description: d, LiveCalls: srv.LiveCalls(name), TenantLiveCalls: srv.TenantLiveCalls(name, d), Waiting: rec.WaitingIn(name), Err: err})
 		}
 		return out
 	}

@@ -26,6 +26,7 @@ scopes:
       - {name: backup, priority: 1, max_concurrency: 1}
   other:
     circuit_open: fail_fast
+    tenants: {team: {max_live_calls: 5, token_budget: {tokens: 1000, per: 1h}}}
     sources: [{name: only}]
   trial:
     mode: shadow
@@ -146,6 +147,10 @@ func TestMetricsAfterScriptedSequence(t *testing.T) {
 			{"polygate_scope_up", []string{"scope=chat"}, 1},
 			{"polygate_live_calls", []string{"scope=chat"}, 2}, // A waits for its retry, E holds a permit
 			{"polygate_live_calls", []string{"scope=other"}, 0},
+			{"polygate_tenant_live_calls", []string{"scope=chat", "tenant=~other"}, 2},
+			{"polygate_tenant_permits_in_use", []string{"scope=chat", "tenant=~other"}, 0}, // no limits: nothing kept
+			{"polygate_tenant_live_calls", []string{"scope=other", "tenant=team"}, 0},
+			{"polygate_tenant_budget_used_tokens", []string{"scope=other", "tenant=team"}, 0},
 			{"polygate_breaker_state", []string{"scope=chat", "source=primary", "state=closed"}, 1},
 			{"polygate_breaker_state", []string{"scope=chat", "source=primary", "state=open"}, 0},
 			{"polygate_breaker_state", []string{"scope=chat", "source=primary", "state=half_open"}, 0},

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	admissionv1 "github.com/polygate/polygate/gen/polygate/admission/v1"
@@ -90,5 +91,26 @@ func TestPageRunsOnlyItsOwnScript(t *testing.T) {
 	hostile, _ := get("/status?scope=%3Cb%3Ex&source=%3Cb%3Ey&kind=%3Cb%3Ez")
 	if strings.Contains(hostile, "<b>x") || strings.Contains(hostile, "&lt;b&gt;") || !strings.Contains(hostile, `id="scope-chat"`) {
 		t.Errorf("a filter naming nothing the page offers was not ignored:\n%s", hostile)
+	}
+}
+
+// TestPageShowsTenants: each tenant's limits as used / limit, and its next
+// pick's verdict with the wait.
+func TestPageShowsTenants(t *testing.T) {
+	now := time.Date(2026, 12, 1, 3, 4, 5, 0, time.UTC)
+	d := &admissionv1.ScopeDescription{Config: &admissionv1.ScopeConfig{Name: "chat"}, Backend: "memory", Tenants: []*admissionv1.TenantState{
+		{Name: "team", Config: &admissionv1.TenantConfig{Weight: 2, MaxPriority: 3, Rpm: 3, MaxLiveCalls: 20, BudgetTokens: 1000, BudgetPer: durationpb.New(time.Hour)},
+			LiveCalls: 4, RequestsLastMinute: 3, BudgetUsed: 700, Reason: admissionv1.Reason_REASON_TENANT_LIMIT, RetryAfter: durationpb.New(42 * time.Second)},
+		{Name: "~other", Config: &admissionv1.TenantConfig{Weight: 1}},
+	}}
+	p := New(oneScope{d}, NewRecorder(func() time.Time { return now }), func() time.Time { return now }, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	w := httptest.NewRecorder()
+	p.serveHTML(w, httptest.NewRequest("GET", "/status", nil))
+	body, _ := io.ReadAll(w.Result().Body)
+	page := string(body)
+	for _, want := range []string{"<td>team</td>", "4 / 20", "3 / 3", "700 / 1000 per 1h0m0s", "tenant_limit, 42s", "<td>~other</td>", "0 / ∞"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the page lacks %q:\n%s", want, page)
+		}
 	}
 }

@@ -22,12 +22,14 @@ var (
 		"non_retryable": admissionv1.FailureReason_FAILURE_REASON_NON_RETRYABLE, "deadline_exceeded": admissionv1.FailureReason_FAILURE_REASON_DEADLINE_EXCEEDED,
 		"cancelled": admissionv1.FailureReason_FAILURE_REASON_CANCELLED, "retry_after_too_long": admissionv1.FailureReason_FAILURE_REASON_RETRY_AFTER_TOO_LONG,
 		"source_dead": admissionv1.FailureReason_FAILURE_REASON_SOURCE_DEAD, "scope_removed": admissionv1.FailureReason_FAILURE_REASON_SCOPE_REMOVED,
+		"budget_exhausted": admissionv1.FailureReason_FAILURE_REASON_BUDGET_EXHAUSTED,
 	}
 	refusalReasons = map[string]admissionv1.Reason{
 		"cooldown": admissionv1.Reason_REASON_COOLDOWN, "circuit_open": admissionv1.Reason_REASON_CIRCUIT_OPEN,
 		"probe_in_flight": admissionv1.Reason_REASON_PROBE_IN_FLIGHT, "forced_open": admissionv1.Reason_REASON_FORCED_OPEN,
 		"adaptive_paced": admissionv1.Reason_REASON_ADAPTIVE_PACED, "rate_limited": admissionv1.Reason_REASON_RATE_LIMITED,
-		"queued": admissionv1.Reason_REASON_QUEUED,
+		"queued": admissionv1.Reason_REASON_QUEUED, "tenant_limit": admissionv1.Reason_REASON_TENANT_LIMIT,
+		"tenant_budget": admissionv1.Reason_REASON_TENANT_BUDGET,
 	}
 	outcomeNames = map[admissionv1.Outcome]string{
 		admissionv1.Outcome_OUTCOME_SUCCESS: "SUCCESS", admissionv1.Outcome_OUTCOME_TRANSIENT: "TRANSIENT",

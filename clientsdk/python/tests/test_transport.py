@@ -186,7 +186,13 @@ def test_a_verdict_without_an_upstream_answer_is_a_synthesized_503(hx: types.Sim
 
 @pytest.mark.parametrize(
     ("verdict", "status"),
-    [(polygate.CircuitOpenError, 503), (polygate.QuotaExhaustedError, 429), (polygate.StalledError, 503), (polygate.SourceDeadError, 503)],
+    [
+        (polygate.CircuitOpenError, 503),
+        (polygate.QuotaExhaustedError, 429),
+        (polygate.StalledError, 503),
+        (polygate.SourceDeadError, 503),
+        (polygate.BudgetExhaustedError, 429),
+    ],
 )
 def test_refusals_are_synthesized_with_the_reason_and_when_to_retry(hx: types.SimpleNamespace, verdict: type[polygate.CallFailedError], status: int) -> None:
     reasons = [polygate.SourceReason("a", "circuit_open", 29.8712), polygate.SourceReason("b", "probe_in_flight", 0.0)]

@@ -19,7 +19,8 @@ export type FailureReason =
   | "cancelled"
   | "retry_after_too_long"
   | "source_dead"
-  | "scope_removed";
+  | "scope_removed"
+  | "budget_exhausted";
 
 /** What a CallFailedError knows of the call. */
 export interface CallFacts {
@@ -127,6 +128,10 @@ export class RetryAfterTooLongError extends CallFailedError {
 export class ScopeRemovedError extends CallFailedError {
   override name = "ScopeRemovedError";
 }
+/** The call's tenant spent its token budget; retryAfterMs is the time until the budget's window frees enough. */
+export class BudgetExhaustedError extends CallFailedError {
+  override name = "BudgetExhaustedError";
+}
 
 const VERDICTS: Record<FailureReason, new (reason: string, facts: CallFacts) => CallFailedError> = {
   circuit_open: CircuitOpenError,
@@ -139,6 +144,7 @@ const VERDICTS: Record<FailureReason, new (reason: string, facts: CallFacts) => 
   cancelled: CallCancelledError,
   retry_after_too_long: RetryAfterTooLongError,
   scope_removed: ScopeRemovedError,
+  budget_exhausted: BudgetExhaustedError,
 };
 
 /** The error of a verdict: its subclass, or CallFailedError for a reason this SDK does not know. */

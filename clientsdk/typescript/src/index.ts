@@ -11,6 +11,7 @@ export type { TLSOptions } from "./connection.js";
 export type { AttemptFn, AttemptResult, CallOptions, Grant, SourceReason, TracerProviderLike } from "./types.js";
 export {
   AllSourcesExhaustedError,
+  BudgetExhaustedError,
   CallCancelledError,
   CallFailedError,
   CircuitOpenError,

@@ -88,6 +88,7 @@ const FAILURES: Partial<Record<PbFailureReason, string>> = {
   [PbFailureReason.RETRY_AFTER_TOO_LONG]: "retry_after_too_long",
   [PbFailureReason.SOURCE_DEAD]: "source_dead",
   [PbFailureReason.SCOPE_REMOVED]: "scope_removed",
+  [PbFailureReason.BUDGET_EXHAUSTED]: "budget_exhausted",
 };
 
 const REFUSALS: Partial<Record<PbReason, string>> = {
@@ -98,6 +99,8 @@ const REFUSALS: Partial<Record<PbReason, string>> = {
   [PbReason.ADAPTIVE_PACED]: "adaptive_paced",
   [PbReason.RATE_LIMITED]: "rate_limited",
   [PbReason.QUEUED]: "queued",
+  [PbReason.TENANT_LIMIT]: "tenant_limit",
+  [PbReason.TENANT_BUDGET]: "tenant_budget",
 };
 
 /** A Duration in milliseconds, 0 when unset. */

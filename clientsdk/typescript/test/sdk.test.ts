@@ -298,7 +298,7 @@ describe("the verdict's answer", () => {
   });
   it("is a 429 for quota and budget reasons, a 503 otherwise", () => {
     assert.equal(statusFor("quota_exhausted"), 429);
-    assert.equal(statusFor("tenant_budget_exhausted"), 429);
+    assert.equal(statusFor("budget_exhausted"), 429);
     assert.equal(statusFor("circuit_open"), 503);
   });
 });

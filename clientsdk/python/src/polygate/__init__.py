@@ -17,6 +17,7 @@ from polygate._client import TLS, AsyncClient, Client
 from polygate._errors import (
     STATUS_ERRORS,
     AllSourcesExhaustedError,
+    BudgetExhaustedError,
     CallCancelledError,
     CallFailedError,
     CircuitOpenError,
@@ -67,6 +68,7 @@ __all__ = [
     "STATUS_ERRORS",
     "AllSourcesExhaustedError",
     "AsyncClient",
+    "BudgetExhaustedError",
     "CallCancelledError",
     "CallFailedError",
     "CircuitOpenError",

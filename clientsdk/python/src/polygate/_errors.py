@@ -97,6 +97,13 @@ class StalledError(AllSourcesExhaustedError):
     reason = "stalled"
 
 
+class BudgetExhaustedError(CallFailedError):
+    """The call's tenant spent its token budget; ``retry_after_s`` is the time
+    until the budget's window frees enough."""
+
+    reason = "budget_exhausted"
+
+
 class RetryExhaustedError(CallFailedError):
     """max_attempts real attempts failed (429s are not counted)."""
 
@@ -129,6 +136,7 @@ VERDICTS: dict[str, type[CallFailedError]] = {
         ScopeRemovedError,
         QuotaExhaustedError,
         StalledError,
+        BudgetExhaustedError,
         RetryExhaustedError,
         NonRetryableError,
         DeadlineExceededError,
@@ -168,7 +176,8 @@ class FailedPreconditionError(SidecarError):
 
 
 class ResourceExhaustedError(SidecarError):
-    """Too many live calls."""
+    """Too many live calls (``reason`` ERROR_REASON_TENANT_TOO_MANY_CALLS: of the
+    tenant, named in ``metadata["tenant"]``)."""
 
 
 class UnavailableError(SidecarError):

@@ -60,6 +60,7 @@ _FAILURES = {
     pb.FAILURE_REASON_RETRY_AFTER_TOO_LONG: "retry_after_too_long",
     pb.FAILURE_REASON_SOURCE_DEAD: "source_dead",
     pb.FAILURE_REASON_SCOPE_REMOVED: "scope_removed",
+    pb.FAILURE_REASON_BUDGET_EXHAUSTED: "budget_exhausted",
 }
 
 _REFUSALS = {
@@ -69,6 +70,9 @@ _REFUSALS = {
     pb.REASON_FORCED_OPEN: "forced_open",
     pb.REASON_ADAPTIVE_PACED: "adaptive_paced",
     pb.REASON_RATE_LIMITED: "rate_limited",
+    pb.REASON_QUEUED: "queued",
+    pb.REASON_TENANT_LIMIT: "tenant_limit",
+    pb.REASON_TENANT_BUDGET: "tenant_budget",
 }
 
 

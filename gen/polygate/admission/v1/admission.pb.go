@@ -121,6 +121,17 @@ const (
 	// same tenant earlier); the call is held in line by OnNoRunnable (not a
 	// gate rejection).
 	Reason_REASON_QUEUED Reason = 7
+	// The call's tenant is at its rpm, tpm or concurrency limit in the scope
+	// (every source refuses it alike; not a gate rejection); retry_after is
+	// the time until the tenant's sliding minute frees enough, 0 when it
+	// waits for one of its own permits to end. quota_full decides.
+	Reason_REASON_TENANT_LIMIT Reason = 8
+	// The call's tenant has spent its token budget for the window (every
+	// source refuses it alike; not a gate rejection); retry_after is the time
+	// until the budget's window frees enough. OnNoRunnable ends the call with
+	// FAILURE_REASON_BUDGET_EXHAUSTED unless quota_full is wait and that time
+	// fits in the stall budget.
+	Reason_REASON_TENANT_BUDGET Reason = 9
 )
 
 // Enum value maps for Reason.
@@ -134,6 +145,8 @@ var (
 		5: "REASON_ADAPTIVE_PACED",
 		6: "REASON_RATE_LIMITED",
 		7: "REASON_QUEUED",
+		8: "REASON_TENANT_LIMIT",
+		9: "REASON_TENANT_BUDGET",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":     0,
@@ -144,6 +157,8 @@ var (
 		"REASON_ADAPTIVE_PACED":  5,
 		"REASON_RATE_LIMITED":    6,
 		"REASON_QUEUED":          7,
+		"REASON_TENANT_LIMIT":    8,
+		"REASON_TENANT_BUDGET":   9,
 	}
 )
 
@@ -253,8 +268,13 @@ const (
 	// says; retry_after is the least remaining cooldown.
 	FailureReason_FAILURE_REASON_SOURCE_DEAD FailureReason = 9
 	// A reload removed the call's scope: the outcome or cancel still settled
-	// the permit and freed its slot, and the call ends here.
+	// the permit and freed its slot, or the call was waiting (held in
+	// OnNoRunnable, or between attempts), and the call ends here.
 	FailureReason_FAILURE_REASON_SCOPE_REMOVED FailureReason = 10
+	// The call's tenant has spent its token budget (REASON_TENANT_BUDGET);
+	// retry_after is the time until the budget's window frees enough for the
+	// call's estimate.
+	FailureReason_FAILURE_REASON_BUDGET_EXHAUSTED FailureReason = 11
 )
 
 // Enum value maps for FailureReason.
@@ -271,6 +291,7 @@ var (
 		8:  "FAILURE_REASON_RETRY_AFTER_TOO_LONG",
 		9:  "FAILURE_REASON_SOURCE_DEAD",
 		10: "FAILURE_REASON_SCOPE_REMOVED",
+		11: "FAILURE_REASON_BUDGET_EXHAUSTED",
 	}
 	FailureReason_value = map[string]int32{
 		"FAILURE_REASON_UNSPECIFIED":          0,
@@ -284,6 +305,7 @@ var (
 		"FAILURE_REASON_RETRY_AFTER_TOO_LONG": 8,
 		"FAILURE_REASON_SOURCE_DEAD":          9,
 		"FAILURE_REASON_SCOPE_REMOVED":        10,
+		"FAILURE_REASON_BUDGET_EXHAUSTED":     11,
 	}
 )
 
@@ -674,6 +696,13 @@ const (
 	ErrorReason_ERROR_REASON_INTERNAL            ErrorReason = 13 // INTERNAL
 	ErrorReason_ERROR_REASON_PERMISSION_DENIED   ErrorReason = 14 // PERMISSION_DENIED: the RPC needs auth.operator_token
 	ErrorReason_ERROR_REASON_TOO_MANY_WATCHERS   ErrorReason = 15 // RESOURCE_EXHAUSTED: events.max_watchers streams are open
+	// PERMISSION_DENIED: the request names a tenant other than its
+	// credential's (auth.tenant_tokens, tls.tenant_from), or acts on a call of
+	// another tenant; metadata "tenant" (the credential's) and "requested".
+	ErrorReason_ERROR_REASON_TENANT_MISMATCH ErrorReason = 16
+	// RESOURCE_EXHAUSTED: the tenant has max_live_calls calls open in the
+	// scope; metadata "tenant".
+	ErrorReason_ERROR_REASON_TENANT_TOO_MANY_CALLS ErrorReason = 17
 )
 
 // Enum value maps for ErrorReason.
@@ -695,24 +724,28 @@ var (
 		13: "ERROR_REASON_INTERNAL",
 		14: "ERROR_REASON_PERMISSION_DENIED",
 		15: "ERROR_REASON_TOO_MANY_WATCHERS",
+		16: "ERROR_REASON_TENANT_MISMATCH",
+		17: "ERROR_REASON_TENANT_TOO_MANY_CALLS",
 	}
 	ErrorReason_value = map[string]int32{
-		"ERROR_REASON_UNSPECIFIED":         0,
-		"ERROR_REASON_INVALID_FIELD":       1,
-		"ERROR_REASON_UNKNOWN_SCOPE":       2,
-		"ERROR_REASON_UNKNOWN_CALL":        3,
-		"ERROR_REASON_UNKNOWN_SOURCE":      4,
-		"ERROR_REASON_CALL_ENDED":          5,
-		"ERROR_REASON_PERMIT_OUTSTANDING":  6,
-		"ERROR_REASON_PERMIT_NOT_OF_CALL":  7,
-		"ERROR_REASON_NO_REFUSAL":          8,
-		"ERROR_REASON_ESTIMATE_TOO_LARGE":  9,
-		"ERROR_REASON_TOO_MANY_CALLS":      10,
-		"ERROR_REASON_BACKEND_UNAVAILABLE": 11,
-		"ERROR_REASON_UNAUTHENTICATED":     12,
-		"ERROR_REASON_INTERNAL":            13,
-		"ERROR_REASON_PERMISSION_DENIED":   14,
-		"ERROR_REASON_TOO_MANY_WATCHERS":   15,
+		"ERROR_REASON_UNSPECIFIED":           0,
+		"ERROR_REASON_INVALID_FIELD":         1,
+		"ERROR_REASON_UNKNOWN_SCOPE":         2,
+		"ERROR_REASON_UNKNOWN_CALL":          3,
+		"ERROR_REASON_UNKNOWN_SOURCE":        4,
+		"ERROR_REASON_CALL_ENDED":            5,
+		"ERROR_REASON_PERMIT_OUTSTANDING":    6,
+		"ERROR_REASON_PERMIT_NOT_OF_CALL":    7,
+		"ERROR_REASON_NO_REFUSAL":            8,
+		"ERROR_REASON_ESTIMATE_TOO_LARGE":    9,
+		"ERROR_REASON_TOO_MANY_CALLS":        10,
+		"ERROR_REASON_BACKEND_UNAVAILABLE":   11,
+		"ERROR_REASON_UNAUTHENTICATED":       12,
+		"ERROR_REASON_INTERNAL":              13,
+		"ERROR_REASON_PERMISSION_DENIED":     14,
+		"ERROR_REASON_TOO_MANY_WATCHERS":     15,
+		"ERROR_REASON_TENANT_MISMATCH":       16,
+		"ERROR_REASON_TENANT_TOO_MANY_CALLS": 17,
 	}
 )
 
@@ -950,11 +983,17 @@ type PickRequest struct {
 	// fails DEADLINE_EXCEEDED.
 	Deadline *durationpb.Duration `protobuf:"bytes,4,opt,name=deadline,proto3" json:"deadline,omitempty"`
 	// Higher is served first while callers wait for a source's capacity;
-	// default 0. Only on the Pick that opens the call.
+	// default 0. Clamped to the tenant's max_priority (0 for a tenant the
+	// scope does not name, unless its default_tenant says otherwise). Only on
+	// the Pick that opens the call.
 	Priority int32 `protobuf:"varint,5,opt,name=priority,proto3" json:"priority,omitempty"`
 	// Who the call is for (a team, job or customer): callers share a source's
-	// capacity by the scope's tenant weights. At most 63 bytes of
-	// [a-z0-9_-]; empty: the default tenant. Only on the Pick that opens the call.
+	// capacity by the scope's tenant weights, and each tenant has the scope's
+	// limits for it. At most 63 bytes of [a-z0-9_-]. A credential that names
+	// a tenant (auth.tenant_tokens, tls.tenant_from) sets it: empty takes the
+	// credential's, another is PERMISSION_DENIED (TENANT_MISMATCH). Empty
+	// without such a credential: the default tenant. Only on the Pick that
+	// opens the call.
 	Tenant        string `protobuf:"bytes,6,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1164,8 +1203,15 @@ type Grant struct {
 	// In shadow mode, what enforcement would have refused and why, in walk
 	// order (every source when enforcement would have refused the Pick).
 	ShadowRefusals []*SourceReason `protobuf:"bytes,11,rep,name=shadow_refusals,json=shadowRefusals,proto3" json:"shadow_refusals,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// In shadow mode, the error enforcement would have answered instead of
+	// any answer; UNSPECIFIED when none. ERROR_REASON_ESTIMATE_TOO_LARGE:
+	// estimated_tokens exceeds every source's tpm (shadow_refusals has each
+	// source). ERROR_REASON_BACKEND_UNAVAILABLE: the shared backend could not
+	// be reached and backend.redis.on_unavailable is fail_closed (with local,
+	// the local gate decides, as when enforcing).
+	ShadowError   ErrorReason `protobuf:"varint,12,opt,name=shadow_error,json=shadowError,proto3,enum=polygate.admission.v1.ErrorReason" json:"shadow_error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Grant) Reset() {
@@ -1275,6 +1321,13 @@ func (x *Grant) GetShadowRefusals() []*SourceReason {
 	return nil
 }
 
+func (x *Grant) GetShadowError() ErrorReason {
+	if x != nil {
+		return x.ShadowError
+	}
+	return ErrorReason_ERROR_REASON_UNSPECIFIED
+}
+
 // NoRunnable is a refusal of every source.
 type NoRunnable struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1337,7 +1390,8 @@ type Failure struct {
 	// Time until the earliest certain moment a new call could do better; 0
 	// when there is none.
 	RetryAfter *durationpb.Duration `protobuf:"bytes,2,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
-	// Each source's reason of the last refusal, when the call failed waiting.
+	// Each source's reason of the last refusal, when the call failed waiting,
+	// with its retry_after as the failing decision read it.
 	PerSourceReasons []*SourceReason `protobuf:"bytes,3,rep,name=per_source_reasons,json=perSourceReasons,proto3" json:"per_source_reasons,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
@@ -2403,7 +2457,10 @@ type ScopeDescription struct {
 	Backend string `protobuf:"bytes,5,opt,name=backend,proto3" json:"backend,omitempty"`
 	// What this replica saw of a shared backend (Redis) losing the scope's
 	// state; unset on a backend that keeps its own state (memory).
-	StateLoss     *StateLoss `protobuf:"bytes,6,opt,name=state_loss,json=stateLoss,proto3" json:"state_loss,omitempty"`
+	StateLoss *StateLoss `protobuf:"bytes,6,opt,name=state_loss,json=stateLoss,proto3" json:"state_loss,omitempty"`
+	// Each tenant the scope names, then "~other" for every tenant it does
+	// not name (together): configuration and use.
+	Tenants       []*TenantState `protobuf:"bytes,7,rep,name=tenants,proto3" json:"tenants,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2480,6 +2537,236 @@ func (x *ScopeDescription) GetStateLoss() *StateLoss {
 	return nil
 }
 
+func (x *ScopeDescription) GetTenants() []*TenantState {
+	if x != nil {
+		return x.Tenants
+	}
+	return nil
+}
+
+// TenantState is one tenant's configuration and use in a scope; its limits
+// hold across every source of the scope (the fleet's on Redis).
+type TenantState struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tenant's name, or "~other" for every tenant the scope does not name.
+	Name   string        `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Config *TenantConfig `protobuf:"bytes,2,opt,name=config,proto3" json:"config,omitempty"`
+	// Its permits out now, over every source.
+	InFlight int32 `protobuf:"varint,3,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	// Its admissions and tokens over the sliding minute (counted when it has
+	// an rpm or tpm).
+	RequestsLastMinute int64 `protobuf:"varint,4,opt,name=requests_last_minute,json=requestsLastMinute,proto3" json:"requests_last_minute,omitempty"`
+	TokensLastMinute   int64 `protobuf:"varint,5,opt,name=tokens_last_minute,json=tokensLastMinute,proto3" json:"tokens_last_minute,omitempty"`
+	// Tokens spent in the token budget's window (0 without a budget).
+	BudgetUsed int64 `protobuf:"varint,6,opt,name=budget_used,json=budgetUsed,proto3" json:"budget_used,omitempty"`
+	// Its calls this sidecar holds open in the scope.
+	LiveCalls int32 `protobuf:"varint,7,opt,name=live_calls,json=liveCalls,proto3" json:"live_calls,omitempty"`
+	// What a Pick of the tenant would get from its limits now:
+	// REASON_UNSPECIFIED, REASON_TENANT_LIMIT or REASON_TENANT_BUDGET, with
+	// its retry_after.
+	Reason        Reason               `protobuf:"varint,8,opt,name=reason,proto3,enum=polygate.admission.v1.Reason" json:"reason,omitempty"`
+	RetryAfter    *durationpb.Duration `protobuf:"bytes,9,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TenantState) Reset() {
+	*x = TenantState{}
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantState) ProtoMessage() {}
+
+func (x *TenantState) ProtoReflect() protoreflect.Message {
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantState.ProtoReflect.Descriptor instead.
+func (*TenantState) Descriptor() ([]byte, []int) {
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *TenantState) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *TenantState) GetConfig() *TenantConfig {
+	if x != nil {
+		return x.Config
+	}
+	return nil
+}
+
+func (x *TenantState) GetInFlight() int32 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
+func (x *TenantState) GetRequestsLastMinute() int64 {
+	if x != nil {
+		return x.RequestsLastMinute
+	}
+	return 0
+}
+
+func (x *TenantState) GetTokensLastMinute() int64 {
+	if x != nil {
+		return x.TokensLastMinute
+	}
+	return 0
+}
+
+func (x *TenantState) GetBudgetUsed() int64 {
+	if x != nil {
+		return x.BudgetUsed
+	}
+	return 0
+}
+
+func (x *TenantState) GetLiveCalls() int32 {
+	if x != nil {
+		return x.LiveCalls
+	}
+	return 0
+}
+
+func (x *TenantState) GetReason() Reason {
+	if x != nil {
+		return x.Reason
+	}
+	return Reason_REASON_UNSPECIFIED
+}
+
+func (x *TenantState) GetRetryAfter() *durationpb.Duration {
+	if x != nil {
+		return x.RetryAfter
+	}
+	return nil
+}
+
+// TenantConfig is a tenant's effective configuration; a zero limit is no
+// limit.
+type TenantConfig struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Weight int32                  `protobuf:"varint,1,opt,name=weight,proto3" json:"weight,omitempty"`
+	// A call's priority is clamped to it.
+	MaxPriority    int32 `protobuf:"varint,2,opt,name=max_priority,json=maxPriority,proto3" json:"max_priority,omitempty"`
+	Rpm            int64 `protobuf:"varint,3,opt,name=rpm,proto3" json:"rpm,omitempty"`
+	Tpm            int64 `protobuf:"varint,4,opt,name=tpm,proto3" json:"tpm,omitempty"`
+	MaxConcurrency int32 `protobuf:"varint,5,opt,name=max_concurrency,json=maxConcurrency,proto3" json:"max_concurrency,omitempty"`
+	MaxLiveCalls   int32 `protobuf:"varint,6,opt,name=max_live_calls,json=maxLiveCalls,proto3" json:"max_live_calls,omitempty"`
+	// The token budget: budget_tokens over budget_per (unset: no budget).
+	BudgetTokens  int64                `protobuf:"varint,7,opt,name=budget_tokens,json=budgetTokens,proto3" json:"budget_tokens,omitempty"`
+	BudgetPer     *durationpb.Duration `protobuf:"bytes,8,opt,name=budget_per,json=budgetPer,proto3" json:"budget_per,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TenantConfig) Reset() {
+	*x = TenantConfig{}
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantConfig) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantConfig) ProtoMessage() {}
+
+func (x *TenantConfig) ProtoReflect() protoreflect.Message {
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantConfig.ProtoReflect.Descriptor instead.
+func (*TenantConfig) Descriptor() ([]byte, []int) {
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *TenantConfig) GetWeight() int32 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+func (x *TenantConfig) GetMaxPriority() int32 {
+	if x != nil {
+		return x.MaxPriority
+	}
+	return 0
+}
+
+func (x *TenantConfig) GetRpm() int64 {
+	if x != nil {
+		return x.Rpm
+	}
+	return 0
+}
+
+func (x *TenantConfig) GetTpm() int64 {
+	if x != nil {
+		return x.Tpm
+	}
+	return 0
+}
+
+func (x *TenantConfig) GetMaxConcurrency() int32 {
+	if x != nil {
+		return x.MaxConcurrency
+	}
+	return 0
+}
+
+func (x *TenantConfig) GetMaxLiveCalls() int32 {
+	if x != nil {
+		return x.MaxLiveCalls
+	}
+	return 0
+}
+
+func (x *TenantConfig) GetBudgetTokens() int64 {
+	if x != nil {
+		return x.BudgetTokens
+	}
+	return 0
+}
+
+func (x *TenantConfig) GetBudgetPer() *durationpb.Duration {
+	if x != nil {
+		return x.BudgetPer
+	}
+	return nil
+}
+
 // StateLoss is what one replica saw of Redis losing a scope's state (a
 // restart without persistence, a failover to an empty replica) and of
 // re-asserting the OPEN breakers and overrides it knew (docs/redis.md).
@@ -2500,7 +2787,7 @@ type StateLoss struct {
 
 func (x *StateLoss) Reset() {
 	*x = StateLoss{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[24]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2512,7 +2799,7 @@ func (x *StateLoss) String() string {
 func (*StateLoss) ProtoMessage() {}
 
 func (x *StateLoss) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[24]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2525,7 +2812,7 @@ func (x *StateLoss) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateLoss.ProtoReflect.Descriptor instead.
 func (*StateLoss) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{24}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *StateLoss) GetCount() uint64 {
@@ -2602,7 +2889,7 @@ type SourceState struct {
 
 func (x *SourceState) Reset() {
 	*x = SourceState{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[25]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2614,7 +2901,7 @@ func (x *SourceState) String() string {
 func (*SourceState) ProtoMessage() {}
 
 func (x *SourceState) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[25]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2627,7 +2914,7 @@ func (x *SourceState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SourceState.ProtoReflect.Descriptor instead.
 func (*SourceState) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{25}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SourceState) GetName() string {
@@ -2809,7 +3096,7 @@ type SourceLine struct {
 
 func (x *SourceLine) Reset() {
 	*x = SourceLine{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[26]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2821,7 +3108,7 @@ func (x *SourceLine) String() string {
 func (*SourceLine) ProtoMessage() {}
 
 func (x *SourceLine) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[26]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2834,7 +3121,7 @@ func (x *SourceLine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SourceLine.ProtoReflect.Descriptor instead.
 func (*SourceLine) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{26}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SourceLine) GetLength() int32 {
@@ -2870,7 +3157,7 @@ type LineGroup struct {
 
 func (x *LineGroup) Reset() {
 	*x = LineGroup{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[27]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2882,7 +3169,7 @@ func (x *LineGroup) String() string {
 func (*LineGroup) ProtoMessage() {}
 
 func (x *LineGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[27]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2895,7 +3182,7 @@ func (x *LineGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LineGroup.ProtoReflect.Descriptor instead.
 func (*LineGroup) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{27}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *LineGroup) GetPriority() int32 {
@@ -2949,7 +3236,7 @@ type ScopeConfig struct {
 
 func (x *ScopeConfig) Reset() {
 	*x = ScopeConfig{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[28]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2961,7 +3248,7 @@ func (x *ScopeConfig) String() string {
 func (*ScopeConfig) ProtoMessage() {}
 
 func (x *ScopeConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[28]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2974,7 +3261,7 @@ func (x *ScopeConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScopeConfig.ProtoReflect.Descriptor instead.
 func (*ScopeConfig) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{28}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ScopeConfig) GetName() string {
@@ -3108,7 +3395,7 @@ type SourceConfig struct {
 
 func (x *SourceConfig) Reset() {
 	*x = SourceConfig{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[29]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3120,7 +3407,7 @@ func (x *SourceConfig) String() string {
 func (*SourceConfig) ProtoMessage() {}
 
 func (x *SourceConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[29]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3133,7 +3420,7 @@ func (x *SourceConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SourceConfig.ProtoReflect.Descriptor instead.
 func (*SourceConfig) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{29}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SourceConfig) GetPriority() int32 {
@@ -3217,7 +3504,7 @@ type BreakerConfig struct {
 
 func (x *BreakerConfig) Reset() {
 	*x = BreakerConfig{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[30]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3229,7 +3516,7 @@ func (x *BreakerConfig) String() string {
 func (*BreakerConfig) ProtoMessage() {}
 
 func (x *BreakerConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[30]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3242,7 +3529,7 @@ func (x *BreakerConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BreakerConfig.ProtoReflect.Descriptor instead.
 func (*BreakerConfig) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{30}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *BreakerConfig) GetFailThreshold() int32 {
@@ -3312,7 +3599,7 @@ type WatchEventsRequest struct {
 
 func (x *WatchEventsRequest) Reset() {
 	*x = WatchEventsRequest{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[31]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3324,7 +3611,7 @@ func (x *WatchEventsRequest) String() string {
 func (*WatchEventsRequest) ProtoMessage() {}
 
 func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[31]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3337,7 +3624,7 @@ func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEventsRequest.ProtoReflect.Descriptor instead.
 func (*WatchEventsRequest) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{31}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *WatchEventsRequest) GetScope() string {
@@ -3379,7 +3666,7 @@ type WatchEventsResponse struct {
 
 func (x *WatchEventsResponse) Reset() {
 	*x = WatchEventsResponse{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[32]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3391,7 +3678,7 @@ func (x *WatchEventsResponse) String() string {
 func (*WatchEventsResponse) ProtoMessage() {}
 
 func (x *WatchEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[32]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3404,7 +3691,7 @@ func (x *WatchEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEventsResponse.ProtoReflect.Descriptor instead.
 func (*WatchEventsResponse) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{32}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *WatchEventsResponse) GetSequence() uint64 {
@@ -3555,7 +3842,7 @@ type BreakerTransition struct {
 
 func (x *BreakerTransition) Reset() {
 	*x = BreakerTransition{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[33]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3567,7 +3854,7 @@ func (x *BreakerTransition) String() string {
 func (*BreakerTransition) ProtoMessage() {}
 
 func (x *BreakerTransition) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[33]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3580,7 +3867,7 @@ func (x *BreakerTransition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BreakerTransition.ProtoReflect.Descriptor instead.
 func (*BreakerTransition) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{33}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *BreakerTransition) GetSource() string {
@@ -3653,7 +3940,7 @@ type ProbeEvent struct {
 
 func (x *ProbeEvent) Reset() {
 	*x = ProbeEvent{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[34]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3665,7 +3952,7 @@ func (x *ProbeEvent) String() string {
 func (*ProbeEvent) ProtoMessage() {}
 
 func (x *ProbeEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[34]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3678,7 +3965,7 @@ func (x *ProbeEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeEvent.ProtoReflect.Descriptor instead.
 func (*ProbeEvent) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{34}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ProbeEvent) GetSource() string {
@@ -3745,7 +4032,7 @@ type StaleOutcome struct {
 
 func (x *StaleOutcome) Reset() {
 	*x = StaleOutcome{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[35]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3757,7 +4044,7 @@ func (x *StaleOutcome) String() string {
 func (*StaleOutcome) ProtoMessage() {}
 
 func (x *StaleOutcome) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[35]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3770,7 +4057,7 @@ func (x *StaleOutcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StaleOutcome.ProtoReflect.Descriptor instead.
 func (*StaleOutcome) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{35}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *StaleOutcome) GetSource() string {
@@ -3824,7 +4111,7 @@ type OverrideChanged struct {
 
 func (x *OverrideChanged) Reset() {
 	*x = OverrideChanged{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[36]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3836,7 +4123,7 @@ func (x *OverrideChanged) String() string {
 func (*OverrideChanged) ProtoMessage() {}
 
 func (x *OverrideChanged) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[36]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3849,7 +4136,7 @@ func (x *OverrideChanged) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OverrideChanged.ProtoReflect.Descriptor instead.
 func (*OverrideChanged) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{36}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *OverrideChanged) GetSource() string {
@@ -3920,7 +4207,7 @@ type WaitStarted struct {
 
 func (x *WaitStarted) Reset() {
 	*x = WaitStarted{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[37]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3932,7 +4219,7 @@ func (x *WaitStarted) String() string {
 func (*WaitStarted) ProtoMessage() {}
 
 func (x *WaitStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[37]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3945,7 +4232,7 @@ func (x *WaitStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitStarted.ProtoReflect.Descriptor instead.
 func (*WaitStarted) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{37}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *WaitStarted) GetCallId() string {
@@ -3999,7 +4286,7 @@ type BackendHealth struct {
 
 func (x *BackendHealth) Reset() {
 	*x = BackendHealth{}
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[38]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4011,7 +4298,7 @@ func (x *BackendHealth) String() string {
 func (*BackendHealth) ProtoMessage() {}
 
 func (x *BackendHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_polygate_admission_v1_admission_proto_msgTypes[38]
+	mi := &file_polygate_admission_v1_admission_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4024,7 +4311,7 @@ func (x *BackendHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackendHealth.ProtoReflect.Descriptor instead.
 func (*BackendHealth) Descriptor() ([]byte, []int) {
-	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{38}
+	return file_polygate_admission_v1_admission_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *BackendHealth) GetBackend() string {
@@ -4071,7 +4358,7 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\vno_runnable\x18\x03 \x01(\v2!.polygate.admission.v1.NoRunnableH\x00R\n" +
 	"noRunnable\x12:\n" +
 	"\afailure\x18\x04 \x01(\v2\x1e.polygate.admission.v1.FailureH\x00R\afailureB\b\n" +
-	"\x06result\"\x9a\x04\n" +
+	"\x06result\"\xe1\x04\n" +
 	"\x05Grant\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12L\n" +
 	"\n" +
@@ -4086,7 +4373,8 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\askipped\x18\t \x03(\v2#.polygate.admission.v1.SourceReasonR\askipped\x12\x16\n" +
 	"\x06shadow\x18\n" +
 	" \x01(\bR\x06shadow\x12L\n" +
-	"\x0fshadow_refusals\x18\v \x03(\v2#.polygate.admission.v1.SourceReasonR\x0eshadowRefusals\x1a=\n" +
+	"\x0fshadow_refusals\x18\v \x03(\v2#.polygate.admission.v1.SourceReasonR\x0eshadowRefusals\x12E\n" +
+	"\fshadow_error\x18\f \x01(\x0e2\".polygate.admission.v1.ErrorReasonR\vshadowError\x1a=\n" +
 	"\x0fAttributesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x88\x01\n" +
@@ -4158,7 +4446,7 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\x05actor\x18\x04 \x01(\tR\x05actor\x12\x16\n" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\"U\n" +
 	"\x17OverrideBreakerResponse\x12:\n" +
-	"\x06source\x18\x01 \x01(\v2\".polygate.admission.v1.SourceStateR\x06source\"\xc4\x02\n" +
+	"\x06source\x18\x01 \x01(\v2\".polygate.admission.v1.SourceStateR\x06source\"\x82\x03\n" +
 	"\x10ScopeDescription\x12:\n" +
 	"\x06config\x18\x01 \x01(\v2\".polygate.admission.v1.ScopeConfigR\x06config\x12<\n" +
 	"\asources\x18\x02 \x03(\v2\".polygate.admission.v1.SourceStateR\asources\x12<\n" +
@@ -4167,7 +4455,31 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"live_calls\x18\x04 \x01(\x05R\tliveCalls\x12\x18\n" +
 	"\abackend\x18\x05 \x01(\tR\abackend\x12?\n" +
 	"\n" +
-	"state_loss\x18\x06 \x01(\v2 .polygate.admission.v1.StateLossR\tstateLoss\"\x98\x01\n" +
+	"state_loss\x18\x06 \x01(\v2 .polygate.admission.v1.StateLossR\tstateLoss\x12<\n" +
+	"\atenants\x18\a \x03(\v2\".polygate.admission.v1.TenantStateR\atenants\"\x8e\x03\n" +
+	"\vTenantState\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12;\n" +
+	"\x06config\x18\x02 \x01(\v2#.polygate.admission.v1.TenantConfigR\x06config\x12\x1b\n" +
+	"\tin_flight\x18\x03 \x01(\x05R\binFlight\x120\n" +
+	"\x14requests_last_minute\x18\x04 \x01(\x03R\x12requestsLastMinute\x12,\n" +
+	"\x12tokens_last_minute\x18\x05 \x01(\x03R\x10tokensLastMinute\x12\x1f\n" +
+	"\vbudget_used\x18\x06 \x01(\x03R\n" +
+	"budgetUsed\x12\x1d\n" +
+	"\n" +
+	"live_calls\x18\a \x01(\x05R\tliveCalls\x125\n" +
+	"\x06reason\x18\b \x01(\x0e2\x1d.polygate.admission.v1.ReasonR\x06reason\x12:\n" +
+	"\vretry_after\x18\t \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"retryAfter\"\x9b\x02\n" +
+	"\fTenantConfig\x12\x16\n" +
+	"\x06weight\x18\x01 \x01(\x05R\x06weight\x12!\n" +
+	"\fmax_priority\x18\x02 \x01(\x05R\vmaxPriority\x12\x10\n" +
+	"\x03rpm\x18\x03 \x01(\x03R\x03rpm\x12\x10\n" +
+	"\x03tpm\x18\x04 \x01(\x03R\x03tpm\x12'\n" +
+	"\x0fmax_concurrency\x18\x05 \x01(\x05R\x0emaxConcurrency\x12$\n" +
+	"\x0emax_live_calls\x18\x06 \x01(\x05R\fmaxLiveCalls\x12#\n" +
+	"\rbudget_tokens\x18\a \x01(\x03R\fbudgetTokens\x128\n" +
+	"\n" +
+	"budget_per\x18\b \x01(\v2\x19.google.protobuf.DurationR\tbudgetPer\"\x98\x01\n" +
 	"\tStateLoss\x12\x14\n" +
 	"\x05count\x18\x01 \x01(\x04R\x05count\x12.\n" +
 	"\x04last\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04last\x12\x1a\n" +
@@ -4323,7 +4635,7 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\x14OUTCOME_RATE_LIMITED\x10\x03\x12\x17\n" +
 	"\x13OUTCOME_SOURCE_DEAD\x10\x04\x12\x18\n" +
 	"\x14OUTCOME_CLIENT_ERROR\x10\x05\x12\x15\n" +
-	"\x11OUTCOME_CANCELLED\x10\x06*\xc9\x01\n" +
+	"\x11OUTCOME_CANCELLED\x10\x06*\xfc\x01\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fREASON_COOLDOWN\x10\x01\x12\x17\n" +
@@ -4332,11 +4644,13 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\x12REASON_FORCED_OPEN\x10\x04\x12\x19\n" +
 	"\x15REASON_ADAPTIVE_PACED\x10\x05\x12\x17\n" +
 	"\x13REASON_RATE_LIMITED\x10\x06\x12\x11\n" +
-	"\rREASON_QUEUED\x10\a*V\n" +
+	"\rREASON_QUEUED\x10\a\x12\x17\n" +
+	"\x13REASON_TENANT_LIMIT\x10\b\x12\x18\n" +
+	"\x14REASON_TENANT_BUDGET\x10\t*V\n" +
 	"\tScopeMode\x12\x1a\n" +
 	"\x16SCOPE_MODE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12SCOPE_MODE_ENFORCE\x10\x01\x12\x15\n" +
-	"\x11SCOPE_MODE_SHADOW\x10\x02*\x85\x03\n" +
+	"\x11SCOPE_MODE_SHADOW\x10\x02*\xaa\x03\n" +
 	"\rFailureReason\x12\x1e\n" +
 	"\x1aFAILURE_REASON_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bFAILURE_REASON_CIRCUIT_OPEN\x10\x01\x12\"\n" +
@@ -4349,7 +4663,8 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"#FAILURE_REASON_RETRY_AFTER_TOO_LONG\x10\b\x12\x1e\n" +
 	"\x1aFAILURE_REASON_SOURCE_DEAD\x10\t\x12 \n" +
 	"\x1cFAILURE_REASON_SCOPE_REMOVED\x10\n" +
-	"*|\n" +
+	"\x12#\n" +
+	"\x1fFAILURE_REASON_BUDGET_EXHAUSTED\x10\v*|\n" +
 	"\fBreakerState\x12\x1d\n" +
 	"\x19BREAKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14BREAKER_STATE_CLOSED\x10\x01\x12\x16\n" +
@@ -4381,7 +4696,7 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\tOnRefusal\x12\x1a\n" +
 	"\x16ON_REFUSAL_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14ON_REFUSAL_FAIL_FAST\x10\x01\x12\x13\n" +
-	"\x0fON_REFUSAL_WAIT\x10\x02*\xa0\x04\n" +
+	"\x0fON_REFUSAL_WAIT\x10\x02*\xea\x04\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aERROR_REASON_INVALID_FIELD\x10\x01\x12\x1e\n" +
@@ -4399,7 +4714,9 @@ const file_polygate_admission_v1_admission_proto_rawDesc = "" +
 	"\x1cERROR_REASON_UNAUTHENTICATED\x10\f\x12\x19\n" +
 	"\x15ERROR_REASON_INTERNAL\x10\r\x12\"\n" +
 	"\x1eERROR_REASON_PERMISSION_DENIED\x10\x0e\x12\"\n" +
-	"\x1eERROR_REASON_TOO_MANY_WATCHERS\x10\x0f*\xaf\x02\n" +
+	"\x1eERROR_REASON_TOO_MANY_WATCHERS\x10\x0f\x12 \n" +
+	"\x1cERROR_REASON_TENANT_MISMATCH\x10\x10\x12&\n" +
+	"\"ERROR_REASON_TENANT_TOO_MANY_CALLS\x10\x11*\xaf\x02\n" +
 	"\x0fTransitionCause\x12 \n" +
 	"\x1cTRANSITION_CAUSE_UNSPECIFIED\x10\x00\x12)\n" +
 	"%TRANSITION_CAUSE_CONSECUTIVE_FAILURES\x10\x01\x12!\n" +
@@ -4442,7 +4759,7 @@ func file_polygate_admission_v1_admission_proto_rawDescGZIP() []byte {
 }
 
 var file_polygate_admission_v1_admission_proto_enumTypes = make([]protoimpl.EnumInfo, 13)
-var file_polygate_admission_v1_admission_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_polygate_admission_v1_admission_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_polygate_admission_v1_admission_proto_goTypes = []any{
 	(Outcome)(0),                    // 0: polygate.admission.v1.Outcome
 	(Reason)(0),                     // 1: polygate.admission.v1.Reason
@@ -4481,140 +4798,148 @@ var file_polygate_admission_v1_admission_proto_goTypes = []any{
 	(*OverrideBreakerRequest)(nil),  // 34: polygate.admission.v1.OverrideBreakerRequest
 	(*OverrideBreakerResponse)(nil), // 35: polygate.admission.v1.OverrideBreakerResponse
 	(*ScopeDescription)(nil),        // 36: polygate.admission.v1.ScopeDescription
-	(*StateLoss)(nil),               // 37: polygate.admission.v1.StateLoss
-	(*SourceState)(nil),             // 38: polygate.admission.v1.SourceState
-	(*SourceLine)(nil),              // 39: polygate.admission.v1.SourceLine
-	(*LineGroup)(nil),               // 40: polygate.admission.v1.LineGroup
-	(*ScopeConfig)(nil),             // 41: polygate.admission.v1.ScopeConfig
-	(*SourceConfig)(nil),            // 42: polygate.admission.v1.SourceConfig
-	(*BreakerConfig)(nil),           // 43: polygate.admission.v1.BreakerConfig
-	(*WatchEventsRequest)(nil),      // 44: polygate.admission.v1.WatchEventsRequest
-	(*WatchEventsResponse)(nil),     // 45: polygate.admission.v1.WatchEventsResponse
-	(*BreakerTransition)(nil),       // 46: polygate.admission.v1.BreakerTransition
-	(*ProbeEvent)(nil),              // 47: polygate.admission.v1.ProbeEvent
-	(*StaleOutcome)(nil),            // 48: polygate.admission.v1.StaleOutcome
-	(*OverrideChanged)(nil),         // 49: polygate.admission.v1.OverrideChanged
-	(*WaitStarted)(nil),             // 50: polygate.admission.v1.WaitStarted
-	(*BackendHealth)(nil),           // 51: polygate.admission.v1.BackendHealth
-	nil,                             // 52: polygate.admission.v1.Grant.AttributesEntry
-	nil,                             // 53: polygate.admission.v1.ScopeConfig.TenantsEntry
-	nil,                             // 54: polygate.admission.v1.SourceConfig.AttributesEntry
-	(*durationpb.Duration)(nil),     // 55: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 56: google.protobuf.Timestamp
+	(*TenantState)(nil),             // 37: polygate.admission.v1.TenantState
+	(*TenantConfig)(nil),            // 38: polygate.admission.v1.TenantConfig
+	(*StateLoss)(nil),               // 39: polygate.admission.v1.StateLoss
+	(*SourceState)(nil),             // 40: polygate.admission.v1.SourceState
+	(*SourceLine)(nil),              // 41: polygate.admission.v1.SourceLine
+	(*LineGroup)(nil),               // 42: polygate.admission.v1.LineGroup
+	(*ScopeConfig)(nil),             // 43: polygate.admission.v1.ScopeConfig
+	(*SourceConfig)(nil),            // 44: polygate.admission.v1.SourceConfig
+	(*BreakerConfig)(nil),           // 45: polygate.admission.v1.BreakerConfig
+	(*WatchEventsRequest)(nil),      // 46: polygate.admission.v1.WatchEventsRequest
+	(*WatchEventsResponse)(nil),     // 47: polygate.admission.v1.WatchEventsResponse
+	(*BreakerTransition)(nil),       // 48: polygate.admission.v1.BreakerTransition
+	(*ProbeEvent)(nil),              // 49: polygate.admission.v1.ProbeEvent
+	(*StaleOutcome)(nil),            // 50: polygate.admission.v1.StaleOutcome
+	(*OverrideChanged)(nil),         // 51: polygate.admission.v1.OverrideChanged
+	(*WaitStarted)(nil),             // 52: polygate.admission.v1.WaitStarted
+	(*BackendHealth)(nil),           // 53: polygate.admission.v1.BackendHealth
+	nil,                             // 54: polygate.admission.v1.Grant.AttributesEntry
+	nil,                             // 55: polygate.admission.v1.ScopeConfig.TenantsEntry
+	nil,                             // 56: polygate.admission.v1.SourceConfig.AttributesEntry
+	(*durationpb.Duration)(nil),     // 57: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 58: google.protobuf.Timestamp
 }
 var file_polygate_admission_v1_admission_proto_depIdxs = []int32{
-	1,  // 0: polygate.admission.v1.SourceReason.reason:type_name -> polygate.admission.v1.Reason
-	55, // 1: polygate.admission.v1.SourceReason.retry_after:type_name -> google.protobuf.Duration
-	55, // 2: polygate.admission.v1.PickRequest.deadline:type_name -> google.protobuf.Duration
-	16, // 3: polygate.admission.v1.PickResponse.grant:type_name -> polygate.admission.v1.Grant
-	17, // 4: polygate.admission.v1.PickResponse.no_runnable:type_name -> polygate.admission.v1.NoRunnable
-	18, // 5: polygate.admission.v1.PickResponse.failure:type_name -> polygate.admission.v1.Failure
-	52, // 6: polygate.admission.v1.Grant.attributes:type_name -> polygate.admission.v1.Grant.AttributesEntry
-	55, // 7: polygate.admission.v1.Grant.lease:type_name -> google.protobuf.Duration
-	55, // 8: polygate.admission.v1.Grant.timeout:type_name -> google.protobuf.Duration
-	13, // 9: polygate.admission.v1.Grant.skipped:type_name -> polygate.admission.v1.SourceReason
-	13, // 10: polygate.admission.v1.Grant.shadow_refusals:type_name -> polygate.admission.v1.SourceReason
-	13, // 11: polygate.admission.v1.NoRunnable.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
-	3,  // 12: polygate.admission.v1.Failure.reason:type_name -> polygate.admission.v1.FailureReason
-	55, // 13: polygate.admission.v1.Failure.retry_after:type_name -> google.protobuf.Duration
-	13, // 14: polygate.admission.v1.Failure.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
-	21, // 15: polygate.admission.v1.OnNoRunnableResponse.wait:type_name -> polygate.admission.v1.Wait
-	18, // 16: polygate.admission.v1.OnNoRunnableResponse.failure:type_name -> polygate.admission.v1.Failure
-	55, // 17: polygate.admission.v1.Wait.sleep:type_name -> google.protobuf.Duration
-	55, // 18: polygate.admission.v1.Wait.slept:type_name -> google.protobuf.Duration
-	0,  // 19: polygate.admission.v1.RecordOutcomeRequest.outcome:type_name -> polygate.admission.v1.Outcome
-	55, // 20: polygate.admission.v1.RecordOutcomeRequest.retry_after_hint:type_name -> google.protobuf.Duration
-	24, // 21: polygate.admission.v1.RecordOutcomeResponse.done:type_name -> polygate.admission.v1.Done
-	25, // 22: polygate.admission.v1.RecordOutcomeResponse.retry:type_name -> polygate.admission.v1.Retry
-	18, // 23: polygate.admission.v1.RecordOutcomeResponse.failure:type_name -> polygate.admission.v1.Failure
-	8,  // 24: polygate.admission.v1.RecordOutcomeResponse.effect:type_name -> polygate.admission.v1.OutcomeEffect
-	4,  // 25: polygate.admission.v1.RecordOutcomeResponse.breaker_state:type_name -> polygate.admission.v1.BreakerState
-	55, // 26: polygate.admission.v1.Retry.backoff:type_name -> google.protobuf.Duration
-	55, // 27: polygate.admission.v1.RetryAfterResponse.retry_after:type_name -> google.protobuf.Duration
-	38, // 28: polygate.admission.v1.RetryAfterResponse.sources:type_name -> polygate.admission.v1.SourceState
-	36, // 29: polygate.admission.v1.DescribeScopeResponse.scope:type_name -> polygate.admission.v1.ScopeDescription
-	36, // 30: polygate.admission.v1.ListScopesResponse.scopes:type_name -> polygate.admission.v1.ScopeDescription
-	7,  // 31: polygate.admission.v1.OverrideBreakerRequest.action:type_name -> polygate.admission.v1.OverrideAction
-	38, // 32: polygate.admission.v1.OverrideBreakerResponse.source:type_name -> polygate.admission.v1.SourceState
-	41, // 33: polygate.admission.v1.ScopeDescription.config:type_name -> polygate.admission.v1.ScopeConfig
-	38, // 34: polygate.admission.v1.ScopeDescription.sources:type_name -> polygate.admission.v1.SourceState
-	55, // 35: polygate.admission.v1.ScopeDescription.progress_age:type_name -> google.protobuf.Duration
-	37, // 36: polygate.admission.v1.ScopeDescription.state_loss:type_name -> polygate.admission.v1.StateLoss
-	56, // 37: polygate.admission.v1.StateLoss.last:type_name -> google.protobuf.Timestamp
-	4,  // 38: polygate.admission.v1.SourceState.state:type_name -> polygate.admission.v1.BreakerState
-	1,  // 39: polygate.admission.v1.SourceState.reason:type_name -> polygate.admission.v1.Reason
-	55, // 40: polygate.admission.v1.SourceState.retry_after:type_name -> google.protobuf.Duration
-	55, // 41: polygate.admission.v1.SourceState.probe_left:type_name -> google.protobuf.Duration
-	6,  // 42: polygate.admission.v1.SourceState.override:type_name -> polygate.admission.v1.Override
-	55, // 43: polygate.admission.v1.SourceState.cooldown_memo:type_name -> google.protobuf.Duration
-	42, // 44: polygate.admission.v1.SourceState.config:type_name -> polygate.admission.v1.SourceConfig
-	5,  // 45: polygate.admission.v1.SourceState.open_cause:type_name -> polygate.admission.v1.OpenCause
-	39, // 46: polygate.admission.v1.SourceState.line:type_name -> polygate.admission.v1.SourceLine
-	55, // 47: polygate.admission.v1.SourceLine.oldest_wait:type_name -> google.protobuf.Duration
-	40, // 48: polygate.admission.v1.SourceLine.groups:type_name -> polygate.admission.v1.LineGroup
-	9,  // 49: polygate.admission.v1.ScopeConfig.circuit_open:type_name -> polygate.admission.v1.OnRefusal
-	9,  // 50: polygate.admission.v1.ScopeConfig.quota_full:type_name -> polygate.admission.v1.OnRefusal
-	55, // 51: polygate.admission.v1.ScopeConfig.backoff_base:type_name -> google.protobuf.Duration
-	55, // 52: polygate.admission.v1.ScopeConfig.backoff_max:type_name -> google.protobuf.Duration
-	55, // 53: polygate.admission.v1.ScopeConfig.stall_window:type_name -> google.protobuf.Duration
-	55, // 54: polygate.admission.v1.ScopeConfig.poll_interval:type_name -> google.protobuf.Duration
-	55, // 55: polygate.admission.v1.ScopeConfig.lease_grace:type_name -> google.protobuf.Duration
-	55, // 56: polygate.admission.v1.ScopeConfig.max_retry_after:type_name -> google.protobuf.Duration
-	9,  // 57: polygate.admission.v1.ScopeConfig.source_dead:type_name -> polygate.admission.v1.OnRefusal
-	2,  // 58: polygate.admission.v1.ScopeConfig.mode:type_name -> polygate.admission.v1.ScopeMode
-	53, // 59: polygate.admission.v1.ScopeConfig.tenants:type_name -> polygate.admission.v1.ScopeConfig.TenantsEntry
-	55, // 60: polygate.admission.v1.ScopeConfig.priority_aging:type_name -> google.protobuf.Duration
-	55, // 61: polygate.admission.v1.SourceConfig.timeout:type_name -> google.protobuf.Duration
-	55, // 62: polygate.admission.v1.SourceConfig.lease:type_name -> google.protobuf.Duration
-	54, // 63: polygate.admission.v1.SourceConfig.attributes:type_name -> polygate.admission.v1.SourceConfig.AttributesEntry
-	43, // 64: polygate.admission.v1.SourceConfig.breaker:type_name -> polygate.admission.v1.BreakerConfig
-	55, // 65: polygate.admission.v1.BreakerConfig.window:type_name -> google.protobuf.Duration
-	55, // 66: polygate.admission.v1.BreakerConfig.cooldown:type_name -> google.protobuf.Duration
-	55, // 67: polygate.admission.v1.BreakerConfig.max_cooldown:type_name -> google.protobuf.Duration
-	55, // 68: polygate.admission.v1.BreakerConfig.probe_ttl:type_name -> google.protobuf.Duration
-	56, // 69: polygate.admission.v1.WatchEventsResponse.time:type_name -> google.protobuf.Timestamp
-	46, // 70: polygate.admission.v1.WatchEventsResponse.breaker_transition:type_name -> polygate.admission.v1.BreakerTransition
-	47, // 71: polygate.admission.v1.WatchEventsResponse.probe:type_name -> polygate.admission.v1.ProbeEvent
-	48, // 72: polygate.admission.v1.WatchEventsResponse.stale_outcome:type_name -> polygate.admission.v1.StaleOutcome
-	49, // 73: polygate.admission.v1.WatchEventsResponse.override_changed:type_name -> polygate.admission.v1.OverrideChanged
-	50, // 74: polygate.admission.v1.WatchEventsResponse.wait_started:type_name -> polygate.admission.v1.WaitStarted
-	51, // 75: polygate.admission.v1.WatchEventsResponse.backend_health:type_name -> polygate.admission.v1.BackendHealth
-	4,  // 76: polygate.admission.v1.BreakerTransition.from:type_name -> polygate.admission.v1.BreakerState
-	4,  // 77: polygate.admission.v1.BreakerTransition.to:type_name -> polygate.admission.v1.BreakerState
-	11, // 78: polygate.admission.v1.BreakerTransition.cause:type_name -> polygate.admission.v1.TransitionCause
-	55, // 79: polygate.admission.v1.BreakerTransition.cooldown:type_name -> google.protobuf.Duration
-	12, // 80: polygate.admission.v1.ProbeEvent.kind:type_name -> polygate.admission.v1.ProbeEventKind
-	0,  // 81: polygate.admission.v1.ProbeEvent.outcome:type_name -> polygate.admission.v1.Outcome
-	4,  // 82: polygate.admission.v1.ProbeEvent.state:type_name -> polygate.admission.v1.BreakerState
-	4,  // 83: polygate.admission.v1.StaleOutcome.state:type_name -> polygate.admission.v1.BreakerState
-	6,  // 84: polygate.admission.v1.OverrideChanged.override:type_name -> polygate.admission.v1.Override
-	4,  // 85: polygate.admission.v1.OverrideChanged.state:type_name -> polygate.admission.v1.BreakerState
-	7,  // 86: polygate.admission.v1.OverrideChanged.action:type_name -> polygate.admission.v1.OverrideAction
-	55, // 87: polygate.admission.v1.WaitStarted.sleep:type_name -> google.protobuf.Duration
-	13, // 88: polygate.admission.v1.WaitStarted.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
-	14, // 89: polygate.admission.v1.AdmissionService.Pick:input_type -> polygate.admission.v1.PickRequest
-	19, // 90: polygate.admission.v1.AdmissionService.OnNoRunnable:input_type -> polygate.admission.v1.OnNoRunnableRequest
-	22, // 91: polygate.admission.v1.AdmissionService.RecordOutcome:input_type -> polygate.admission.v1.RecordOutcomeRequest
-	26, // 92: polygate.admission.v1.AdmissionService.CancelCall:input_type -> polygate.admission.v1.CancelCallRequest
-	28, // 93: polygate.admission.v1.AdmissionService.RetryAfter:input_type -> polygate.admission.v1.RetryAfterRequest
-	30, // 94: polygate.admission.v1.AdmissionService.DescribeScope:input_type -> polygate.admission.v1.DescribeScopeRequest
-	32, // 95: polygate.admission.v1.AdmissionService.ListScopes:input_type -> polygate.admission.v1.ListScopesRequest
-	34, // 96: polygate.admission.v1.AdmissionService.OverrideBreaker:input_type -> polygate.admission.v1.OverrideBreakerRequest
-	44, // 97: polygate.admission.v1.AdmissionService.WatchEvents:input_type -> polygate.admission.v1.WatchEventsRequest
-	15, // 98: polygate.admission.v1.AdmissionService.Pick:output_type -> polygate.admission.v1.PickResponse
-	20, // 99: polygate.admission.v1.AdmissionService.OnNoRunnable:output_type -> polygate.admission.v1.OnNoRunnableResponse
-	23, // 100: polygate.admission.v1.AdmissionService.RecordOutcome:output_type -> polygate.admission.v1.RecordOutcomeResponse
-	27, // 101: polygate.admission.v1.AdmissionService.CancelCall:output_type -> polygate.admission.v1.CancelCallResponse
-	29, // 102: polygate.admission.v1.AdmissionService.RetryAfter:output_type -> polygate.admission.v1.RetryAfterResponse
-	31, // 103: polygate.admission.v1.AdmissionService.DescribeScope:output_type -> polygate.admission.v1.DescribeScopeResponse
-	33, // 104: polygate.admission.v1.AdmissionService.ListScopes:output_type -> polygate.admission.v1.ListScopesResponse
-	35, // 105: polygate.admission.v1.AdmissionService.OverrideBreaker:output_type -> polygate.admission.v1.OverrideBreakerResponse
-	45, // 106: polygate.admission.v1.AdmissionService.WatchEvents:output_type -> polygate.admission.v1.WatchEventsResponse
-	98, // [98:107] is the sub-list for method output_type
-	89, // [89:98] is the sub-list for method input_type
-	89, // [89:89] is the sub-list for extension type_name
-	89, // [89:89] is the sub-list for extension extendee
-	0,  // [0:89] is the sub-list for field type_name
+	1,   // 0: polygate.admission.v1.SourceReason.reason:type_name -> polygate.admission.v1.Reason
+	57,  // 1: polygate.admission.v1.SourceReason.retry_after:type_name -> google.protobuf.Duration
+	57,  // 2: polygate.admission.v1.PickRequest.deadline:type_name -> google.protobuf.Duration
+	16,  // 3: polygate.admission.v1.PickResponse.grant:type_name -> polygate.admission.v1.Grant
+	17,  // 4: polygate.admission.v1.PickResponse.no_runnable:type_name -> polygate.admission.v1.NoRunnable
+	18,  // 5: polygate.admission.v1.PickResponse.failure:type_name -> polygate.admission.v1.Failure
+	54,  // 6: polygate.admission.v1.Grant.attributes:type_name -> polygate.admission.v1.Grant.AttributesEntry
+	57,  // 7: polygate.admission.v1.Grant.lease:type_name -> google.protobuf.Duration
+	57,  // 8: polygate.admission.v1.Grant.timeout:type_name -> google.protobuf.Duration
+	13,  // 9: polygate.admission.v1.Grant.skipped:type_name -> polygate.admission.v1.SourceReason
+	13,  // 10: polygate.admission.v1.Grant.shadow_refusals:type_name -> polygate.admission.v1.SourceReason
+	10,  // 11: polygate.admission.v1.Grant.shadow_error:type_name -> polygate.admission.v1.ErrorReason
+	13,  // 12: polygate.admission.v1.NoRunnable.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
+	3,   // 13: polygate.admission.v1.Failure.reason:type_name -> polygate.admission.v1.FailureReason
+	57,  // 14: polygate.admission.v1.Failure.retry_after:type_name -> google.protobuf.Duration
+	13,  // 15: polygate.admission.v1.Failure.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
+	21,  // 16: polygate.admission.v1.OnNoRunnableResponse.wait:type_name -> polygate.admission.v1.Wait
+	18,  // 17: polygate.admission.v1.OnNoRunnableResponse.failure:type_name -> polygate.admission.v1.Failure
+	57,  // 18: polygate.admission.v1.Wait.sleep:type_name -> google.protobuf.Duration
+	57,  // 19: polygate.admission.v1.Wait.slept:type_name -> google.protobuf.Duration
+	0,   // 20: polygate.admission.v1.RecordOutcomeRequest.outcome:type_name -> polygate.admission.v1.Outcome
+	57,  // 21: polygate.admission.v1.RecordOutcomeRequest.retry_after_hint:type_name -> google.protobuf.Duration
+	24,  // 22: polygate.admission.v1.RecordOutcomeResponse.done:type_name -> polygate.admission.v1.Done
+	25,  // 23: polygate.admission.v1.RecordOutcomeResponse.retry:type_name -> polygate.admission.v1.Retry
+	18,  // 24: polygate.admission.v1.RecordOutcomeResponse.failure:type_name -> polygate.admission.v1.Failure
+	8,   // 25: polygate.admission.v1.RecordOutcomeResponse.effect:type_name -> polygate.admission.v1.OutcomeEffect
+	4,   // 26: polygate.admission.v1.RecordOutcomeResponse.breaker_state:type_name -> polygate.admission.v1.BreakerState
+	57,  // 27: polygate.admission.v1.Retry.backoff:type_name -> google.protobuf.Duration
+	57,  // 28: polygate.admission.v1.RetryAfterResponse.retry_after:type_name -> google.protobuf.Duration
+	40,  // 29: polygate.admission.v1.RetryAfterResponse.sources:type_name -> polygate.admission.v1.SourceState
+	36,  // 30: polygate.admission.v1.DescribeScopeResponse.scope:type_name -> polygate.admission.v1.ScopeDescription
+	36,  // 31: polygate.admission.v1.ListScopesResponse.scopes:type_name -> polygate.admission.v1.ScopeDescription
+	7,   // 32: polygate.admission.v1.OverrideBreakerRequest.action:type_name -> polygate.admission.v1.OverrideAction
+	40,  // 33: polygate.admission.v1.OverrideBreakerResponse.source:type_name -> polygate.admission.v1.SourceState
+	43,  // 34: polygate.admission.v1.ScopeDescription.config:type_name -> polygate.admission.v1.ScopeConfig
+	40,  // 35: polygate.admission.v1.ScopeDescription.sources:type_name -> polygate.admission.v1.SourceState
+	57,  // 36: polygate.admission.v1.ScopeDescription.progress_age:type_name -> google.protobuf.Duration
+	39,  // 37: polygate.admission.v1.ScopeDescription.state_loss:type_name -> polygate.admission.v1.StateLoss
+	37,  // 38: polygate.admission.v1.ScopeDescription.tenants:type_name -> polygate.admission.v1.TenantState
+	38,  // 39: polygate.admission.v1.TenantState.config:type_name -> polygate.admission.v1.TenantConfig
+	1,   // 40: polygate.admission.v1.TenantState.reason:type_name -> polygate.admission.v1.Reason
+	57,  // 41: polygate.admission.v1.TenantState.retry_after:type_name -> google.protobuf.Duration
+	57,  // 42: polygate.admission.v1.TenantConfig.budget_per:type_name -> google.protobuf.Duration
+	58,  // 43: polygate.admission.v1.StateLoss.last:type_name -> google.protobuf.Timestamp
+	4,   // 44: polygate.admission.v1.SourceState.state:type_name -> polygate.admission.v1.BreakerState
+	1,   // 45: polygate.admission.v1.SourceState.reason:type_name -> polygate.admission.v1.Reason
+	57,  // 46: polygate.admission.v1.SourceState.retry_after:type_name -> google.protobuf.Duration
+	57,  // 47: polygate.admission.v1.SourceState.probe_left:type_name -> google.protobuf.Duration
+	6,   // 48: polygate.admission.v1.SourceState.override:type_name -> polygate.admission.v1.Override
+	57,  // 49: polygate.admission.v1.SourceState.cooldown_memo:type_name -> google.protobuf.Duration
+	44,  // 50: polygate.admission.v1.SourceState.config:type_name -> polygate.admission.v1.SourceConfig
+	5,   // 51: polygate.admission.v1.SourceState.open_cause:type_name -> polygate.admission.v1.OpenCause
+	41,  // 52: polygate.admission.v1.SourceState.line:type_name -> polygate.admission.v1.SourceLine
+	57,  // 53: polygate.admission.v1.SourceLine.oldest_wait:type_name -> google.protobuf.Duration
+	42,  // 54: polygate.admission.v1.SourceLine.groups:type_name -> polygate.admission.v1.LineGroup
+	9,   // 55: polygate.admission.v1.ScopeConfig.circuit_open:type_name -> polygate.admission.v1.OnRefusal
+	9,   // 56: polygate.admission.v1.ScopeConfig.quota_full:type_name -> polygate.admission.v1.OnRefusal
+	57,  // 57: polygate.admission.v1.ScopeConfig.backoff_base:type_name -> google.protobuf.Duration
+	57,  // 58: polygate.admission.v1.ScopeConfig.backoff_max:type_name -> google.protobuf.Duration
+	57,  // 59: polygate.admission.v1.ScopeConfig.stall_window:type_name -> google.protobuf.Duration
+	57,  // 60: polygate.admission.v1.ScopeConfig.poll_interval:type_name -> google.protobuf.Duration
+	57,  // 61: polygate.admission.v1.ScopeConfig.lease_grace:type_name -> google.protobuf.Duration
+	57,  // 62: polygate.admission.v1.ScopeConfig.max_retry_after:type_name -> google.protobuf.Duration
+	9,   // 63: polygate.admission.v1.ScopeConfig.source_dead:type_name -> polygate.admission.v1.OnRefusal
+	2,   // 64: polygate.admission.v1.ScopeConfig.mode:type_name -> polygate.admission.v1.ScopeMode
+	55,  // 65: polygate.admission.v1.ScopeConfig.tenants:type_name -> polygate.admission.v1.ScopeConfig.TenantsEntry
+	57,  // 66: polygate.admission.v1.ScopeConfig.priority_aging:type_name -> google.protobuf.Duration
+	57,  // 67: polygate.admission.v1.SourceConfig.timeout:type_name -> google.protobuf.Duration
+	57,  // 68: polygate.admission.v1.SourceConfig.lease:type_name -> google.protobuf.Duration
+	56,  // 69: polygate.admission.v1.SourceConfig.attributes:type_name -> polygate.admission.v1.SourceConfig.AttributesEntry
+	45,  // 70: polygate.admission.v1.SourceConfig.breaker:type_name -> polygate.admission.v1.BreakerConfig
+	57,  // 71: polygate.admission.v1.BreakerConfig.window:type_name -> google.protobuf.Duration
+	57,  // 72: polygate.admission.v1.BreakerConfig.cooldown:type_name -> google.protobuf.Duration
+	57,  // 73: polygate.admission.v1.BreakerConfig.max_cooldown:type_name -> google.protobuf.Duration
+	57,  // 74: polygate.admission.v1.BreakerConfig.probe_ttl:type_name -> google.protobuf.Duration
+	58,  // 75: polygate.admission.v1.WatchEventsResponse.time:type_name -> google.protobuf.Timestamp
+	48,  // 76: polygate.admission.v1.WatchEventsResponse.breaker_transition:type_name -> polygate.admission.v1.BreakerTransition
+	49,  // 77: polygate.admission.v1.WatchEventsResponse.probe:type_name -> polygate.admission.v1.ProbeEvent
+	50,  // 78: polygate.admission.v1.WatchEventsResponse.stale_outcome:type_name -> polygate.admission.v1.StaleOutcome
+	51,  // 79: polygate.admission.v1.WatchEventsResponse.override_changed:type_name -> polygate.admission.v1.OverrideChanged
+	52,  // 80: polygate.admission.v1.WatchEventsResponse.wait_started:type_name -> polygate.admission.v1.WaitStarted
+	53,  // 81: polygate.admission.v1.WatchEventsResponse.backend_health:type_name -> polygate.admission.v1.BackendHealth
+	4,   // 82: polygate.admission.v1.BreakerTransition.from:type_name -> polygate.admission.v1.BreakerState
+	4,   // 83: polygate.admission.v1.BreakerTransition.to:type_name -> polygate.admission.v1.BreakerState
+	11,  // 84: polygate.admission.v1.BreakerTransition.cause:type_name -> polygate.admission.v1.TransitionCause
+	57,  // 85: polygate.admission.v1.BreakerTransition.cooldown:type_name -> google.protobuf.Duration
+	12,  // 86: polygate.admission.v1.ProbeEvent.kind:type_name -> polygate.admission.v1.ProbeEventKind
+	0,   // 87: polygate.admission.v1.ProbeEvent.outcome:type_name -> polygate.admission.v1.Outcome
+	4,   // 88: polygate.admission.v1.ProbeEvent.state:type_name -> polygate.admission.v1.BreakerState
+	4,   // 89: polygate.admission.v1.StaleOutcome.state:type_name -> polygate.admission.v1.BreakerState
+	6,   // 90: polygate.admission.v1.OverrideChanged.override:type_name -> polygate.admission.v1.Override
+	4,   // 91: polygate.admission.v1.OverrideChanged.state:type_name -> polygate.admission.v1.BreakerState
+	7,   // 92: polygate.admission.v1.OverrideChanged.action:type_name -> polygate.admission.v1.OverrideAction
+	57,  // 93: polygate.admission.v1.WaitStarted.sleep:type_name -> google.protobuf.Duration
+	13,  // 94: polygate.admission.v1.WaitStarted.per_source_reasons:type_name -> polygate.admission.v1.SourceReason
+	14,  // 95: polygate.admission.v1.AdmissionService.Pick:input_type -> polygate.admission.v1.PickRequest
+	19,  // 96: polygate.admission.v1.AdmissionService.OnNoRunnable:input_type -> polygate.admission.v1.OnNoRunnableRequest
+	22,  // 97: polygate.admission.v1.AdmissionService.RecordOutcome:input_type -> polygate.admission.v1.RecordOutcomeRequest
+	26,  // 98: polygate.admission.v1.AdmissionService.CancelCall:input_type -> polygate.admission.v1.CancelCallRequest
+	28,  // 99: polygate.admission.v1.AdmissionService.RetryAfter:input_type -> polygate.admission.v1.RetryAfterRequest
+	30,  // 100: polygate.admission.v1.AdmissionService.DescribeScope:input_type -> polygate.admission.v1.DescribeScopeRequest
+	32,  // 101: polygate.admission.v1.AdmissionService.ListScopes:input_type -> polygate.admission.v1.ListScopesRequest
+	34,  // 102: polygate.admission.v1.AdmissionService.OverrideBreaker:input_type -> polygate.admission.v1.OverrideBreakerRequest
+	46,  // 103: polygate.admission.v1.AdmissionService.WatchEvents:input_type -> polygate.admission.v1.WatchEventsRequest
+	15,  // 104: polygate.admission.v1.AdmissionService.Pick:output_type -> polygate.admission.v1.PickResponse
+	20,  // 105: polygate.admission.v1.AdmissionService.OnNoRunnable:output_type -> polygate.admission.v1.OnNoRunnableResponse
+	23,  // 106: polygate.admission.v1.AdmissionService.RecordOutcome:output_type -> polygate.admission.v1.RecordOutcomeResponse
+	27,  // 107: polygate.admission.v1.AdmissionService.CancelCall:output_type -> polygate.admission.v1.CancelCallResponse
+	29,  // 108: polygate.admission.v1.AdmissionService.RetryAfter:output_type -> polygate.admission.v1.RetryAfterResponse
+	31,  // 109: polygate.admission.v1.AdmissionService.DescribeScope:output_type -> polygate.admission.v1.DescribeScopeResponse
+	33,  // 110: polygate.admission.v1.AdmissionService.ListScopes:output_type -> polygate.admission.v1.ListScopesResponse
+	35,  // 111: polygate.admission.v1.AdmissionService.OverrideBreaker:output_type -> polygate.admission.v1.OverrideBreakerResponse
+	47,  // 112: polygate.admission.v1.AdmissionService.WatchEvents:output_type -> polygate.admission.v1.WatchEventsResponse
+	104, // [104:113] is the sub-list for method output_type
+	95,  // [95:104] is the sub-list for method input_type
+	95,  // [95:95] is the sub-list for extension type_name
+	95,  // [95:95] is the sub-list for extension extendee
+	0,   // [0:95] is the sub-list for field type_name
 }
 
 func init() { file_polygate_admission_v1_admission_proto_init() }
@@ -4637,7 +4962,7 @@ func file_polygate_admission_v1_admission_proto_init() {
 		(*RecordOutcomeResponse_Retry)(nil),
 		(*RecordOutcomeResponse_Failure)(nil),
 	}
-	file_polygate_admission_v1_admission_proto_msgTypes[32].OneofWrappers = []any{
+	file_polygate_admission_v1_admission_proto_msgTypes[34].OneofWrappers = []any{
 		(*WatchEventsResponse_BreakerTransition)(nil),
 		(*WatchEventsResponse_Probe)(nil),
 		(*WatchEventsResponse_StaleOutcome)(nil),
@@ -4651,7 +4976,7 @@ func file_polygate_admission_v1_admission_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_polygate_admission_v1_admission_proto_rawDesc), len(file_polygate_admission_v1_admission_proto_rawDesc)),
 			NumEnums:      13,
-			NumMessages:   42,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -31,6 +31,8 @@ class Reason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REASON_ADAPTIVE_PACED: _ClassVar[Reason]
     REASON_RATE_LIMITED: _ClassVar[Reason]
     REASON_QUEUED: _ClassVar[Reason]
+    REASON_TENANT_LIMIT: _ClassVar[Reason]
+    REASON_TENANT_BUDGET: _ClassVar[Reason]
 
 class ScopeMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -51,6 +53,7 @@ class FailureReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FAILURE_REASON_RETRY_AFTER_TOO_LONG: _ClassVar[FailureReason]
     FAILURE_REASON_SOURCE_DEAD: _ClassVar[FailureReason]
     FAILURE_REASON_SCOPE_REMOVED: _ClassVar[FailureReason]
+    FAILURE_REASON_BUDGET_EXHAUSTED: _ClassVar[FailureReason]
 
 class BreakerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -114,6 +117,8 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_REASON_INTERNAL: _ClassVar[ErrorReason]
     ERROR_REASON_PERMISSION_DENIED: _ClassVar[ErrorReason]
     ERROR_REASON_TOO_MANY_WATCHERS: _ClassVar[ErrorReason]
+    ERROR_REASON_TENANT_MISMATCH: _ClassVar[ErrorReason]
+    ERROR_REASON_TENANT_TOO_MANY_CALLS: _ClassVar[ErrorReason]
 
 class TransitionCause(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -148,6 +153,8 @@ REASON_FORCED_OPEN: Reason
 REASON_ADAPTIVE_PACED: Reason
 REASON_RATE_LIMITED: Reason
 REASON_QUEUED: Reason
+REASON_TENANT_LIMIT: Reason
+REASON_TENANT_BUDGET: Reason
 SCOPE_MODE_UNSPECIFIED: ScopeMode
 SCOPE_MODE_ENFORCE: ScopeMode
 SCOPE_MODE_SHADOW: ScopeMode
@@ -162,6 +169,7 @@ FAILURE_REASON_CANCELLED: FailureReason
 FAILURE_REASON_RETRY_AFTER_TOO_LONG: FailureReason
 FAILURE_REASON_SOURCE_DEAD: FailureReason
 FAILURE_REASON_SCOPE_REMOVED: FailureReason
+FAILURE_REASON_BUDGET_EXHAUSTED: FailureReason
 BREAKER_STATE_UNSPECIFIED: BreakerState
 BREAKER_STATE_CLOSED: BreakerState
 BREAKER_STATE_OPEN: BreakerState
@@ -204,6 +212,8 @@ ERROR_REASON_UNAUTHENTICATED: ErrorReason
 ERROR_REASON_INTERNAL: ErrorReason
 ERROR_REASON_PERMISSION_DENIED: ErrorReason
 ERROR_REASON_TOO_MANY_WATCHERS: ErrorReason
+ERROR_REASON_TENANT_MISMATCH: ErrorReason
+ERROR_REASON_TENANT_TOO_MANY_CALLS: ErrorReason
 TRANSITION_CAUSE_UNSPECIFIED: TransitionCause
 TRANSITION_CAUSE_CONSECUTIVE_FAILURES: TransitionCause
 TRANSITION_CAUSE_FAILURE_RATE: TransitionCause
@@ -257,7 +267,7 @@ class PickResponse(_message.Message):
     def __init__(self, call_id: _Optional[str] = ..., grant: _Optional[_Union[Grant, _Mapping]] = ..., no_runnable: _Optional[_Union[NoRunnable, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ...) -> None: ...
 
 class Grant(_message.Message):
-    __slots__ = ("source", "attributes", "permit_id", "lease", "timeout", "probe", "epoch", "attempt", "skipped", "shadow", "shadow_refusals")
+    __slots__ = ("source", "attributes", "permit_id", "lease", "timeout", "probe", "epoch", "attempt", "skipped", "shadow", "shadow_refusals", "shadow_error")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -276,6 +286,7 @@ class Grant(_message.Message):
     SKIPPED_FIELD_NUMBER: _ClassVar[int]
     SHADOW_FIELD_NUMBER: _ClassVar[int]
     SHADOW_REFUSALS_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_ERROR_FIELD_NUMBER: _ClassVar[int]
     source: str
     attributes: _containers.ScalarMap[str, str]
     permit_id: str
@@ -287,7 +298,8 @@ class Grant(_message.Message):
     skipped: _containers.RepeatedCompositeFieldContainer[SourceReason]
     shadow: bool
     shadow_refusals: _containers.RepeatedCompositeFieldContainer[SourceReason]
-    def __init__(self, source: _Optional[str] = ..., attributes: _Optional[_Mapping[str, str]] = ..., permit_id: _Optional[str] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., probe: _Optional[bool] = ..., epoch: _Optional[int] = ..., attempt: _Optional[int] = ..., skipped: _Optional[_Iterable[_Union[SourceReason, _Mapping]]] = ..., shadow: _Optional[bool] = ..., shadow_refusals: _Optional[_Iterable[_Union[SourceReason, _Mapping]]] = ...) -> None: ...
+    shadow_error: ErrorReason
+    def __init__(self, source: _Optional[str] = ..., attributes: _Optional[_Mapping[str, str]] = ..., permit_id: _Optional[str] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., probe: _Optional[bool] = ..., epoch: _Optional[int] = ..., attempt: _Optional[int] = ..., skipped: _Optional[_Iterable[_Union[SourceReason, _Mapping]]] = ..., shadow: _Optional[bool] = ..., shadow_refusals: _Optional[_Iterable[_Union[SourceReason, _Mapping]]] = ..., shadow_error: _Optional[_Union[ErrorReason, str]] = ...) -> None: ...
 
 class NoRunnable(_message.Message):
     __slots__ = ("gate_rejections", "per_source_reasons")
@@ -450,20 +462,64 @@ class OverrideBreakerResponse(_message.Message):
     def __init__(self, source: _Optional[_Union[SourceState, _Mapping]] = ...) -> None: ...
 
 class ScopeDescription(_message.Message):
-    __slots__ = ("config", "sources", "progress_age", "live_calls", "backend", "state_loss")
+    __slots__ = ("config", "sources", "progress_age", "live_calls", "backend", "state_loss", "tenants")
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_AGE_FIELD_NUMBER: _ClassVar[int]
     LIVE_CALLS_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     STATE_LOSS_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
     config: ScopeConfig
     sources: _containers.RepeatedCompositeFieldContainer[SourceState]
     progress_age: _duration_pb2.Duration
     live_calls: int
     backend: str
     state_loss: StateLoss
-    def __init__(self, config: _Optional[_Union[ScopeConfig, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[SourceState, _Mapping]]] = ..., progress_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., live_calls: _Optional[int] = ..., backend: _Optional[str] = ..., state_loss: _Optional[_Union[StateLoss, _Mapping]] = ...) -> None: ...
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantState]
+    def __init__(self, config: _Optional[_Union[ScopeConfig, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[SourceState, _Mapping]]] = ..., progress_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., live_calls: _Optional[int] = ..., backend: _Optional[str] = ..., state_loss: _Optional[_Union[StateLoss, _Mapping]] = ..., tenants: _Optional[_Iterable[_Union[TenantState, _Mapping]]] = ...) -> None: ...
+
+class TenantState(_message.Message):
+    __slots__ = ("name", "config", "in_flight", "requests_last_minute", "tokens_last_minute", "budget_used", "live_calls", "reason", "retry_after")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_LAST_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_LAST_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_USED_FIELD_NUMBER: _ClassVar[int]
+    LIVE_CALLS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    config: TenantConfig
+    in_flight: int
+    requests_last_minute: int
+    tokens_last_minute: int
+    budget_used: int
+    live_calls: int
+    reason: Reason
+    retry_after: _duration_pb2.Duration
+    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[TenantConfig, _Mapping]] = ..., in_flight: _Optional[int] = ..., requests_last_minute: _Optional[int] = ..., tokens_last_minute: _Optional[int] = ..., budget_used: _Optional[int] = ..., live_calls: _Optional[int] = ..., reason: _Optional[_Union[Reason, str]] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class TenantConfig(_message.Message):
+    __slots__ = ("weight", "max_priority", "rpm", "tpm", "max_concurrency", "max_live_calls", "budget_tokens", "budget_per")
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    MAX_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    RPM_FIELD_NUMBER: _ClassVar[int]
+    TPM_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    MAX_LIVE_CALLS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_PER_FIELD_NUMBER: _ClassVar[int]
+    weight: int
+    max_priority: int
+    rpm: int
+    tpm: int
+    max_concurrency: int
+    max_live_calls: int
+    budget_tokens: int
+    budget_per: _duration_pb2.Duration
+    def __init__(self, weight: _Optional[int] = ..., max_priority: _Optional[int] = ..., rpm: _Optional[int] = ..., tpm: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., max_live_calls: _Optional[int] = ..., budget_tokens: _Optional[int] = ..., budget_per: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class StateLoss(_message.Message):
     __slots__ = ("count", "last", "restored", "reassert_pending")
