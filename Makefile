@@ -1,5 +1,6 @@
 # polygate: `make test` installs what it needs (pinned Go tools, redis-server, chromium,
-# the Python SDK's virtual environment) and runs every test; .ci/run calls it.
+# the Python SDK's virtual environments, the TypeScript SDK's node_modules) and runs
+# every test, the SDK conformance kit's runs in each language included; .ci/run calls it.
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 BIN := $(CURDIR)/bin
@@ -13,8 +14,12 @@ VENV2 := $(CURDIR)/.venv-openai2
 PY := $(VENV)/bin/python
 PYSDK := clientsdk/python
 PYGEN := $(PYSDK)/src/polygate/_gen
+# The TypeScript SDK: its pinned packages installed by npm ci from the
+# committed lockfile, and the stubs buf generates into the package.
+TSSDK := clientsdk/typescript
+TSGEN := $(TSSDK)/src/gen
 
-.PHONY: all run build release version test ci generate check-generated lint pytypes gotest fuzz pytest redis-server chromium tools grpcurl venv bench
+.PHONY: all run build release version test ci generate check-generated lint pytypes gotest fuzz pytest redis-server chromium tools grpcurl venv bench tsdeps ts
 
 all: test
 
@@ -81,7 +86,7 @@ bench: redis-server $(BIN)/ratelimit
 	"$$d/polybench" -sidecar "$$d/sidecar" -ratelimit $(BIN)/ratelimit $(BENCH_FLAGS)
 
 ## test: everything CI runs
-test: tools redis-server chromium check-generated lint pytypes gotest fuzz pytest
+test: tools redis-server chromium check-generated lint pytypes gotest fuzz pytest ts
 
 ci: test
 
@@ -132,13 +137,21 @@ $(VENV2)/.installed: $(PYSDK)/requirements-dev.txt e2e/python/requirements-opena
 	$(VENV2)/bin/python -m pip install -q --disable-pip-version-check -r e2e/python/requirements-openai2.txt
 	touch $@
 
-## generate: regenerate gen/ (Go, buf) and the Python SDK's stubs (grpcio-tools) from proto/
+## tsdeps: the TypeScript SDK's node_modules, exactly as package-lock.json pins them
+tsdeps: $(TSSDK)/node_modules/.installed
+$(TSSDK)/node_modules/.installed: $(TSSDK)/package.json $(TSSDK)/package-lock.json
+	cd $(TSSDK) && npm ci --no-audit --no-fund
+	touch $@
+
+## generate: regenerate gen/ (Go, buf), the Python SDK's stubs (grpcio-tools)
+## and the TypeScript SDK's (buf with protoc-gen-es from its node_modules) from proto/
 # Mapping proto/ to polygate/_gen (-Ipolygate/_gen=proto) makes the Python
 # stubs import each other as polygate._gen.polygate.admission.v1, with no
 # hand-edited imports.
-generate: tools venv
+generate: tools venv tsdeps
 	rm -rf gen/polygate # not buf's clean, which would delete gen/go.mod
 	$(BIN)/buf generate
+	$(BIN)/buf generate --template $(TSSDK)/buf.gen.yaml
 	touch gen # the directory's time says when it was last generated
 	rm -rf $(PYGEN)
 	mkdir -p $(PYGEN)
@@ -149,8 +162,8 @@ generate: tools venv
 
 ## check-generated: fail when regenerating changes the committed code
 check-generated: generate
-	@git diff --exit-code --stat -- gen/ $(PYGEN) || { echo "generated code is stale: run make generate and commit"; exit 1; }
-	@test -z "$$(git status --porcelain -- gen/ $(PYGEN))" || { git status --porcelain -- gen/ $(PYGEN); echo "untracked generated files: run make generate and commit"; exit 1; }
+	@git diff --exit-code --stat -- gen/ $(PYGEN) $(TSGEN) || { echo "generated code is stale: run make generate and commit"; exit 1; }
+	@test -z "$$(git status --porcelain -- gen/ $(PYGEN) $(TSGEN))" || { git status --porcelain -- gen/ $(PYGEN) $(TSGEN); echo "untracked generated files: run make generate and commit"; exit 1; }
 
 ## lint: gofmt, go vet, staticcheck (every package but gen/, a module of its
 ## own), buf lint and buf breaking against main
@@ -187,9 +200,19 @@ fuzz:
 		go -C "$${t%%:*}" test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) . || exit 1; \
 	done
 
-## pytest: install the Python SDK into both environments; run its tests and the
-## Python e2e tests with openai 3 (.venv), then the e2e tests with openai 2
-## (.venv-openai2)
+## ts: the TypeScript SDK: npm ci, tsc --strict on the package and its
+## examples, then its unit tests, the conformance kit (clientsdk/conformance)
+## and the end-to-end tests with openai-node against the real sidecar, with
+## the Go programs they start built once here.
+ts: tsdeps
+	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \
+	go build -o "$$d/" ./cmd/sidecar ./e2e/cmd/fakeupstream ./clientsdk/conformance/fakesidecar && \
+	cd $(TSSDK) && npm run typecheck && \
+	POLYGATE_SIDECAR_BIN="$$d/sidecar" POLYGATE_FAKEUPSTREAM_BIN="$$d/fakeupstream" POLYGATE_FAKESIDECAR_BIN="$$d/fakesidecar" npm test
+
+## pytest: install the Python SDK into both environments; run its tests (the
+## conformance kit's among them) and the Python e2e tests with openai 3
+## (.venv), then the e2e tests with openai 2 (.venv-openai2)
 PYTEST_ARGS := -c $(PYSDK)/pyproject.toml --rootdir $(CURDIR) -p no:cacheprovider
 # (An environment made before the distribution was named polygate-sdk holds
 # it as polygate too: that one is removed first.)

@@ -185,7 +185,7 @@ func TestCancel_ReleasesPermit(t *testing.T) {
 	if len(starts) != 1 {
 		t.Fatalf("the waiting call made %d attempts; want 1", len(starts))
 	}
-	// Without A's CANCELLED report the slot would stay taken for the lease
+	// Without A's CancelCall the slot would stay taken for the lease
 	// (65s); without the sidecar's wake-up B would sleep its poll (at least
 	// 5s). Half the poll interval separates "at once" from both.
 	if wait := starts[0].Sub(cancelled); wait > 5*time.Second {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -189,7 +190,9 @@ func (f *sdkFixture) admittedAtOnce(t *testing.T, scope string) bool {
 	return true
 }
 
-func TestDo_CancelDuringAttemptReportsCancelledAndReleasesPermit(t *testing.T) {
+// The caller's cancellation ends the call with CancelCall alone: the
+// sidecar settles the permit it holds as CANCELLED, so no RecordOutcome.
+func TestDo_CancelDuringAttemptEndsTheCallAndReleasesPermit(t *testing.T) {
 	f := setupSDK(t, oneSlot)
 	ctx, cancel := context.WithCancel(context.Background())
 	inAttempt := make(chan struct{})
@@ -212,8 +215,11 @@ func TestDo_CancelDuringAttemptReportsCancelledAndReleasesPermit(t *testing.T) {
 	case <-time.After(timeout):
 		t.Fatal("Do did not return after its context was cancelled")
 	}
-	if got := f.log.outcomes(); len(got) != 1 || got[0] != admissionv1.Outcome_OUTCOME_CANCELLED {
-		t.Errorf("reported outcomes %v; want one CANCELLED", got)
+	f.log.mu.Lock()
+	calls := slices.Clone(f.log.calls)
+	f.log.mu.Unlock()
+	if !slices.Equal(calls, []string{"Pick", "CancelCall"}) {
+		t.Errorf("RPCs %v; want Pick, then CancelCall alone", calls)
 	}
 	if n := f.inFlight(t, "one"); n != 0 {
 		t.Errorf("in_flight = %d after the cancelled call returned; want 0", n)
@@ -313,7 +319,7 @@ func TestDo_SuccessAfterCancellationIsReportedAsSuccess(t *testing.T) {
 	}
 }
 
-func TestDo_PanicInAttemptReleasesPermit(t *testing.T) {
+func TestDo_PanicInAttemptEndsTheCallAndReleasesPermit(t *testing.T) {
 	f := setupSDK(t, oneSlot)
 	func() {
 		defer func() {
@@ -325,8 +331,8 @@ func TestDo_PanicInAttemptReleasesPermit(t *testing.T) {
 			panic("bug in the application")
 		})
 	}()
-	if got := f.log.outcomes(); len(got) != 1 || got[0] != admissionv1.Outcome_OUTCOME_CANCELLED {
-		t.Errorf("reported outcomes %v; want one CANCELLED", got)
+	if got := f.log.outcomes(); len(got) != 0 || !f.log.sent("CancelCall") {
+		t.Errorf("reported outcomes %v, CancelCall sent: %v; want CancelCall alone", got, f.log.sent("CancelCall"))
 	}
 	if !f.admittedAtOnce(t, "one") {
 		t.Error("the panicking call kept its permit")

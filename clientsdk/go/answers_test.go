@@ -30,10 +30,11 @@ import (
 // every RPC's error.
 type scripted struct {
 	admissionv1.UnimplementedAdmissionServiceServer
-	mu     sync.Mutex
-	pick   *admissionv1.PickResponse
-	record *admissionv1.RecordOutcomeResponse
-	err    error
+	mu      sync.Mutex
+	pick    *admissionv1.PickResponse
+	record  *admissionv1.RecordOutcomeResponse
+	err     error
+	cancels int // CancelCalls received
 }
 
 func (s *scripted) Pick(context.Context, *admissionv1.PickRequest) (*admissionv1.PickResponse, error) {
@@ -49,6 +50,9 @@ func (s *scripted) RecordOutcome(context.Context, *admissionv1.RecordOutcomeRequ
 }
 
 func (s *scripted) CancelCall(context.Context, *admissionv1.CancelCallRequest) (*admissionv1.CancelCallResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cancels++
 	return &admissionv1.CancelCallResponse{}, nil
 }
 
@@ -353,5 +357,27 @@ func TestTransport_AnUnsentRequestIsAnError(t *testing.T) {
 	var f *polygate.FailureError
 	if resp != nil || err == nil || !strings.Contains(err.Error(), "not an absolute URL") || !errors.As(err, &f) {
 		t.Errorf("Do = %v, %v; want an error naming the base_url, wrapping the verdict", resp, err)
+	}
+}
+
+// An answer without its choice breaks the protocol: Do returns an error and,
+// since the sidecar gave no verdict, ends the call with CancelCall.
+func TestDo_AnAnswerWithoutItsChoiceEndsTheCall(t *testing.T) {
+	side := &scripted{}
+	side.set(grantOn("a", "http://a.invalid"), &admissionv1.RecordOutcomeResponse{}, nil)
+	addr, _ := serveScripted(t, side)
+	c, err := polygate.Dial(addr, polygate.WithToken(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = polygate.Do(context.Background(), c, "chat", func(context.Context, polygate.Attempt) (int, polygate.Result) {
+		return 1, polygate.Result{Outcome: polygate.Success, HTTPStatus: 200}
+	})
+	side.mu.Lock()
+	cancels := side.cancels
+	side.mu.Unlock()
+	if err == nil || !strings.Contains(err.Error(), "answered no next action") || cancels != 1 {
+		t.Errorf("Do = %v with %d CancelCalls; want the protocol error and one CancelCall", err, cancels)
 	}
 }

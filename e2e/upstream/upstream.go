@@ -1,7 +1,7 @@
 // Package upstream is a fake LLM provider for end-to-end tests: each route
 // (the first path segment, one per configured source) answers from a script
-// of steps (200, 503 bursts, 429 with Retry-After, 401, slow answers, hangs)
-// and logs every request it receives. Tests in Go drive it directly; other
+// of steps (200, 503 bursts, 429 with Retry-After, 401, slow answers, hangs,
+// streams) and logs every request it receives. Tests in Go drive it directly; other
 // languages drive the same server through its /_control/ HTTP API.
 package upstream
 
@@ -39,6 +39,10 @@ type Step struct {
 	// "data:" event per element, each flushed as it is written, then
 	// "data: [DONE]".
 	Stream []string `json:"stream,omitempty"`
+	// Gated holds each event of Stream after the first (and the closing
+	// [DONE]) until the route is released once more (Release), so that a
+	// test can show a client reads one event before the next is sent.
+	Gated bool `json:"gated,omitempty"`
 }
 
 // Received is one logged request.
@@ -49,9 +53,10 @@ type Received struct {
 }
 
 type route struct {
-	steps []Step
-	used  int // requests answered by steps[0]
-	log   []Received
+	steps    []Step
+	used     int // requests answered by steps[0]
+	log      []Received
+	released int // Release calls, for gated streams
 }
 
 // Server is a fake upstream listening on a loopback port.
@@ -105,6 +110,40 @@ func (s *Server) Count(name string) int {
 	return len(s.route(name).log)
 }
 
+// Release lets a gated stream of the route send one more element.
+func (s *Server) Release(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.route(name).released++
+	s.notify()
+}
+
+// releasedAtLeast waits until the route was released at least n times, or ctx or
+// the server ends; false when it did not happen.
+func (s *Server) releasedAtLeast(ctx context.Context, name string, n int) bool {
+	for {
+		s.mu.Lock()
+		got, changed := s.route(name).released, s.changed
+		s.mu.Unlock()
+		if got >= n {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return false
+		case <-s.done:
+			return false
+		}
+	}
+}
+
+// notify wakes every waiter on s.changed; s.mu is held.
+func (s *Server) notify() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
 // WaitCount waits until the route has received at least n requests, or ctx ends.
 func (s *Server) WaitCount(ctx context.Context, name string, n int) error {
 	for {
@@ -152,8 +191,7 @@ func (s *Server) next(name string) Step {
 		status = 0
 	}
 	r.log = append(r.log, Received{At: time.Now(), Status: status})
-	close(s.changed)
-	s.changed = make(chan struct{})
+	s.notify()
 	return step
 }
 
@@ -188,12 +226,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set(k, v)
 	}
 	if len(step.Stream) > 0 {
-		w.Header().Set("Content-Type", "text/event-stream")
-		w.WriteHeader(step.Status)
-		for _, data := range append(step.Stream, "[DONE]") {
-			_, _ = fmt.Fprintf(w, "data: %s\n\n", data)
-			w.(http.Flusher).Flush()
-		}
+		s.stream(w, r, name, step)
 		return
 	}
 	body := step.Body
@@ -203,6 +236,30 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(step.Status)
 	_, _ = w.Write([]byte(body))
+}
+
+// stream writes step.Stream as server-sent events, one "data:" event per
+// element and then "data: [DONE]", flushing each; a gated stream waits for
+// one release of the route before each event after the first (counting
+// from the route's releases when it began).
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, name string, step Step) {
+	s.mu.Lock()
+	base := s.route(name).released
+	s.mu.Unlock()
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(step.Status)
+	flusher, _ := w.(http.Flusher)
+	for i, data := range append(step.Stream[:len(step.Stream):len(step.Stream)], "[DONE]") {
+		if step.Gated && i > 0 && !s.releasedAtLeast(r.Context(), name, base+i) {
+			return
+		}
+		if _, err := fmt.Fprintf(w, "data: %s\n\n", data); err != nil {
+			return
+		}
+		if flusher != nil {
+			flusher.Flush()
+		}
+	}
 }
 
 func defaultBody(route string, status int) string {
@@ -231,6 +288,7 @@ type controlState struct {
 // control serves the API for drivers in other languages:
 //
 //	PUT /_control/ROUTE   {"steps": [Step...]}   replaces the route's script
+//	POST /_control/ROUTE  releases one element of a gated stream (Release)
 //	GET /_control/ROUTE[?wait_count=N&timeout_ms=T]
 //	    the route's log (at_ms since the server started), after waiting up
 //	    to T ms for at least N requests (408 if they did not come)
@@ -250,6 +308,9 @@ func (s *Server) control(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		s.Set(name, req.Steps...)
+		w.WriteHeader(http.StatusNoContent)
+	case http.MethodPost:
+		s.Release(name)
 		w.WriteHeader(http.StatusNoContent)
 	case http.MethodGet:
 		if n, err := strconv.Atoi(r.URL.Query().Get("wait_count")); err == nil {
@@ -273,6 +334,6 @@ func (s *Server) control(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(st)
 	default:
-		http.Error(w, "PUT or GET", http.StatusMethodNotAllowed)
+		http.Error(w, "PUT, POST or GET", http.StatusMethodNotAllowed)
 	}
 }

@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -74,5 +75,34 @@ func TestControlAPI(t *testing.T) {
 	var st controlState
 	if err := json.Unmarshal([]byte(out), &st); code != 200 || err != nil || st.Count != 1 || st.Requests[0].Status != 401 {
 		t.Errorf("GET /_control/x = %d %s", code, out)
+	}
+}
+
+func TestGatedStream(t *testing.T) {
+	s := New()
+	defer s.Close()
+	s.Set("a", Step{Stream: []string{"1", "2"}, Gated: true})
+	resp, err := http.Get(s.URL + "/a/chat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Errorf("Content-Type %q; want text/event-stream", ct)
+	}
+	r := bufio.NewReader(resp.Body)
+	for i, want := range []string{"data: 1\n", "\n", "data: 2\n", "\n", "data: [DONE]\n", "\n"} {
+		if i > 0 && i%2 == 0 {
+			// The next element is sent only after a release: reading it
+			// first would block until the test's deadline.
+			s.Release("a")
+		}
+		line, err := r.ReadString('\n')
+		if err != nil || line != want {
+			t.Fatalf("line %d = %q, %v; want %q", i, line, err, want)
+		}
+	}
+	if _, err := r.ReadByte(); err != io.EOF {
+		t.Errorf("after the stream: %v; want EOF", err)
 	}
 }

@@ -62,12 +62,11 @@ def test_grant_then_done_returns_the_value() -> None:
     assert (s.request.scope, s.request.estimated_tokens, s.request.call_id) == ("chat", 500, "")
     s = step(gen, grant())
     assert isinstance(s, Attempt) and (s.grant.source, s.grant.permit_id, s.grant.timeout_s) == ("a", "p1", 5.0)
-    assert loop.permit_id == "p1" and loop.attempts == 1
+    assert loop.attempts == 1
     s = step(gen, polygate.Result(polygate.Outcome.SUCCESS, http_status=200, actual_tokens=8, value="answer"))
     assert isinstance(s, Rpc) and s.method == "RecordOutcome"
     assert (s.request.permit_id, s.request.outcome, s.request.http_status, s.request.actual_tokens) == ("p1", pb.OUTCOME_SUCCESS, 200, 8)
     assert finish(gen, record("done")) == "answer"
-    assert loop.permit_id == ""
 
 
 def test_retry_sleeps_the_backoff_then_picks_again_with_the_call_id() -> None:
@@ -112,7 +111,7 @@ def test_no_runnable_failure_keeps_the_picks_refusals() -> None:
         step(gen, pb.OnNoRunnableResponse(failure=f))
     e = info.value
     assert (e.call_id, e.retry_after_s, e.per_source_reasons) == ("c1", 3.0, [polygate.SourceReason("a", "circuit_open", 3.0)])
-    assert loop.give_up(e) is None, "a verdict needs no CancelCall"
+    assert loop.give_up() is None, "a verdict needs no CancelCall"
 
 
 @pytest.mark.parametrize(
@@ -133,33 +132,55 @@ def test_record_failure_is_the_verdict_with_the_last_result(reason: int, cls: ty
     with pytest.raises(cls) as info:
         step(gen, record("failure", reason=reason))
     assert (info.value.attempts, info.value.last_result) == (1, last)
-    assert loop.give_up(info.value) is None, "the permit was settled"
+    assert loop.give_up() is None, "the permit was settled"
 
 
-def test_give_up_cancels_a_held_permit_and_ends_a_call_between_attempts() -> None:
+def test_give_up_ends_the_call_whether_it_holds_a_permit_or_not() -> None:
+    """CancelCall, never a RecordOutcome of CANCELLED: the sidecar settles a
+    permit the call holds as CANCELLED itself."""
     loop: CallLoop[str] = CallLoop("chat")
-    assert loop.give_up(KeyboardInterrupt()) is None, "no call opened yet"
+    assert loop.give_up() is None, "no call opened yet"
     gen = loop.run()
     next(gen)
-    step(gen, grant())
-    rpc = loop.give_up(KeyError("bug"))
-    assert rpc is not None and rpc.method == "RecordOutcome" and rpc.timeout == REPORT_TIMEOUT_S
-    assert (rpc.request.permit_id, rpc.request.outcome) == ("p1", pb.OUTCOME_CANCELLED)
+    step(gen, grant())  # the attempt holds permit p1
+    rpc = loop.give_up()
+    assert rpc is not None and rpc.method == "CancelCall" and rpc.timeout == REPORT_TIMEOUT_S
+    assert (rpc.request.scope, rpc.request.call_id) == ("chat", "c1")
     step(gen, polygate.Result(polygate.Outcome.RATE_LIMITED))
     step(gen, record("retry", backoff_ms=10))  # settled: now between attempts
-    rpc = loop.give_up(KeyboardInterrupt())
+    rpc = loop.give_up()
     assert rpc is not None and rpc.method == "CancelCall" and rpc.request.call_id == "c1"
 
 
-def test_an_attempt_that_returns_no_result_is_a_type_error_holding_the_permit() -> None:
+def test_an_attempt_that_returns_no_result_is_a_type_error_that_ends_the_call() -> None:
     loop: CallLoop[str] = CallLoop("chat")
     gen = loop.run()
     next(gen)
     step(gen, grant())
     with pytest.raises(TypeError):
         step(gen, "not a Result")
-    rpc = loop.give_up(TypeError())
-    assert rpc is not None and rpc.request.outcome == pb.OUTCOME_CANCELLED
+    rpc = loop.give_up()
+    assert rpc is not None and rpc.method == "CancelCall"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [pb.RecordOutcomeResponse(), pb.OnNoRunnableResponse()],
+    ids=["RecordOutcome without a next action", "OnNoRunnable without a decision"],
+)
+def test_an_answer_without_its_choice_is_an_error_that_ends_the_call(answer: Any) -> None:
+    loop: CallLoop[str] = CallLoop("chat")
+    gen = loop.run()
+    next(gen)
+    if isinstance(answer, pb.RecordOutcomeResponse):
+        step(gen, grant())
+        step(gen, ok())
+    else:
+        step(gen, pb.PickResponse(call_id="c1", no_runnable=pb.NoRunnable()))
+    with pytest.raises(polygate.PolygateError, match="answered no"):
+        step(gen, answer)
+    rpc = loop.give_up()
+    assert rpc is not None and rpc.method == "CancelCall"
 
 
 def test_deadline_bounds_every_rpc_and_ends_the_call() -> None:
@@ -178,6 +199,8 @@ def test_deadline_bounds_every_rpc_and_ends_the_call() -> None:
     with pytest.raises(polygate.DeadlineExceededError) as info:
         step(gen, None)
     assert info.value.attempts == 1
+    rpc = loop.give_up()
+    assert rpc is not None and rpc.method == "CancelCall", "the SDK's own deadline is no verdict of the sidecar: it is told"
 
 
 @pytest.mark.parametrize("deadline", [0.0, -1.0, math.nan])

@@ -71,6 +71,10 @@ class Scripted(pb_grpc.AdmissionServiceServicer):
             return pb.RecordOutcomeResponse(retry=r)
         return pb.RecordOutcomeResponse(done=pb.Done())
 
+    def CancelCall(self, request: pb.CancelCallRequest, context: Any) -> pb.CancelCallResponse:
+        self._seen("CancelCall", context)
+        return pb.CancelCallResponse(ended_now=True)
+
 
 @pytest.fixture
 def sidecar() -> Iterator[tuple[str, Scripted]]:
@@ -244,7 +248,7 @@ def test_an_exception_in_the_attempt_ends_the_spans(
     assert sorted(got) == ["polygate.attempt", "polygate.call"]
     for s in got.values():
         assert (s.attributes or {})["polygate.verdict"] == verdict and s.status.status_code == trace.StatusCode.ERROR
-    assert side.rpcs[-1].startswith("RecordOutcome 00-"), "the CANCELLED report carries the attempt's trace context"
+    assert side.rpcs[-1].startswith("CancelCall 00-"), "the CancelCall carries the attempt's trace context"
 
 
 def test_an_unsampled_call_propagates_its_context_and_builds_no_attributes(sidecar: tuple[str, Scripted]) -> None:

@@ -43,7 +43,7 @@ class FakeClient:
     def grants(self) -> list[Grant]:
         return [Grant("c1", name, {"base_url": url}, i + 1, False, self.timeout_s, f"p{i}") for i, (name, url) in enumerate(self.sources)]
 
-    def call(self, scope: str, fn: Any, *, estimated_tokens: int = 0, deadline: float | None = None) -> Any:
+    def call(self, scope: str, fn: Any, *, estimated_tokens: int = 0, deadline: float | None = None, priority: int | None = None, tenant: str | None = None) -> Any:
         self.estimates.append(estimated_tokens)
         for g in self.grants():
             r = fn(g)
@@ -54,7 +54,7 @@ class FakeClient:
 
 
 class AsyncFakeClient(FakeClient):
-    async def call(self, scope: str, fn: Any, *, estimated_tokens: int = 0, deadline: float | None = None) -> Any:  # type: ignore[override]
+    async def call(self, scope: str, fn: Any, *, estimated_tokens: int = 0, deadline: float | None = None, priority: int | None = None, tenant: str | None = None) -> Any:  # type: ignore[override]
         self.estimates.append(estimated_tokens)
         for g in self.grants():
             r = await fn(g)

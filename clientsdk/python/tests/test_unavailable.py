@@ -72,7 +72,7 @@ def test_allow_attempts_on_the_source_the_last_call_began_on(caplog: pytest.LogC
         assert isinstance(s, Attempt)
         assert (s.grant.source, s.grant.attributes, s.grant.call_id, s.grant.permit_id, s.grant.timeout_s) == ("b", {"base_url": "http://b"}, "", "", 5.0)
         assert finish(gen, ok(f"direct {n}")) == f"direct {n}"
-        assert loop.give_up(DOWN) is None, "nothing to tell a sidecar that is not there"
+        assert loop.give_up() is None, "nothing to tell a sidecar that is not there"
     assert watch.ungoverned_attempts == 2
     assert len([r for r in caplog.records if "unreachable" in r.getMessage()]) == 1, "logged once per outage"
     governed_call(watch, "a")

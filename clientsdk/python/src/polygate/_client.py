@@ -216,8 +216,11 @@ class Client:
         capping every wait. ``priority`` (higher first) and ``tenant`` rank
         the call among callers waiting for a source's capacity; they default
         to the client's. An exception out of ``fn`` (KeyboardInterrupt
-        included) reports CANCELLED, freeing the permit, and propagates; one
-        between attempts ends the call in the sidecar (CancelCall)."""
+        included) or between attempts ends the call in the sidecar
+        (CancelCall, which frees a held permit at once) and propagates. When
+        the deadline passes while the sidecar leaves an RPC unanswered (for
+        a grace of a second), the call ends the same way, with
+        DeadlineExceededError."""
         loop: CallLoop[T] = CallLoop(
             scope,
             estimated_tokens,
@@ -244,7 +247,7 @@ class Client:
                 except _RpcFailed as failed:
                     error = failed.error
         except BaseException as exc:
-            self._give_up(loop, exc)
+            self._give_up(loop)
             loop.trace.end(loop.attempts, exc)
             raise
 
@@ -260,8 +263,8 @@ class Client:
         time.sleep(step.seconds)
         return None
 
-    def _give_up(self, loop: CallLoop[Any], exc: BaseException) -> None:
-        rpc = loop.give_up(exc)
+    def _give_up(self, loop: CallLoop[Any]) -> None:
+        rpc = loop.give_up()
         if rpc is None:
             return
         try:
@@ -331,11 +334,10 @@ class AsyncClient:
         tenant: str | None = None,
     ) -> T:
         """Client.call for asyncio; ``fn`` may be a coroutine function. When
-        the task is cancelled while an attempt holds a permit, CANCELLED is
-        reported (so the permit's slot is free at once); cancelled between
-        attempts, the call is ended in the sidecar (CancelCall); then the
-        cancellation propagates. Both reports run on a task of their own, so
-        that a second cancellation cannot cut them short."""
+        the task is cancelled, the call is ended in the sidecar (CancelCall,
+        which frees a permit the call holds at once), then the cancellation
+        propagates. The CancelCall runs on a task of its own, so that a
+        second cancellation cannot cut it short."""
         loop: CallLoop[T] = CallLoop(
             scope,
             estimated_tokens,
@@ -362,7 +364,7 @@ class AsyncClient:
                 except _RpcFailed as failed:
                     error = failed.error
         except BaseException as exc:
-            await self._give_up(loop, exc)
+            await self._give_up(loop)
             loop.trace.end(loop.attempts, exc)
             raise
 
@@ -379,8 +381,8 @@ class AsyncClient:
         await asyncio.sleep(step.seconds)
         return None
 
-    async def _give_up(self, loop: CallLoop[Any], exc: BaseException) -> None:
-        rpc = loop.give_up(exc)
+    async def _give_up(self, loop: CallLoop[Any]) -> None:
+        rpc = loop.give_up()
         if rpc is None:
             return
         metadata = self._metadata + loop.trace.metadata()

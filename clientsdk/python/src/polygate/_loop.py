@@ -6,7 +6,10 @@ Result, None after a sleep) or, for an RPC that failed, thrown the SDK's
 exception for it. Every decision about the sidecar's answers lives here once,
 what to do when it cannot be reached included; the clients only perform the
 steps, sync or async, and, when a step or the loop raises, perform
-``give_up``'s RPC (if any) before propagating.
+``give_up``'s RPC (if any) before propagating: a call that ends without the
+sidecar's verdict (the caller's cancellation, an exception of the attempt,
+an RPC that failed, the call's deadline passing unanswered) is ended with
+CancelCall, which settles a permit it holds as CANCELLED.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from polygate._unavailable import SidecarWatch, is_unreachable
 T = TypeVar("T")
 
 REPORT_TIMEOUT_S = 2.0
-"""Bound of a CANCELLED report or a CancelCall, and the least time a RecordOutcome gets."""
+"""Bound of a CancelCall, and the least time a RecordOutcome gets."""
 
 RPC_GRACE_S = 1.0
 """How much longer than the call's deadline an RPC may take: the sidecar ends
@@ -135,8 +138,6 @@ class CallLoop(Generic[T]):
         self.trace = CallTrace(tracer, scope)
         """The call's spans (no-ops without a tracer); the driver ends them."""
         self.call_id = ""
-        self.permit_id = ""
-        """The permit the call holds now ("" between attempts)."""
         self.attempts = 0
         self.last: Result[Any] | None = None
         self._tokens = estimated_tokens
@@ -146,6 +147,8 @@ class CallLoop(Generic[T]):
         self._clock = clock
         self._end = None if deadline is None else clock() + deadline
         self._watch = watch
+        self._verdict = False
+        """The sidecar ended the call with a Failure: nothing to tell it."""
 
     def run(self) -> Generator[Step, Any, T]:
         """The loop: Pick; a Grant runs the attempt and reports it (done,
@@ -178,7 +181,6 @@ class CallLoop(Generic[T]):
                 req = self._record_request(grant, result)
                 self.last = result
                 rec = yield from self._ask(self._rpc("RecordOutcome", req, report=True))
-                self.permit_id = ""
                 nxt = rec.WhichOneof("next")
                 if nxt == "done":
                     self.trace.reported(result, "done")
@@ -187,14 +189,19 @@ class CallLoop(Generic[T]):
                 if nxt == "failure":
                     self.trace.reported(result, "failure", _FAILURES.get(rec.failure.reason, ""))
                     raise self._failure(rec.failure)
+                if nxt != "retry":
+                    raise PolygateError(f"RecordOutcome of call {self.call_id} answered no next action")
                 backoff = _seconds(rec.retry.backoff)
                 self.trace.reported(result, "retry", backoff_s=backoff)
                 yield Sleep(backoff)
                 self.trace.start_attempt(self.attempts + 1)
             elif kind == "no_runnable":
                 d = yield from self._ask(self._rpc("OnNoRunnable", pb.OnNoRunnableRequest(scope=self.scope, call_id=self.call_id)))
-                if d.WhichOneof("decision") == "failure":
+                decision = d.WhichOneof("decision")
+                if decision == "failure":
                     raise self._failure(d.failure, pick.no_runnable.per_source_reasons)
+                if decision != "wait":
+                    raise PolygateError(f"OnNoRunnable of call {self.call_id} answered no decision")
                 sleep = _seconds(d.wait.sleep)
                 self.trace.waited(
                     sleep, [(r.source, _REFUSALS.get(r.reason, pb.Reason.Name(r.reason))) for r in pick.no_runnable.per_source_reasons]
@@ -225,7 +232,6 @@ class CallLoop(Generic[T]):
         attempt made, one attempt runs directly on the scope's fallback
         source (the watch's), counted, and ends the call the same way. With
         no source to fall back on, err is raised."""
-        self.permit_id = ""  # nobody can be told; the permit's lease frees it
         if self.last is None:
             grant = self._watch.fallback(self.scope) if self._watch is not None else None
             if grant is None or self._watch is None:
@@ -243,17 +249,15 @@ class CallLoop(Generic[T]):
             return value
         raise err
 
-    def give_up(self, exc: BaseException) -> Rpc | None:
-        """What to tell the sidecar when the call ends by ``exc`` (an
-        exception out of a step or out of run): a held permit is reported
-        CANCELLED (freeing it at once; idempotent per permit); a call given up
-        between attempts without a verdict is ended (CancelCall), so that it
-        stops counting as live; a verdict, or a call never opened, needs
-        nothing."""
-        if self.permit_id:
-            req = pb.RecordOutcomeRequest(scope=self.scope, call_id=self.call_id, permit_id=self.permit_id, outcome=pb.OUTCOME_CANCELLED)
-            return Rpc("RecordOutcome", req, REPORT_TIMEOUT_S)
-        if self.call_id and not isinstance(exc, CallFailedError):
+    def give_up(self) -> Rpc | None:
+        """What to tell the sidecar when the call ends by an exception (out
+        of a step or out of run): without the sidecar's
+        verdict, CancelCall, which settles a permit the call holds as
+        CANCELLED (free at once) and ends a call between attempts, so that
+        it stops counting as live. The sidecar's verdict, or a call never
+        opened, needs nothing; a deadline the SDK enforced itself (the
+        sidecar left an RPC unanswered) is not the sidecar's verdict."""
+        if self.call_id and not self._verdict:
             return Rpc("CancelCall", pb.CancelCallRequest(scope=self.scope, call_id=self.call_id), REPORT_TIMEOUT_S)
         return None
 
@@ -290,7 +294,6 @@ class CallLoop(Generic[T]):
 
     def _grant(self, g: pb.Grant) -> Grant:
         self.attempts += 1
-        self.permit_id = g.permit_id
         return Grant(
             call_id=self.call_id,
             source=g.source,
@@ -321,6 +324,7 @@ class CallLoop(Generic[T]):
         return req
 
     def _failure(self, f: pb.Failure, refused: Sequence[pb.SourceReason] = ()) -> CallFailedError:
+        self._verdict = True
         reasons = list(f.per_source_reasons) or list(refused)
         cls = VERDICTS.get(_FAILURES.get(f.reason, ""), CallFailedError)
         return cls(

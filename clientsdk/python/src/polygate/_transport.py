@@ -106,6 +106,8 @@ class Governor(Generic[Req, Resp]):
         base_url: str | None,
         attribute: str,
         prepare: Callable[[Req, Grant], None] | None,
+        priority: int | None = None,
+        tenant: str | None = None,
     ) -> None:
         self.flavour = flavour
         self.scope = scope
@@ -114,6 +116,8 @@ class Governor(Generic[Req, Resp]):
         self._base_url = None if base_url is None else flavour.url(base_url).rstrip("/")
         self._attribute = attribute
         self._prepare = prepare
+        self._priority = priority
+        self._tenant = tenant
         self._warned = False
 
     def check(self, request: Req) -> int:
@@ -234,7 +238,7 @@ class Governor(Generic[Req, Resp]):
             return call.last
 
         try:
-            return self.done(client.call(self.scope, attempt, estimated_tokens=tokens, deadline=self.deadline), call)
+            return self.done(client.call(self.scope, attempt, estimated_tokens=tokens, deadline=self.deadline, priority=self._priority, tenant=self._tenant), call)
         except CallFailedError as err:
             return self.failed(request, err)
         except UnavailableError as err:
@@ -270,7 +274,7 @@ class Governor(Generic[Req, Resp]):
             return call.last
 
         try:
-            return self.done(await client.call(self.scope, attempt, estimated_tokens=tokens, deadline=self.deadline), call)
+            return self.done(await client.call(self.scope, attempt, estimated_tokens=tokens, deadline=self.deadline, priority=self._priority, tenant=self._tenant), call)
         except CallFailedError as err:
             return self.failed(request, err)
         except UnavailableError as err:

@@ -36,11 +36,12 @@ class PolygateTransport(httpx2.BaseTransport):
     transport that sends the attempts (default ``httpx2.HTTPTransport()``,
     closed with this one). ``estimated_tokens``: a number, or a function of
     the request, for the scope's TPM quota. ``deadline``: each call's budget
-    in seconds. ``base_url``: the part of request URLs replaced by the
-    source's (default: scheme, host and port). ``attribute``: the source
-    attribute that holds its base URL. ``prepare(request, grant)``: called
-    on each attempt's request before it is sent, e.g. to set the granted
-    source's API key."""
+    in seconds. ``priority`` and ``tenant``: each call's rank among callers
+    waiting for a source's capacity (default: the client's). ``base_url``:
+    the part of request URLs replaced by the source's (default: scheme, host
+    and port). ``attribute``: the source attribute that holds its base URL.
+    ``prepare(request, grant)``: called on each attempt's request before it
+    is sent, e.g. to set the granted source's API key."""
 
     def __init__(
         self,
@@ -50,13 +51,15 @@ class PolygateTransport(httpx2.BaseTransport):
         inner: httpx2.BaseTransport | None = None,
         estimated_tokens: int | Callable[[httpx2.Request], int] = 0,
         deadline: float | None = None,
+        priority: int | None = None,
+        tenant: str | None = None,
         base_url: str | None = None,
         attribute: str = "base_url",
         prepare: Callable[[httpx2.Request, Grant], None] | None = None,
     ) -> None:
         self._client = client
         self._inner = inner if inner is not None else httpx2.HTTPTransport()
-        self._gov = Governor(FLAVOUR, scope, estimated_tokens, deadline, base_url, attribute, prepare)
+        self._gov = Governor(FLAVOUR, scope, estimated_tokens, deadline, base_url, attribute, prepare, priority, tenant)
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         request.read()
@@ -69,7 +72,7 @@ class PolygateTransport(httpx2.BaseTransport):
 class AsyncPolygateTransport(httpx2.AsyncBaseTransport):
     """PolygateTransport for an ``httpx2.AsyncClient``, with a polygate
     AsyncClient; ``inner`` defaults to ``httpx2.AsyncHTTPTransport()``.
-    Cancelling the request's task reports the attempt CANCELLED."""
+    Cancelling the request's task ends the call in the sidecar (CancelCall)."""
 
     def __init__(
         self,
@@ -79,13 +82,15 @@ class AsyncPolygateTransport(httpx2.AsyncBaseTransport):
         inner: httpx2.AsyncBaseTransport | None = None,
         estimated_tokens: int | Callable[[httpx2.Request], int] = 0,
         deadline: float | None = None,
+        priority: int | None = None,
+        tenant: str | None = None,
         base_url: str | None = None,
         attribute: str = "base_url",
         prepare: Callable[[httpx2.Request, Grant], None] | None = None,
     ) -> None:
         self._client = client
         self._inner = inner if inner is not None else httpx2.AsyncHTTPTransport()
-        self._gov = Governor(FLAVOUR, scope, estimated_tokens, deadline, base_url, attribute, prepare)
+        self._gov = Governor(FLAVOUR, scope, estimated_tokens, deadline, base_url, attribute, prepare, priority, tenant)
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         await request.aread()
