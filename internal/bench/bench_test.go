@@ -493,7 +493,7 @@ func TestRatelimitPeer(t *testing.T) {
 }
 
 // TestPrintPeer: the line under the table divides Redis's CPU per attempt
-// cycle by its CPU per peer decision, prints each round's ratio, and says
+// cycle by its CPU per peer decision, prints the rounds' median ratio, and says
 // when errors make the two not comparable.
 func TestPrintPeer(t *testing.T) {
 	line := func(attemptErrs, peerErrs int64, rounds []float64) string {
@@ -514,7 +514,7 @@ func TestPrintPeer(t *testing.T) {
 			t.Errorf("printPeer wrote\n%s\nwant a line with %q", got, want)
 		}
 	}
-	if got := line(0, 0, []float64{2.5, 2.1, 3}); !strings.Contains(got, "= 2.50× (each round's: 2.50, 2.10, 3.00)") {
+	if got := line(0, 0, []float64{3, 2.1, 2.4}); !strings.Contains(got, "= 2.40× (median of the rounds: 3.00, 2.10, 2.40)") {
 		t.Errorf("with rounds: %s", got)
 	}
 	if got := line(0, 3, nil); !strings.Contains(got, "not comparable: 0 attempt errors, 3 ratelimit errors") {

@@ -12,7 +12,7 @@ import (
 
 // printPeer writes, for each Redis attempt cell with a peer cell, the
 // ratio of redis-server's CPU per attempt cycle to its CPU per peer decision
-// (the target: at most 2), each round's when there were several, then what
+// (the target: at most 2; with several rounds their median, and each), then what
 // Redis did per operation for each: the commands the peer sent, and the
 // connection reads each side's requests took.
 func (r *Report) printPeer(w io.Writer) {
@@ -26,11 +26,14 @@ func (r *Report) printPeer(w io.Writer) {
 			ratio = fmt.Sprintf("%.2f×", c.redisCPUPerOp()/d.redisCPUPerOp())
 		}
 		if len(c.peerRatios) > 1 {
+			// The kept pair is the median of the sidecar's CPU, not of this
+			// ratio: the ratio's own median is the one to judge.
 			rounds := make([]string, len(c.peerRatios))
 			for i, x := range c.peerRatios {
 				rounds[i] = fmt.Sprintf("%.2f", x)
 			}
-			ratio += fmt.Sprintf(" (each round's: %s)", strings.Join(rounds, ", "))
+			sorted := slices.Sorted(slices.Values(c.peerRatios))
+			ratio = fmt.Sprintf("%.2f× (median of the rounds: %s)", sorted[(len(sorted)-1)/2], strings.Join(rounds, ", "))
 		}
 		if c.errs > 0 || d.errs > 0 {
 			// A failed operation's Redis work is in the cell's CPU, not in
