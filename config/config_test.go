@@ -263,6 +263,11 @@ func TestEnvironmentOverridesFileAndFlagsOverrideEnvironment(t *testing.T) {
 		"POLYGATE_SCOPES__CHAT__SOURCES__BACKUP__BREAKER__FAIL_RATE=0.9",
 		"POLYGATE_BACKEND__REDIS__ADDRS=a:1,b:2",
 		"OTHER_VAR=ignored",
+		// The application's own variables, in an environment it shares
+		// with its sidecar.
+		"POLYGATE_ADDR=127.0.0.1:50051",
+		"POLYGATE_TOKEN=s3cret",
+		"POLYGATE_ON_SIDECAR_UNAVAILABLE=allow",
 	}
 	o, err := config.ParseFlags([]string{"--metrics-listen", "127.0.0.1:9090"}, environ, os.Stderr)
 	if err != nil {

@@ -84,6 +84,13 @@ func lookup(environ []string, name string) string {
 	return ""
 }
 
+// applicationVariables are the POLYGATE_ variables the SDKs and polygatectl
+// read (lowercased, without the prefix). An application and its sidecar may
+// share an environment (one shell, one env file, an envFrom given to both
+// containers): the sidecar passes over them instead of refusing them as
+// unknown keys.
+var applicationVariables = []string{"addr", "token", "on_sidecar_unavailable"}
+
 // MaxFileBytes bounds the configuration file (a Kubernetes ConfigMap holds
 // at most 1 MiB): a larger one is refused, not read whole at every reload.
 const MaxFileBytes = 4 << 20
@@ -130,7 +137,7 @@ func load(k *koanf.Koanf, flags map[string]string, environ []string) (*Config, e
 		EnvironFunc: func() []string { return environ },
 		TransformFunc: func(key, value string) (string, any) {
 			key = strings.ToLower(strings.TrimPrefix(key, EnvPrefix))
-			if key == "config" {
+			if key == "config" || slices.Contains(applicationVariables, key) {
 				return "", nil
 			}
 			return strings.ReplaceAll(key, "__", "."), value
