@@ -271,7 +271,10 @@ func (l *Line) Check(w *Waiter, now int64) bool {
 	}
 	l.live(w.Replica, w.Lease, now)
 	e := l.byID[w.ID]
-	if e != nil || w.Place != "" {
+	switch {
+	case e != nil:
+		e.heard(w, now)
+	case w.Place != "":
 		l.enter(w, now)
 		e = l.byID[w.ID]
 	}

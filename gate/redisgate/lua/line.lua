@@ -235,9 +235,11 @@ local function l_check(s, w, now)
   end
   l_live(s, w.replica, w.lease, now)
   local e = l_entry(s, w.id)
-  if e ~= nil or (w.place or '') ~= '' then
+  if e ~= nil then
+    redis.call('HSET', s.waiters, 'h' .. w.id, l_heard(w, now))
+  elseif (w.place or '') ~= '' then
     l_enter(s, w, now)
-    e = e or l_entry(s, w.id)
+    e = l_entry(s, w.id)
   end
   local head = l_head(s, now)
   if head == nil then
