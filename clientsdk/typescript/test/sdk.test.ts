@@ -22,18 +22,15 @@ import {
   type GovernedFetchOptions,
 } from "../src/index.js";
 import { Kit, type Endpoints } from "./kit.js";
-import { binary, start, type Started } from "./procs.js";
 
-let fake: Started;
 let kit: Kit;
 
 before(async () => {
-  fake = await start(binary("POLYGATE_FAKESIDECAR_BIN", "./clientsdk/conformance/fakesidecar"), ["--exit-on-stdin-eof"], "fakesidecar listening on ");
-  kit = new Kit(fake.addr);
+  kit = await Kit.start();
 });
 
 after(async () => {
-  await fake?.stop();
+  await kit?.stop();
 });
 
 const REQUEST = { method: "POST", path: "/x", headers: {}, body: "" };
