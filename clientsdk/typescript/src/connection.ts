@@ -10,7 +10,7 @@ import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
 import { Http2SessionManager, createGrpcTransport } from "@connectrpc/connect-node";
 import type { Transport } from "@connectrpc/connect";
 
-import { sidecarError, type SidecarError, type StatusCode } from "./errors.js";
+import { sidecarError, type SidecarError, type SidecarFacts, type StatusCode } from "./errors.js";
 
 /** TLS to the sidecar: PEM files or their contents. */
 export interface TLSOptions {
@@ -159,9 +159,9 @@ const ERROR_INFO = "google.rpc.ErrorInfo";
  * google.rpc.ErrorInfo to every error it answers; an UNAVAILABLE without
  * one, a stream the connection closed under it (CANCELLED) or a failed
  * connection is the sidecar not reached at all: an UnavailableError that is
- * `unreachable`.
+ * `unreachable`. call is what the call had done when the RPC failed.
  */
-export function rpcError(method: string, err: unknown): SidecarError {
+export function rpcError(method: string, err: unknown, call: Pick<SidecarFacts, "attempts" | "lastResult"> = {}): SidecarError {
   const ce = ConnectError.from(err);
   let code = CODE_NAMES[ce.code] ?? "UNKNOWN";
   let info: { reason: string; metadata: Record<string, string> } | undefined;
@@ -178,6 +178,7 @@ export function rpcError(method: string, err: unknown): SidecarError {
     reason: info?.reason ?? "",
     metadata: info?.metadata ?? {},
     unreachable,
+    ...call,
   });
 }
 

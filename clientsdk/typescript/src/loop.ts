@@ -203,18 +203,12 @@ export async function runCall<T>(env: LoopEnv, scope: string, fn: AttemptFn<T>, 
       return answer;
     } catch (e) {
       signal?.throwIfAborted();
-      const err = rpcError(method, e);
+      const err = rpcError(method, e, { attempts, lastResult: last });
       env.observe(err);
       if (end !== undefined && (err.code === "DEADLINE_EXCEEDED" || env.now() >= end)) {
         throw deadlineExceeded();
       }
-      throw sidecarError(err.method, err.code, err.details, {
-        reason: err.reason,
-        metadata: err.metadata,
-        unreachable: err.unreachable,
-        attempts,
-        lastResult: last,
-      });
+      throw err;
     }
   };
 
