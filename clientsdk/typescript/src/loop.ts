@@ -57,8 +57,8 @@ export interface LoopEnv {
   /** Called with every RPC's error before the loop looks at it, and with undefined after every answer. */
   observe(err: SidecarError | undefined): void;
   /**
-   * When the sidecar is unreachable: the grant of an attempt to make without
-   * it (onSidecarUnavailable: "allow"), counted; undefined to fail.
+   * When the sidecar is unreachable and allowUnreachable: the grant of an
+   * attempt to make without it, counted; undefined to fail.
    */
   ungoverned(scope: string): Grant | undefined;
   /** Whether the client lets calls through while the sidecar is unreachable. */
