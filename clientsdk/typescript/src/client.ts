@@ -92,7 +92,10 @@ export class Client {
       if (addr.trim() === "") {
         throw new TypeError(`Client needs the sidecar's address: the addr option or $${ENV_ADDR} (host:port or unix:///path)`);
       }
-      const conn = connect(addr, options.token ?? process.env[ENV_TOKEN]?.trim(), options.tls);
+      const conn = connect(addr, options.token ?? process.env[ENV_TOKEN]?.trim(), options.tls, {
+        addr: options.addr === undefined ? `$${ENV_ADDR}` : "addr",
+        token: options.token === undefined ? `$${ENV_TOKEN}` : "token",
+      });
       this.rpc = createClient(AdmissionService, conn.transport);
       this.closeConn = conn.close;
       this.target = conn.target;

@@ -35,18 +35,29 @@ export interface Connection {
 
 const MAX_PEM = 1 << 20;
 
+/** Where the address and the token came from, as errors name them: an option or an environment variable. */
+export interface Origins {
+  addr: string;
+  token: string;
+}
+
 /**
  * Opens a connection to target: "host:port", "[v6]:port", "dns:///host:port"
  * or "unix:///path" (also "unix:path"). tls undefined is plaintext to a unix
  * socket or a loopback address and TLS with the system's roots to anything
  * else; true is TLS with the system's roots; false plaintext.
  */
-export function connect(target: string, token: string | undefined, tls: boolean | TLSOptions | undefined): Connection {
+export function connect(
+  target: string,
+  token: string | undefined,
+  tls: boolean | TLSOptions | undefined,
+  from: Origins = { addr: "addr", token: "token" },
+): Connection {
   const t = target.trim();
   const interceptors: Interceptor[] = [];
   if (token) {
     if (!/^[\x21-\x7e]+$/.test(token)) {
-      throw new TypeError("token: only printable ASCII without spaces is allowed in a bearer token");
+      throw new TypeError(`${from.token}: only printable ASCII without spaces is allowed in a bearer token`);
     }
     const value = `Bearer ${token}`;
     interceptors.push((next) => (req) => {
@@ -68,7 +79,7 @@ export function connect(target: string, token: string | undefined, tls: boolean 
     const hostPort = t.replace(/^dns:(?:\/\/\/)?/, "");
     const host = hostOf(hostPort);
     if (host === "" || !/:\d+$/.test(hostPort)) {
-      throw new TypeError(`addr: ${JSON.stringify(target.slice(0, 200))} is not host:port, [v6]:port or unix:///path`);
+      throw new TypeError(`${from.addr}: ${JSON.stringify(target.slice(0, 200))} is not host:port, [v6]:port or unix:///path`);
     }
     const secure = tls === undefined ? !isLoopback(host) : tls !== false;
     baseUrl = `${secure ? "https" : "http"}://${hostPort}`;

@@ -261,6 +261,12 @@ describe("the client's options", () => {
       assert.throws(() => new Client({ addr: "127.0.0.1:1", tls: { caFile: "/nonexistent/ca.pem" } }), /tls.caFile "\/nonexistent\/ca.pem" cannot be read/);
       assert.throws(() => new Client({ addr: "unix:///run/p.sock", tls: true }), /a unix socket .* is plaintext/);
     });
+    env({ POLYGATE_ADDR: "nowhere" }, () => {
+      assert.throws(() => new Client(), /\$POLYGATE_ADDR: "nowhere" is not host:port/);
+    });
+    env({ POLYGATE_TOKEN: "two words" }, () => {
+      assert.throws(() => new Client({ addr: "127.0.0.1:1" }), /\$POLYGATE_TOKEN: only printable ASCII/);
+    });
     env({ POLYGATE_ON_SIDECAR_UNAVAILABLE: "maybe" }, () => {
       assert.throws(() => new Client({ addr: "127.0.0.1:1" }), /\$POLYGATE_ON_SIDECAR_UNAVAILABLE: "maybe" is not allowed/);
     });
