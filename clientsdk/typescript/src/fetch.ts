@@ -78,6 +78,10 @@ export function governedFetch(client: Client, scope: string, options: GovernedFe
   const attribute = options.attribute ?? "base_url";
   const base = options.baseUrl === undefined ? undefined : new URL(options.baseUrl).href.replace(/\/+$/, "");
   const maxBody = options.maxRequestBody ?? DEFAULT_MAX_REQUEST_BODY;
+  if (!Number.isSafeInteger(maxBody) || maxBody < 0) {
+    // NaN would buffer a body of any size and replay none of it.
+    throw new RangeError(`maxRequestBody: ${maxBody} is not allowed: a whole number of bytes, 0 or more`);
+  }
   let warned = false;
 
   return async (input, init) => {

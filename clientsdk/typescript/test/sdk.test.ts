@@ -129,6 +129,17 @@ describe("the governed fetch", () => {
     assert.deepEqual(await mismatches(), []);
   });
 
+  it("refuses a maxRequestBody that is not a size", () => {
+    const pg = new Client({ addr: "127.0.0.1:1", token: "", tracerProvider: null });
+    try {
+      for (const bad of [Number.NaN, -1, 1.5, Number.POSITIVE_INFINITY]) {
+        assert.throws(() => governedFetch(pg, "chat", { maxRequestBody: bad }), /maxRequestBody: .* is not allowed: a whole number of bytes/, String(bad));
+      }
+    } finally {
+      pg.close();
+    }
+  });
+
   it("warns once when a provider SDK retries on its own", async () => {
     const warnings: string[] = [];
     const onWarning = (w: Error): void => {
