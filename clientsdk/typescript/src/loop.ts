@@ -31,9 +31,9 @@ import type { CallTrace } from "./tracing.js";
 import type { AttemptFn, AttemptResult, CallOptions, Grant, SourceReason } from "./types.js";
 
 /** Bound of a CancelCall, and the least time a RecordOutcome gets. */
-export const REPORT_TIMEOUT_MS = 2000;
+const REPORT_TIMEOUT_MS = 2000;
 /** How much longer than the call's deadline an RPC may take: the sidecar ends its waits at the deadline itself. */
-export const RPC_GRACE_MS = 1000;
+const RPC_GRACE_MS = 1000;
 
 const MAX_DETAIL = 1024;
 const MAX_INT32 = 2 ** 31 - 1;
