@@ -90,6 +90,7 @@ export function governedFetch(client: Client, scope: string, options: GovernedFe
     const tokens = typeof options.estimatedTokens === "function" ? options.estimatedTokens(request) : (options.estimatedTokens ?? 0);
     const body = await requestBody(request, maxBody);
     const rest = restOf(request.url, base);
+    const extra = passThrough(init);
     let last: Response | undefined; // the latest attempt's response, cancelled when superseded
     let callId = "";
 
@@ -114,7 +115,7 @@ export function governedFetch(client: Client, scope: string, options: GovernedFe
       await options.prepare?.(req, grant);
       let response: Response;
       try {
-        response = await send(req, { ...passThrough(init), signal });
+        response = await send(req, { ...extra, signal });
       } catch (e) {
         return classifyError(e, signal);
       }
