@@ -1,7 +1,7 @@
 // The gRPC connection to the sidecar: its address, TLS, bearer token, and the
 // translation of gRPC errors into the SDK's.
 
-import { readFileSync } from "node:fs";
+import { closeSync, openSync, readSync } from "node:fs";
 import { isIP, connect as netConnect } from "node:net";
 import type * as http2 from "node:http2";
 
@@ -102,7 +102,7 @@ function tlsOptions(o: TLSOptions): http2.SecureClientSessionOptions {
     }
     let data: Buffer;
     try {
-      data = readFileSync(path);
+      data = readAtMost(path, MAX_PEM + 1);
     } catch (e) {
       throw new TypeError(`tls.${field} ${JSON.stringify(path)} cannot be read: ${(e as Error).message}`);
     }
@@ -120,6 +120,25 @@ function tlsOptions(o: TLSOptions): http2.SecureClientSessionOptions {
   if (key !== undefined) out.key = key;
   if (o.serverName !== undefined) out.servername = o.serverName;
   return out;
+}
+
+/** The first max bytes of a file, read without reading more (a device or a huge file is cut, not read whole). */
+function readAtMost(path: string, max: number): Buffer {
+  const fd = openSync(path, "r");
+  try {
+    const buf = Buffer.alloc(max);
+    let n = 0;
+    while (n < max) {
+      const got = readSync(fd, buf, n, max - n, null);
+      if (got === 0) {
+        break;
+      }
+      n += got;
+    }
+    return buf.subarray(0, n);
+  } finally {
+    closeSync(fd);
+  }
 }
 
 function hostOf(hostPort: string): string {

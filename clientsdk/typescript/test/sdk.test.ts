@@ -270,6 +270,7 @@ describe("the client's options", () => {
       assert.throws(() => new Client({ addr: "127.0.0.1:1", onSidecarUnavailable: "open" as "allow" }), /onSidecarUnavailable: "open" is not allowed: fail or allow/);
       assert.throws(() => new Client({ addr: "127.0.0.1:1", tls: { certFile: "c.pem" } }), /give both or neither/);
       assert.throws(() => new Client({ addr: "127.0.0.1:1", tls: { caFile: "/nonexistent/ca.pem" } }), /tls.caFile "\/nonexistent\/ca.pem" cannot be read/);
+      assert.throws(() => new Client({ addr: "127.0.0.1:1", tls: { caFile: "/dev/zero" } }), /tls.caFile "\/dev\/zero" is larger than 1048576 bytes/);
       assert.throws(() => new Client({ addr: "unix:///run/p.sock", tls: true }), /a unix socket .* is plaintext/);
     });
     env({ POLYGATE_ADDR: "nowhere" }, () => {
