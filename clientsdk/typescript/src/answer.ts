@@ -8,7 +8,7 @@ import type { CallFailedError } from "./errors.js";
 export const FAILURE_REASON = "polygate-failure-reason";
 export const RETRY_AFTER = "polygate-retry-after";
 export const CALL_ID = "polygate-call-id";
-export const ERROR_TYPE = "polygate_error";
+const ERROR_TYPE = "polygate_error";
 
 /** A duration in whole milliseconds, rounded up (never early), never negative. */
 export function millis(msValue: number): number {
@@ -30,7 +30,7 @@ export function statusFor(reason: string): number {
 }
 
 /** The headers that carry the verdict on the response the client gets. */
-export function verdictHeaders(err: CallFailedError): [string, string][] {
+function verdictHeaders(err: CallFailedError): [string, string][] {
   const headers: [string, string][] = [
     [FAILURE_REASON, err.reason || "unknown"],
     [RETRY_AFTER, secondsText(millis(err.retryAfterMs))],
@@ -69,7 +69,7 @@ export function message(err: CallFailedError): string {
  * OpenAI error shape, so that a provider SDK raises its usual status error
  * with polygate's message.
  */
-export function synthesized(err: CallFailedError): Response {
+function synthesized(err: CallFailedError): Response {
   const ms = millis(err.retryAfterMs);
   const headers = new Headers([["content-type", "application/json"], ...verdictHeaders(err)]);
   if (ms > 0) {

@@ -67,18 +67,18 @@ export function classify(status: number, headers: HeaderSource, body: BodySource
   if (status >= 200 && status <= 299) {
     return { outcome: "SUCCESS", retryAfterMs: 0 };
   }
-  const text = bodyText(body);
+  const doc = parseJSON(bodyText(body));
   let outcome: Outcome;
   if (!Number.isInteger(status) || status < 100 || status > 599 || status >= 500 || status === 408) {
     outcome = "TRANSIENT";
   } else if (status === 429) {
-    outcome = insufficientQuota(text) ? "SOURCE_DEAD" : "RATE_LIMITED";
+    outcome = insufficientQuota(doc) ? "SOURCE_DEAD" : "RATE_LIMITED";
   } else if (status === 401 || status === 403) {
     outcome = "SOURCE_DEAD";
   } else {
     outcome = "CLIENT_ERROR";
   }
-  return { outcome, retryAfterMs: retryHintMs(headers, text, now) };
+  return { outcome, retryAfterMs: hintMs(headers, doc, now) };
 }
 
 /**
@@ -86,6 +86,11 @@ export function classify(status: number, headers: HeaderSource, body: BodySource
  * milliseconds, saturated to [0, MAX_RETRY_HINT_MS]; see classify.
  */
 export function retryHintMs(headers: HeaderSource, body: BodySource, now: Date = new Date()): number {
+  return hintMs(headers, parseJSON(bodyText(body)), now);
+}
+
+/** retryHintMs of a body already parsed (doc, undefined when it is not JSON). */
+function hintMs(headers: HeaderSource, doc: unknown, now: Date): number {
   const h = lowered(headers);
   let hint = parseNumber((h.get("retry-after-ms") ?? "").trim(), UNITS_NS.ms!);
   if (hint === undefined) {
@@ -94,7 +99,7 @@ export function retryHintMs(headers: HeaderSource, body: BodySource, now: Date =
   if (hint === undefined) {
     hint = Math.max(resetHint(h, "requests"), resetHint(h, "tokens"));
   }
-  return Math.min(Math.max(hint, bodyRetryDelay(bodyText(body))), MAX_HINT_NS) / NS_PER_MS;
+  return Math.min(Math.max(hint, bodyRetryDelay(doc)), MAX_HINT_NS) / NS_PER_MS;
 }
 
 /**
@@ -247,8 +252,7 @@ function isObject(v: unknown): v is Record<string, unknown> {
   return typeof v === "object" && v !== null && !Array.isArray(v);
 }
 
-function insufficientQuota(text: string): boolean {
-  const doc = parseJSON(text);
+function insufficientQuota(doc: unknown): boolean {
   if (!isObject(doc)) {
     return false;
   }
@@ -259,7 +263,7 @@ function insufficientQuota(text: string): boolean {
   return places.includes("insufficient_quota");
 }
 
-function bodyRetryDelay(text: string): number {
+function bodyRetryDelay(doc: unknown): number {
   const walk = (v: unknown, depth: number): number => {
     if (depth > 32) {
       return 0;
@@ -280,7 +284,7 @@ function bodyRetryDelay(text: string): number {
     }
     return most;
   };
-  return walk(parseJSON(text), 0);
+  return walk(doc, 0);
 }
 
 const MONTHS = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"];

@@ -92,7 +92,10 @@ export class Client {
       if (addr.trim() === "") {
         throw new TypeError(`Client needs the sidecar's address: the addr option or $${ENV_ADDR} (host:port or unix:///path)`);
       }
-      const conn = connect(addr, options.token ?? process.env[ENV_TOKEN]?.trim(), options.tls);
+      const conn = connect(addr, options.token ?? process.env[ENV_TOKEN]?.trim(), options.tls, {
+        addr: options.addr === undefined ? `$${ENV_ADDR}` : "addr",
+        token: options.token === undefined ? `$${ENV_TOKEN}` : "token",
+      });
       this.rpc = createClient(AdmissionService, conn.transport);
       this.closeConn = conn.close;
       this.target = conn.target;
@@ -168,10 +171,8 @@ export class Client {
     );
   }
 
+  /** The grant of an ungoverned attempt (runCall asks only when the client allows them). */
   private ungovernedGrant(scope: string): Grant | undefined {
-    if (this.mode !== "allow") {
-      return undefined;
-    }
     const g = this.lastGrant.get(scope);
     const f = this.fallback[scope];
     if (g === undefined && f === undefined) {

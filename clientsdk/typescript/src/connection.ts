@@ -1,7 +1,7 @@
 // The gRPC connection to the sidecar: its address, TLS, bearer token, and the
 // translation of gRPC errors into the SDK's.
 
-import { readFileSync } from "node:fs";
+import { closeSync, openSync, readSync } from "node:fs";
 import { isIP, connect as netConnect } from "node:net";
 import type * as http2 from "node:http2";
 
@@ -10,7 +10,7 @@ import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
 import { Http2SessionManager, createGrpcTransport } from "@connectrpc/connect-node";
 import type { Transport } from "@connectrpc/connect";
 
-import { sidecarError, type SidecarError, type StatusCode } from "./errors.js";
+import { sidecarError, type SidecarError, type SidecarFacts, type StatusCode } from "./errors.js";
 
 /** TLS to the sidecar: PEM files or their contents. */
 export interface TLSOptions {
@@ -35,18 +35,29 @@ export interface Connection {
 
 const MAX_PEM = 1 << 20;
 
+/** Where the address and the token came from, as errors name them: an option or an environment variable. */
+export interface Origins {
+  addr: string;
+  token: string;
+}
+
 /**
  * Opens a connection to target: "host:port", "[v6]:port", "dns:///host:port"
  * or "unix:///path" (also "unix:path"). tls undefined is plaintext to a unix
  * socket or a loopback address and TLS with the system's roots to anything
  * else; true is TLS with the system's roots; false plaintext.
  */
-export function connect(target: string, token: string | undefined, tls: boolean | TLSOptions | undefined): Connection {
+export function connect(
+  target: string,
+  token: string | undefined,
+  tls: boolean | TLSOptions | undefined,
+  from: Origins = { addr: "addr", token: "token" },
+): Connection {
   const t = target.trim();
   const interceptors: Interceptor[] = [];
   if (token) {
     if (!/^[\x21-\x7e]+$/.test(token)) {
-      throw new TypeError("token: only printable ASCII without spaces is allowed in a bearer token");
+      throw new TypeError(`${from.token}: only printable ASCII without spaces is allowed in a bearer token`);
     }
     const value = `Bearer ${token}`;
     interceptors.push((next) => (req) => {
@@ -68,7 +79,7 @@ export function connect(target: string, token: string | undefined, tls: boolean 
     const hostPort = t.replace(/^dns:(?:\/\/\/)?/, "");
     const host = hostOf(hostPort);
     if (host === "" || !/:\d+$/.test(hostPort)) {
-      throw new TypeError(`addr: ${JSON.stringify(target.slice(0, 200))} is not host:port, [v6]:port or unix:///path`);
+      throw new TypeError(`${from.addr}: ${JSON.stringify(target.slice(0, 200))} is not host:port, [v6]:port or unix:///path`);
     }
     const secure = tls === undefined ? !isLoopback(host) : tls !== false;
     baseUrl = `${secure ? "https" : "http"}://${hostPort}`;
@@ -91,7 +102,7 @@ function tlsOptions(o: TLSOptions): http2.SecureClientSessionOptions {
     }
     let data: Buffer;
     try {
-      data = readFileSync(path);
+      data = readAtMost(path, MAX_PEM + 1);
     } catch (e) {
       throw new TypeError(`tls.${field} ${JSON.stringify(path)} cannot be read: ${(e as Error).message}`);
     }
@@ -109,6 +120,25 @@ function tlsOptions(o: TLSOptions): http2.SecureClientSessionOptions {
   if (key !== undefined) out.key = key;
   if (o.serverName !== undefined) out.servername = o.serverName;
   return out;
+}
+
+/** The first max bytes of a file, read without reading more (a device or a huge file is cut, not read whole). */
+function readAtMost(path: string, max: number): Buffer {
+  const fd = openSync(path, "r");
+  try {
+    const buf = Buffer.alloc(max);
+    let n = 0;
+    while (n < max) {
+      const got = readSync(fd, buf, n, max - n, null);
+      if (got === 0) {
+        break;
+      }
+      n += got;
+    }
+    return buf.subarray(0, n);
+  } finally {
+    closeSync(fd);
+  }
 }
 
 function hostOf(hostPort: string): string {
@@ -159,9 +189,9 @@ const ERROR_INFO = "google.rpc.ErrorInfo";
  * google.rpc.ErrorInfo to every error it answers; an UNAVAILABLE without
  * one, a stream the connection closed under it (CANCELLED) or a failed
  * connection is the sidecar not reached at all: an UnavailableError that is
- * `unreachable`.
+ * `unreachable`. call is what the call had done when the RPC failed.
  */
-export function rpcError(method: string, err: unknown): SidecarError {
+export function rpcError(method: string, err: unknown, call: Pick<SidecarFacts, "attempts" | "lastResult"> = {}): SidecarError {
   const ce = ConnectError.from(err);
   let code = CODE_NAMES[ce.code] ?? "UNKNOWN";
   let info: { reason: string; metadata: Record<string, string> } | undefined;
@@ -178,6 +208,7 @@ export function rpcError(method: string, err: unknown): SidecarError {
     reason: info?.reason ?? "",
     metadata: info?.metadata ?? {},
     unreachable,
+    ...call,
   });
 }
 

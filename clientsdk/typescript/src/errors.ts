@@ -244,7 +244,7 @@ export class InternalError extends SidecarError {
 }
 
 /** The one table from gRPC status codes to the SDK's errors; other codes are SidecarError. */
-export const STATUS_ERRORS: Partial<Record<StatusCode, new (method: string, code: StatusCode, details: string, facts?: SidecarFacts) => SidecarError>> = {
+const STATUS_ERRORS: Partial<Record<StatusCode, new (method: string, code: StatusCode, details: string, facts?: SidecarFacts) => SidecarError>> = {
   INVALID_ARGUMENT: InvalidArgumentError,
   NOT_FOUND: NotFoundError,
   FAILED_PRECONDITION: FailedPreconditionError,

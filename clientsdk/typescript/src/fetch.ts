@@ -78,6 +78,10 @@ export function governedFetch(client: Client, scope: string, options: GovernedFe
   const attribute = options.attribute ?? "base_url";
   const base = options.baseUrl === undefined ? undefined : new URL(options.baseUrl).href.replace(/\/+$/, "");
   const maxBody = options.maxRequestBody ?? DEFAULT_MAX_REQUEST_BODY;
+  if (!Number.isSafeInteger(maxBody) || maxBody < 0) {
+    // NaN would buffer a body of any size and replay none of it.
+    throw new RangeError(`maxRequestBody: ${maxBody} is not allowed: a whole number of bytes, 0 or more`);
+  }
   let warned = false;
 
   return async (input, init) => {
@@ -86,6 +90,7 @@ export function governedFetch(client: Client, scope: string, options: GovernedFe
     const tokens = typeof options.estimatedTokens === "function" ? options.estimatedTokens(request) : (options.estimatedTokens ?? 0);
     const body = await requestBody(request, maxBody);
     const rest = restOf(request.url, base);
+    const extra = passThrough(init);
     let last: Response | undefined; // the latest attempt's response, cancelled when superseded
     let callId = "";
 
@@ -110,7 +115,7 @@ export function governedFetch(client: Client, scope: string, options: GovernedFe
       await options.prepare?.(req, grant);
       let response: Response;
       try {
-        response = await send(req, { ...passThrough(init), signal });
+        response = await send(req, { ...extra, signal });
       } catch (e) {
         return classifyError(e, signal);
       }

@@ -31,9 +31,9 @@ import type { CallTrace } from "./tracing.js";
 import type { AttemptFn, AttemptResult, CallOptions, Grant, SourceReason } from "./types.js";
 
 /** Bound of a CancelCall, and the least time a RecordOutcome gets. */
-export const REPORT_TIMEOUT_MS = 2000;
+const REPORT_TIMEOUT_MS = 2000;
 /** How much longer than the call's deadline an RPC may take: the sidecar ends its waits at the deadline itself. */
-export const RPC_GRACE_MS = 1000;
+const RPC_GRACE_MS = 1000;
 
 const MAX_DETAIL = 1024;
 const MAX_INT32 = 2 ** 31 - 1;
@@ -57,8 +57,8 @@ export interface LoopEnv {
   /** Called with every RPC's error before the loop looks at it, and with undefined after every answer. */
   observe(err: SidecarError | undefined): void;
   /**
-   * When the sidecar is unreachable: the grant of an attempt to make without
-   * it (onSidecarUnavailable: "allow"), counted; undefined to fail.
+   * When the sidecar is unreachable and allowUnreachable: the grant of an
+   * attempt to make without it, counted; undefined to fail.
    */
   ungoverned(scope: string): Grant | undefined;
   /** Whether the client lets calls through while the sidecar is unreachable. */
@@ -77,31 +77,14 @@ const OUTCOMES: Record<Outcome, PbOutcome> = {
   CANCELLED: PbOutcome.CANCELLED,
 };
 
-const FAILURES: Partial<Record<PbFailureReason, string>> = {
-  [PbFailureReason.CIRCUIT_OPEN]: "circuit_open",
-  [PbFailureReason.QUOTA_EXHAUSTED]: "quota_exhausted",
-  [PbFailureReason.STALLED]: "stalled",
-  [PbFailureReason.RETRY_EXHAUSTED]: "retry_exhausted",
-  [PbFailureReason.NON_RETRYABLE]: "non_retryable",
-  [PbFailureReason.DEADLINE_EXCEEDED]: "deadline_exceeded",
-  [PbFailureReason.CANCELLED]: "cancelled",
-  [PbFailureReason.RETRY_AFTER_TOO_LONG]: "retry_after_too_long",
-  [PbFailureReason.SOURCE_DEAD]: "source_dead",
-  [PbFailureReason.SCOPE_REMOVED]: "scope_removed",
-  [PbFailureReason.BUDGET_EXHAUSTED]: "budget_exhausted",
-};
-
-const REFUSALS: Partial<Record<PbReason, string>> = {
-  [PbReason.COOLDOWN]: "cooldown",
-  [PbReason.CIRCUIT_OPEN]: "circuit_open",
-  [PbReason.PROBE_IN_FLIGHT]: "probe_in_flight",
-  [PbReason.FORCED_OPEN]: "forced_open",
-  [PbReason.ADAPTIVE_PACED]: "adaptive_paced",
-  [PbReason.RATE_LIMITED]: "rate_limited",
-  [PbReason.QUEUED]: "queued",
-  [PbReason.TENANT_LIMIT]: "tenant_limit",
-  [PbReason.TENANT_BUDGET]: "tenant_budget",
-};
+/**
+ * A failure reason as the API's documents spell it ("circuit_open"): the
+ * generated enum's name, lowered; "" for UNSPECIFIED or a value the
+ * generated code does not know.
+ */
+function failureName(r: PbFailureReason): string {
+  return r === PbFailureReason.UNSPECIFIED ? "" : (PbFailureReason[r]?.toLowerCase() ?? "");
+}
 
 /** A Duration in milliseconds, 0 when unset. */
 function ms(d: Duration | undefined): number {
@@ -123,7 +106,7 @@ function truncate(s: string, n: number): string {
 }
 
 function sourceReasons(rs: PbSourceReason[]): SourceReason[] {
-  return rs.map((r) => ({ source: r.source, reason: REFUSALS[r.reason] ?? PbReason[r.reason] ?? String(r.reason), retryAfterMs: ms(r.retryAfter) }));
+  return rs.map((r) => ({ source: r.source, reason: PbReason[r.reason]?.toLowerCase() ?? String(r.reason), retryAfterMs: ms(r.retryAfter) }));
 }
 
 /** Sleeps ms, or rejects with the signal's reason when it aborts first. */
@@ -173,7 +156,7 @@ export async function runCall<T>(env: LoopEnv, scope: string, fn: AttemptFn<T>, 
   const failure = (f: PbFailure, refused: PbSourceReason[] = []): CallFailedError => {
     verdict = true;
     const reasons = f.perSourceReasons.length > 0 ? f.perSourceReasons : refused;
-    return verdictError(FAILURES[f.reason] ?? "", {
+    return verdictError(failureName(f.reason), {
       ...facts(),
       retryAfterMs: ms(f.retryAfter),
       perSourceReasons: sourceReasons(reasons),
@@ -203,18 +186,12 @@ export async function runCall<T>(env: LoopEnv, scope: string, fn: AttemptFn<T>, 
       return answer;
     } catch (e) {
       signal?.throwIfAborted();
-      const err = rpcError(method, e);
+      const err = rpcError(method, e, { attempts, lastResult: last });
       env.observe(err);
       if (end !== undefined && (err.code === "DEADLINE_EXCEEDED" || env.now() >= end)) {
         throw deadlineExceeded();
       }
-      throw sidecarError(err.method, err.code, err.details, {
-        reason: err.reason,
-        metadata: err.metadata,
-        unreachable: err.unreachable,
-        attempts,
-        lastResult: last,
-      });
+      throw err;
     }
   };
 
@@ -260,7 +237,7 @@ export async function runCall<T>(env: LoopEnv, scope: string, fn: AttemptFn<T>, 
           return result.value as T;
         }
         if (next.case === "failure") {
-          trace.reported(result, "failure", FAILURES[next.value.reason] ?? "");
+          trace.reported(result, "failure", failureName(next.value.reason));
           throw failure(next.value);
         }
         if (next.case !== "retry") {

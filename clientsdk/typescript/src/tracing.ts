@@ -19,7 +19,7 @@ type Api = typeof otel;
 let api: Promise<Api | undefined> | undefined;
 
 /** @opentelemetry/api, once imported; undefined when it is not installed. */
-export function loadOtel(): Promise<Api | undefined> {
+function loadOtel(): Promise<Api | undefined> {
   // A CommonJS package: its exports are named, or under default.
   api ??= import("@opentelemetry/api").then(
     (m) => ((m as Partial<Api>).trace !== undefined ? (m as Api) : (m as unknown as { default: Api }).default),

@@ -49,7 +49,7 @@ export type AttemptFn<T> = (grant: Grant, signal: AbortSignal) => Promise<Attemp
 /** One source's refusal of the call's last Pick. */
 export interface SourceReason {
   source: string;
-  /** cooldown, circuit_open, probe_in_flight, forced_open, adaptive_paced, rate_limited or queued. */
+  /** cooldown, circuit_open, probe_in_flight, forced_open, adaptive_paced, rate_limited, queued, tenant_limit or tenant_budget. */
   reason: string;
   /** Time until this source's earliest certain retry, in milliseconds (0 when there is none). */
   retryAfterMs: number;

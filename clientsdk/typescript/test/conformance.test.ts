@@ -7,7 +7,6 @@ import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
 
 import { Kit } from "./kit.js";
-import { binary, start, type Started } from "./procs.js";
 import { REPO } from "./repo.js";
 
 const DIR = join(REPO, "clientsdk/conformance/exchanges");
@@ -16,16 +15,14 @@ const files = readdirSync(DIR)
   .sort();
 const exchanges = new Map(files.map((f) => [f, readFileSync(join(DIR, f), "utf8")]));
 
-let fake: Started;
 let kit: Kit;
 
 before(async () => {
-  fake = await start(binary("POLYGATE_FAKESIDECAR_BIN", "./clientsdk/conformance/fakesidecar"), ["--exit-on-stdin-eof"], "fakesidecar listening on ");
-  kit = new Kit(fake.addr);
+  kit = await Kit.start();
 });
 
 after(async () => {
-  await fake?.stop();
+  await kit?.stop();
 });
 
 describe("every exchange of the conformance kit", () => {

@@ -6,7 +6,7 @@
 import { isDeepStrictEqual } from "node:util";
 
 import { Client, UnavailableError, governedFetch } from "../src/index.js";
-import { TIMEOUT_MS } from "./procs.js";
+import { TIMEOUT_MS, binary, start, type Started } from "./procs.js";
 
 /** An exchange, as far as the runner reads it (clientsdk/conformance/README.md). */
 export interface Exchange {
@@ -48,9 +48,22 @@ export interface Endpoints {
 /** The placeholder the application's requests are written against. */
 const PLACEHOLDER = "http://polygate.invalid";
 
-/** The fake sidecar's control API. */
+/** The kit's fake sidecar and its control API. */
 export class Kit {
-  constructor(private readonly url: string) {}
+  private constructor(
+    private readonly url: string,
+    private readonly proc: Started,
+  ) {}
+
+  /** Starts the fake sidecar on a free port. */
+  static async start(): Promise<Kit> {
+    const p = await start(binary("POLYGATE_FAKESIDECAR_BIN", "./clientsdk/conformance/fakesidecar"), ["--exit-on-stdin-eof"], "fakesidecar listening on ");
+    return new Kit(p.addr, p);
+  }
+
+  stop(): Promise<void> {
+    return this.proc.stop();
+  }
 
   private async fetch(path: string, init?: RequestInit): Promise<Response> {
     const r = await fetch(this.url + path, init);

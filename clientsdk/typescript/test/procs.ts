@@ -101,7 +101,9 @@ export async function start(path: string, args: string[], prefix: string, env?: 
       if (exitCode === undefined) {
         proc.ref(); // the wait for its exit holds the test process
         proc.kill("SIGTERM");
+        const kill = setTimeout(() => proc.kill("SIGKILL"), TIMEOUT_MS); // a shutdown that hangs must not hang the run
         await exited;
+        clearTimeout(kill);
       }
     },
   };

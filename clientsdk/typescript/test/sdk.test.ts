@@ -22,18 +22,15 @@ import {
   type GovernedFetchOptions,
 } from "../src/index.js";
 import { Kit, type Endpoints } from "./kit.js";
-import { binary, start, type Started } from "./procs.js";
 
-let fake: Started;
 let kit: Kit;
 
 before(async () => {
-  fake = await start(binary("POLYGATE_FAKESIDECAR_BIN", "./clientsdk/conformance/fakesidecar"), ["--exit-on-stdin-eof"], "fakesidecar listening on ");
-  kit = new Kit(fake.addr);
+  kit = await Kit.start();
 });
 
 after(async () => {
-  await fake?.stop();
+  await kit?.stop();
 });
 
 const REQUEST = { method: "POST", path: "/x", headers: {}, body: "" };
@@ -130,6 +127,17 @@ describe("the governed fetch", () => {
     const ep = await script();
     await assert.rejects(governed(ep, "http://polygate.invalid/chat", { method: "POST", body: "x".repeat(101) }, { maxRequestBody: 100 }), RangeError);
     assert.deepEqual(await mismatches(), []);
+  });
+
+  it("refuses a maxRequestBody that is not a size", () => {
+    const pg = new Client({ addr: "127.0.0.1:1", token: "", tracerProvider: null });
+    try {
+      for (const bad of [Number.NaN, -1, 1.5, Number.POSITIVE_INFINITY]) {
+        assert.throws(() => governedFetch(pg, "chat", { maxRequestBody: bad }), /maxRequestBody: .* is not allowed: a whole number of bytes/, String(bad));
+      }
+    } finally {
+      pg.close();
+    }
   });
 
   it("warns once when a provider SDK retries on its own", async () => {
@@ -262,7 +270,14 @@ describe("the client's options", () => {
       assert.throws(() => new Client({ addr: "127.0.0.1:1", onSidecarUnavailable: "open" as "allow" }), /onSidecarUnavailable: "open" is not allowed: fail or allow/);
       assert.throws(() => new Client({ addr: "127.0.0.1:1", tls: { certFile: "c.pem" } }), /give both or neither/);
       assert.throws(() => new Client({ addr: "127.0.0.1:1", tls: { caFile: "/nonexistent/ca.pem" } }), /tls.caFile "\/nonexistent\/ca.pem" cannot be read/);
+      assert.throws(() => new Client({ addr: "127.0.0.1:1", tls: { caFile: "/dev/zero" } }), /tls.caFile "\/dev\/zero" is larger than 1048576 bytes/);
       assert.throws(() => new Client({ addr: "unix:///run/p.sock", tls: true }), /a unix socket .* is plaintext/);
+    });
+    env({ POLYGATE_ADDR: "nowhere" }, () => {
+      assert.throws(() => new Client(), /\$POLYGATE_ADDR: "nowhere" is not host:port/);
+    });
+    env({ POLYGATE_TOKEN: "two words" }, () => {
+      assert.throws(() => new Client({ addr: "127.0.0.1:1" }), /\$POLYGATE_TOKEN: only printable ASCII/);
     });
     env({ POLYGATE_ON_SIDECAR_UNAVAILABLE: "maybe" }, () => {
       assert.throws(() => new Client({ addr: "127.0.0.1:1" }), /\$POLYGATE_ON_SIDECAR_UNAVAILABLE: "maybe" is not allowed/);
