@@ -87,7 +87,8 @@ type admission struct {
 
 func (a *admission) Pick(ctx context.Context, req *admissionv1.PickRequest) (*admissionv1.PickResponse, error) {
 	f := a.f
-	var callID string
+	var callID, permit, up string
+	var attempt int32
 	s, done := f.arrive("Pick", "Pick", "", func(s *Step) []string {
 		w := s.want.(*PickWant)
 		var m []string
@@ -119,7 +120,7 @@ func (a *admission) Pick(ctx context.Context, req *admissionv1.PickRequest) (*ad
 			f.attempt++
 			f.permit = fmt.Sprintf("permit-%d", f.permits)
 		}
-		callID = f.callID
+		callID, permit, attempt, up = f.callID, f.permit, f.attempt, f.upstream.URL
 		return m
 	})
 	if s == nil {
@@ -134,9 +135,6 @@ func (a *admission) Pick(ctx context.Context, req *admissionv1.PickRequest) (*ad
 	case r.Error != nil:
 		return nil, rpcErr(r.Error)
 	case r.Grant != nil:
-		f.mu.Lock()
-		permit, attempt, up := f.permit, f.attempt, f.upstream.URL
-		f.mu.Unlock()
 		attrs := map[string]string{"base_url": up + "/" + r.Grant.Source}
 		maps.Copy(attrs, r.Grant.Attributes)
 		g := &admissionv1.Grant{Source: r.Grant.Source, Attributes: attrs, PermitId: permit, Attempt: attempt, Probe: r.Grant.Probe,
