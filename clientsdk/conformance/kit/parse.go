@@ -288,7 +288,7 @@ func (s *Step) parse() error {
 	if alternatives != 1 {
 		return fmt.Errorf("reply: want exactly one answer of %s, got %d", s.RPC, alternatives)
 	}
-	return errorValid(s.Reply)
+	return errorValid(s.reply.(rpcReply).errorOrHang().Error)
 }
 
 func failureValid(field string, f *FailureReply) error {
@@ -316,16 +316,12 @@ func reasonsValid(field string, rs []Reason) error {
 	return nil
 }
 
-func errorValid(raw json.RawMessage) error {
-	var holder struct {
-		Error *ErrorReply `json:"error"`
-	}
-	_ = json.Unmarshal(raw, &holder)
-	if holder.Error == nil {
+func errorValid(e *ErrorReply) error {
+	if e == nil {
 		return nil
 	}
-	if _, ok := statusCodes[holder.Error.Code]; !ok {
-		return fmt.Errorf("reply.error.code: %q is not a gRPC code; one of %s", holder.Error.Code, strings.Join(sortedKeys(statusCodes), ", "))
+	if _, ok := statusCodes[e.Code]; !ok {
+		return fmt.Errorf("reply.error.code: %q is not a gRPC code; one of %s", e.Code, strings.Join(sortedKeys(statusCodes), ", "))
 	}
 	return nil
 }
