@@ -129,10 +129,7 @@ func run(t *testing.T, f *kit.Fake, ex *kit.Exchange, resultWait time.Duration) 
 		t.Fatal(err)
 	}
 	defer f.End()
-	scope := ex.Scope
-	if scope == "" {
-		scope = "chat"
-	}
+	scope := ex.Scope // Parse filled in the default
 	client, err := polygate.Dial(ep.Sidecar, clientOptions(t, ex, ep, scope)...)
 	if err != nil {
 		t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 )
@@ -105,4 +106,30 @@ func TestGatedStream(t *testing.T) {
 	if _, err := r.ReadByte(); err != io.EOF {
 		t.Errorf("after the stream: %v; want EOF", err)
 	}
+}
+
+// A gated stream sends nothing after its first event until it is released:
+// a request given up right after that event got that event alone.
+func TestGatedStreamHoldsUntilReleased(t *testing.T) {
+	s := New()
+	defer s.Close()
+	s.Set("a", Step{Stream: []string{"1", "2"}, Gated: true})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w := &cancelOnFlush{ResponseRecorder: httptest.NewRecorder(), cancel: cancel}
+	s.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/a/chat", nil).WithContext(ctx))
+	if got := w.Body.String(); got != "data: 1\n\n" {
+		t.Errorf("sent %q without a release; want the first event alone", got)
+	}
+}
+
+// cancelOnFlush gives the request up once the first event is flushed.
+type cancelOnFlush struct {
+	*httptest.ResponseRecorder
+	cancel context.CancelFunc
+}
+
+func (w *cancelOnFlush) Flush() {
+	w.ResponseRecorder.Flush()
+	w.cancel()
 }

@@ -79,6 +79,25 @@ func reasons(rs []Reason) []*admissionv1.SourceReason {
 // unexpected answers an RPC the script does not have at this point.
 var unexpected = status.Error(codes.FailedPrecondition, "conformance: this RPC is not the script's next step")
 
+// serve answers an RPC that arrive matched to step s (nil: it is not the
+// script's): the step's reply hangs, fails with its error, or is answered
+// by answer; the moment the reply leaves is marked.
+func serve[R rpcReply, Resp any](ctx context.Context, f *Fake, s *Step, done chan struct{}, answer func(R) *Resp) (*Resp, error) {
+	if s == nil {
+		return nil, unexpected
+	}
+	r := s.reply.(R)
+	e := r.errorOrHang()
+	if e.Hang {
+		return nil, hang(ctx, done)
+	}
+	defer f.replied()
+	if e.Error != nil {
+		return nil, rpcErr(e.Error)
+	}
+	return answer(r), nil
+}
+
 // admission is the scripted AdmissionService.
 type admission struct {
 	admissionv1.UnimplementedAdmissionServiceServer
@@ -87,7 +106,8 @@ type admission struct {
 
 func (a *admission) Pick(ctx context.Context, req *admissionv1.PickRequest) (*admissionv1.PickResponse, error) {
 	f := a.f
-	var callID string
+	var callID, permit, up string
+	var attempt int32
 	s, done := f.arrive("Pick", "Pick", "", func(s *Step) []string {
 		w := s.want.(*PickWant)
 		var m []string
@@ -119,38 +139,27 @@ func (a *admission) Pick(ctx context.Context, req *admissionv1.PickRequest) (*ad
 			f.attempt++
 			f.permit = fmt.Sprintf("permit-%d", f.permits)
 		}
-		callID = f.callID
+		callID, permit, attempt, up = f.callID, f.permit, f.attempt, f.upstream.URL
 		return m
 	})
-	if s == nil {
-		return nil, unexpected
-	}
-	r := s.reply.(*PickReply)
-	if r.Hang {
-		return nil, hang(ctx, done)
-	}
-	defer f.replied()
-	switch {
-	case r.Error != nil:
-		return nil, rpcErr(r.Error)
-	case r.Grant != nil:
-		f.mu.Lock()
-		permit, attempt, up := f.permit, f.attempt, f.upstream.URL
-		f.mu.Unlock()
-		attrs := map[string]string{"base_url": up + "/" + r.Grant.Source}
-		maps.Copy(attrs, r.Grant.Attributes)
-		g := &admissionv1.Grant{Source: r.Grant.Source, Attributes: attrs, PermitId: permit, Attempt: attempt, Probe: r.Grant.Probe,
-			Lease: ms(r.Grant.TimeoutMs + 5000), Epoch: 1}
-		if r.Grant.TimeoutMs > 0 {
-			g.Timeout = ms(r.Grant.TimeoutMs)
+	return serve(ctx, f, s, done, func(r *PickReply) *admissionv1.PickResponse {
+		switch {
+		case r.Grant != nil:
+			attrs := map[string]string{"base_url": up + "/" + r.Grant.Source}
+			maps.Copy(attrs, r.Grant.Attributes)
+			g := &admissionv1.Grant{Source: r.Grant.Source, Attributes: attrs, PermitId: permit, Attempt: attempt, Probe: r.Grant.Probe,
+				Lease: ms(r.Grant.TimeoutMs + 5000), Epoch: 1}
+			if r.Grant.TimeoutMs > 0 {
+				g.Timeout = ms(r.Grant.TimeoutMs)
+			}
+			return &admissionv1.PickResponse{CallId: callID, Result: &admissionv1.PickResponse_Grant{Grant: g}}
+		case r.NoRunnable != nil:
+			return &admissionv1.PickResponse{CallId: callID, Result: &admissionv1.PickResponse_NoRunnable{NoRunnable: &admissionv1.NoRunnable{
+				GateRejections: r.NoRunnable.GateRejections, PerSourceReasons: reasons(r.NoRunnable.Reasons)}}}
+		default:
+			return &admissionv1.PickResponse{CallId: callID, Result: &admissionv1.PickResponse_Failure{Failure: failure(r.Failure)}}
 		}
-		return &admissionv1.PickResponse{CallId: callID, Result: &admissionv1.PickResponse_Grant{Grant: g}}, nil
-	case r.NoRunnable != nil:
-		return &admissionv1.PickResponse{CallId: callID, Result: &admissionv1.PickResponse_NoRunnable{NoRunnable: &admissionv1.NoRunnable{
-			GateRejections: r.NoRunnable.GateRejections, PerSourceReasons: reasons(r.NoRunnable.Reasons)}}}, nil
-	default:
-		return &admissionv1.PickResponse{CallId: callID, Result: &admissionv1.PickResponse_Failure{Failure: failure(r.Failure)}}, nil
-	}
+	})
 }
 
 func (a *admission) OnNoRunnable(ctx context.Context, req *admissionv1.OnNoRunnableRequest) (*admissionv1.OnNoRunnableResponse, error) {
@@ -158,22 +167,12 @@ func (a *admission) OnNoRunnable(ctx context.Context, req *admissionv1.OnNoRunna
 	s, done := f.arrive("OnNoRunnable", "OnNoRunnable", "", func(*Step) []string {
 		return append(differ("scope", req.GetScope(), f.ex.Scope), differ("call_id", req.GetCallId(), f.callID)...)
 	})
-	if s == nil {
-		return nil, unexpected
-	}
-	r := s.reply.(*OnNoRunnableReply)
-	if r.Hang {
-		return nil, hang(ctx, done)
-	}
-	defer f.replied()
-	switch {
-	case r.Error != nil:
-		return nil, rpcErr(r.Error)
-	case r.Wait != nil:
-		return &admissionv1.OnNoRunnableResponse{Decision: &admissionv1.OnNoRunnableResponse_Wait{Wait: &admissionv1.Wait{Sleep: ms(r.Wait.SleepMs)}}}, nil
-	default:
-		return &admissionv1.OnNoRunnableResponse{Decision: &admissionv1.OnNoRunnableResponse_Failure{Failure: failure(r.Failure)}}, nil
-	}
+	return serve(ctx, f, s, done, func(r *OnNoRunnableReply) *admissionv1.OnNoRunnableResponse {
+		if r.Wait != nil {
+			return &admissionv1.OnNoRunnableResponse{Decision: &admissionv1.OnNoRunnableResponse_Wait{Wait: &admissionv1.Wait{Sleep: ms(r.Wait.SleepMs)}}}
+		}
+		return &admissionv1.OnNoRunnableResponse{Decision: &admissionv1.OnNoRunnableResponse_Failure{Failure: failure(r.Failure)}}
+	})
 }
 
 func (a *admission) RecordOutcome(ctx context.Context, req *admissionv1.RecordOutcomeRequest) (*admissionv1.RecordOutcomeResponse, error) {
@@ -197,24 +196,16 @@ func (a *admission) RecordOutcome(ctx context.Context, req *admissionv1.RecordOu
 		f.permit = ""
 		return m
 	})
-	if s == nil {
-		return nil, unexpected
-	}
-	r := s.reply.(*RecordReply)
-	if r.Hang {
-		return nil, hang(ctx, done)
-	}
-	defer f.replied()
-	switch {
-	case r.Error != nil:
-		return nil, rpcErr(r.Error)
-	case r.Done != nil:
-		return &admissionv1.RecordOutcomeResponse{Next: &admissionv1.RecordOutcomeResponse_Done{Done: &admissionv1.Done{}}}, nil
-	case r.Retry != nil:
-		return &admissionv1.RecordOutcomeResponse{Next: &admissionv1.RecordOutcomeResponse_Retry{Retry: &admissionv1.Retry{Backoff: ms(r.Retry.BackoffMs)}}}, nil
-	default:
-		return &admissionv1.RecordOutcomeResponse{Next: &admissionv1.RecordOutcomeResponse_Failure{Failure: failure(r.Failure)}}, nil
-	}
+	return serve(ctx, f, s, done, func(r *RecordReply) *admissionv1.RecordOutcomeResponse {
+		switch {
+		case r.Done != nil:
+			return &admissionv1.RecordOutcomeResponse{Next: &admissionv1.RecordOutcomeResponse_Done{Done: &admissionv1.Done{}}}
+		case r.Retry != nil:
+			return &admissionv1.RecordOutcomeResponse{Next: &admissionv1.RecordOutcomeResponse_Retry{Retry: &admissionv1.Retry{Backoff: ms(r.Retry.BackoffMs)}}}
+		default:
+			return &admissionv1.RecordOutcomeResponse{Next: &admissionv1.RecordOutcomeResponse_Failure{Failure: failure(r.Failure)}}
+		}
+	})
 }
 
 func (a *admission) CancelCall(ctx context.Context, req *admissionv1.CancelCallRequest) (*admissionv1.CancelCallResponse, error) {
@@ -224,18 +215,7 @@ func (a *admission) CancelCall(ctx context.Context, req *admissionv1.CancelCallR
 		f.permit = ""
 		return m
 	})
-	if s == nil {
-		return nil, unexpected
-	}
-	r := s.reply.(*CancelReply)
-	if r.Hang {
-		return nil, hang(ctx, done)
-	}
-	defer f.replied()
-	switch {
-	case r.Error != nil:
-		return nil, rpcErr(r.Error)
-	default:
-		return &admissionv1.CancelCallResponse{EndedNow: !r.NotEnded}, nil
-	}
+	return serve(ctx, f, s, done, func(r *CancelReply) *admissionv1.CancelCallResponse {
+		return &admissionv1.CancelCallResponse{EndedNow: !r.NotEnded}
+	})
 }

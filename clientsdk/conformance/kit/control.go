@@ -9,9 +9,6 @@ import (
 	"time"
 )
 
-// maxExchange bounds an exchange posted to the control API.
-const maxExchange = 1 << 20
-
 // maxWait bounds how long a control request waits for events.
 const maxWait = 5 * time.Minute
 
@@ -26,9 +23,9 @@ const maxWait = 5 * time.Minute
 func Control(f *Fake) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /exchange", func(w http.ResponseWriter, r *http.Request) {
-		data, err := io.ReadAll(io.LimitReader(r.Body, maxExchange+1))
-		if err != nil || len(data) > maxExchange {
-			http.Error(w, "exchange: unreadable or larger than 1 MiB", http.StatusBadRequest)
+		data, err := io.ReadAll(io.LimitReader(r.Body, maxExchange+1)) // Parse refuses more than maxExchange
+		if err != nil {
+			http.Error(w, "exchange: unreadable: "+err.Error(), http.StatusBadRequest)
 			return
 		}
 		ex, err := Parse(data)
@@ -73,7 +70,7 @@ func Control(f *Fake) http.Handler {
 func waitContext(r *http.Request) (context.Context, context.CancelFunc) {
 	ms, err := strconv.ParseInt(r.URL.Query().Get("timeout_ms"), 10, 64)
 	d := maxWait
-	if err == nil && ms >= 0 && time.Duration(ms)*time.Millisecond < maxWait {
+	if err == nil && ms >= 0 && ms < maxWait.Milliseconds() {
 		d = time.Duration(ms) * time.Millisecond
 	}
 	return context.WithTimeout(r.Context(), d)

@@ -166,6 +166,18 @@ type GrantReply struct {
 	Probe      bool              `json:"probe,omitempty"`
 }
 
+// ErrorOrHang are the replies every RPC may have instead of its answers: a
+// gRPC error, or none at all until the client gives up (Hang).
+type ErrorOrHang struct {
+	Error *ErrorReply `json:"error,omitempty"`
+	Hang  bool        `json:"hang,omitempty"`
+}
+
+func (e *ErrorOrHang) errorOrHang() *ErrorOrHang { return e }
+
+// rpcReply is an RPC step's reply, each of which embeds ErrorOrHang.
+type rpcReply interface{ errorOrHang() *ErrorOrHang }
+
 // PickReply is a Pick's answer: exactly one of its fields.
 type PickReply struct {
 	Grant      *GrantReply `json:"grant,omitempty"`
@@ -174,8 +186,7 @@ type PickReply struct {
 		Reasons        []Reason `json:"reasons,omitempty"`
 	} `json:"no_runnable,omitempty"`
 	Failure *FailureReply `json:"failure,omitempty"`
-	Error   *ErrorReply   `json:"error,omitempty"`
-	Hang    bool          `json:"hang,omitempty"`
+	ErrorOrHang
 }
 
 // OnNoRunnableReply is an OnNoRunnable's answer: exactly one of its fields.
@@ -184,8 +195,7 @@ type OnNoRunnableReply struct {
 		SleepMs int64 `json:"sleep_ms,omitempty"`
 	} `json:"wait,omitempty"`
 	Failure *FailureReply `json:"failure,omitempty"`
-	Error   *ErrorReply   `json:"error,omitempty"`
-	Hang    bool          `json:"hang,omitempty"`
+	ErrorOrHang
 }
 
 // RecordReply is a RecordOutcome's answer: exactly one of its fields.
@@ -195,15 +205,13 @@ type RecordReply struct {
 		BackoffMs int64 `json:"backoff_ms,omitempty"`
 	} `json:"retry,omitempty"`
 	Failure *FailureReply `json:"failure,omitempty"`
-	Error   *ErrorReply   `json:"error,omitempty"`
-	Hang    bool          `json:"hang,omitempty"`
+	ErrorOrHang
 }
 
 // CancelReply is a CancelCall's answer (default: ended_now true).
 type CancelReply struct {
-	NotEnded bool        `json:"not_ended,omitempty"`
-	Error    *ErrorReply `json:"error,omitempty"`
-	Hang     bool        `json:"hang,omitempty"`
+	NotEnded bool `json:"not_ended,omitempty"`
+	ErrorOrHang
 }
 
 // UpstreamReply is the upstream's answer. Body defaults to an OpenAI-style

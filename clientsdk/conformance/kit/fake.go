@@ -134,22 +134,21 @@ func (f *Fake) StopSidecar() {
 	}
 }
 
-// End stops the current exchange's servers and releases its hangs.
+// End stops the current exchange's servers and releases its hangs. The
+// servers stay in f (stopped) so that a handler still running reads them
+// safely; a nil done marks the exchange ended.
 func (f *Fake) End() {
 	f.mu.Lock()
 	srv, up, done := f.grpc, f.upstream, f.done
-	f.grpc, f.upstream, f.done = nil, nil, nil
+	f.done = nil
 	f.mu.Unlock()
-	if done != nil {
-		close(done)
+	if done == nil {
+		return // none begun, or ended already
 	}
-	if srv != nil {
-		srv.Stop()
-	}
-	if up != nil {
-		up.CloseClientConnections()
-		up.Close()
-	}
+	close(done)
+	srv.Stop()
+	up.CloseClientConnections()
+	up.Close()
 }
 
 // WaitEvents waits until the exchange has seen at least n events.

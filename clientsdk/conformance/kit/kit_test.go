@@ -3,6 +3,7 @@ package kit
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -50,6 +51,13 @@ func TestParseNamesWhatIsWrong(t *testing.T) {
 		{"app error", `{"name": "x", "calls": [{"request": {"method": "GET", "path": "/x"}, "app_sees": {"error": "boom"}}], "script": []}`, `calls[0].app_sees.error: "boom" is not allowed`},
 		{"abort after", `{"name": "x", "calls": [{"request": {"method": "GET", "path": "/x"}, "abort_after": 3, "app_sees": {"error": "aborted"}}], "script": []}`, "abort_after: 3 is not within 0..0"},
 		{"error code", `{"name": "x", ` + call + `, "script": [{"rpc": "Pick", "reply": {"error": {"code": "GONE"}}}]}`, `reply.error.code: "GONE" is not a gRPC code`},
+		{"negative sleep", `{"name": "x", ` + call + `, "script": [{"rpc": "OnNoRunnable", "reply": {"wait": {"sleep_ms": -1}}}]}`, "reply.wait.sleep_ms: -1 is not within 0..86400000"},
+		{"after_ms that would wrap", `{"name": "x", ` + call + `, "script": [{"rpc": "CancelCall", "after_ms": 9223372036854775807}]}`, "after_ms: 9223372036854775807 is not within 0..86400000"},
+		{"lease that would wrap", `{"name": "x", ` + call + `, "script": [{"rpc": "Pick", "reply": {"grant": {"source": "a", "timeout_ms": 9223372036854775807}}}]}`, "reply.grant.timeout_ms: 9223372036854775807 is not within"},
+		{"refusal's retry", `{"name": "x", ` + call + `, "script": [{"rpc": "OnNoRunnable", "reply": {"failure": {"reason": "stalled", "reasons": [{"source": "a", "reason": "queued", "retry_after_ms": -5}]}}}]}`, "reply.failure.reasons[0].retry_after_ms: -5 is not within"},
+		{"call deadline", `{"name": "x", "calls": [{"request": {"method": "GET", "path": "/x"}, "options": {"deadline_ms": 86400001}, "app_sees": {"status": 200}}], "script": []}`, "calls[0].options.deadline_ms: 86400001 is not within"},
+		{"deadline expected", `{"name": "x", ` + call + `, "script": [{"rpc": "Pick", "request": {"opens": true, "deadline_ms_at_most": 315576000000001}, "reply": {"hang": true}}]}`, "request.deadline_ms_at_most: 315576000000001 is not within 0..315576000000000"},
+		{"size", `{"name": "` + strings.Repeat("x", maxExchange) + `"}`, "more than 1048576"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -191,6 +199,24 @@ func TestFakeReportsASleepTooShortAndStepsThatNeverCame(t *testing.T) {
 	if len(m) != 3 || !strings.HasPrefix(m[0], "step 3 (Pick): came ") || !strings.HasSuffix(m[0], "after the previous step, want at least 200 ms") ||
 		m[1] != "step 4 (upstream a): never came" || m[2] != "step 5 (RecordOutcome): never came" {
 		t.Errorf("mismatches = %q", m)
+	}
+}
+
+// A timeout_ms of the control API too large for a Duration waits maxWait,
+// not a wrapped (negative) time.
+func TestWaitContextBoundsTheTimeout(t *testing.T) {
+	for _, q := range []string{"timeout_ms=9223372036854775807", "timeout_ms=-1", "timeout_ms=x", ""} {
+		ctx, cancel := waitContext(httptest.NewRequest(http.MethodGet, "/result?"+q, nil))
+		deadline, _ := ctx.Deadline()
+		cancel()
+		if left := time.Until(deadline); left <= maxWait-time.Minute || left > maxWait {
+			t.Errorf("%q: waits %v; want maxWait (%v)", q, left, maxWait)
+		}
+	}
+	ctx, cancel := waitContext(httptest.NewRequest(http.MethodGet, "/result?timeout_ms=1500", nil))
+	defer cancel()
+	if deadline, _ := ctx.Deadline(); time.Until(deadline) > 1500*time.Millisecond {
+		t.Errorf("timeout_ms=1500 waits until %v; want at most 1.5 s", deadline)
 	}
 }
 

@@ -19,8 +19,23 @@ var (
 	tlsModes     = []string{"tls", "mtls"}
 )
 
+// maxExchange bounds an exchange's JSON text.
+const maxExchange = 1 << 20
+
+// maxMs bounds every _ms field the fake or a runner makes a duration of:
+// a day is far beyond any exchange's waits, and no duration made of it (a
+// grant's lease adds a margin) can wrap.
+const maxMs = 24 * 60 * 60 * 1000
+
+// maxExpectedMs bounds the _ms fields only compared with what the SDK sends:
+// the longest google.protobuf.Duration, which an SDK saturates to.
+const maxExpectedMs = 315_576_000_000 * 1000
+
 // Parse decodes and validates one exchange; unknown fields are errors.
 func Parse(data []byte) (*Exchange, error) {
+	if len(data) > maxExchange {
+		return nil, fmt.Errorf("exchange: more than %d bytes", maxExchange)
+	}
 	var ex Exchange
 	if err := strictDecode(data, &ex); err != nil {
 		return nil, err
@@ -77,6 +92,15 @@ func oneOf(field, v string, allowed []string) error {
 	return nil
 }
 
+func msValid(field string, v int64) error { return within(field, v, maxMs) }
+
+func within(field string, v, most int64) error {
+	if v < 0 || v > most {
+		return fmt.Errorf("%s: %d is not within 0..%d", field, v, most)
+	}
+	return nil
+}
+
 func (ex *Exchange) validate() error {
 	if ex.Name == "" {
 		return fmt.Errorf("name: empty")
@@ -112,6 +136,9 @@ func (ex *Exchange) validate() error {
 		} else if s.Status < 100 || s.Status > 599 {
 			return fmt.Errorf("calls[%d].app_sees: want a status in 100..599 or an error", i)
 		}
+		if err := msValid(fmt.Sprintf("calls[%d].options.deadline_ms", i), c.Options.DeadlineMs); err != nil {
+			return err
+		}
 		if c.AbortAfter < 0 || c.AbortAfter > len(ex.Script) {
 			return fmt.Errorf("calls[%d].abort_after: %d is not within 0..%d, the script's events", i, c.AbortAfter, len(ex.Script))
 		}
@@ -128,8 +155,8 @@ func (s *Step) parse() error {
 	if (s.RPC == "") == (s.Upstream == "") {
 		return fmt.Errorf("want exactly one of rpc and upstream")
 	}
-	if s.AfterMs < 0 {
-		return fmt.Errorf("after_ms: %d is negative", s.AfterMs)
+	if err := msValid("after_ms", s.AfterMs); err != nil {
+		return err
 	}
 	decode := func(raw json.RawMessage, field string, v any) error {
 		if len(raw) == 0 {
@@ -178,8 +205,16 @@ func (s *Step) parse() error {
 			return err
 		}
 		count(r.Grant != nil, r.NoRunnable != nil, r.Failure != nil, r.Error != nil, r.Hang)
-		if r.Grant != nil && r.Grant.Source == "" {
-			return fmt.Errorf("reply.grant.source: empty")
+		if err := within("request.deadline_ms_at_most", w.DeadlineMsAtMost, maxExpectedMs); err != nil {
+			return err
+		}
+		if g := r.Grant; g != nil {
+			if g.Source == "" {
+				return fmt.Errorf("reply.grant.source: empty")
+			}
+			if err := msValid("reply.grant.timeout_ms", g.TimeoutMs); err != nil {
+				return err
+			}
 		}
 		if r.NoRunnable != nil {
 			if err := reasonsValid("reply.no_runnable.reasons", r.NoRunnable.Reasons); err != nil {
@@ -202,6 +237,11 @@ func (s *Step) parse() error {
 			return err
 		}
 		count(r.Wait != nil, r.Failure != nil, r.Error != nil, r.Hang)
+		if r.Wait != nil {
+			if err := msValid("reply.wait.sleep_ms", r.Wait.SleepMs); err != nil {
+				return err
+			}
+		}
 		s.reply = r
 		if err := failureValid("reply.failure", r.Failure); err != nil {
 			return err
@@ -214,10 +254,18 @@ func (s *Step) parse() error {
 		if err := oneOf("request.outcome", w.Outcome, outcomes); err != nil {
 			return err
 		}
+		if err := within("request.retry_after_hint_ms", w.RetryAfterHintMs, maxExpectedMs); err != nil {
+			return err
+		}
 		if err := decode(s.Reply, "reply", r); err != nil {
 			return err
 		}
 		count(r.Done != nil, r.Retry != nil, r.Failure != nil, r.Error != nil, r.Hang)
+		if r.Retry != nil {
+			if err := msValid("reply.retry.backoff_ms", r.Retry.BackoffMs); err != nil {
+				return err
+			}
+		}
 		s.want, s.reply = w, r
 		if err := failureValid("reply.failure", r.Failure); err != nil {
 			return err
@@ -240,7 +288,7 @@ func (s *Step) parse() error {
 	if alternatives != 1 {
 		return fmt.Errorf("reply: want exactly one answer of %s, got %d", s.RPC, alternatives)
 	}
-	return errorValid(s.Reply)
+	return errorValid(s.reply.(rpcReply).errorOrHang().Error)
 }
 
 func failureValid(field string, f *FailureReply) error {
@@ -250,6 +298,9 @@ func failureValid(field string, f *FailureReply) error {
 	if _, ok := failureReasons[f.Reason]; !ok {
 		return fmt.Errorf("%s.reason: %q is not a failure reason; one of %s", field, f.Reason, strings.Join(sortedKeys(failureReasons), ", "))
 	}
+	if err := msValid(field+".retry_after_ms", f.RetryAfterMs); err != nil {
+		return err
+	}
 	return reasonsValid(field+".reasons", f.Reasons)
 }
 
@@ -258,20 +309,19 @@ func reasonsValid(field string, rs []Reason) error {
 		if _, ok := refusalReasons[r.Reason]; !ok {
 			return fmt.Errorf("%s[%d].reason: %q is not a refusal; one of %s", field, i, r.Reason, strings.Join(sortedKeys(refusalReasons), ", "))
 		}
+		if err := msValid(fmt.Sprintf("%s[%d].retry_after_ms", field, i), r.RetryAfterMs); err != nil {
+			return err
+		}
 	}
 	return nil
 }
 
-func errorValid(raw json.RawMessage) error {
-	var holder struct {
-		Error *ErrorReply `json:"error"`
-	}
-	_ = json.Unmarshal(raw, &holder)
-	if holder.Error == nil {
+func errorValid(e *ErrorReply) error {
+	if e == nil {
 		return nil
 	}
-	if _, ok := statusCodes[holder.Error.Code]; !ok {
-		return fmt.Errorf("reply.error.code: %q is not a gRPC code; one of %s", holder.Error.Code, strings.Join(sortedKeys(statusCodes), ", "))
+	if _, ok := statusCodes[e.Code]; !ok {
+		return fmt.Errorf("reply.error.code: %q is not a gRPC code; one of %s", e.Code, strings.Join(sortedKeys(statusCodes), ", "))
 	}
 	return nil
 }
