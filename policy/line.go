@@ -55,10 +55,12 @@ type held struct {
 	hold   *holder // the call's hold, while it is held
 	handed bool    // handed a slot while not held: its next hold ends at once
 	woken  bool    // woken and not refused since
-	// due is when the call's next RPC is due while it is not held: at once
-	// after a Pick, at the end of its sleep after OnNoRunnable's answer;
-	// zero while an OnNoRunnable is on its way.
-	due time.Time
+	// lapse is when, while it is not held, the call's caller counts as
+	// gone: a lease after a Pick (its OnNoRunnable is due at once, and a
+	// slow client's turnaround must not cost it its place), a grace after
+	// the sleep OnNoRunnable answered; zero while an OnNoRunnable is on its
+	// way.
+	lapse time.Time
 }
 
 func newLine() *line {
@@ -72,19 +74,20 @@ func lineLease(cfg *config.Scope) time.Duration {
 	return max(3*cfg.PollInterval, time.Second)
 }
 
-// lineGrace is how long past its due a caller's next RPC may come before
-// its place is set aside: one poll interval, the latency the scope allows
-// itself for noticing a change.
+// lineGrace is how long past the end of its sleep a caller's next Pick may
+// come before its place is set aside: one poll interval, the latency the
+// scope allows itself for noticing a change.
 func lineGrace(cfg *config.Scope) time.Duration { return cfg.PollInterval }
 
 // waiter is c as the line's waiter, for a Pick: c's OnNoRunnable is due at
-// once after it. Called with c.mu held.
+// once after it, and its place is kept a lease for it (a client that turns
+// around slowly under load keeps its rank). Called with c.mu held.
 func (s *Scope) waiter(c *Call, cfg *config.Scope) *gate.Waiter {
 	t, named := cfg.Tenant(c.Tenant)
 	return &gate.Waiter{
 		ID: c.ID, Priority: c.Priority, Tenant: c.Tenant, Named: named,
 		Weight: t.Weight, OtherWeight: cfg.DefaultTenant.Weight,
-		MaxTenants: cfg.MaxTenants, Aging: cfg.PriorityAging, Lease: lineLease(cfg), Due: lineGrace(cfg), Places: c.places,
+		MaxTenants: cfg.MaxTenants, Aging: cfg.PriorityAging, Lease: lineLease(cfg), Due: lineLease(cfg), Places: c.places,
 	}
 }
 
@@ -105,7 +108,8 @@ func (s *Scope) placed(c *Call, places map[string]string, spent bool) {
 		s.line.held[c.ID] = h
 	}
 	if spent { // in line still; its OnNoRunnable is due
-		h.woken, h.handed, h.due = false, false, time.Now()
+		cfg, _ := s.snapshot()
+		h.woken, h.handed, h.lapse = false, false, time.Now().Add(lineLease(cfg))
 	}
 }
 
@@ -118,7 +122,7 @@ func (s *Scope) joining(c *Call) {
 	s.line.mu.Lock()
 	defer s.line.mu.Unlock()
 	if h := s.line.held[c.ID]; h != nil {
-		h.due = time.Time{}
+		h.lapse = time.Time{}
 	} else {
 		s.line.held[c.ID] = &held{}
 	}
@@ -257,17 +261,16 @@ func (l *line) wake(ids ...string) {
 }
 
 // overdue reports whether id, a waiter of this replica at a line's front,
-// holds the line for nobody: it is not held and its next RPC is more than
-// grace overdue (its client is gone between two RPCs: the place the backend
-// keeps until the due it last heard may last longer, when the answer came
-// early), or no call of this replica is in line as id (a read that joined
-// lost its answer and the leave after it failed: nobody would ever ask for
-// that place).
-func (l *line) overdue(id string, grace time.Duration) bool {
+// holds the line for nobody: it is not held and past its lapse (its client
+// is gone between two RPCs: the place the backend keeps until the due it
+// last heard may last longer, when the answer came early), or no call of
+// this replica is in line as id (a read that joined lost its answer and the
+// leave after it failed: nobody would ever ask for that place).
+func (l *line) overdue(id string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	h := l.held[id]
-	return h == nil || h.hold == nil && !h.due.IsZero() && time.Since(h.due) > grace
+	return h == nil || h.hold == nil && !h.lapse.IsZero() && time.Now().After(h.lapse)
 }
 
 // attach makes t the hold that a slot handed to c rings, when c is in line
@@ -288,14 +291,14 @@ func (l *line) attach(c *Call, t *holder) bool {
 	return true
 }
 
-// detach ends attach when OnNoRunnable answers c with sleep: a slot handed
-// to c that t's hold did not take is kept for c's next hold, and c's next
-// Pick is due when the sleep ends.
-func (l *line) detach(c *Call, t *holder, sleep time.Duration) {
+// detach ends attach when OnNoRunnable answers c: a slot handed to c that
+// t's hold did not take is kept for c's next hold, and c's caller counts as
+// gone after lapse (the sleep it was answered, plus a grace).
+func (l *line) detach(c *Call, t *holder, lapse time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if h := l.held[c.ID]; h != nil && h.hold == t {
-		h.hold, h.due = nil, time.Now().Add(sleep)
+		h.hold, h.lapse = nil, time.Now().Add(lapse)
 		if wake(t.why.Load())&wakeHanded != 0 {
 			h.handed = true
 		}

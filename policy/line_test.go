@@ -410,3 +410,57 @@ sources: [{name: only, max_concurrency: 1, timeout: 20s}]
 		})
 	}
 }
+
+// A caller in line that is slow to turn around between a Pick and its next
+// OnNoRunnable (a loaded client) keeps its rank: a Pick keeps the place a
+// lease. Were it set aside after one poll interval, the line could empty
+// meanwhile and start its order afresh, and the place it took back would
+// rank behind a caller who came later.
+func TestSlowTurnaroundKeepsItsPlace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, _ := newScope(t, `
+backpressure: {poll_interval: 50ms}
+sources: [{name: only, max_concurrency: 1, timeout: 20s}]
+`)
+		holder := newCall(s)
+		g := grant(t, s, holder)
+		// IDs that rank the later caller first where their keys tie.
+		slow := policy.NewCall("c-z", s.Name(), 0, time.Time{}, time.Now())
+		if p := pick(t, s, slow); p.NoRunnable == nil {
+			t.Fatalf("%+v, want a refusal", p)
+		}
+		rpc, cancel := context.WithTimeout(ctx(t), 200*time.Millisecond)
+		d, err := s.OnNoRunnable(rpc, slow) // joins the line; answered before the deadline
+		cancel()
+		if err != nil || d.Failure != nil {
+			t.Fatalf("the slow caller's wait: %+v, %v", d, err)
+		}
+		if p := pick(t, s, slow); p.NoRunnable == nil { // keeps its place
+			t.Fatalf("%+v, want a refusal", p)
+		}
+		time.Sleep(200 * time.Millisecond) // four poll intervals before its OnNoRunnable
+		later := park(t, s, policy.NewCall("c-a", s.Name(), 0, time.Time{}, time.Now()))
+		first := make(chan policy.Decision, 1)
+		go func() {
+			if d, err := s.OnNoRunnable(ctx(t), slow); err == nil {
+				first <- d
+			}
+		}()
+		synctest.Wait()
+		record(t, s, holder, g, policy.Success)
+		synctest.Wait()
+		select {
+		case d := <-first:
+			if !d.Woken {
+				t.Fatalf("the slow caller: %+v, want woken", d)
+			}
+		default:
+			t.Fatal("the slow caller is still held: the released slot went past it")
+		}
+		select {
+		case d := <-later:
+			t.Fatalf("the later caller was answered %+v before the slow one", d)
+		default:
+		}
+	})
+}

@@ -72,7 +72,10 @@ func (s *Scope) OnNoRunnable(ctx context.Context, c *Call) (Decision, error) {
 		return Decision{}, err
 	}
 	s.inLine(c, t, d)
-	defer func() { s.line.detach(c, t, d.Sleep) }()
+	defer func() {
+		cfg, _ := s.snapshot()
+		s.line.detach(c, t, d.Sleep+lineGrace(cfg))
+	}()
 	if first {
 		s.observer.Waiting(c, d.Sleep, d.reasons)
 	}
@@ -326,7 +329,7 @@ func (s *Scope) pollOnce() bool {
 			// is in line as (a lost join whose leave failed), is set aside
 			// (as the backend does with a place nobody keeps): it takes its
 			// place back if its client asks again.
-			if s.line.overdue(id, lineGrace(cfg)) {
+			if s.line.overdue(id) {
 				_ = s.backend.Leave(ctx, gate.LeaveRequest{Scope: s.name, Waiter: id, Sources: []string{v.Source}})
 				continue
 			}
