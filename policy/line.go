@@ -32,12 +32,12 @@ import (
 //     poll interval;
 //   - the poller's read tells this replica which of its waiters are at the
 //     front of the line of a source that would admit;
-//   - a place belongs to a caller that is heard of: each Pick and each read
-//     that joins keeps it until the caller's next RPC is due plus a grace
+//   - a place belongs to a caller that is heard of: a Pick keeps it a lease,
+//     a read that joins until the caller's next Pick is due plus a grace
 //     (gate.Waiter.Due), and this replica sets aside a waiter of its own at
 //     the front whose next RPC is overdue (its client left between two
-//     RPCs), so that callers who left cost the line one grace, however
-//     many, rather than a lease each.
+//     RPCs), so that callers who left cost the line one due, however many,
+//     rather than a lease each.
 //
 // Breakers are not ordered: a refusal by every breaker leaves the line.
 // This side keeps only the wake-up channels of the calls it holds in line;
