@@ -2,6 +2,7 @@ package policy_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -355,14 +356,7 @@ sources: [{name: only, rpm: 1}]
 		// interval) and two polls, b is the head and is woken in turn.
 		time.Sleep(3 * time.Second)
 		synctest.Wait()
-		select {
-		case d := <-b:
-			if !d.Woken {
-				t.Fatalf("b: %+v, want woken", d)
-			}
-		default:
-			t.Fatal("b is still held behind a head that never came for its slot")
-		}
+		mustBeWoken(t, b, "b", "behind a head that never came for its slot")
 	})
 }
 
@@ -399,14 +393,7 @@ sources: [{name: only, max_concurrency: 1, timeout: 20s}]
 			record(t, s, holder, g, policy.Success)
 			time.Sleep(poll + poll) // a grace, then the poller's read
 			synctest.Wait()
-			select {
-			case d := <-live:
-				if !d.Woken {
-					t.Fatalf("the live caller: %+v, want woken", d)
-				}
-			default:
-				t.Fatalf("the live caller is still held behind %d callers gone", n)
-			}
+			mustBeWoken(t, live, "the live caller", fmt.Sprintf("behind %d callers gone", n))
 		})
 	}
 }
@@ -449,18 +436,26 @@ sources: [{name: only, max_concurrency: 1, timeout: 20s}]
 		synctest.Wait()
 		record(t, s, holder, g, policy.Success)
 		synctest.Wait()
-		select {
-		case d := <-first:
-			if !d.Woken {
-				t.Fatalf("the slow caller: %+v, want woken", d)
-			}
-		default:
-			t.Fatal("the slow caller is still held: the released slot went past it")
-		}
+		mustBeWoken(t, first, "the slow caller", "while the released slot went past it")
 		select {
 		case d := <-later:
 			t.Fatalf("the later caller was answered %+v before the slow one", d)
 		default:
 		}
 	})
+}
+
+// mustBeWoken fails unless who's OnNoRunnable, held on d, has been answered
+// Woken by now (call it after synctest.Wait); while says what it is held
+// behind otherwise.
+func mustBeWoken(t *testing.T, d <-chan policy.Decision, who, while string) {
+	t.Helper()
+	select {
+	case got := <-d:
+		if !got.Woken {
+			t.Fatalf("%s: %+v, want woken", who, got)
+		}
+	default:
+		t.Fatalf("%s is still held %s", who, while)
+	}
 }
